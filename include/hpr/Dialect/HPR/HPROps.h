@@ -1,0 +1,29 @@
+//===- HPROps.h - hpr dialect operations ------------------------*- C++ -*-===//
+
+#ifndef HPR_DIALECT_HPR_HPROPS_H
+#define HPR_DIALECT_HPR_HPROPS_H
+
+#include "hpr/Dialect/HPR/HPRDialect.h"
+#include "hpr/Dialect/HPR/HPRTypes.h"
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/OpImplementation.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include <string>
+
+#include "hpr/Dialect/HPR/HPRInterfaces.h.inc"
+
+namespace mlir::hpr {
+/// The id of the session of (stage, microbatch): `s{stage}.mb{microbatch}`.
+std::string getSessionId(int64_t stage, int64_t microbatch);
+/// True for a forward or backward action marked `overlap` (half of an
+/// OVERLAP_F_B pair).
+bool isOverlapped(Operation *op);
+} // namespace mlir::hpr
+
+#define GET_OP_CLASSES
+#include "hpr/Dialect/HPR/HPROps.h.inc"
+
+#endif // HPR_DIALECT_HPR_HPROPS_H

@@ -1,0 +1,304 @@
+//===- HPROps.td - hpr dialect operations ------------------*- tablegen -*-===//
+
+#ifndef HPR_OPS
+#define HPR_OPS
+
+include "hpr/Dialect/HPR/HPRDialect.td"
+include "hpr/Dialect/HPR/HPRInterfaces.td"
+include "hpr/Dialect/HPR/HPRTypes.td"
+include "mlir/IR/OpAsmInterface.td"
+include "mlir/IR/SymbolInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Model
+//===----------------------------------------------------------------------===//
+
+def HPR_ModelOp : HPR_Op<"model", [NoTerminator, SingleBlock,
+                                   NoRegionArguments]> {
+  let summary = "the model being trained: stages and their regions";
+  let description = [{
+    Holds one `hpr.stage` per pipeline stage, in increasing stage order.
+
+    ```mlir
+    hpr.model "gpt" {
+      hpr.stage 0 {
+        hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0
+            saved 4096 input 512 params 1024
+      }
+    }
+    ```
+  }];
+  let arguments = (ins StrAttr:$name);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$name attr-dict-with-keyword $body";
+  let hasRegionVerifier = 1;
+}
+
+def HPR_StageOp : HPR_Op<"stage", [NoTerminator, SingleBlock,
+                                   NoRegionArguments,
+                                   HasParent<"ModelOp">]> {
+  let summary = "one pipeline stage: a contiguous run of regions";
+  let arguments = (ins I64Attr:$index);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$index attr-dict-with-keyword $body";
+  let hasRegionVerifier = 1;
+}
+
+def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
+  let summary = "a checkpointable region (one submodule call) and its costs";
+  let description = [{
+    `checkpoint`: the region's activations are recomputed in backward rather
+    than kept. `non_checkpointable` marks code outside submodule calls
+    (embedding, head, loss), which is always kept. Costs: forward FLOPs and
+    measured time, bytes autograd saves inside the region (`saved`), the
+    boundary input kept when the region is checkpointed (`input`) and its
+    parameter bytes (`params`).
+  }];
+  let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
+                       UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
+                       F64Attr:$fwd_time_us, I64Attr:$saved_bytes,
+                       I64Attr:$input_bytes, I64Attr:$param_bytes);
+  let assemblyFormat = [{
+    $name (`checkpoint` $checkpoint^)?
+    (`non_checkpointable` $non_checkpointable^)?
+    `flops` $fwd_flops `time_us` $fwd_time_us `saved` $saved_bytes
+    `input` $input_bytes `params` $param_bytes attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Schedule and programs
+//===----------------------------------------------------------------------===//
+
+def HPR_ScheduleOp : HPR_Op<"schedule", [NoTerminator, SingleBlock,
+                                         NoRegionArguments]> {
+  let summary = "a pipeline schedule: one program per rank";
+  let description = [{
+    `stage_to_rank[s]` is the rank that runs stage `s`. Holds exactly one
+    `hpr.program` per rank, in rank order.
+  }];
+  let arguments = (ins StrAttr:$name, I64Attr:$num_ranks, I64Attr:$num_stages,
+                       I64Attr:$num_microbatches,
+                       DenseI64ArrayAttr:$stage_to_rank);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $name `ranks` $num_ranks `stages` $num_stages
+    `microbatches` $num_microbatches `stage_to_rank` $stage_to_rank
+    attr-dict-with-keyword $body
+  }];
+  let hasRegionVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The rank that owns `stage`.
+    int64_t getRankOf(int64_t stage) { return getStageToRank()[stage]; }
+  }];
+}
+
+def HPR_ProgramOp : HPR_Op<"program", [NoTerminator, SingleBlock,
+                                       NoRegionArguments, IsolatedFromAbove,
+                                       HasParent<"ScheduleOp">]> {
+  let summary = "the ordered actions of one rank";
+  let description = [{
+    Isolated from above: a handle or session can only be used by the rank
+    that produced it. `compute_digest`, when present, fingerprints the
+    schedule's compute order (see `computeOrderDigest`).
+  }];
+  let arguments = (ins I64Attr:$rank, OptionalAttr<I64Attr>:$compute_digest);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "`rank` $rank attr-dict-with-keyword $body";
+  let extraClassDeclaration = [{
+    /// A fingerprint of the program's compute actions (forward and the three
+    /// backward kinds) in order. Recorded at import as `compute_digest`;
+    /// hpr-verify recomputes it to prove the planner kept the schedule.
+    uint64_t computeOrderDigest();
+  }];
+  let hasRegionVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Actions
+//===----------------------------------------------------------------------===//
+
+/// An action of (stage, microbatch), the common shape of compute and comm.
+class HPR_StageMicrobatchOp<string mnemonic, list<Trait> traits = []>
+    : HPR_Op<mnemonic, !listconcat(traits, [HasParent<"ProgramOp">,
+                                            HPR_ActionOpInterface])> {
+  code planName = ?;
+  code stageMicrobatchDecls = [{
+    int64_t getStageIndex() { return static_cast<int64_t>(getStage()); }
+    int64_t getMicrobatchIndex() {
+      return static_cast<int64_t>(getMicrobatch());
+    }
+    ::llvm::StringRef getPlanName() { return }] # planName # [{; }
+  }];
+  let extraClassDeclaration = stageMicrobatchDecls;
+  let hasVerifier = 1;
+}
+
+def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "forward of (stage, microbatch); yields its checkpoint handles";
+  let description = [{
+    `overlap` marks the forward half of an `OVERLAP_F_B` pair: it runs
+    together with the backward action right after it.
+  }];
+  let planName = [{"forward"}];
+  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, UnitAttr:$overlap);
+  let results = (outs HPR_HandleType:$handle);
+  let assemblyFormat = [{
+    `stage` $stage `mb` $microbatch (`overlap` $overlap^)? attr-dict
+  }];
+}
+
+/// dx, dw and full backward: the consumers of a recompute session.
+class HPR_BackwardOpBase<string mnemonic, string plan>
+    : HPR_StageMicrobatchOp<mnemonic, [HPR_ConsumerOpInterface]> {
+  let planName = "\"" # plan # "\"";
+  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch,
+                       Optional<HPR_SessionType>:$session,
+                       UnitAttr:$retain_on_unpack, UnitAttr:$overlap);
+  let assemblyFormat = [{
+    `stage` $stage `mb` $microbatch (`session` `(` $session^ `)`)?
+    (`retain_on_unpack` $retain_on_unpack^)? (`overlap` $overlap^)? attr-dict
+  }];
+  let extraClassDeclaration = stageMicrobatchDecls # [{
+    ::mlir::Value getSessionValue() { return getSession(); }
+    void setSessionValue(::mlir::Value session) {
+      getSessionMutable().clear();
+      if (session)
+        getSessionMutable().append(session);
+    }
+    bool getRetainOnUnpackFlag() { return getRetainOnUnpack(); }
+    void setRetainOnUnpackFlag(bool retain) { setRetainOnUnpack(retain); }
+  }];
+}
+
+def HPR_BackwardInputOp : HPR_BackwardOpBase<"backward_input", "backward_input"> {
+  let summary = "dx: gradient of the stage input (schedule action I)";
+}
+def HPR_BackwardWeightOp
+    : HPR_BackwardOpBase<"backward_weight", "backward_weight"> {
+  let summary = "dw: gradient of the stage weights (schedule action W)";
+}
+def HPR_BackwardOp : HPR_BackwardOpBase<"backward", "backward"> {
+  let summary = "full backward, dx and dw together (schedule action B)";
+}
+
+/// Point-to-point transfers between ranks.
+class HPR_CommOp<string mnemonic>
+    : HPR_StageMicrobatchOp<mnemonic, []> {
+  let planName = "\"" # mnemonic # "\"";
+  let description = [{
+    `peer` is the other rank. `batched` marks transfers issued together
+    with their neighbours (the legacy `0SEND_F0_1RECV_B0` cells).
+  }];
+  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, I64Attr:$peer,
+                       UnitAttr:$batched);
+  let assemblyFormat = [{
+    `stage` $stage `mb` $microbatch `peer` $peer (`batched` $batched^)?
+    attr-dict
+  }];
+}
+
+def HPR_SendFOp : HPR_CommOp<"send_f"> {
+  let summary = "send the forward activation to the next stage's rank";
+}
+def HPR_RecvFOp : HPR_CommOp<"recv_f"> {
+  let summary = "receive the forward activation from the previous stage";
+}
+def HPR_SendBOp : HPR_CommOp<"send_b"> {
+  let summary = "send the input gradient to the previous stage's rank";
+}
+def HPR_RecvBOp : HPR_CommOp<"recv_b"> {
+  let summary = "receive the output gradient from the next stage's rank";
+}
+
+/// Stage-level actions carried through unchanged (FSDP and grad reduction).
+class HPR_PassthroughOp<string mnemonic>
+    : HPR_Op<mnemonic, [HasParent<"ProgramOp">, HPR_ActionOpInterface]> {
+  let arguments = (ins I64Attr:$stage);
+  let assemblyFormat = "`stage` $stage attr-dict";
+  let extraClassDeclaration = [{
+    int64_t getStageIndex() { return static_cast<int64_t>(getStage()); }
+    int64_t getMicrobatchIndex() { return -1; }
+    ::llvm::StringRef getPlanName() { return "}] # mnemonic # [{"; }
+  }];
+  let hasVerifier = 1;
+}
+
+def HPR_UnshardOp : HPR_PassthroughOp<"unshard"> {
+  let summary = "gather the stage's sharded parameters";
+}
+def HPR_ReshardOp : HPR_PassthroughOp<"reshard"> {
+  let summary = "free the stage's gathered parameters";
+}
+def HPR_ReduceGradOp : HPR_PassthroughOp<"reduce_grad"> {
+  let summary = "reduce the stage's gradients across data-parallel ranks";
+}
+
+def HPR_IdleOp : HPR_Op<"idle", [HasParent<"ProgramOp">,
+                                 HPR_ActionOpInterface]> {
+  let summary = "an idle slot (an empty schedule cell)";
+  let assemblyFormat = "attr-dict";
+  let extraClassDeclaration = [{
+    int64_t getStageIndex() { return -1; }
+    int64_t getMicrobatchIndex() { return -1; }
+    ::llvm::StringRef getPlanName() { return "idle"; }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// Recompute sessions
+//===----------------------------------------------------------------------===//
+
+def HPR_SessionOp : HPR_Op<"session", [
+    HasParent<"ProgramOp">,
+    DeclareOpInterfaceMethods<OpAsmOpInterface, ["getAsmResultNames"]>]> {
+  let summary = "binds the checkpoint handles of one forward to a session";
+  let description = [{
+    Costs nothing at run time: it names the session (`s{stage}.mb{mb}`) that
+    the forward's checkpoints will be recomputed into.
+
+    ```mlir
+    %h = hpr.forward stage 3 mb 0
+    %s = hpr.session %h as "s3.mb0"
+    ```
+  }];
+  let arguments = (ins HPR_HandleType:$handle, StrAttr:$sid);
+  let results = (outs HPR_SessionType:$session);
+  let assemblyFormat = "$handle `as` $sid attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The forward whose handles this session binds.
+    ForwardOp getForward() { return getHandle().getDefiningOp<ForwardOp>(); }
+  }];
+}
+
+/// Session lifecycle actions: they act on the session's (stage, microbatch).
+class HPR_SessionActionOp<string mnemonic>
+    : HPR_Op<mnemonic, [HasParent<"ProgramOp">, HPR_ActionOpInterface]> {
+  let arguments = (ins HPR_SessionType:$session);
+  let assemblyFormat = "$session attr-dict";
+  let extraClassDeclaration = [{
+    /// The session acted on (ops are declared alphabetically, hence the
+    /// out-of-line definitions).
+    SessionOp getSessionOp();
+    int64_t getStageIndex();
+    int64_t getMicrobatchIndex();
+    ::llvm::StringRef getPlanName() { return "}] # mnemonic # [{"; }
+  }];
+}
+
+def HPR_RecomputeOp : HPR_SessionActionOp<"recompute"> {
+  let summary = "replay the session's checkpointed forward once";
+  let description = [{
+    Placed before the session's first consumer: right before it (`jit`) or
+    earlier, as a prefetch.
+  }];
+}
+
+def HPR_ClearOp : HPR_SessionActionOp<"clear"> {
+  let summary = "drop the session's recomputed tensors after the last consumer";
+}
+
+#endif // HPR_OPS

@@ -1,0 +1,53 @@
+//===- Model.h - Model description: stages, regions, costs ------*- C++ -*-===//
+//
+// What the planner needs to know about a model: the checkpointable regions in
+// execution order, their costs, and how they are split into pipeline stages.
+// Importers (JSON graph, TorchScript) fill a ModelGraph; partitioning turns it
+// into a StagedModel for a given number of stages.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_MODEL_MODEL_H
+#define HPR_MODEL_MODEL_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hpr::model {
+
+/// One region: a submodule call (e.g. `layers.3`), or the code between such
+/// calls (embedding, head, loss), which is never checkpointable.
+struct Region {
+  std::string name;
+  bool checkpoint = false;   ///< recomputed in backward instead of saved
+  bool checkpointable = true; ///< false for code outside submodule calls
+  double fwdFlops = 0;
+  double fwdTimeUs = 0;      ///< 0 when not profiled
+  int64_t savedBytes = 0;    ///< activations autograd saves for backward
+  int64_t inputBytes = 0;    ///< boundary input kept when checkpointed
+  int64_t paramBytes = 0;
+  int stage = -1;            ///< fixed pipeline stage, -1 = chosen by partition
+};
+
+/// A model as imported: regions in execution order.
+struct ModelGraph {
+  std::string name;
+  std::vector<Region> regions;
+};
+
+/// One pipeline stage: a contiguous run of regions.
+struct Stage {
+  int index = 0;
+  std::vector<Region> regions;
+};
+
+/// A model split into the schedule's stages.
+struct StagedModel {
+  std::string name;
+  std::vector<Stage> stages;
+};
+
+} // namespace hpr::model
+
+#endif // HPR_MODEL_MODEL_H

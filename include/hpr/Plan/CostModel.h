@@ -1,0 +1,38 @@
+//===- CostModel.h - Per-stage time and memory of a planned module -*- C++ -*-//
+//
+// The planner's cost model, read from the module's hpr.model:
+//  - forward time of a stage: the sum of its regions' fwd_time_us; a region
+//    that was not profiled counts fwd_flops / 1e6 us (1 TFLOP/s); a model
+//    with neither counts 1 per stage (the unit-time model);
+//  - dx and dw each take a forward's time, a full backward two;
+//  - a recompute replays the checkpointed regions' forward;
+//  - memory kept from forward to backward: saved bytes of the regions that
+//    are not checkpointed plus the boundary input of those that are;
+//  - memory a recompute brings back: the checkpointed regions' saved bytes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_PLAN_COSTMODEL_H
+#define HPR_PLAN_COSTMODEL_H
+
+#include "hpr/Dialect/HPR/HPROps.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace mlir::hpr {
+
+struct StageCost {
+  bool checkpointed = false; ///< has at least one checkpointed region
+  double forwardUs = 0;
+  double recomputeUs = 0;
+  int64_t keptBytes = 0;
+  int64_t recomputedBytes = 0;
+};
+
+/// Costs of every stage of `model`, indexed by stage.
+std::vector<StageCost> computeStageCosts(ModelOp model);
+
+} // namespace mlir::hpr
+
+#endif // HPR_PLAN_COSTMODEL_H

@@ -1,0 +1,63 @@
+//===- PlanExport.h - Planned hpr IR -> plan formats ------------*- C++ -*-===//
+//
+// The exporters read nothing but the planned module: the plan JSON (DESIGN
+// §4.3, schema in docs/schemas/plan.schema.json), the schedule CSV with
+// RECOMPUTE/CLEAR actions, and the per-rank summary.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_PLAN_PLANEXPORT_H
+#define HPR_PLAN_PLANEXPORT_H
+
+#include "hpr/Schedule/Schedule.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace mlir::hpr {
+
+/// What one rank's program does and costs.
+struct RankSummary {
+  int64_t actions = 0;
+  int64_t sessions = 0;
+  int64_t recomputes = 0;
+  int64_t clears = 0;
+  /// Recomputes that per-backward checkpointing would run: one per backward
+  /// call reading a session (2 for a dx/dw-split session, 1 for B).
+  int64_t perBackwardRecomputes = 0;
+  /// Most sessions recomputed and not yet cleared at one time.
+  int64_t maxLiveSessions = 0;
+  /// Peak activation bytes under the cost model (see CostModel.h).
+  int64_t peakBytes = 0;
+};
+
+struct PlanSummary {
+  std::vector<RankSummary> ranks;
+  double stepTimeUs = 0;
+  double bubbleFraction = 0;
+  RankSummary total() const;
+};
+
+/// The planned programs as a schedule: RECOMPUTE and CLEAR included, each
+/// action carrying its duration under the cost model.
+::hpr::sched::Schedule extractSchedule(ModuleOp module);
+
+/// Counts, memory and a simulation of the planned module.
+llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
+
+/// The plan JSON, version 1. `planner` records the options used.
+nlohmann::json buildPlanJson(ModuleOp module, const PlanSummary &summary,
+                             const nlohmann::json &planner);
+
+/// A fixed-width table, one row per rank plus a total.
+void printSummaryTable(const PlanSummary &summary, llvm::raw_ostream &os);
+
+} // namespace mlir::hpr
+
+#endif // HPR_PLAN_PLANEXPORT_H

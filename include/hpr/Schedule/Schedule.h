@@ -1,0 +1,74 @@
+//===- Schedule.h - Pipeline schedule data model ----------------*- C++ -*-===//
+//
+// A pipeline schedule as torch.distributed.pipelining describes it: one
+// ordered list of actions per rank. This is the in-memory form shared by the
+// CSV/JSON readers and writers, the generators, the validator and the comm
+// lowering; the hpr IR is built from it (see hpr/Plan/BuildModule.h).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_SCHEDULE_SCHEDULE_H
+#define HPR_SCHEDULE_SCHEDULE_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hpr::sched {
+
+/// What one action does. Names follow the current torch.distributed.pipelining
+/// dialect; the legacy dialect maps onto the same kinds when read.
+enum class ActionKind {
+  Idle,           ///< empty CSV cell: an idle slot
+  Forward,        ///< F
+  BackwardInput,  ///< I (legacy B): dx
+  BackwardWeight, ///< W: dw
+  Backward,       ///< B (legacy BW): full backward
+  SendF,
+  RecvF,
+  SendB,
+  RecvB,
+  Unshard,    ///< no microbatch
+  Reshard,    ///< no microbatch
+  ReduceGrad, ///< no microbatch
+  Recompute,  ///< written by the planner only
+  Clear,      ///< written by the planner only
+  OverlapFB,  ///< composite `(0F7;7B3)OVERLAP_F_B`: parts hold F then B/I/W
+  BatchedComm ///< legacy combined comm `0SEND_F0_1RECV_B0`: parts hold comms
+};
+
+/// True for F, I, W, B: the actions that run the model.
+bool isCompute(ActionKind kind);
+/// True for SEND_F, RECV_F, SEND_B, RECV_B.
+bool isComm(ActionKind kind);
+/// True for UNSHARD, RESHARD, REDUCE_GRAD (they carry a stage but no microbatch).
+bool hasNoMicrobatch(ActionKind kind);
+
+struct Action {
+  ActionKind kind = ActionKind::Idle;
+  int stage = -1;      ///< -1 for Idle and composites
+  int microbatch = -1; ///< -1 for Idle, composites and hasNoMicrobatch kinds
+  /// Sub-actions of OverlapFB / BatchedComm, in execution order; empty otherwise.
+  std::vector<Action> parts;
+  /// Optional duration in microseconds (JSON schedules may carry one).
+  std::optional<double> durationUs;
+
+  bool operator==(const Action &other) const;
+  bool operator!=(const Action &other) const { return !(*this == other); }
+};
+
+/// A whole schedule. `ranks[r]` is rank r's program in execution order; idle
+/// slots are kept so that a CSV round-trips cell for cell.
+struct Schedule {
+  std::string name;          ///< generator name or file stem
+  int numRanks = 0;
+  int numStages = 0;
+  int numMicrobatches = 0;
+  std::vector<int> stageToRank; ///< size numStages
+  std::vector<std::vector<Action>> ranks;
+};
+
+} // namespace hpr::sched
+
+#endif // HPR_SCHEDULE_SCHEDULE_H

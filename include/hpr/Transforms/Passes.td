@@ -1,0 +1,110 @@
+//===- Passes.td - hpr recompute planning passes -----------*- tablegen -*-===//
+
+#ifndef HPR_TRANSFORMS_PASSES
+#define HPR_TRANSFORMS_PASSES
+
+include "mlir/Pass/PassBase.td"
+
+def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
+  let summary = "Give every checkpointed (stage, microbatch) one recompute session";
+  let description = [{
+    For each `hpr.forward` whose stage has at least one region marked
+    `checkpoint` in `hpr.model`, inserts `hpr.session %h as "s{stage}.mb{mb}"`
+    right after the forward and binds every consumer of that (stage,
+    microbatch) (`hpr.backward_input`, `hpr.backward_weight`,
+    `hpr.backward`) to the session.
+
+    Assumptions:
+    1. The module holds one `hpr.model` with one `hpr.stage` per stage.
+    2. No session has been assigned yet (the pass refuses to assign twice).
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let statistics = [
+    Statistic<"numSessions", "num-sessions", "Number of sessions assigned">,
+    Statistic<"numConsumersBound", "num-consumers-bound",
+              "Number of backward actions bound to a session">,
+  ];
+}
+
+def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::ModuleOp"> {
+  let summary = "Insert one hpr.recompute per session, before its first consumer";
+  let description = [{
+    Places exactly one `hpr.recompute` per session in the owning rank's
+    program, after the session's forward and before its first consumer.
+
+    Policies:
+    - `jit`: immediately before the first consumer.
+    - `lookahead`: `distance` compute actions (forward, backward_input,
+      backward_weight, backward) earlier, so the replay can overlap with the
+      communication it would otherwise wait behind. It never moves above the
+      session's forward, never above a `recv_f`/`recv_b` of the same stage
+      and microbatch (the replay needs what that receive brings), and never
+      inside an overlapped F/B pair.
+
+    Prefetching keeps recomputed tensors alive longer; the pass reports the
+    largest number of sessions live at once on any rank
+    (`max-live-sessions`), the memory price of the chosen lookahead.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let options = [
+    Option<"policy", "policy", "std::string", /*default=*/"\"jit\"",
+           "Placement policy: jit or lookahead">,
+    Option<"distance", "distance", "unsigned", /*default=*/"1",
+           "With policy=lookahead: how many compute actions earlier">,
+  ];
+  let statistics = [
+    Statistic<"numRecomputeInserted", "num-recompute-inserted",
+              "Number of hpr.recompute ops inserted">,
+    Statistic<"numPrefetched", "num-prefetched",
+              "Recomputes placed earlier than right before the consumer">,
+    Statistic<"maxLiveSessions", "max-live-sessions",
+              "Largest number of recomputed sessions live at once on a rank">,
+  ];
+}
+
+def HPRInsertClear : Pass<"hpr-insert-clear", "::mlir::ModuleOp"> {
+  let summary = "Insert one hpr.clear per session after its last consumer";
+  let description = [{
+    Inserts `hpr.clear` right after each session's last consumer and sets
+    `retain_on_unpack` on every consumer but the last (dx keeps the
+    recomputed tensors for dw; dw, the last reader, lets them go). A full
+    backward is recompute, consume, clear. An overlapped F/B pair stays
+    adjacent: the clear goes after the pair.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let statistics = [
+    Statistic<"numClearInserted", "num-clear-inserted",
+              "Number of hpr.clear ops inserted">,
+    Statistic<"numRetained", "num-retained",
+              "Consumers marked retain_on_unpack">,
+  ];
+}
+
+def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
+  let summary = "Statically check every recompute session's lifecycle";
+  let description = [{
+    Independent of the passes that build the plan: it also checks plans
+    written by hand or by other tools. For every session, in its rank's
+    program order:
+    1. exactly one `hpr.recompute`, on the owning rank, after the forward;
+    2. the recompute precedes every consumer;
+    3. exactly one `hpr.clear`, after the last consumer;
+    4. no consumer and no recompute after the clear;
+    5. `retain_on_unpack` is set on every consumer but the last, and not on
+       the last;
+    6. no session is left without a clear (leak) or without a recompute
+       while it has consumers;
+    7. every consumer of a checkpointed stage reads a session;
+    8. the compute order of each program equals the schedule's (the
+       `hpr.compute_order` attribute recorded at import, when present).
+    Each violation is reported on the offending op with the rank, the index
+    of the action in its program and the action, and the pass fails.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let statistics = [
+    Statistic<"numSessionsVerified", "num-sessions-verified",
+              "Number of sessions whose lifecycle was checked">,
+  ];
+}
+
+#endif // HPR_TRANSFORMS_PASSES

@@ -1,0 +1,330 @@
+//===- HPROps.cpp - hpr operation verifiers and helpers ------------------===//
+
+#include "hpr/Dialect/HPR/HPROps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+#include "hpr/Dialect/HPR/HPRInterfaces.cpp.inc"
+
+#define GET_OP_CLASSES
+#include "hpr/Dialect/HPR/HPROps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Shared checks
+//===----------------------------------------------------------------------===//
+
+/// Checks that `stage` (and `microbatch`, unless negative) exist in the
+/// enclosing schedule and that `stage` runs on the enclosing program's rank.
+static LogicalResult verifyPlacement(Operation *op, uint64_t stage,
+                                     std::optional<uint64_t> microbatch) {
+  auto program = op->getParentOfType<ProgramOp>();
+  auto schedule = program->getParentOfType<ScheduleOp>();
+  if (!schedule)
+    return success();
+  uint64_t numStages = schedule.getNumStages();
+  if (stage >= numStages)
+    return op->emitOpError() << "stage " << static_cast<int64_t>(stage)
+                             << " is out of range: the schedule has "
+                             << numStages << " stages";
+  if (microbatch && *microbatch >= schedule.getNumMicrobatches())
+    return op->emitOpError()
+           << "microbatch " << static_cast<int64_t>(*microbatch)
+           << " is out of range: the schedule has "
+           << schedule.getNumMicrobatches() << " microbatches";
+  ArrayRef<int64_t> stageToRank = schedule.getStageToRank();
+  if (stage >= stageToRank.size())
+    return success(); // The schedule's own verifier reports the short map.
+  int64_t owner = stageToRank[stage];
+  if (owner != static_cast<int64_t>(program.getRank()))
+    return op->emitOpError()
+           << "stage " << stage << " runs on rank " << owner
+           << ", but this action is in the program of rank "
+           << program.getRank();
+  return success();
+}
+
+/// Verifies that a region body holds only ops of type `Child`.
+template <typename Child>
+static LogicalResult verifyOnlyChildren(Operation *parent, Region &body,
+                                        StringRef childName) {
+  for (Operation &op : body.getOps())
+    if (!isa<Child>(op))
+      return op.emitOpError() << "is not allowed in '"
+                              << parent->getName() << "'; expected only '"
+                              << childName << "'";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Model
+//===----------------------------------------------------------------------===//
+
+LogicalResult ModelOp::verifyRegions() {
+  if (failed(verifyOnlyChildren<StageOp>(*this, getBody(), "hpr.stage")))
+    return failure();
+  uint64_t expected = 0;
+  for (StageOp stage : getBody().getOps<StageOp>()) {
+    if (stage.getIndex() != expected)
+      return stage.emitOpError() << "has index " << stage.getIndex()
+                                 << ", expected " << expected
+                                 << " (stages are numbered 0, 1, ... in order)";
+    ++expected;
+  }
+  return success();
+}
+
+LogicalResult StageOp::verifyRegions() {
+  return verifyOnlyChildren<RegionOp>(*this, getBody(), "hpr.region");
+}
+
+LogicalResult RegionOp::verify() {
+  if (getCheckpoint() && getNonCheckpointable())
+    return emitOpError() << "region '" << getName()
+                         << "' is marked both checkpoint and "
+                            "non_checkpointable";
+  if (getFwdFlops().convertToDouble() < 0 ||
+      getFwdTimeUs().convertToDouble() < 0)
+    return emitOpError() << "region '" << getName()
+                         << "' has a negative forward cost";
+  for (auto [value, label] :
+       {std::pair<uint64_t, StringRef>{getSavedBytes(), "saved"},
+        {getInputBytes(), "input"},
+        {getParamBytes(), "params"}})
+    if (static_cast<int64_t>(value) < 0)
+      return emitOpError() << "region '" << getName() << "' has negative '"
+                           << label << "' bytes";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Schedule and programs
+//===----------------------------------------------------------------------===//
+
+LogicalResult ScheduleOp::verifyRegions() {
+  int64_t numRanks = getNumRanks();
+  if (numRanks <= 0)
+    return emitOpError() << "needs at least one rank";
+  ArrayRef<int64_t> stageToRank = getStageToRank();
+  if (static_cast<int64_t>(stageToRank.size()) !=
+      static_cast<int64_t>(getNumStages()))
+    return emitOpError() << "stage_to_rank has " << stageToRank.size()
+                         << " entries for " << getNumStages() << " stages";
+  for (auto [stage, rank] : llvm::enumerate(stageToRank))
+    if (rank < 0 || rank >= numRanks)
+      return emitOpError() << "stage_to_rank maps stage " << stage
+                           << " to rank " << rank << ", outside [0, "
+                           << numRanks << ")";
+  if (failed(verifyOnlyChildren<ProgramOp>(*this, getBody(), "hpr.program")))
+    return failure();
+  int64_t expected = 0;
+  for (ProgramOp program : getBody().getOps<ProgramOp>()) {
+    if (static_cast<int64_t>(program.getRank()) != expected)
+      return program.emitOpError()
+             << "is for rank " << program.getRank() << ", expected rank "
+             << expected << " (one program per rank, in rank order)";
+    ++expected;
+  }
+  if (expected != numRanks)
+    return emitOpError() << "has " << expected << " programs for " << numRanks
+                         << " ranks";
+  return success();
+}
+
+/// True for an op that may stand second in an overlapped F/B pair.
+static bool isBackwardKind(Operation *op) {
+  return isa<BackwardInputOp, BackwardWeightOp, BackwardOp>(op);
+}
+
+bool mlir::hpr::isOverlapped(Operation *op) {
+  return llvm::TypeSwitch<Operation *, bool>(op)
+      .Case<ForwardOp, BackwardInputOp, BackwardWeightOp, BackwardOp>(
+          [](auto action) { return action.getOverlap(); })
+      .Default([](Operation *) { return false; });
+}
+
+LogicalResult ProgramOp::verifyRegions() {
+  // Overlapped pairs: a forward marked `overlap` is immediately followed by
+  // a backward marked `overlap`, and a marked backward immediately follows
+  // such a forward.
+  Operation *pendingForward = nullptr;
+  for (Operation &op : getBody().getOps()) {
+    if (isa<SessionOp>(op))
+      continue; // Bookkeeping, not an action: it may follow a paired forward.
+    bool marked = isOverlapped(&op);
+    if (pendingForward) {
+      if (!marked || !isBackwardKind(&op))
+        return pendingForward->emitOpError()
+               << "is marked overlap but is not immediately followed by a "
+                  "backward action marked overlap";
+      pendingForward = nullptr;
+      continue;
+    }
+    if (!marked)
+      continue;
+    if (!isa<ForwardOp>(op))
+      return op.emitOpError() << "is marked overlap but does not follow a "
+                                 "forward marked overlap";
+    pendingForward = &op;
+  }
+  if (pendingForward)
+    return pendingForward->emitOpError()
+           << "is marked overlap but ends the program";
+  return success();
+}
+
+uint64_t ProgramOp::computeOrderDigest() {
+  // FNV-1a over (kind, stage, microbatch) of each compute action.
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  auto mix = [&hash](uint64_t value) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (value >> (8 * byte)) & 0xff;
+      hash *= 0x100000001b3ULL;
+    }
+  };
+  for (Operation &op : getBody().getOps()) {
+    uint64_t kind = llvm::TypeSwitch<Operation *, uint64_t>(&op)
+                        .Case<ForwardOp>([](auto) { return 1; })
+                        .Case<BackwardInputOp>([](auto) { return 2; })
+                        .Case<BackwardWeightOp>([](auto) { return 3; })
+                        .Case<BackwardOp>([](auto) { return 4; })
+                        .Default([](auto) { return 0; });
+    if (!kind)
+      continue;
+    auto action = cast<ActionOpInterface>(op);
+    mix(kind);
+    mix(action.getStageIndex());
+    mix(action.getMicrobatchIndex());
+  }
+  return hash;
+}
+
+//===----------------------------------------------------------------------===//
+// Actions
+//===----------------------------------------------------------------------===//
+
+void ForwardOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  std::string name;
+  llvm::raw_string_ostream(name)
+      << "h" << getStage() << ".mb" << getMicrobatch();
+  setNameFn(getHandle(), name);
+}
+
+LogicalResult ForwardOp::verify() {
+  return verifyPlacement(*this, getStage(), getMicrobatch());
+}
+
+/// A consumer's session must belong to the consumer's own (stage, microbatch).
+template <typename Backward>
+static LogicalResult verifyConsumer(Backward op) {
+  if (failed(verifyPlacement(op, op.getStage(), op.getMicrobatch())))
+    return failure();
+  Value session = op.getSession();
+  if (!session)
+    return success();
+  auto sessionOp = session.template getDefiningOp<SessionOp>();
+  if (!sessionOp || !sessionOp.getForward())
+    return success(); // SessionOp's verifier reports this.
+  ForwardOp forward = sessionOp.getForward();
+  if (forward.getStage() != op.getStage() ||
+      forward.getMicrobatch() != op.getMicrobatch())
+    return op.emitOpError()
+           << "of stage " << op.getStage() << " mb " << op.getMicrobatch()
+           << " reads session \"" << sessionOp.getSid() << "\" of stage "
+           << forward.getStage() << " mb " << forward.getMicrobatch();
+  return success();
+}
+
+LogicalResult BackwardInputOp::verify() { return verifyConsumer(*this); }
+LogicalResult BackwardWeightOp::verify() { return verifyConsumer(*this); }
+LogicalResult BackwardOp::verify() { return verifyConsumer(*this); }
+
+/// Checks a transfer's peer: the rank of the neighbouring stage it talks to.
+/// Sends of activations and receives of gradients face stage + 1; the other
+/// two face stage - 1.
+template <typename Comm>
+static LogicalResult verifyComm(Comm op, int64_t direction) {
+  if (failed(verifyPlacement(op, op.getStage(), op.getMicrobatch())))
+    return failure();
+  auto schedule = op->template getParentOfType<ScheduleOp>();
+  int64_t neighbour = static_cast<int64_t>(op.getStage()) + direction;
+  if (neighbour < 0 || neighbour >= static_cast<int64_t>(schedule.getNumStages()))
+    return op.emitOpError() << "of stage " << op.getStage()
+                            << " has no neighbouring stage " << neighbour;
+  int64_t expectedPeer = schedule.getRankOf(neighbour);
+  if (static_cast<int64_t>(op.getPeer()) != expectedPeer)
+    return op.emitOpError() << "of stage " << op.getStage() << " talks to peer "
+                            << static_cast<int64_t>(op.getPeer())
+                            << ", but stage " << neighbour << " runs on rank "
+                            << expectedPeer;
+  if (expectedPeer ==
+      static_cast<int64_t>(op->template getParentOfType<ProgramOp>().getRank()))
+    return op.emitOpError() << "of stage " << op.getStage()
+                            << " transfers to its own rank; co-located stages "
+                               "need no send/recv";
+  return success();
+}
+
+LogicalResult SendFOp::verify() { return verifyComm(*this, +1); }
+LogicalResult RecvFOp::verify() { return verifyComm(*this, -1); }
+LogicalResult SendBOp::verify() { return verifyComm(*this, -1); }
+LogicalResult RecvBOp::verify() { return verifyComm(*this, +1); }
+
+LogicalResult UnshardOp::verify() {
+  return verifyPlacement(*this, getStage(), std::nullopt);
+}
+LogicalResult ReshardOp::verify() {
+  return verifyPlacement(*this, getStage(), std::nullopt);
+}
+LogicalResult ReduceGradOp::verify() {
+  return verifyPlacement(*this, getStage(), std::nullopt);
+}
+
+//===----------------------------------------------------------------------===//
+// Sessions
+//===----------------------------------------------------------------------===//
+
+std::string mlir::hpr::getSessionId(int64_t stage, int64_t microbatch) {
+  return "s" + std::to_string(stage) + ".mb" + std::to_string(microbatch);
+}
+
+void SessionOp::getAsmResultNames(OpAsmSetValueNameFn setNameFn) {
+  setNameFn(getSession(), getSid());
+}
+
+LogicalResult SessionOp::verify() {
+  ForwardOp forward = getForward();
+  if (!forward)
+    return emitOpError() << "binds a handle that no hpr.forward produced";
+  std::string expected =
+      getSessionId(forward.getStage(), forward.getMicrobatch());
+  if (getSid() != expected)
+    return emitOpError() << "\"" << getSid()
+                         << "\" binds the handle of the forward of stage "
+                         << forward.getStage() << " mb "
+                         << forward.getMicrobatch() << "; expected id \""
+                         << expected << "\"";
+  return success();
+}
+
+/// Stage and microbatch of a session action are those of the session's
+/// forward.
+#define HPR_SESSION_ACTION_ACCESSORS(OP)                                       \
+  SessionOp OP::getSessionOp() {                                               \
+    return getSession().getDefiningOp<SessionOp>();                            \
+  }                                                                            \
+  int64_t OP::getStageIndex() {                                                \
+    return getSessionOp().getForward().getStageIndex();                        \
+  }                                                                            \
+  int64_t OP::getMicrobatchIndex() {                                           \
+    return getSessionOp().getForward().getMicrobatchIndex();                   \
+  }
+
+HPR_SESSION_ACTION_ACCESSORS(RecomputeOp)
+HPR_SESSION_ACTION_ACCESSORS(ClearOp)
+#undef HPR_SESSION_ACTION_ACCESSORS

@@ -1,0 +1,195 @@
+//===- BuildModule.cpp - Schedule + model -> hpr IR ----------------------===//
+
+#include "hpr/Plan/BuildModule.h"
+
+#include "hpr/Dialect/HPR/HPROps.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mlir::hpr;
+namespace sched = ::hpr::sched;
+namespace model = ::hpr::model;
+
+::hpr::model::StagedModel mlir::hpr::makeUniformModel(int numStages) {
+  model::StagedModel staged;
+  staged.name = "uniform";
+  for (int stage = 0; stage < numStages; ++stage) {
+    model::Region region;
+    region.name = "stage" + std::to_string(stage);
+    region.checkpoint = true;
+    region.fwdFlops = 1;
+    region.savedBytes = 1;
+    region.inputBytes = 0;
+    staged.stages.push_back({stage, {region}});
+  }
+  return staged;
+}
+
+static void buildModel(OpBuilder &builder, Location loc,
+                       const model::StagedModel &staged) {
+  auto modelOp = builder.create<ModelOp>(loc, staged.name);
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToStart(&modelOp.getBody().emplaceBlock());
+  for (const model::Stage &stage : staged.stages) {
+    auto stageOp = builder.create<StageOp>(loc, stage.index);
+    OpBuilder::InsertionGuard stageGuard(builder);
+    builder.setInsertionPointToStart(&stageOp.getBody().emplaceBlock());
+    for (const model::Region &region : stage.regions)
+      builder.create<RegionOp>(
+          loc, region.name, region.checkpoint, !region.checkpointable,
+          builder.getF64FloatAttr(region.fwdFlops),
+          builder.getF64FloatAttr(region.fwdTimeUs), region.savedBytes,
+          region.inputBytes, region.paramBytes);
+  }
+}
+
+namespace {
+/// Emits the ops of one rank's program.
+class ProgramBuilder {
+public:
+  ProgramBuilder(OpBuilder &builder, const sched::Schedule &schedule,
+                 llvm::StringRef file)
+      : builder(builder), schedule(schedule), file(file) {}
+
+  llvm::Error build(int rank);
+
+private:
+  llvm::Error emit(const sched::Action &action, Location loc, bool grouped);
+  /// The peer of a transfer: the rank of the stage on the other side.
+  llvm::Expected<int64_t> peerOf(const sched::Action &action, Location loc);
+  llvm::Error errorAt(Location loc, const llvm::Twine &message) const;
+
+  OpBuilder &builder;
+  const sched::Schedule &schedule;
+  llvm::StringRef file;
+};
+} // namespace
+
+llvm::Error ProgramBuilder::errorAt(Location loc,
+                                    const llvm::Twine &message) const {
+  auto fileLoc = cast<FileLineColLoc>(loc);
+  return llvm::createStringError(
+      llvm::formatv("{0}:{1}:{2}: {3}", fileLoc.getFilename().getValue(),
+                    fileLoc.getLine(), fileLoc.getColumn(), message.str())
+          .str());
+}
+
+llvm::Expected<int64_t> ProgramBuilder::peerOf(const sched::Action &action,
+                                               Location loc) {
+  bool towardsNext = action.kind == sched::ActionKind::SendF ||
+                     action.kind == sched::ActionKind::RecvB;
+  int neighbour = action.stage + (towardsNext ? 1 : -1);
+  if (neighbour < 0 || neighbour >= schedule.numStages)
+    return errorAt(loc, llvm::formatv("transfer of stage {0} has no "
+                                      "neighbouring stage {1}",
+                                      action.stage, neighbour));
+  return schedule.stageToRank[neighbour];
+}
+
+llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
+                                 bool grouped) {
+  using Kind = sched::ActionKind;
+  int64_t stage = action.stage, mb = action.microbatch;
+  switch (action.kind) {
+  case Kind::Idle:
+    builder.create<IdleOp>(loc);
+    return llvm::Error::success();
+  case Kind::Forward:
+    builder.create<ForwardOp>(loc, builder.getType<HandleType>(), stage, mb,
+                              grouped);
+    return llvm::Error::success();
+  case Kind::BackwardInput:
+    builder.create<BackwardInputOp>(loc, stage, mb, Value(), false, grouped);
+    return llvm::Error::success();
+  case Kind::BackwardWeight:
+    builder.create<BackwardWeightOp>(loc, stage, mb, Value(), false, grouped);
+    return llvm::Error::success();
+  case Kind::Backward:
+    builder.create<BackwardOp>(loc, stage, mb, Value(), false, grouped);
+    return llvm::Error::success();
+  case Kind::SendF:
+  case Kind::RecvF:
+  case Kind::SendB:
+  case Kind::RecvB: {
+    llvm::Expected<int64_t> peer = peerOf(action, loc);
+    if (!peer)
+      return peer.takeError();
+    if (action.kind == Kind::SendF)
+      builder.create<SendFOp>(loc, stage, mb, *peer, grouped);
+    else if (action.kind == Kind::RecvF)
+      builder.create<RecvFOp>(loc, stage, mb, *peer, grouped);
+    else if (action.kind == Kind::SendB)
+      builder.create<SendBOp>(loc, stage, mb, *peer, grouped);
+    else
+      builder.create<RecvBOp>(loc, stage, mb, *peer, grouped);
+    return llvm::Error::success();
+  }
+  case Kind::Unshard:
+    builder.create<UnshardOp>(loc, stage);
+    return llvm::Error::success();
+  case Kind::Reshard:
+    builder.create<ReshardOp>(loc, stage);
+    return llvm::Error::success();
+  case Kind::ReduceGrad:
+    builder.create<ReduceGradOp>(loc, stage);
+    return llvm::Error::success();
+  case Kind::OverlapFB:
+  case Kind::BatchedComm:
+    for (const sched::Action &part : action.parts)
+      if (llvm::Error error = emit(part, loc, /*grouped=*/true))
+        return error;
+    return llvm::Error::success();
+  case Kind::Recompute:
+  case Kind::Clear:
+    return errorAt(loc, "the schedule already holds planner actions "
+                        "(RECOMPUTE/CLEAR); give the schedule before "
+                        "planning");
+  }
+  llvm_unreachable("unknown action kind");
+}
+
+llvm::Error ProgramBuilder::build(int rank) {
+  MLIRContext *context = builder.getContext();
+  StringAttr fileAttr = StringAttr::get(context, file);
+  for (auto [index, action] : llvm::enumerate(schedule.ranks[rank])) {
+    Location loc = FileLineColLoc::get(fileAttr, rank + 1, index + 1);
+    if (llvm::Error error = emit(action, loc, /*grouped=*/false))
+      return error;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<OwningOpRef<ModuleOp>>
+mlir::hpr::buildPlanModule(MLIRContext &context,
+                           const model::StagedModel &staged,
+                           const sched::Schedule &schedule,
+                           llvm::StringRef scheduleFile) {
+  if (static_cast<int>(staged.stages.size()) != schedule.numStages)
+    return llvm::createStringError(llvm::formatv(
+        "{0}: the schedule has {1} stages but the model was split into {2}",
+        scheduleFile, schedule.numStages, staged.stages.size()));
+  context.loadDialect<HPRDialect>();
+  Location loc = FileLineColLoc::get(&context, scheduleFile, 0, 0);
+  OpBuilder builder(&context);
+  OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+  builder.setInsertionPointToStart(module->getBody());
+  buildModel(builder, loc, staged);
+
+  auto scheduleOp = builder.create<ScheduleOp>(
+      loc, schedule.name, schedule.numRanks, schedule.numStages,
+      schedule.numMicrobatches,
+      builder.getDenseI64ArrayAttr(llvm::SmallVector<int64_t>(
+          schedule.stageToRank.begin(), schedule.stageToRank.end())));
+  builder.setInsertionPointToStart(&scheduleOp.getBody().emplaceBlock());
+  ProgramBuilder programs(builder, schedule, scheduleFile);
+  for (int rank = 0; rank < schedule.numRanks; ++rank) {
+    auto program = builder.create<ProgramOp>(loc, rank, IntegerAttr());
+    OpBuilder::InsertionGuard guard(builder);
+    builder.setInsertionPointToStart(&program.getBody().emplaceBlock());
+    if (llvm::Error error = programs.build(rank))
+      return std::move(error);
+    program.setComputeDigest(program.computeOrderDigest());
+  }
+  return module;
+}

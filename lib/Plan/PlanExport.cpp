@@ -1,0 +1,331 @@
+//===- PlanExport.cpp - Planned hpr IR -> plan formats -------------------===//
+
+#include "hpr/Plan/PlanExport.h"
+
+#include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Plan/CostModel.h"
+#include "hpr/Schedule/Simulate.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/Format.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::hpr;
+namespace sched = ::hpr::sched;
+using nlohmann::json;
+
+static ScheduleOp getSchedule(ModuleOp module) {
+  return *module.getOps<ScheduleOp>().begin();
+}
+static ModelOp getModel(ModuleOp module) {
+  return *module.getOps<ModelOp>().begin();
+}
+
+//===----------------------------------------------------------------------===//
+// Schedule extraction
+//===----------------------------------------------------------------------===//
+
+/// The schedule action of one op, with its duration under `costs`.
+static sched::Action toAction(Operation *op,
+                              const std::vector<StageCost> &costs) {
+  using Kind = sched::ActionKind;
+  sched::Action action;
+  action.kind =
+      llvm::TypeSwitch<Operation *, Kind>(op)
+          .Case<ForwardOp>([](auto) { return Kind::Forward; })
+          .Case<BackwardInputOp>([](auto) { return Kind::BackwardInput; })
+          .Case<BackwardWeightOp>([](auto) { return Kind::BackwardWeight; })
+          .Case<BackwardOp>([](auto) { return Kind::Backward; })
+          .Case<SendFOp>([](auto) { return Kind::SendF; })
+          .Case<RecvFOp>([](auto) { return Kind::RecvF; })
+          .Case<SendBOp>([](auto) { return Kind::SendB; })
+          .Case<RecvBOp>([](auto) { return Kind::RecvB; })
+          .Case<UnshardOp>([](auto) { return Kind::Unshard; })
+          .Case<ReshardOp>([](auto) { return Kind::Reshard; })
+          .Case<ReduceGradOp>([](auto) { return Kind::ReduceGrad; })
+          .Case<RecomputeOp>([](auto) { return Kind::Recompute; })
+          .Case<ClearOp>([](auto) { return Kind::Clear; })
+          .Default([](Operation *) { return Kind::Idle; });
+  auto actionOp = cast<ActionOpInterface>(op);
+  action.stage = static_cast<int>(actionOp.getStageIndex());
+  action.microbatch = static_cast<int>(actionOp.getMicrobatchIndex());
+  if (action.stage < 0)
+    return action;
+  const StageCost &cost = costs[action.stage];
+  switch (action.kind) {
+  case Kind::Forward:
+  case Kind::BackwardInput:
+  case Kind::BackwardWeight:
+    action.durationUs = cost.forwardUs;
+    break;
+  case Kind::Backward:
+    action.durationUs = 2 * cost.forwardUs;
+    break;
+  case Kind::Recompute:
+    action.durationUs = cost.recomputeUs;
+    break;
+  default:
+    break;
+  }
+  return action;
+}
+
+static bool isBatchedComm(Operation *op) {
+  return llvm::TypeSwitch<Operation *, bool>(op)
+      .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>(
+          [](auto comm) { return comm.getBatched(); })
+      .Default([](Operation *) { return false; });
+}
+
+sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
+  ScheduleOp scheduleOp = getSchedule(module);
+  std::vector<StageCost> costs = computeStageCosts(getModel(module));
+  sched::Schedule schedule;
+  schedule.name = scheduleOp.getName().str();
+  schedule.numRanks = scheduleOp.getNumRanks();
+  schedule.numStages = scheduleOp.getNumStages();
+  schedule.numMicrobatches = scheduleOp.getNumMicrobatches();
+  schedule.stageToRank.assign(scheduleOp.getStageToRank().begin(),
+                              scheduleOp.getStageToRank().end());
+  for (ProgramOp program : scheduleOp.getBody().getOps<ProgramOp>()) {
+    std::vector<sched::Action> &actions = schedule.ranks.emplace_back();
+    // Overlapped pairs and batched transfers become one composite cell.
+    sched::Action *group = nullptr;
+    for (Operation &op : program.getBody().getOps()) {
+      if (!isa<ActionOpInterface>(op))
+        continue;
+      sched::Action action = toAction(&op, costs);
+      bool overlapped = isOverlapped(&op), batched = isBatchedComm(&op);
+      if (group && (overlapped || batched)) {
+        group->parts.push_back(std::move(action));
+        if (overlapped)
+          group = nullptr; // A pair has exactly two parts.
+        continue;
+      }
+      group = nullptr;
+      if (overlapped || batched) {
+        sched::Action composite;
+        composite.kind = overlapped ? sched::ActionKind::OverlapFB
+                                    : sched::ActionKind::BatchedComm;
+        composite.parts.push_back(std::move(action));
+        actions.push_back(std::move(composite));
+        group = &actions.back();
+        continue;
+      }
+      actions.push_back(std::move(action));
+    }
+  }
+  return schedule;
+}
+
+//===----------------------------------------------------------------------===//
+// Summary
+//===----------------------------------------------------------------------===//
+
+/// Counts and the peak memory of one program under the cost model.
+static RankSummary summarizeProgram(ProgramOp program,
+                                    const std::vector<StageCost> &costs) {
+  RankSummary summary;
+  using Key = std::pair<int64_t, int64_t>;
+  // Where each (stage, mb)'s kept activations die: its last backward action.
+  llvm::DenseMap<Key, Operation *> lastBackward;
+  for (Operation &op : program.getBody().getOps())
+    if (isa<ConsumerOpInterface>(op)) {
+      auto action = cast<ActionOpInterface>(op);
+      lastBackward[{action.getStageIndex(), action.getMicrobatchIndex()}] = &op;
+    }
+
+  int64_t live = 0, liveSessions = 0;
+  for (Operation &op : program.getBody().getOps()) {
+    if (auto session = dyn_cast<SessionOp>(op)) {
+      ++summary.sessions;
+      for (Operation *user : session.getSession().getUsers())
+        summary.perBackwardRecomputes += isa<ConsumerOpInterface>(user);
+      continue;
+    }
+    ++summary.actions;
+    auto action = cast<ActionOpInterface>(op);
+    int64_t stage = action.getStageIndex();
+    if (isa<ForwardOp>(op)) {
+      live += costs[stage].keptBytes;
+    } else if (isa<RecomputeOp>(op)) {
+      ++summary.recomputes;
+      live += costs[stage].recomputedBytes;
+      summary.maxLiveSessions = std::max(summary.maxLiveSessions, ++liveSessions);
+    } else if (isa<ClearOp>(op)) {
+      ++summary.clears;
+      live -= costs[stage].recomputedBytes;
+      --liveSessions;
+    }
+    summary.peakBytes = std::max(summary.peakBytes, live);
+    if (isa<ConsumerOpInterface>(op) &&
+        lastBackward.lookup({stage, action.getMicrobatchIndex()}) == &op)
+      live -= costs[stage].keptBytes;
+  }
+  return summary;
+}
+
+RankSummary PlanSummary::total() const {
+  RankSummary sum;
+  for (const RankSummary &rank : ranks) {
+    sum.actions += rank.actions;
+    sum.sessions += rank.sessions;
+    sum.recomputes += rank.recomputes;
+    sum.clears += rank.clears;
+    sum.perBackwardRecomputes += rank.perBackwardRecomputes;
+    sum.maxLiveSessions = std::max(sum.maxLiveSessions, rank.maxLiveSessions);
+    sum.peakBytes = std::max(sum.peakBytes, rank.peakBytes);
+  }
+  return sum;
+}
+
+llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
+  std::vector<StageCost> costs = computeStageCosts(getModel(module));
+  PlanSummary summary;
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
+    summary.ranks.push_back(summarizeProgram(program, costs));
+  sched::SimulationCosts simulationCosts;
+  simulationCosts.useActionDurations = true;
+  llvm::Expected<sched::SimulationResult> simulation =
+      sched::simulateSchedule(extractSchedule(module), simulationCosts,
+                              "<plan>");
+  if (!simulation)
+    return simulation.takeError();
+  summary.stepTimeUs = simulation->makespan;
+  summary.bubbleFraction = simulation->bubbleFraction;
+  return summary;
+}
+
+void mlir::hpr::printSummaryTable(const PlanSummary &summary,
+                                  llvm::raw_ostream &os) {
+  auto row = [&os](llvm::StringRef label, const RankSummary &rank) {
+    os << llvm::format("%-6s %8lld %8lld %10lld %12lld %9lld %14lld\n",
+                       label.str().c_str(), (long long)rank.actions,
+                       (long long)rank.sessions, (long long)rank.recomputes,
+                       (long long)rank.perBackwardRecomputes,
+                       (long long)rank.maxLiveSessions,
+                       (long long)rank.peakBytes);
+  };
+  os << llvm::format("%-6s %8s %8s %10s %12s %9s %14s\n", "rank", "actions",
+                     "sessions", "recomputes", "per-backward", "max-live",
+                     "peak-bytes");
+  for (auto [index, rank] : llvm::enumerate(summary.ranks))
+    row(std::to_string(index), rank);
+  row("total", summary.total());
+  os << llvm::format("step time %.1f us, bubble fraction %.3f\n",
+                     summary.stepTimeUs, summary.bubbleFraction);
+}
+
+//===----------------------------------------------------------------------===//
+// Plan JSON
+//===----------------------------------------------------------------------===//
+
+static json regionJson(RegionOp region) {
+  return {{"name", region.getName().str()},
+          {"checkpoint", region.getCheckpoint()},
+          {"checkpointable", !region.getNonCheckpointable()},
+          {"fwd_flops", region.getFwdFlops().convertToDouble()},
+          {"fwd_time_us", region.getFwdTimeUs().convertToDouble()},
+          {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
+          {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
+          {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
+}
+
+static json actionJson(Operation *op) {
+  auto action = cast<ActionOpInterface>(op);
+  json entry = {{"op", action.getPlanName().str()}};
+  if (action.getStageIndex() >= 0)
+    entry["stage"] = action.getStageIndex();
+  if (action.getMicrobatchIndex() >= 0)
+    entry["microbatch"] = action.getMicrobatchIndex();
+  llvm::TypeSwitch<Operation *>(op)
+      .Case<RecomputeOp, ClearOp>([&](auto sessionAction) {
+        entry["session"] = sessionAction.getSessionOp().getSid().str();
+      })
+      .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>([&](auto comm) {
+        entry["peer"] = static_cast<int64_t>(comm.getPeer());
+        if (comm.getBatched())
+          entry["batched"] = true;
+      });
+  if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
+    if (Value session = consumer.getSessionValue()) {
+      entry["session"] = session.getDefiningOp<SessionOp>().getSid().str();
+      entry["retain_on_unpack"] = consumer.getRetainOnUnpackFlag();
+    }
+  if (isOverlapped(op))
+    entry["overlap"] = true;
+  return entry;
+}
+
+json mlir::hpr::buildPlanJson(ModuleOp module, const PlanSummary &summary,
+                              const json &planner) {
+  ScheduleOp schedule = getSchedule(module);
+  ModelOp model = getModel(module);
+
+  json stages = json::array();
+  llvm::DenseMap<int64_t, std::vector<std::string>> checkpointedRegions;
+  for (StageOp stage : model.getBody().getOps<StageOp>()) {
+    json regions = json::array();
+    for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+      regions.push_back(regionJson(region));
+      if (region.getCheckpoint())
+        checkpointedRegions[stage.getIndex()].push_back(region.getName().str());
+    }
+    stages.push_back({{"stage", static_cast<int64_t>(stage.getIndex())},
+                      {"regions", std::move(regions)}});
+  }
+
+  json sessions = json::array();
+  json ranks = json::array();
+  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>()) {
+    json actions = json::array();
+    for (Operation &op : program.getBody().getOps()) {
+      if (auto session = dyn_cast<SessionOp>(op)) {
+        ForwardOp forward = session.getForward();
+        sessions.push_back(
+            {{"id", session.getSid().str()},
+             {"stage", forward.getStageIndex()},
+             {"microbatch", forward.getMicrobatchIndex()},
+             {"rank", static_cast<int64_t>(program.getRank())},
+             {"regions", checkpointedRegions[forward.getStageIndex()]}});
+        continue;
+      }
+      actions.push_back(actionJson(&op));
+    }
+    ranks.push_back({{"rank", static_cast<int64_t>(program.getRank())},
+                     {"actions", std::move(actions)}});
+  }
+
+  RankSummary total = summary.total();
+  json peakBytes = json::array(), maxLive = json::array();
+  for (const RankSummary &rank : summary.ranks) {
+    peakBytes.push_back(rank.peakBytes);
+    maxLive.push_back(rank.maxLiveSessions);
+  }
+  return {
+      {"format", "hp-recompute-plan"},
+      {"version", 1},
+      {"planner", planner},
+      {"schedule",
+       {{"name", schedule.getName().str()},
+        {"num_ranks", static_cast<int64_t>(schedule.getNumRanks())},
+        {"num_stages", static_cast<int64_t>(schedule.getNumStages())},
+        {"num_microbatches",
+         static_cast<int64_t>(schedule.getNumMicrobatches())},
+        {"stage_to_rank", std::vector<int64_t>(schedule.getStageToRank())}}},
+      {"model", {{"name", model.getName().str()}, {"stages", stages}}},
+      {"sessions", std::move(sessions)},
+      {"ranks", std::move(ranks)},
+      {"summary",
+       {{"sessions", total.sessions},
+        {"recomputes", total.recomputes},
+        {"clears", total.clears},
+        {"per_backward_recomputes", total.perBackwardRecomputes},
+        {"step_time_us", summary.stepTimeUs},
+        {"bubble_fraction", summary.bubbleFraction},
+        {"peak_bytes", peakBytes},
+        {"max_live_sessions", maxLive}}}};
+}

@@ -1,0 +1,58 @@
+//===- InsertClear.cpp - Clear each session after its last consumer ------===//
+//
+// Ends every session's life right after its last reader and tells the
+// readers before it to keep the recomputed tensors (retain_on_unpack).
+//
+//===----------------------------------------------------------------------===//
+
+#include "SessionAnalysis.h"
+#include "hpr/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/Support/Debug.h"
+
+#define DEBUG_TYPE "hpr-insert-clear"
+
+namespace mlir::hpr {
+#define GEN_PASS_DEF_HPRINSERTCLEAR
+#include "hpr/Transforms/Passes.h.inc"
+} // namespace mlir::hpr
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+namespace {
+struct InsertClearPass : public hpr::impl::HPRInsertClearBase<InsertClearPass> {
+  void runOnOperation() override;
+};
+} // namespace
+
+void InsertClearPass::runOnOperation() {
+  OpBuilder builder(&getContext());
+  WalkResult result = getOperation().walk([&](SessionOp session) {
+    for (Operation *user : session.getSession().getUsers())
+      if (isa<ClearOp>(user)) {
+        user->emitOpError() << "already exists for session \""
+                            << session.getSid()
+                            << "\": hpr-insert-clear runs once";
+        return WalkResult::interrupt();
+      }
+    auto consumers = getConsumers(session);
+    if (consumers.empty())
+      return WalkResult::advance();
+    for (ConsumerOpInterface consumer : consumers) {
+      bool isLast = consumer == consumers.back();
+      consumer.setRetainOnUnpackFlag(!isLast);
+      if (!isLast)
+        ++numRetained;
+    }
+    builder.setInsertionPointAfter(getPairEnd(consumers.back()));
+    builder.create<ClearOp>(session.getLoc(), session.getSession());
+    ++numClearInserted;
+    LLVM_DEBUG(llvm::dbgs() << "clear " << session.getSid() << " after "
+                            << describeAction(consumers.back()) << "\n");
+    return WalkResult::advance();
+  });
+  if (result.wasInterrupted())
+    signalPassFailure();
+}

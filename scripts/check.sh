@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test: gtest (through ctest), lit + FileCheck,
+# and pytest. Each runner prints its own summary; the script fails if any did.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+bash scripts/build.sh || exit 1
+
+status=0
+echo "=== ctest (gtest unit tests)"
+ctest --test-dir build --output-on-failure -j "$(nproc)" || status=1
+echo "=== lit (FileCheck tests)"
+/usr/bin/python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv build/test || status=1
+echo "=== pytest (python/)"
+PYTHONPATH=python /usr/bin/python3 -m pytest -q test/python || status=1
+exit $status

@@ -1,0 +1,23 @@
+# lit configuration for hp-recompute: FileCheck tests of the dialect, the
+# passes and the tools. Run through `ninja check-hpr-lit` (or scripts/check.sh).
+import os
+
+import lit.formats
+
+config.name = "hp-recompute"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".mlir", ".test"]
+config.excludes = ["inputs", "Inputs", "unittests", "python", "lit.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.hpr_obj_root, "test")
+
+config.environment["PATH"] = os.pathsep.join(
+    [config.hpr_tools_dir, config.llvm_tools_dir, config.environment.get("PATH", "")]
+)
+config.environment["PYTHONPATH"] = os.path.join(config.hpr_src_root, "python")
+
+config.substitutions.append(("%hpr_plugin", config.hpr_plugin))
+config.substitutions.append(("%mlir-opt", os.path.join(config.llvm_tools_dir, "mlir-opt")))
+config.substitutions.append(("%python", config.python_executable))
+config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "inputs")))
+config.substitutions.append(("%examples", os.path.join(config.hpr_src_root, "examples")))

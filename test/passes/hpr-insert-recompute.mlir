@@ -1,0 +1,66 @@
+// RUN: hp-recompute-opt %s -hpr-insert-recompute | FileCheck %s --check-prefix=JIT
+// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead distance=0' | FileCheck %s --check-prefix=LA0
+// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead distance=1' | FileCheck %s --check-prefix=LA1
+// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead distance=9' | FileCheck %s --check-prefix=LA9
+// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=soon' 2>&1 | FileCheck %s --check-prefix=BAD-POLICY
+
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward_input stage 0 mb 0 session(%s0)
+    hpr.backward_weight stage 0 mb 0 session(%s0)
+    hpr.recv_b stage 0 mb 1 peer 1
+    hpr.backward_input stage 0 mb 1 session(%s1)
+    hpr.backward_weight stage 0 mb 1 session(%s1)
+  }
+  hpr.program rank 1 {
+  }
+}
+
+// jit: right before the first consumer.
+// JIT:      hpr.recv_b stage 0 mb 0
+// JIT-NEXT: hpr.recompute %s0.mb0
+// JIT-NEXT: hpr.backward_input stage 0 mb 0
+// JIT-NEXT: hpr.backward_weight stage 0 mb 0
+// JIT-NEXT: hpr.recv_b stage 0 mb 1
+// JIT-NEXT: hpr.recompute %s0.mb1
+// JIT-NEXT: hpr.backward_input stage 0 mb 1
+
+// lookahead, distance 0: above the receives the dx waits on, no further.
+// LA0:      hpr.forward stage 0 mb 1
+// LA0-NEXT: hpr.recompute %s0.mb0
+// LA0-NEXT: %s0.mb1 = hpr.session
+// LA0-NEXT: hpr.recv_b stage 0 mb 0
+// LA0:      hpr.backward_weight stage 0 mb 0
+// LA0-NEXT: hpr.recompute %s0.mb1
+// LA0-NEXT: hpr.recv_b stage 0 mb 1
+
+// lookahead, distance 1: one compute action earlier, but never above the
+// session's own forward.
+// LA1:      %s0.mb0 = hpr.session
+// LA1-NEXT: hpr.recompute %s0.mb0
+// LA1-NEXT: hpr.forward stage 0 mb 1
+// LA1:      hpr.backward_input stage 0 mb 0
+// LA1-NEXT: hpr.recompute %s0.mb1
+// LA1-NEXT: hpr.backward_weight stage 0 mb 0
+
+// LA9:      %s0.mb0 = hpr.session
+// LA9-NEXT: hpr.recompute %s0.mb0
+// LA9:      %s0.mb1 = hpr.session
+// LA9-NEXT: hpr.recompute %s0.mb1
+// LA9-NEXT: hpr.recv_b stage 0 mb 0
+
+// BAD-POLICY: error: hpr-insert-recompute: unknown policy 'soon'; expected jit or lookahead
+

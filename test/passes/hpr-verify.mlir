@@ -1,0 +1,178 @@
+// RUN: hp-recompute-opt %s -split-input-file -hpr-verify -verify-diagnostics
+
+// One planted lifecycle bug per case; each gets its own message, with the
+// rank, the action index (as listed in the plan) and the action.
+
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "correct_plan_passes" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s0
+    hpr.recompute %s1
+    hpr.backward_input stage 0 mb 0 session(%s0) retain_on_unpack
+    hpr.backward_input stage 0 mb 1 session(%s1) retain_on_unpack
+    hpr.backward_weight stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+    hpr.backward_weight stage 0 mb 1 session(%s1)
+    hpr.clear %s1
+  }
+}
+
+// -----
+
+hpr.schedule "recomputed_twice" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
+    // expected-error @+1 {{rank 0, action 3 (recompute stage 0 mb 0): session "s0.mb0" is recomputed a second time (first at rank 0, action 1 (recompute stage 0 mb 0))}}
+    hpr.recompute %s
+    hpr.backward_weight stage 0 mb 0 session(%s)
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.schedule "cleared_twice" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    hpr.backward stage 0 mb 0 session(%s)
+    hpr.clear %s
+    // expected-error @+1 {{rank 0, action 4 (clear stage 0 mb 0): session "s0.mb0" is cleared a second time (first at rank 0, action 3 (clear stage 0 mb 0))}}
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.schedule "never_recomputed" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    // expected-error @+1 {{rank 0, action 1 (backward stage 0 mb 0): reads session "s0.mb0", which is never recomputed before it}}
+    hpr.backward stage 0 mb 0 session(%s)
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.schedule "leaked_session" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    // expected-error @+1 {{rank 0, action 1 (recompute stage 0 mb 0): session "s0.mb0" is never cleared: its recomputed tensors leak}}
+    hpr.recompute %s
+    hpr.backward stage 0 mb 0 session(%s)
+  }
+}
+
+// -----
+
+hpr.schedule "recompute_after_clear" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.clear %s
+    // expected-error @+2 {{rank 0, action 2 (recompute stage 0 mb 0): session "s0.mb0" is recomputed after its clear at rank 0, action 1 (clear stage 0 mb 0)}}
+    // expected-error @+2 {{rank 0, action 3 (backward stage 0 mb 0): reads session "s0.mb0" after its clear at rank 0, action 1 (clear stage 0 mb 0)}}
+    hpr.recompute %s
+    hpr.backward stage 0 mb 0 session(%s)
+  }
+}
+
+// -----
+
+hpr.schedule "clear_before_last_consumer" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
+    hpr.clear %s
+    // expected-error @+1 {{rank 0, action 4 (backward_weight stage 0 mb 0): reads session "s0.mb0" after its clear at rank 0, action 3 (clear stage 0 mb 0)}}
+    hpr.backward_weight stage 0 mb 0 session(%s)
+  }
+}
+
+// -----
+
+hpr.schedule "consumer_before_recompute" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    // expected-error @+1 {{rank 0, action 1 (backward_input stage 0 mb 0): reads session "s0.mb0" before its recompute at rank 0, action 2 (recompute stage 0 mb 0)}}
+    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
+    hpr.recompute %s
+    hpr.backward_weight stage 0 mb 0 session(%s)
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.schedule "last_reader_retains" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
+    // expected-error @+1 {{rank 0, action 3 (backward_weight stage 0 mb 0): is the last reader of session "s0.mb0" but sets retain_on_unpack; the tensors would outlive their last use}}
+    hpr.backward_weight stage 0 mb 0 session(%s) retain_on_unpack
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.schedule "dx_does_not_retain" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    // expected-error @+1 {{rank 0, action 2 (backward_input stage 0 mb 0): does not set retain_on_unpack, but rank 0, action 3 (backward_weight stage 0 mb 0) reads session "s0.mb0" later}}
+    hpr.backward_input stage 0 mb 0 session(%s)
+    hpr.backward_weight stage 0 mb 0 session(%s)
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.schedule "two_sessions_one_forward" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    // expected-error @+1 {{rank 0, action 0 (forward stage 0 mb 0): session "s0.mb0" is a second session for stage 0 mb 0 (first: session "s0.mb0")}}
+    %t = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    hpr.backward stage 0 mb 0 session(%s)
+    hpr.clear %s
+  }
+}
+
+// -----
+
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "checkpointed_consumer_without_session" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    // expected-error @+1 {{rank 0, action 1 (backward stage 0 mb 0): reads no session, but stage 0 is checkpointed: it would recompute on its own, once per backward call}}
+    hpr.backward stage 0 mb 0
+  }
+}

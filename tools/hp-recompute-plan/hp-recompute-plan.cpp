@@ -1,0 +1,335 @@
+//===- hp-recompute-plan.cpp - Plan recomputation for a pipeline ---------===//
+//
+// import (model + schedule) -> hpr IR -> planning pipeline -> export.
+// Exit codes: 0 success, 1 bad input or a plan that fails verification,
+// 2 usage errors. Outputs are written atomically (temporary file + rename).
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/InitAll.h"
+#include "hpr/Model/ModelFile.h"
+#include "hpr/Model/ModelJson.h"
+#include "hpr/Model/Partition.h"
+#include "hpr/Plan/BuildModule.h"
+#include "hpr/Plan/PlanExport.h"
+#include "hpr/Schedule/Generators.h"
+#include "hpr/Schedule/Lowering.h"
+#include "hpr/Schedule/ScheduleCsv.h"
+#include "hpr/Schedule/ScheduleFile.h"
+#include "hpr/Schedule/Validate.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/WithColor.h"
+
+#include <optional>
+
+using namespace llvm;
+namespace sched = ::hpr::sched;
+namespace model = ::hpr::model;
+
+namespace {
+enum class EmitKind { Summary, Json, Mlir, Csv };
+
+cl::OptionCategory category("hp-recompute-plan options");
+
+cl::opt<std::string> modelFile("model",
+                               cl::desc("Model: .pt (TorchScript archive), .ir "
+                                        "(TorchScript IR text) or .json graph"),
+                               cl::value_desc("file"), cl::cat(category));
+cl::opt<int> regionDepth("region-depth",
+                         cl::desc("Module depth of a region (TorchScript)"),
+                         cl::init(1), cl::cat(category));
+cl::opt<std::string> inputShape(
+    "input-shape", cl::desc("Input shapes, e.g. 4x40x48 or 4x40,4x40"),
+    cl::cat(category));
+cl::opt<std::string> inputDtype("input-dtype", cl::desc("Input dtype"),
+                                cl::init("float32"), cl::cat(category));
+cl::opt<bool> profile("profile",
+                      cl::desc("Measure each region's forward time"),
+                      cl::cat(category));
+cl::opt<std::string> stageSpec(
+    "stages", cl::desc("Explicit stage split, e.g. 0:0-3,1:4-7 (default: "
+                       "balanced)"),
+    cl::cat(category));
+
+cl::opt<std::string> scheduleFile("schedule",
+                                  cl::desc("Schedule: .csv or .json"),
+                                  cl::value_desc("file"), cl::cat(category));
+cl::opt<std::string> scheduleGen(
+    "schedule-gen",
+    cl::desc("Built-in schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, "
+             "dualpipev"),
+    cl::cat(category));
+cl::opt<int> ranks("ranks", cl::desc("Ranks of a generated schedule"),
+                   cl::init(4), cl::cat(category));
+cl::opt<int> microbatches("microbatches",
+                          cl::desc("Microbatches of a generated schedule"),
+                          cl::init(8), cl::cat(category));
+cl::opt<int> stagesPerRank("stages-per-rank",
+                           cl::desc("Stages per rank (0: the schedule's "
+                                    "default)"),
+                           cl::init(0), cl::cat(category));
+cl::opt<sched::CsvDialect> csvDialect(
+    "schedule-dialect", cl::desc("Action spelling of CSV schedules"),
+    cl::values(clEnumValN(sched::CsvDialect::Current, "current",
+                          "F I W B (PyTorch since late 2024)"),
+               clEnumValN(sched::CsvDialect::Legacy, "legacy",
+                          "F B W BW (older PyTorch, sail-sg)")),
+    cl::init(sched::CsvDialect::Current), cl::cat(category));
+
+cl::opt<std::string> prefetch("prefetch",
+                              cl::desc("Recompute placement: jit or "
+                                       "lookahead=K"),
+                              cl::init("jit"), cl::cat(category));
+cl::opt<std::string> memoryBudget(
+    "memory-budget",
+    cl::desc("Per-rank activation budget in bytes (suffixes KiB MiB GiB KB "
+             "MB GB)"),
+    cl::cat(category));
+
+cl::opt<EmitKind> emit(
+    "emit", cl::desc("Output format"),
+    cl::values(clEnumValN(EmitKind::Summary, "summary", "per-rank table"),
+               clEnumValN(EmitKind::Json, "json", "plan JSON (version 1)"),
+               clEnumValN(EmitKind::Mlir, "mlir", "planned hpr IR"),
+               clEnumValN(EmitKind::Csv, "csv",
+                          "schedule CSV with RECOMPUTE/CLEAR")),
+    cl::init(EmitKind::Summary), cl::cat(category));
+cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
+                                cl::value_desc("file"), cl::init("-"),
+                                cl::cat(category));
+cl::opt<bool> printSummary("summary",
+                           cl::desc("Also print the per-rank summary table"),
+                           cl::cat(category));
+
+/// The bundled default model (examples/gpt/gpt.model.json), compiled in.
+const char *const kDefaultModelJson =
+#include "DefaultModel.inc"
+    ;
+} // namespace
+
+/// Reports `error` and returns exit code 1.
+static int fail(Error error) {
+  handleAllErrors(std::move(error), [](const ErrorInfoBase &info) {
+    WithColor::error(errs(), "hp-recompute-plan") << info.message() << "\n";
+  });
+  return 1;
+}
+
+static int usageError(const Twine &message) {
+  WithColor::error(errs(), "hp-recompute-plan") << message << "\n";
+  return 2;
+}
+
+/// Parses `24GiB`, `512MB`, `1000`.
+static std::optional<int64_t> parseBytes(StringRef text) {
+  static const std::pair<StringRef, int64_t> suffixes[] = {
+      {"KiB", 1LL << 10}, {"MiB", 1LL << 20}, {"GiB", 1LL << 30},
+      {"TiB", 1LL << 40}, {"KB", 1000},       {"MB", 1000000},
+      {"GB", 1000000000}, {"TB", 1000000000000LL}, {"B", 1}};
+  int64_t scale = 1;
+  for (auto [suffix, factor] : suffixes)
+    if (text.consume_back(suffix)) {
+      scale = factor;
+      break;
+    }
+  int64_t value;
+  if (text.getAsInteger(10, value) || value < 0)
+    return std::nullopt;
+  return value * scale;
+}
+
+static Expected<sched::Schedule> loadSchedule(std::string &name) {
+  Expected<sched::Schedule> schedule =
+      scheduleFile.empty()
+          ? sched::generateSchedule(scheduleGen,
+                                    {ranks, microbatches, stagesPerRank})
+          : sched::readScheduleFile(scheduleFile, csvDialect);
+  name = scheduleFile.empty() ? "<" + scheduleGen + ">" : scheduleFile;
+  if (!schedule)
+    return schedule.takeError();
+  if (!sched::hasCommunication(*schedule))
+    sched::lowerCommunication(*schedule);
+  if (Error error = sched::validateSchedule(*schedule, name))
+    return std::move(error);
+  return schedule;
+}
+
+static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
+  Expected<model::ModelGraph> graph = [&]() -> Expected<model::ModelGraph> {
+    if (!modelFile.empty()) {
+      model::TorchScriptOptions options;
+      options.regionDepth = regionDepth;
+      options.inputDtype = inputDtype;
+      options.profile = profile;
+      if (!inputShape.empty()) {
+        auto shapes = model::parseShapeList(inputShape);
+        if (!shapes)
+          return shapes.takeError();
+        options.inputShapes = *shapes;
+      }
+      std::vector<std::string> warnings;
+      auto result = model::readModelFile(modelFile, options, &warnings);
+      for (const std::string &warning : warnings)
+        WithColor::warning(errs(), "hp-recompute-plan") << warning << "\n";
+      return result;
+    }
+    return model::parseModelJson(kDefaultModelJson, "<bundled gpt example>");
+  }();
+  if (!graph)
+    return graph.takeError();
+  if (modelFile.empty() && !useDefault)
+    return mlir::hpr::makeUniformModel(numStages);
+  return model::partitionModel(*graph, numStages, stageSpec);
+}
+
+/// Writes `text` to the output atomically: a temporary file beside the
+/// target, renamed over it only once complete.
+static Error writeOutput(StringRef text) {
+  if (outputFile == "-") {
+    outs() << text;
+    return Error::success();
+  }
+  SmallString<128> temp;
+  int fd;
+  StringRef dir = sys::path::parent_path(outputFile);
+  SmallString<128> model(dir.empty() ? "." : dir);
+  sys::path::append(model, ".hp-recompute-plan-%%%%%%.tmp");
+  if (std::error_code ec = sys::fs::createUniqueFile(model, fd, temp))
+    return createStringError(ec, "%s: cannot write: %s", outputFile.c_str(),
+                             ec.message().c_str());
+  {
+    raw_fd_ostream os(fd, /*shouldClose=*/true);
+    os << text;
+    os.close();
+    if (os.has_error()) {
+      sys::fs::remove(temp);
+      return createStringError(os.error(), "%s: write failed",
+                               outputFile.c_str());
+    }
+  }
+  if (std::error_code ec = sys::fs::rename(temp, outputFile)) {
+    sys::fs::remove(temp);
+    return createStringError(ec, "%s: cannot write: %s", outputFile.c_str(),
+                             ec.message().c_str());
+  }
+  return Error::success();
+}
+
+/// Parses `--prefetch` into pipeline options.
+static std::optional<mlir::hpr::RecomputePipelineOptions> parsePrefetch() {
+  mlir::hpr::RecomputePipelineOptions options;
+  StringRef text = prefetch;
+  if (text == "jit") {
+    options.policy = "jit";
+    return options;
+  }
+  unsigned distance;
+  if (text.consume_front("lookahead=") && !text.getAsInteger(10, distance)) {
+    options.policy = "lookahead";
+    options.distance = distance;
+    return options;
+  }
+  return std::nullopt;
+}
+
+int main(int argc, char **argv) {
+  InitLLVM init(argc, argv);
+  cl::HideUnrelatedOptions(category);
+  std::string parseErrors;
+  raw_string_ostream parseErrorStream(parseErrors);
+  if (!cl::ParseCommandLineOptions(
+          argc, argv,
+          "hp-recompute-plan: plan activation recomputation for a pipeline "
+          "schedule\n\nWith no arguments, plans the bundled GPT example on a "
+          "4-rank ZBV schedule with 8 microbatches.\n",
+          &parseErrorStream)) {
+    errs() << parseErrors;
+    return 2;
+  }
+  if (!scheduleFile.empty() && !scheduleGen.empty())
+    return usageError("--schedule and --schedule-gen are exclusive");
+  std::optional<int64_t> budget;
+  if (!memoryBudget.empty() && !(budget = parseBytes(memoryBudget)))
+    return usageError("--memory-budget: expected bytes such as 24GiB, got '" +
+                      memoryBudget + "'");
+  std::optional<mlir::hpr::RecomputePipelineOptions> pipelineOptions =
+      parsePrefetch();
+  if (!pipelineOptions)
+    return usageError("--prefetch: expected jit or lookahead=K, got '" +
+                      prefetch + "'");
+
+  // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
+  bool useDefault = scheduleFile.empty() && scheduleGen.empty();
+  if (useDefault)
+    scheduleGen = "zbv";
+
+  std::string scheduleName;
+  Expected<sched::Schedule> schedule = loadSchedule(scheduleName);
+  if (!schedule)
+    return fail(schedule.takeError());
+  Expected<model::StagedModel> staged =
+      loadModel(schedule->numStages, useDefault);
+  if (!staged)
+    return fail(staged.takeError());
+
+  mlir::DialectRegistry registry;
+  mlir::hpr::registerAllDialects(registry);
+  mlir::MLIRContext context(registry);
+  auto module =
+      mlir::hpr::buildPlanModule(context, *staged, *schedule, scheduleName);
+  if (!module)
+    return fail(module.takeError());
+
+  mlir::PassManager pm(&context);
+  mlir::hpr::buildRecomputePipeline(pm, *pipelineOptions);
+  if (mlir::failed(pm.run(**module)))
+    return 1; // The passes have reported their diagnostics.
+
+  Expected<mlir::hpr::PlanSummary> summary = mlir::hpr::summarizePlan(**module);
+  if (!summary)
+    return fail(summary.takeError());
+  if (budget)
+    for (auto [rank, rankSummary] : enumerate(summary->ranks))
+      if (rankSummary.peakBytes > *budget)
+        return fail(createStringError(
+            "plan exceeds --memory-budget: rank %zu needs %lld bytes of "
+            "activations, budget %lld",
+            rank, (long long)rankSummary.peakBytes, (long long)*budget));
+
+  std::string text;
+  raw_string_ostream os(text);
+  switch (emit) {
+  case EmitKind::Summary:
+    os << "plan: model '" << staged->name << "', schedule '"
+       << schedule->name << "' (" << schedule->numRanks << " ranks, "
+       << schedule->numStages << " stages, " << schedule->numMicrobatches
+       << " microbatches), prefetch " << prefetch << "\n";
+    mlir::hpr::printSummaryTable(*summary, os);
+    break;
+  case EmitKind::Json: {
+    nlohmann::json planner = {{"prefetch", prefetch.getValue()},
+                              {"tool", "hp-recompute-plan"}};
+    os << mlir::hpr::buildPlanJson(**module, *summary, planner).dump(1)
+       << "\n";
+    break;
+  }
+  case EmitKind::Mlir:
+    (*module)->print(os);
+    break;
+  case EmitKind::Csv:
+    os << sched::printScheduleCsv(mlir::hpr::extractSchedule(**module),
+                                  csvDialect);
+    break;
+  }
+  if (Error error = writeOutput(text))
+    return fail(std::move(error));
+  if (printSummary && emit != EmitKind::Summary)
+    mlir::hpr::printSummaryTable(*summary, outputFile == "-" ? errs() : outs());
+  return 0;
+}
