@@ -9,7 +9,7 @@ packages=(
   libtorch-dev python3-torch
   nlohmann-json3-dev
   googletest libgtest-dev
-  python3-pytest
+  python3-pytest python3-jsonschema
 )
 
 missing=()

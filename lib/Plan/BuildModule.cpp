@@ -38,8 +38,8 @@ static void buildModel(OpBuilder &builder, Location loc,
     for (const model::Region &region : stage.regions)
       builder.create<RegionOp>(
           loc, region.name, region.checkpoint, !region.checkpointable,
-          builder.getF64FloatAttr(region.fwdFlops),
-          builder.getF64FloatAttr(region.fwdTimeUs), region.savedBytes,
+          llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
+          region.savedBytes,
           region.inputBytes, region.paramBytes);
   }
 }
@@ -188,7 +188,7 @@ mlir::hpr::buildPlanModule(MLIRContext &context,
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointToStart(&program.getBody().emplaceBlock());
     if (llvm::Error error = programs.build(rank))
-      return std::move(error);
+      return error;
     program.setComputeDigest(program.computeOrderDigest());
   }
   return module;

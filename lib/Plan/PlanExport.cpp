@@ -209,9 +209,8 @@ void mlir::hpr::printSummaryTable(const PlanSummary &summary,
                        (long long)rank.maxLiveSessions,
                        (long long)rank.peakBytes);
   };
-  os << llvm::format("%-6s %8s %8s %10s %12s %9s %14s\n", "rank", "actions",
-                     "sessions", "recomputes", "per-backward", "max-live",
-                     "peak-bytes");
+  os << "rank    actions sessions recomputes per-backward  max-live     "
+        "peak-bytes\n";
   for (auto [index, rank] : llvm::enumerate(summary.ranks))
     row(std::to_string(index), rank);
   row("total", summary.total());

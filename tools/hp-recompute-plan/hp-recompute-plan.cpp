@@ -57,6 +57,15 @@ cl::opt<std::string> stageSpec(
                        "balanced)"),
     cl::cat(category));
 
+enum class CheckpointPolicy { All, Model };
+cl::opt<CheckpointPolicy> checkpointPolicy(
+    "checkpoint", cl::desc("Which regions to checkpoint"),
+    cl::values(clEnumValN(CheckpointPolicy::All, "all",
+                          "every checkpointable region (one per block)"),
+               clEnumValN(CheckpointPolicy::Model, "model",
+                          "the regions the model file marks checkpoint")),
+    cl::init(CheckpointPolicy::All), cl::cat(category));
+
 cl::opt<std::string> scheduleFile("schedule",
                                   cl::desc("Schedule: .csv or .json"),
                                   cl::value_desc("file"), cl::cat(category));
@@ -156,7 +165,7 @@ static Expected<sched::Schedule> loadSchedule(std::string &name) {
   if (!sched::hasCommunication(*schedule))
     sched::lowerCommunication(*schedule);
   if (Error error = sched::validateSchedule(*schedule, name))
-    return std::move(error);
+    return error;
   return schedule;
 }
 
@@ -185,6 +194,9 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
     return graph.takeError();
   if (modelFile.empty() && !useDefault)
     return mlir::hpr::makeUniformModel(numStages);
+  if (checkpointPolicy == CheckpointPolicy::All)
+    for (model::Region &region : graph->regions)
+      region.checkpoint = region.checkpointable;
   return model::partitionModel(*graph, numStages, stageSpec);
 }
 
@@ -221,21 +233,20 @@ static Error writeOutput(StringRef text) {
   return Error::success();
 }
 
-/// Parses `--prefetch` into pipeline options.
-static std::optional<mlir::hpr::RecomputePipelineOptions> parsePrefetch() {
-  mlir::hpr::RecomputePipelineOptions options;
+/// Parses `--prefetch` into `options`; false when malformed.
+static bool parsePrefetch(mlir::hpr::RecomputePipelineOptions &options) {
   StringRef text = prefetch;
   if (text == "jit") {
     options.policy = "jit";
-    return options;
+    return true;
   }
   unsigned distance;
   if (text.consume_front("lookahead=") && !text.getAsInteger(10, distance)) {
     options.policy = "lookahead";
     options.distance = distance;
-    return options;
+    return true;
   }
-  return std::nullopt;
+  return false;
 }
 
 int main(int argc, char **argv) {
@@ -258,9 +269,8 @@ int main(int argc, char **argv) {
   if (!memoryBudget.empty() && !(budget = parseBytes(memoryBudget)))
     return usageError("--memory-budget: expected bytes such as 24GiB, got '" +
                       memoryBudget + "'");
-  std::optional<mlir::hpr::RecomputePipelineOptions> pipelineOptions =
-      parsePrefetch();
-  if (!pipelineOptions)
+  mlir::hpr::RecomputePipelineOptions pipelineOptions;
+  if (!parsePrefetch(pipelineOptions))
     return usageError("--prefetch: expected jit or lookahead=K, got '" +
                       prefetch + "'");
 
@@ -287,7 +297,7 @@ int main(int argc, char **argv) {
     return fail(module.takeError());
 
   mlir::PassManager pm(&context);
-  mlir::hpr::buildRecomputePipeline(pm, *pipelineOptions);
+  mlir::hpr::buildRecomputePipeline(pm, pipelineOptions);
   if (mlir::failed(pm.run(**module)))
     return 1; // The passes have reported their diagnostics.
 

@@ -9,10 +9,13 @@ def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
   let summary = "Give every checkpointed (stage, microbatch) one recompute session";
   let description = [{
     For each `hpr.forward` whose stage has at least one region marked
-    `checkpoint` in `hpr.model`, inserts `hpr.session %h as "s{stage}.mb{mb}"`
-    right after the forward and binds every consumer of that (stage,
-    microbatch) (`hpr.backward_input`, `hpr.backward_weight`,
-    `hpr.backward`) to the session.
+    `checkpoint` in `hpr.model` and whose (stage, microbatch) is read back by
+    a later backward action, inserts `hpr.session %h as "s{stage}.mb{mb}"`
+    right after the forward (after the whole pair when the forward is half
+    of an overlapped F/B pair) and binds every later consumer of that
+    (stage, microbatch) (`hpr.backward_input`, `hpr.backward_weight`,
+    `hpr.backward`) to the session. A consumer that precedes its forward is
+    left unbound for `hpr-verify` to report.
 
     Assumptions:
     1. The module holds one `hpr.model` with one `hpr.stage` per stage.
@@ -34,16 +37,19 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::ModuleOp"> {
 
     Policies:
     - `jit`: immediately before the first consumer.
-    - `lookahead`: `distance` compute actions (forward, backward_input,
-      backward_weight, backward) earlier, so the replay can overlap with the
-      communication it would otherwise wait behind. It never moves above the
-      session's forward, never above a `recv_f`/`recv_b` of the same stage
-      and microbatch (the replay needs what that receive brings), and never
-      inside an overlapped F/B pair.
+    - `lookahead`: above the communication right before the consumer (the
+      `recv_b` a dx waits on does not feed the replay, so the replay can run
+      while the rank waits) and `distance` compute actions (forward,
+      backward_input, backward_weight, backward; an overlapped pair counts
+      once) further up. It never moves above the session, which follows the
+      forward and so the `recv_f` that fed it, and never into an overlapped
+      F/B pair.
 
-    Prefetching keeps recomputed tensors alive longer; the pass reports the
+    Prefetching keeps recomputed tensors alive longer; the pass counts the
     largest number of sessions live at once on any rank
     (`max-live-sessions`), the memory price of the chosen lookahead.
+    `hp-recompute-plan --summary` reports the same figure per rank (Debian's
+    release MLIR compiles pass statistics out).
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
   let options = [
@@ -95,8 +101,9 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
     6. no session is left without a clear (leak) or without a recompute
        while it has consumers;
     7. every consumer of a checkpointed stage reads a session;
-    8. the compute order of each program equals the schedule's (the
-       `hpr.compute_order` attribute recorded at import, when present).
+    8. the compute order of each program equals the schedule's (checked
+       against the `compute_digest` fingerprint recorded at import, when
+       present).
     Each violation is reported on the offending op with the rank, the index
     of the action in its program and the action, and the pass fails.
   }];

@@ -1,0 +1,88 @@
+//===- Simulate.h - Unit-time pipeline schedule simulator -------*- C++ -*-===//
+//
+// Runs every rank's program in order against the data dependencies of a
+// pipeline and reports when each action starts and ends, the step time
+// (makespan) and the bubble fraction; a schedule whose programs cannot all
+// finish is reported as a deadlock together with the cycle of waiting ranks.
+//
+// Model (see docs/schedules.md, "Simulator"):
+//  - A rank runs its actions strictly in program order, one at a time.
+//  - An action starts when the rank is free and all its dependencies have
+//    ended: F(s,m) needs F(s-1,m); I(s,m) and B(s,m) need F(s,m) and the dx
+//    (I or B) of (s+1,m); W(s,m) needs I(s,m); RECV_F(s,m) needs
+//    SEND_F(s-1,m); RECV_B(s,m) needs SEND_B(s+1,m); SEND_F(s,m) needs
+//    F(s,m); SEND_B(s,m) needs the dx of (s,m); RECOMPUTE(s,m) needs F(s,m).
+//  - Sends never block (they are buffered), receives block until the send.
+//  - Idle cells take no time (they are no-ops, as in PyTorch's runtime).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_SCHEDULE_SIMULATE_H
+#define HPR_SCHEDULE_SIMULATE_H
+
+#include "hpr/Schedule/Schedule.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <vector>
+
+namespace hpr::sched {
+
+/// Durations, in arbitrary units (microseconds when the schedule carries
+/// durations), of each action kind. Defaults are the zero-bubble paper's unit
+/// model: F = I = W = 1, so a full backward B = I + W = 2.
+struct SimulationCosts {
+  double forward = 1.0;
+  double backwardInput = 1.0;
+  double backwardWeight = 1.0;
+  double backward = 2.0;
+  double recompute = 1.0;
+  /// SEND/RECV, also a legacy batched comm.
+  double comm = 0.0;
+  /// UNSHARD, RESHARD, REDUCE_GRAD, CLEAR.
+  double other = 0.0;
+  /// Use Action::durationUs where an action has one. A composite without its
+  /// own duration lasts the sum of its parts.
+  bool useActionDurations = true;
+};
+
+/// Start and end time of one action.
+struct ActionTiming {
+  double start = 0.0;
+  double end = 0.0;
+};
+
+/// What a simulation found.
+struct SimulationResult {
+  /// timelines[r][k] is rank r's action k (parallel to Schedule::ranks).
+  std::vector<std::vector<ActionTiming>> timelines;
+  /// Total duration of the actions of each rank.
+  std::vector<double> busy;
+  /// Step time: the latest end over all actions.
+  double makespan = 0.0;
+  /// Sum of busy over all ranks.
+  double totalBusy = 0.0;
+  /// Idle time relative to the ideal compute time:
+  ///   (numRanks * makespan - totalBusy) / totalBusy,
+  /// i.e. (makespan - ideal) / ideal with ideal = totalBusy / numRanks, the
+  /// step time of a perfectly balanced pipeline without bubbles. For 1F1B with
+  /// F = I = W = 1 this is (p-1)/m. 0 when totalBusy is 0.
+  double bubbleFraction = 0.0;
+};
+
+/// Duration of one action under `costs`.
+double actionDuration(const Action &action, const SimulationCosts &costs);
+
+/// Simulates `schedule`. Fails with `FILE: deadlock: ...` naming every rank in
+/// the waiting cycle, its stuck action (rank, 0-based action index and text)
+/// and the action it waits for; or with `FILE: rank R, action K (TEXT): needs
+/// X, which no rank runs` when a dependency is missing altogether. Stage and
+/// microbatch numbers must be within numStages / numMicrobatches.
+llvm::Expected<SimulationResult>
+simulateSchedule(const Schedule &schedule, const SimulationCosts &costs = {},
+                 llvm::StringRef fileName = "<schedule>");
+
+} // namespace hpr::sched
+
+#endif // HPR_SCHEDULE_SIMULATE_H

@@ -1,0 +1,39 @@
+//===- Validate.h - Pipeline schedule validation ----------------*- C++ -*-===//
+//
+// Checks that a schedule is a correct training step: PyTorch's rules for
+// pipeline schedules plus ordering, pairing and deadlock freedom.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_SCHEDULE_VALIDATE_H
+#define HPR_SCHEDULE_VALIDATE_H
+
+#include "hpr/Schedule/Schedule.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+namespace hpr::sched {
+
+/// Validates `schedule` and reports every violation found (one per line,
+/// at most 50 then a count), each as
+/// `FILE: rank R, action K (TEXT): what is wrong` with 0-based rank and
+/// action index (the CSV column minus one); a composite's part is named as
+/// `action K part P`. Rules (docs/schedules.md, "Validation"):
+///  1. shape: numRanks == ranks.size(), stages/microbatches in range, each
+///     stage on exactly one rank, matching stageToRank;
+///  2. every (stage, microbatch) forwarded exactly once;
+///  3. every (stage, microbatch) backpropagated exactly once: one B, or one I
+///     and one W (this implies PyTorch's B + (I + W) / 2 == microbatches);
+///  4. I and B after their F; W after its I; RECOMPUTE after its F;
+///  5. if the schedule has communication: every cross-rank transfer has
+///     exactly one SEND (after its producer) and one RECV (before its
+///     consumer), and there are no other transfers;
+///  6. the unit-time simulation finishes (no deadlock) — only checked when
+///     rules 1-5 hold.
+llvm::Error validateSchedule(const Schedule &schedule,
+                             llvm::StringRef fileName);
+
+} // namespace hpr::sched
+
+#endif // HPR_SCHEDULE_VALIDATE_H

@@ -1,0 +1,30 @@
+//===- ScheduleFile.cpp - Read a schedule file by extension ---------------===//
+
+#include "hpr/Schedule/ScheduleFile.h"
+#include "hpr/Schedule/ScheduleJson.h"
+
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+namespace hpr::sched {
+
+llvm::Expected<Schedule> readScheduleFile(llvm::StringRef path,
+                                          CsvDialect dialect) {
+  std::string ext = llvm::sys::path::extension(path).lower();
+  if (ext != ".csv" && ext != ".json")
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        "%s: unknown schedule file extension '%s': expected .csv or .json",
+        path.str().c_str(), ext.c_str());
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  if (!buffer)
+    return llvm::createStringError(
+        buffer.getError(), "%s: cannot read schedule file: %s",
+        path.str().c_str(), buffer.getError().message().c_str());
+  llvm::StringRef text = (*buffer)->getBuffer();
+  if (ext == ".json")
+    return parseScheduleJson(text, path);
+  return parseScheduleCsv(text, path, dialect);
+}
+
+} // namespace hpr::sched

@@ -1,0 +1,280 @@
+//===- Simulate.cpp - Unit-time pipeline schedule simulator ---------------===//
+//
+// Event-driven list scheduling: each rank advances through its program until
+// an action's dependency has not ended yet; it then parks on that producer
+// and is woken when the producer's rank moves past it. A run in which every
+// rank is parked is a deadlock; following "waits for" from rank to rank finds
+// the cycle.
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/Schedule/Simulate.h"
+#include "hpr/Schedule/ScheduleCsv.h"
+#include "hpr/Schedule/ScheduleUtils.h"
+
+#include "ActionTable.h"
+
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/ADT/Twine.h"
+
+#include <deque>
+
+namespace hpr::sched {
+
+using namespace detail;
+
+double actionDuration(const Action &action, const SimulationCosts &costs) {
+  if (costs.useActionDurations && action.durationUs)
+    return *action.durationUs;
+  switch (action.kind) {
+  case ActionKind::Idle:
+    return 0.0;
+  case ActionKind::Forward:
+    return costs.forward;
+  case ActionKind::BackwardInput:
+    return costs.backwardInput;
+  case ActionKind::BackwardWeight:
+    return costs.backwardWeight;
+  case ActionKind::Backward:
+    return costs.backward;
+  case ActionKind::Recompute:
+    return costs.recompute;
+  case ActionKind::SendF:
+  case ActionKind::RecvF:
+  case ActionKind::SendB:
+  case ActionKind::RecvB:
+    return costs.comm;
+  case ActionKind::BatchedComm:
+    return costs.comm;
+  case ActionKind::Unshard:
+  case ActionKind::Reshard:
+  case ActionKind::ReduceGrad:
+  case ActionKind::Clear:
+    return costs.other;
+  case ActionKind::OverlapFB: {
+    double sum = 0.0;
+    for (const Action &part : action.parts)
+      sum += actionDuration(part, costs);
+    return sum;
+  }
+  }
+  return 0.0;
+}
+
+namespace {
+
+/// One dependency: the slot/stage/microbatch of the producer.
+struct Dep {
+  int slot;
+  int stage;
+  int mb;
+};
+
+/// Appends the dependencies of primitive `p` (see Simulate.h).
+void collectDeps(const Action &p, int numStages,
+                 llvm::SmallVectorImpl<Dep> &deps) {
+  int s = p.stage, mb = p.microbatch;
+  switch (p.kind) {
+  case ActionKind::Forward:
+    if (s > 0)
+      deps.push_back({SlotF, s - 1, mb});
+    break;
+  case ActionKind::BackwardInput:
+  case ActionKind::Backward:
+    deps.push_back({SlotF, s, mb});
+    if (s + 1 < numStages)
+      deps.push_back({SlotDx, s + 1, mb});
+    break;
+  case ActionKind::BackwardWeight:
+    deps.push_back({SlotDx, s, mb});
+    break;
+  case ActionKind::RecvF:
+    deps.push_back({SlotSendF, s - 1, mb});
+    break;
+  case ActionKind::RecvB:
+    deps.push_back({SlotSendB, s + 1, mb});
+    break;
+  case ActionKind::SendF:
+  case ActionKind::Recompute:
+    deps.push_back({SlotF, s, mb});
+    break;
+  case ActionKind::SendB:
+    deps.push_back({SlotDx, s, mb});
+    break;
+  default:
+    break;
+  }
+}
+
+std::string describeDep(const Dep &dep) {
+  static const ActionKind kindOfSlot[] = {
+      ActionKind::Forward,        ActionKind::BackwardInput,
+      ActionKind::BackwardWeight, ActionKind::SendF,
+      ActionKind::SendB,          ActionKind::RecvF,
+      ActionKind::RecvB,          ActionKind::Recompute,
+      ActionKind::Clear};
+  if (dep.slot == SlotDx)
+    return "the dx (I or B) of stage " + std::to_string(dep.stage) +
+           ", microbatch " + std::to_string(dep.mb);
+  return formatAction(makeAction(kindOfSlot[dep.slot], dep.stage, dep.mb));
+}
+
+} // namespace
+
+llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
+                                                  const SimulationCosts &costs,
+                                                  llvm::StringRef fileName) {
+  auto fail = [&](const llvm::Twine &message) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   fileName + ": " + message);
+  };
+  auto where = [&](int r, int k) {
+    return "rank " + std::to_string(r) + ", action " + std::to_string(k) +
+           " (" + formatAction(schedule.ranks[r][k]) + ")";
+  };
+  const int numRanks = static_cast<int>(schedule.ranks.size());
+  ActionNumbering numbering(schedule);
+  ActionTable table;
+  table.reset(schedule.numStages, schedule.numMicrobatches);
+
+  // Index producers; check ranges.
+  for (int r = 0; r < numRanks; ++r) {
+    const auto &program = schedule.ranks[r];
+    for (int k = 0, n = static_cast<int>(program.size()); k < n; ++k) {
+      int part = program[k].parts.empty() ? -1 : 0;
+      llvm::Error err = llvm::Error::success();
+      forEachPrimitive(program[k], [&](const Action &p) {
+        int slot = slotOf(p.kind);
+        if (slot >= 0 && !err) {
+          if (!table.inRange(p.stage, p.microbatch))
+            err = fail(where(r, k) + ": stage or microbatch out of range (" +
+                       std::to_string(schedule.numStages) + " stages, " +
+                       std::to_string(schedule.numMicrobatches) +
+                       " microbatches)");
+          else
+            table.add(slot, p.stage, p.microbatch, numbering.id(r, k), part);
+        }
+        if (part >= 0)
+          ++part;
+      });
+      if (err)
+        return err;
+    }
+  }
+
+  SimulationResult result;
+  result.timelines.resize(numRanks);
+  result.busy.assign(numRanks, 0.0);
+  for (int r = 0; r < numRanks; ++r)
+    result.timelines[r].resize(schedule.ranks[r].size());
+
+  std::vector<int> pc(numRanks, 0);
+  std::vector<double> rankFree(numRanks, 0.0);
+  std::vector<int64_t> waitingFor(numRanks, -1);
+  std::vector<Dep> waitingDep(numRanks);
+  std::vector<char> queued(numRanks, 1);
+  std::deque<int> queue;
+  for (int r = 0; r < numRanks; ++r)
+    queue.push_back(r);
+  llvm::SmallVector<Dep, 8> deps;
+
+  while (!queue.empty()) {
+    int r = queue.front();
+    queue.pop_front();
+    queued[r] = 0;
+    const auto &program = schedule.ranks[r];
+    const int n = static_cast<int>(program.size());
+    int before = pc[r];
+    while (pc[r] < n) {
+      const Action &action = program[pc[r]];
+      deps.clear();
+      forEachPrimitive(action, [&](const Action &p) {
+        collectDeps(p, schedule.numStages, deps);
+      });
+      double start = rankFree[r];
+      bool blocked = false;
+      for (const Dep &dep : deps) {
+        if (!table.inRange(dep.stage, dep.mb))
+          return fail(where(r, pc[r]) + ": needs " + describeDep(dep) +
+                      ", which no rank runs");
+        int64_t producer = table.first[table.key(dep.slot, dep.stage, dep.mb)];
+        if (producer < 0)
+          return fail(where(r, pc[r]) + ": needs " + describeDep(dep) +
+                      ", which no rank runs");
+        int q = numbering.rankOf(producer);
+        int idx = static_cast<int>(producer - numbering.offset[q]);
+        if (idx >= pc[q]) {
+          waitingFor[r] = producer;
+          waitingDep[r] = dep;
+          blocked = true;
+          break;
+        }
+        start = std::max(start, result.timelines[q][idx].end);
+      }
+      if (blocked)
+        break;
+      double duration = actionDuration(action, costs);
+      result.timelines[r][pc[r]] = {start, start + duration};
+      result.busy[r] += duration;
+      rankFree[r] = start + duration;
+      ++pc[r];
+    }
+    if (pc[r] == n)
+      waitingFor[r] = -1;
+    if (pc[r] == before)
+      continue;
+    // Wake the ranks parked on an action this rank has now finished.
+    for (int w = 0; w < numRanks; ++w) {
+      if (waitingFor[w] < 0 || queued[w])
+        continue;
+      int q = numbering.rankOf(waitingFor[w]);
+      if (q == r && waitingFor[w] - numbering.offset[q] < pc[r]) {
+        waitingFor[w] = -1;
+        queued[w] = 1;
+        queue.push_back(w);
+      }
+    }
+  }
+
+  // Anyone left is part of (or waits on) a cycle.
+  int stuck = -1;
+  for (int r = 0; r < numRanks; ++r)
+    if (pc[r] < static_cast<int>(schedule.ranks[r].size())) {
+      stuck = r;
+      break;
+    }
+  if (stuck >= 0) {
+    std::vector<int> seenAt(numRanks, -1);
+    std::vector<int> path;
+    int r = stuck;
+    while (seenAt[r] < 0) {
+      seenAt[r] = static_cast<int>(path.size());
+      path.push_back(r);
+      r = numbering.rankOf(waitingFor[r]);
+    }
+    std::string message = "deadlock: ";
+    for (size_t i = seenAt[r]; i < path.size(); ++i) {
+      int w = path[i];
+      int64_t producer = waitingFor[w];
+      int q = numbering.rankOf(producer);
+      int idx = static_cast<int>(producer - numbering.offset[q]);
+      if (i != static_cast<size_t>(seenAt[r]))
+        message += "; ";
+      message += where(w, pc[w]) + " waits for " + describeDep(waitingDep[w]) +
+                 " at " + where(q, idx);
+    }
+    return fail(message);
+  }
+
+  for (int r = 0; r < numRanks; ++r) {
+    result.totalBusy += result.busy[r];
+    for (const ActionTiming &t : result.timelines[r])
+      result.makespan = std::max(result.makespan, t.end);
+  }
+  if (result.totalBusy > 0)
+    result.bubbleFraction =
+        (numRanks * result.makespan - result.totalBusy) / result.totalBusy;
+  return result;
+}
+
+} // namespace hpr::sched

@@ -1,0 +1,366 @@
+//===- Validate.cpp - Pipeline schedule validation ------------------------===//
+//
+// Rules are checked in the order listed in Validate.h; every violation is
+// collected with its location, and the deadlock simulation runs only on a
+// schedule whose structure is sound (it relies on unique producers).
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/Schedule/Validate.h"
+#include "hpr/Schedule/Lowering.h"
+#include "hpr/Schedule/ScheduleCsv.h"
+#include "hpr/Schedule/ScheduleUtils.h"
+#include "hpr/Schedule/Simulate.h"
+
+#include "ActionTable.h"
+
+#include <set>
+
+namespace hpr::sched {
+
+using namespace detail;
+
+namespace {
+
+constexpr size_t kMaxReported = 50;
+
+/// A primitive action's place: rank, action index, composite part (-1).
+struct Loc {
+  int rank = -1;
+  int index = -1;
+  int part = -1;
+  bool valid() const { return rank >= 0; }
+  bool before(const Loc &o) const {
+    return index < o.index || (index == o.index && part < o.part);
+  }
+};
+
+class Validator {
+public:
+  Validator(const Schedule &schedule, llvm::StringRef fileName)
+      : schedule(schedule), fileName(fileName.str()), numbering(schedule) {}
+
+  llvm::Error run();
+
+private:
+  const Schedule &schedule;
+  std::string fileName;
+  ActionNumbering numbering;
+  ActionTable table;
+  std::vector<uint8_t> dxIsFull; // per (stage, mb): the Dx slot holds a B
+  std::vector<std::string> messages;
+  size_t dropped = 0;
+
+  void report(const std::string &message) {
+    if (messages.size() < kMaxReported)
+      messages.push_back(fileName + ": " + message);
+    else
+      ++dropped;
+  }
+  const Action &primitiveAt(const Loc &loc) const {
+    const Action &a = schedule.ranks[loc.rank][loc.index];
+    return loc.part >= 0 ? a.parts[loc.part] : a;
+  }
+  std::string where(const Loc &loc) const {
+    std::string s = "rank " + std::to_string(loc.rank) + ", action " +
+                    std::to_string(loc.index);
+    if (loc.part >= 0)
+      s += " part " + std::to_string(loc.part);
+    return s + " (" + formatAction(primitiveAt(loc)) + ")";
+  }
+  void reportAt(const Loc &loc, const std::string &message) {
+    report(where(loc) + ": " + message);
+  }
+  Loc locate(int slot, int stage, int mb) const {
+    size_t k = table.key(slot, stage, mb);
+    if (table.count[k] == 0)
+      return {};
+    int64_t id = table.first[k];
+    int r = numbering.rankOf(id);
+    return {r, static_cast<int>(id - numbering.offset[r]), table.firstPart[k]};
+  }
+  int countOf(int slot, int stage, int mb) const {
+    return table.count[table.key(slot, stage, mb)];
+  }
+  static std::string sm(int stage, int mb) {
+    return "stage " + std::to_string(stage) + ", microbatch " +
+           std::to_string(mb);
+  }
+
+  template <typename Fn> void forEachLoc(Fn &&fn) const {
+    for (int r = 0, nr = static_cast<int>(schedule.ranks.size()); r < nr; ++r) {
+      const auto &program = schedule.ranks[r];
+      for (int k = 0, n = static_cast<int>(program.size()); k < n; ++k) {
+        const Action &a = program[k];
+        if (a.parts.empty()) {
+          if (a.kind != ActionKind::Idle)
+            fn(a, Loc{r, k, -1});
+        } else {
+          for (int p = 0, np = static_cast<int>(a.parts.size()); p < np; ++p)
+            fn(a.parts[p], Loc{r, k, p});
+        }
+      }
+    }
+  }
+
+  bool checkShape();
+  void indexActions();
+  void checkCoverage();
+  void checkOrder();
+  void checkComms();
+};
+
+bool Validator::checkShape() {
+  bool ok = true;
+  if (schedule.numRanks != static_cast<int>(schedule.ranks.size())) {
+    report("numRanks is " + std::to_string(schedule.numRanks) +
+           " but there are " + std::to_string(schedule.ranks.size()) +
+           " rank programs");
+    ok = false;
+  }
+  if (schedule.numStages <= 0 || schedule.numMicrobatches <= 0) {
+    report("expected at least one stage and one microbatch, got " +
+           std::to_string(schedule.numStages) + " stages and " +
+           std::to_string(schedule.numMicrobatches) + " microbatches");
+    return false;
+  }
+  if (schedule.stageToRank.size() != static_cast<size_t>(schedule.numStages)) {
+    report("stageToRank has " + std::to_string(schedule.stageToRank.size()) +
+           " entries for " + std::to_string(schedule.numStages) + " stages");
+    return false;
+  }
+  // Every (stage, microbatch) needs its own forward, so more pairs than
+  // actions cannot be valid; refuse before building tables of that size.
+  int64_t pairs =
+      static_cast<int64_t>(schedule.numStages) * schedule.numMicrobatches;
+  if (pairs > numbering.size()) {
+    report(std::to_string(schedule.numStages) + " stages x " +
+           std::to_string(schedule.numMicrobatches) + " microbatches need " +
+           std::to_string(pairs) + " forwards but the schedule has only " +
+           std::to_string(numbering.size()) + " actions");
+    return false;
+  }
+  std::vector<Loc> firstOn(schedule.numStages);
+  std::set<std::pair<int, int>> reportedPlacement;
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    if (a.stage < 0 || a.stage >= schedule.numStages) {
+      reportAt(loc, "stage out of range (the schedule has " +
+                        std::to_string(schedule.numStages) + " stages)");
+      ok = false;
+      return;
+    }
+    if (!hasNoMicrobatch(a.kind) &&
+        (a.microbatch < 0 || a.microbatch >= schedule.numMicrobatches)) {
+      reportAt(loc, "microbatch out of range (the schedule has " +
+                        std::to_string(schedule.numMicrobatches) +
+                        " microbatches)");
+      ok = false;
+      return;
+    }
+    Loc &first = firstOn[a.stage];
+    if (!first.valid()) {
+      first = loc;
+    } else if (first.rank != loc.rank &&
+               reportedPlacement.insert({a.stage, loc.rank}).second) {
+      reportAt(loc, "stage " + std::to_string(a.stage) + " also runs on rank " +
+                        std::to_string(first.rank) + " (" + where(first) +
+                        "); each stage runs on exactly one rank");
+      ok = false;
+    }
+  });
+  for (int s = 0; s < schedule.numStages; ++s) {
+    if (!firstOn[s].valid()) {
+      report("stage " + std::to_string(s) + ": no rank runs it");
+      ok = false;
+    } else if (schedule.stageToRank[s] != firstOn[s].rank) {
+      report("stage " + std::to_string(s) + ": stageToRank says rank " +
+             std::to_string(schedule.stageToRank[s]) +
+             " but its actions are on rank " + std::to_string(firstOn[s].rank));
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+void Validator::indexActions() {
+  table.reset(schedule.numStages, schedule.numMicrobatches);
+  dxIsFull.assign(
+      static_cast<size_t>(schedule.numStages) * schedule.numMicrobatches, 0);
+  static const char *what[] = {"forward", "dx/backward", "dw",
+                               "SEND_F",  "SEND_B",      "RECV_F",
+                               "RECV_B",  "RECOMPUTE",   "CLEAR"};
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    int slot = slotOf(a.kind);
+    if (slot < 0)
+      return;
+    Loc first = locate(slot, a.stage, a.microbatch);
+    int n = table.add(slot, a.stage, a.microbatch,
+                      numbering.id(loc.rank, loc.index), loc.part);
+    if (slot == SlotDx && n == 1)
+      dxIsFull[static_cast<size_t>(a.stage) * schedule.numMicrobatches +
+               a.microbatch] = a.kind == ActionKind::Backward;
+    if (n > 1 && slot != SlotClear)
+      reportAt(loc, std::string("second ") + what[slot] + " of " +
+                        sm(a.stage, a.microbatch) + " (first at " +
+                        where(first) + ")");
+  });
+}
+
+void Validator::checkCoverage() {
+  for (int s = 0; s < schedule.numStages; ++s) {
+    for (int mb = 0; mb < schedule.numMicrobatches; ++mb) {
+      if (countOf(SlotF, s, mb) == 0)
+        report(sm(s, mb) + ": never forwarded (stage " + std::to_string(s) +
+               " runs on rank " + std::to_string(schedule.stageToRank[s]) +
+               ")");
+      Loc dx = locate(SlotDx, s, mb);
+      Loc w = locate(SlotW, s, mb);
+      bool full =
+          dxIsFull[static_cast<size_t>(s) * schedule.numMicrobatches + mb];
+      if (!dx.valid()) {
+        if (w.valid())
+          reportAt(w, "dw without its dx: no I for " + sm(s, mb));
+        else
+          report(sm(s, mb) + ": never backpropagated (no B, or I and W)");
+      } else if (full && w.valid()) {
+        reportAt(w, "dw after a full backward: " + where(dx) +
+                        " already computes the weight gradient");
+      } else if (!full && !w.valid()) {
+        reportAt(dx, "dx without dw: no W for " + sm(s, mb));
+      }
+    }
+  }
+}
+
+void Validator::checkOrder() {
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    const char *rule = nullptr;
+    Loc need;
+    switch (a.kind) {
+    case ActionKind::BackwardInput:
+      need = locate(SlotF, a.stage, a.microbatch);
+      rule = "dx before its forward";
+      break;
+    case ActionKind::Backward:
+      need = locate(SlotF, a.stage, a.microbatch);
+      rule = "backward before its forward";
+      break;
+    case ActionKind::BackwardWeight:
+      need = locate(SlotDx, a.stage, a.microbatch);
+      rule = "dw before its dx";
+      break;
+    case ActionKind::Recompute:
+      need = locate(SlotF, a.stage, a.microbatch);
+      rule = "recompute before its forward";
+      break;
+    default:
+      return;
+    }
+    if (!need.valid() || need.rank != loc.rank)
+      return; // reported by coverage / placement
+    if (need.index == loc.index && loc.part >= 0)
+      reportAt(loc, std::string("depends on ") + where(need) +
+                        " in the same OVERLAP_F_B; overlapped parts run "
+                        "concurrently and must be independent");
+    else if (!need.before(loc))
+      reportAt(loc, std::string(rule) + " (" + where(need) + ")");
+  });
+}
+
+void Validator::checkComms() {
+  const auto &owner = schedule.stageToRank;
+  const int S = schedule.numStages;
+  auto needsTransfer = [&](int from, int to) {
+    return from >= 0 && to >= 0 && from < S && to < S &&
+           owner[from] != owner[to];
+  };
+  // Transfers that must exist, located at their compute actions.
+  auto expect = [&](int sendSlot, int recvSlot, const char *sendName,
+                    const char *recvName, int s, int mb, int peer) {
+    Loc producer = locate(sendSlot == SlotSendF ? SlotF : SlotDx, s, mb);
+    Loc consumer = locate(sendSlot == SlotSendF ? SlotF : SlotDx, peer, mb);
+    Loc send = locate(sendSlot, s, mb);
+    Loc recv = locate(recvSlot, peer, mb);
+    if (!send.valid())
+      reportAt(producer, std::string("no ") + sendName + " after it (stage " +
+                             std::to_string(peer) + " is on rank " +
+                             std::to_string(owner[peer]) + ")");
+    else if (!producer.before(send))
+      reportAt(send, std::string("send before the action that produces it (") +
+                         where(producer) + ")");
+    if (!recv.valid()) {
+      if (consumer.valid())
+        reportAt(consumer, std::string("no ") + recvName +
+                               " before it (stage " + std::to_string(s) +
+                               " is on rank " + std::to_string(owner[s]) + ")");
+    } else if (consumer.valid() && !recv.before(consumer)) {
+      reportAt(recv, std::string("receive after the action that needs it (") +
+                         where(consumer) + ")");
+    }
+  };
+  for (int s = 0; s < S; ++s)
+    for (int mb = 0; mb < schedule.numMicrobatches; ++mb) {
+      if (needsTransfer(s, s + 1) && countOf(SlotF, s, mb))
+        expect(SlotSendF, SlotRecvF, "SEND_F", "RECV_F", s, mb, s + 1);
+      if (needsTransfer(s, s - 1) && countOf(SlotDx, s, mb))
+        expect(SlotSendB, SlotRecvB, "SEND_B", "RECV_B", s, mb, s - 1);
+    }
+  // Transfers that must not exist.
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    int s = a.stage, peer;
+    switch (a.kind) {
+    case ActionKind::SendF:
+    case ActionKind::RecvB:
+      peer = s + 1;
+      break;
+    case ActionKind::RecvF:
+    case ActionKind::SendB:
+      peer = s - 1;
+      break;
+    default:
+      return;
+    }
+    if (peer < 0 || peer >= S)
+      reportAt(loc, "no stage " + std::to_string(peer) + " to exchange with");
+    else if (!needsTransfer(s, peer))
+      reportAt(loc, "unneeded transfer: stages " + std::to_string(s) + " and " +
+                        std::to_string(peer) + " are both on rank " +
+                        std::to_string(owner[s]));
+  });
+}
+
+llvm::Error Validator::run() {
+  if (checkShape()) {
+    indexActions();
+    checkCoverage();
+    checkOrder();
+    if (hasCommunication(schedule))
+      checkComms();
+    if (messages.empty()) {
+      auto sim = simulateSchedule(schedule, SimulationCosts(), fileName);
+      if (!sim)
+        return sim.takeError();
+    }
+  }
+  if (messages.empty())
+    return llvm::Error::success();
+  std::string joined;
+  for (const std::string &m : messages) {
+    if (!joined.empty())
+      joined += '\n';
+    joined += m;
+  }
+  if (dropped)
+    joined += "\n" + fileName + ": ... and " + std::to_string(dropped) +
+              " more violations";
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), joined);
+}
+
+} // namespace
+
+llvm::Error validateSchedule(const Schedule &schedule,
+                             llvm::StringRef fileName) {
+  return Validator(schedule, fileName).run();
+}
+
+} // namespace hpr::sched

@@ -1,0 +1,34 @@
+"""hp_recompute: schedulable activation recompute for pipeline-parallel training (eager PyTorch).
+
+One recompute session per (stage, microbatch) is replayed once -- before the backward
+or earlier (prefetch) -- shared by the dx and dw backwards, and cleared after its last
+consumer. See NOTE [ Recompute sessions ] in ``hp_recompute/checkpoint.py`` and
+``docs/python-api.md``.
+"""
+
+from .checkpoint import checkpoint, recompute_handle_collector_ctx
+from .errors import CheckpointError
+from .frame import RecomputeHandle
+from .sessions import (
+    clear_recompute_session,
+    live_sessions,
+    recompute_handle,
+    recompute_session_ctx,
+    reset_stats,
+    session_stats,
+    stats,
+)
+
+__all__ = [
+    "CheckpointError",
+    "RecomputeHandle",
+    "checkpoint",
+    "clear_recompute_session",
+    "live_sessions",
+    "recompute_handle",
+    "recompute_handle_collector_ctx",
+    "recompute_session_ctx",
+    "reset_stats",
+    "session_stats",
+    "stats",
+]

@@ -1,0 +1,266 @@
+"""Non-reentrant activation checkpoint whose recompute is an explicit, schedulable operation.
+
+NOTE [ Recompute sessions ]
+===========================
+Zero-bubble pipeline schedules split each backward into dx (input gradients) and dw
+(weight gradients), run as two separate autograd calls, often far apart. A recompute
+session lets both share one replay of each checkpointed function, lets a scheduler run
+that replay early (prefetch), and drops the replayed tensors at a point it chooses.
+The rules below are cited in the code as "Rule N".
+
+Rule 1 (forward). Each ``checkpoint`` call creates one frame. Autograd's saved tensors
+  are replaced by holders (owned by autograd's SavedVariables) and, unless
+  ``determinism_check="none"``, their shape/dtype/device are recorded. The frame keeps
+  the inputs, the RNG state (CPU, plus CUDA of the inputs' devices) and the autocast
+  state. Inside ``recompute_handle_collector_ctx()`` the frame's handle is appended to
+  the collected list, only once the forward succeeded.
+
+Rule 2 (replay). A replay runs the function once more on detached copies of the inputs
+  under the forward's RNG, autocast and CUDA-device state, then restores the caller's
+  RNG streams, so a prefetch never shifts the caller's random numbers. The i-th tensor
+  the replay saves goes to the i-th holder. With ``early_stop`` the replay stops right
+  after the last saved tensor. The number of saved tensors is always checked, their
+  metadata unless ``determinism_check="none"``; a mismatch raises CheckpointError.
+
+Rule 3 (no session). A frame bound to no session behaves like the installed torch's
+  ``torch.utils.checkpoint(use_reentrant=False)``: torch 2.x replays once per backward
+  (graph task) and drops each tensor when read; torch 1.13 replays once and keeps the
+  tensors until autograd frees the graph.
+
+Rule 4 (binding). A frame is bound to at most one session, by the control plane:
+  ``recompute_handle(handle, sid)`` binds and replays at once; ``recompute_session_ctx``
+  publishes its session process-wide on entry, and a frame first unpacked while it is
+  open binds to it. Binding a bound frame to another session raises CheckpointError;
+  ``clear_recompute_session`` unbinds. Because the binding lives on the frame, a backward
+  whose unpacks run on another thread (an autograd device thread, a user thread) finds
+  the session without any context variable.
+
+Rule 5 (hot path). Unpacking a bound frame reads ``holder.value`` and ``session.mode``
+  only: no context-variable look-up, no lock. Inside a context with
+  ``retain_on_unpack=True`` the tensor stays for the next consumer; otherwise
+  (``retain_on_unpack=False`` or no context open) it is dropped when read. A miss replays
+  the frame once per binding; a miss after that replay means a non-retaining consumer
+  already took the tensor, and raises CheckpointError.
+
+Rule 6 (one context at a time). At most one ``recompute_session_ctx`` is open per
+  process; entering a second raises CheckpointError. While session S is open every other
+  live session is blocked: unpacking one of its frames raises CheckpointError.
+
+Rule 7 (clear). ``clear_recompute_session`` is idempotent and drops the session's
+  tensors, replay flags, counters and bindings, also after partial use, errors or
+  abandoned backwards; nothing replayed stays alive and the frames can serve a new
+  session or a plain backward. A failed prefetch unbinds its frame before raising.
+
+Rule 8 (nesting). A checkpoint inside a checkpoint works in plain (session-less)
+  backward. Prefetching, or replaying inside a session context, a frame that contains a
+  nested checkpoint raises CheckpointError.
+
+``use_reentrant=True`` delegates to ``torch.utils.checkpoint`` and takes no part in
+sessions; so does tracing under ``torch.compile`` (torch 2.x).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
+
+import torch
+import torch.utils.checkpoint as _torch_checkpoint
+
+from .errors import CheckpointError, error_text
+from .frame import PLAIN_REPLAY, THREAD, CheckpointFrame, RecomputeHandle, new_handle, unpack_saved
+from .replay_state import ForwardState
+
+__all__ = ["checkpoint", "recompute_handle_collector_ctx"]
+
+_COLLECTOR: "contextvars.ContextVar[Optional[List[RecomputeHandle]]]" = contextvars.ContextVar(
+    "hp_recompute_collector", default=None
+)
+
+_DETERMINISM_CHECKS = ("default", "none")
+
+
+@contextlib.contextmanager
+def recompute_handle_collector_ctx() -> Iterator[List[RecomputeHandle]]:
+    """Collect the handles of the checkpoints whose forward runs inside (Rule 1).
+
+    The innermost open collector receives the handles, in forward order. A forward that
+    raises, or runs under ``torch.no_grad()``, adds no handle.
+
+    Yields:
+        the list the handles are appended to.
+
+    Example:
+        >>> with recompute_handle_collector_ctx() as handles:
+        ...     y = checkpoint(block1, checkpoint(block0, x))
+        >>> len(handles)
+        2
+    """
+    handles: List[RecomputeHandle] = []
+    token = _COLLECTOR.set(handles)
+    try:
+        yield handles
+    finally:
+        _COLLECTOR.reset(token)
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    probe = getattr(compiler, "is_compiling", None)
+    return bool(probe()) if probe is not None else False
+
+
+def _validate_options(
+    use_reentrant: Any, context_fn: Any, preserve_rng_state: Any, determinism_check: Any, early_stop: Any
+) -> None:
+    for name, value in (
+        ("use_reentrant", use_reentrant),
+        ("preserve_rng_state", preserve_rng_state),
+        ("early_stop", early_stop),
+    ):
+        if not isinstance(value, bool):
+            raise ValueError(error_text(f"checkpoint: {name} must be a bool, got {value!r}"))
+    if determinism_check not in _DETERMINISM_CHECKS:
+        raise ValueError(
+            error_text(f"checkpoint: determinism_check must be one of {_DETERMINISM_CHECKS}, got {determinism_check!r}")
+        )
+    if context_fn is not None and not callable(context_fn):
+        raise ValueError(error_text(f"checkpoint: context_fn must be callable or None, got {context_fn!r}"))
+    if use_reentrant and context_fn is not None:
+        raise ValueError(error_text("checkpoint: context_fn needs use_reentrant=False"))
+
+
+def _contexts(context_fn: Optional[Callable[[], Any]]) -> Tuple[Optional[ContextManager[Any]], Optional[ContextManager[Any]]]:
+    if context_fn is None:
+        return None, None
+    pair = context_fn()
+    if not (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)
+    ):
+        raise ValueError(
+            error_text(
+                "checkpoint: context_fn must return a tuple of two context managers (forward context, "
+                f"recompute context), got {pair!r}"
+            )
+        )
+    return pair[0], pair[1]
+
+
+def _tensors(args: Tuple[Any, ...], kwargs: dict) -> List[Any]:
+    return [*args, *kwargs.values()]
+
+
+def checkpoint(
+    function: Callable[..., Any],
+    *args: Any,
+    use_reentrant: bool = False,
+    context_fn: Optional[Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]] = None,
+    preserve_rng_state: bool = True,
+    determinism_check: str = "default",
+    early_stop: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Run ``function(*args, **kwargs)`` saving no intermediate activations; replay it when needed.
+
+    Outside any collector and session this is ``torch.utils.checkpoint.checkpoint(
+    function, *args, use_reentrant=False)`` of the installed torch: same results, same
+    number of calls (Rule 3). Inside ``recompute_handle_collector_ctx()`` it also yields a
+    handle that a scheduler can prefetch with ``recompute_handle`` (Rules 1, 4).
+
+    Args:
+        function: the checkpointed callable.
+        *args, **kwargs: its arguments (kwargs reach ``function`` unchanged).
+        use_reentrant: True delegates to ``torch.utils.checkpoint`` (reentrant variant:
+            no kwargs, no context_fn, no handle, no session).
+        context_fn: returns ``(forward_context, recompute_context)``; the first wraps
+            the forward, the second every replay (e.g. a selective-checkpoint policy).
+        preserve_rng_state: restore RNG state for replays (bit-identical dropout).
+        determinism_check: "default" compares shape/dtype/device of each recomputed
+            tensor; "none" only the count.
+        early_stop: stop a replay once the last saved tensor is recomputed.
+
+    Returns:
+        whatever ``function`` returns.
+
+    Raises:
+        ValueError: invalid options.
+        CheckpointError: the call is a nested checkpoint inside a session replay, or CUDA
+            was initialised by the forward while RNG state is preserved.
+
+    Example:
+        >>> y = checkpoint(block, x, mask=m)          # like torch.utils.checkpoint
+    """
+    _validate_options(use_reentrant, context_fn, preserve_rng_state, determinism_check, early_stop)
+    if use_reentrant:
+        if _COLLECTOR.get() is not None:
+            raise CheckpointError(
+                error_text("checkpoint: use_reentrant=True cannot produce a recompute handle; use use_reentrant=False")
+            )
+        return _torch_checkpoint.checkpoint(
+            function, *args, use_reentrant=True, preserve_rng_state=preserve_rng_state, **kwargs
+        )
+    if _is_compiling():
+        extra = {} if context_fn is None else {"context_fn": context_fn}
+        return _torch_checkpoint.checkpoint(
+            function,
+            *args,
+            use_reentrant=False,
+            preserve_rng_state=preserve_rng_state,
+            determinism_check=determinism_check,
+            **extra,
+            **kwargs,
+        )
+    forward_ctx, recompute_ctx = _contexts(context_fn)
+    with forward_ctx if forward_ctx is not None else contextlib.nullcontext():
+        if not torch.is_grad_enabled():
+            return function(*args, **kwargs)
+        return _checkpoint_forward(
+            function, args, kwargs, recompute_ctx, preserve_rng_state, determinism_check, early_stop
+        )
+
+
+def _checkpoint_forward(
+    function: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: dict,
+    recompute_ctx: Optional[ContextManager[Any]],
+    preserve_rng_state: bool,
+    determinism_check: str,
+    early_stop: bool,
+) -> Any:
+    replay = THREAD.replay
+    if replay is not None and replay is not PLAIN_REPLAY:
+        raise CheckpointError(
+            error_text(
+                f"checkpoint of {getattr(function, '__qualname__', function)!r} is nested in a checkpoint being "
+                f"replayed for session {replay.session_id!r}; scheduled recompute of nested checkpoints is not "
+                "supported, flatten the nesting or run this backward outside any session"
+            )
+        )
+    if THREAD.forward:
+        THREAD.forward[-1].has_nested = True  # Rule 8
+    cuda_before = torch.cuda.is_available() and torch.cuda.is_initialized()
+    state = ForwardState(_tensors(args, kwargs), preserve_rng_state)
+    frame = CheckpointFrame(
+        function, args, kwargs, state, early_stop, determinism_check == "default", recompute_ctx
+    )
+    THREAD.forward.append(frame)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(frame.pack, unpack_saved):
+            output = function(*args, **kwargs)
+    finally:
+        THREAD.forward.pop()
+    if preserve_rng_state and not cuda_before and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise CheckpointError(
+            error_text(
+                "checkpoint: CUDA was initialised inside the checkpointed forward, so its RNG state could not be "
+                "saved; initialise CUDA before the first checkpoint (e.g. torch.cuda.init())"
+            )
+        )
+    collector = _COLLECTOR.get()
+    if collector is not None and replay is None:
+        collector.append(new_handle(frame))
+    return output

@@ -1,0 +1,27 @@
+"""The one error type of the eager recompute-session API.
+
+Kept in its own module so that every other module (frames, sessions, the public
+``checkpoint``) can raise it without import cycles.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointError", "error_text"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or recompute session was used against the rules.
+
+    Every message starts with ``hp_recompute:`` and says how to fix the problem
+    (see NOTE [ Recompute sessions ] in ``checkpoint.py``).
+
+    On torch 1.13, an error raised inside an autograd hook during ``backward``
+    reaches the caller as a plain ``RuntimeError`` whose text contains this
+    message (torch converts hook exceptions there); ``recompute_handle`` and
+    ``checkpoint`` always raise ``CheckpointError`` itself.
+    """
+
+
+def error_text(text: str) -> str:
+    """Prefix ``text`` so that users can grep for the component that failed."""
+    return "hp_recompute: " + text

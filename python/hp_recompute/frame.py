@@ -1,0 +1,488 @@
+"""Checkpoint frames: what a checkpointed forward records and how a replay refills it.
+
+A frame is created per ``checkpoint`` call (NOTE [ Recompute sessions ] Rule 1 in
+``checkpoint.py``). Autograd owns one ``Holder`` per saved tensor; the holder points
+back to its frame, so the unpack hook is a plain module function that reads frame
+and holder fields only (Rule 5).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Set, Tuple
+
+import torch
+
+from .errors import CheckpointError, error_text
+from .registry import BLOCKED, CLEARED, POP, REGISTRY, RETAIN, Session
+from .replay_state import ForwardState
+
+__all__ = ["CheckpointFrame", "Holder", "RecomputeHandle", "THREAD", "PLAIN_REPLAY", "unpack_saved"]
+
+# torch >= 2.0 tells which backward (graph task) is unpacking; its native checkpoint
+# replays once per graph task. torch 1.13 has no such id and shares one replay (Rule 3).
+_graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
+PER_GRAPH_TASK = _graph_task_id is not None
+_outside_backward_ids = itertools.count(start=-2, step=-1)
+
+# Marker in THREAD.replay for a replay that feeds no session (Rule 3).
+PLAIN_REPLAY = object()
+
+
+class _ThreadState(threading.local):
+    """Per-thread forward/replay bookkeeping used by ``checkpoint`` (Rule 8).
+
+    ``replay`` is None outside a replay, ``PLAIN_REPLAY`` or the ``Session`` being
+    filled during one; ``forward`` is the stack of frames whose forward is running.
+    """
+
+    def __init__(self) -> None:
+        self.replay: Any = None
+        self.forward: List["CheckpointFrame"] = []
+
+
+THREAD = _ThreadState()
+
+
+class Holder:
+    """Stands in for one saved tensor; owned by autograd's SavedVariable.
+
+    ``value`` is the tensor recomputed for the bound session; ``shared`` (torch 1.13)
+    or ``by_task`` (torch 2.x) hold plain, session-less replays. When autograd frees
+    the SavedVariable, the holder and everything it holds die with it.
+    """
+
+    __slots__ = ("frame", "value", "shared", "by_task", "__weakref__")
+
+    def __init__(self, frame: "CheckpointFrame") -> None:
+        self.frame = frame
+        self.value: Optional[torch.Tensor] = None
+        self.shared: Optional[torch.Tensor] = None
+        self.by_task: Optional[Dict[int, torch.Tensor]] = None
+
+
+class _StopReplay(BaseException):
+    """Ends a replay from inside a pack hook (early stop or a detected mismatch).
+
+    A BaseException so that ``except Exception`` in user code does not swallow it;
+    torch 1.13 rewraps hook exceptions as RuntimeError anyway, so the replay loop
+    decides from ``_Replay.stopped`` / ``_Replay.error``, never from the type.
+    """
+
+
+def _replay_unpack(_: Any) -> torch.Tensor:
+    raise CheckpointError(error_text("internal error: a tensor saved during a replay was unpacked; please report"))
+
+
+def _detached(value: Any) -> Any:
+    # Replays start from fresh leaves so they never extend the caller's graph; keeping
+    # requires_grad makes autograd save exactly the tensors the forward saved.
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.requires_grad)
+    return value
+
+
+def _store_session(holder: Holder, tensor: torch.Tensor) -> None:
+    holder.value = tensor
+
+
+def _store_shared(holder: Holder, tensor: torch.Tensor) -> None:
+    holder.shared = tensor
+
+
+def _describe(meta: Tuple[torch.Size, torch.dtype, torch.device]) -> str:
+    shape, dtype, device = meta
+    return f"shape={tuple(shape)} dtype={dtype} device={device}"
+
+
+class _Replay:
+    """Pack hook of one replay: hands the i-th saved tensor to the i-th holder (Rule 2)."""
+
+    __slots__ = ("frame", "store", "count", "stopped", "error")
+
+    def __init__(self, frame: "CheckpointFrame", store: Callable[[Holder, torch.Tensor], None]) -> None:
+        self.frame = frame
+        self.store = store
+        self.count = 0
+        self.stopped = False
+        self.error: Optional[CheckpointError] = None
+
+    def pack(self, tensor: torch.Tensor) -> None:
+        frame = self.frame
+        if self.stopped or self.error is not None:
+            raise _StopReplay()
+        index = self.count
+        self.count += 1
+        expected = len(frame.holders)
+        if index >= expected:
+            self.error = CheckpointError(
+                error_text(
+                    f"the replay of checkpoint {frame.name()} saved more tensors than its forward ({expected}); "
+                    "the function must do the same work when it is recomputed"
+                )
+            )
+            raise _StopReplay()
+        if frame.metas is not None:
+            meta = (tensor.shape, tensor.dtype, tensor.device)
+            if meta != frame.metas[index]:
+                self.error = CheckpointError(
+                    error_text(
+                        f"saved tensor #{index} of checkpoint {frame.name()} was recomputed with {_describe(meta)} "
+                        f"but the forward saved {_describe(frame.metas[index])}; make the function deterministic "
+                        "or pass determinism_check='none'"
+                    )
+                )
+                raise _StopReplay()
+        holder = frame.holders[index]()
+        if holder is not None:  # a dead holder means autograd already freed that SavedVariable
+            self.store(holder, tensor.detach())
+        if frame.early_stop and self.count == expected:
+            self.stopped = True
+            raise _StopReplay()
+
+
+class CheckpointFrame:
+    """Everything needed to replay one checkpoint call, plus its session binding.
+
+    Args:
+        function, args, kwargs: the checkpointed call.
+        state: RNG/autocast/device snapshot of the forward.
+        early_stop: stop a replay once the last saved tensor is recomputed.
+        check_metadata: compare shape/dtype/device of each recomputed tensor.
+        recompute_ctx: the second context manager returned by ``context_fn``.
+    """
+
+    __slots__ = (
+        "function",
+        "args",
+        "kwargs",
+        "state",
+        "early_stop",
+        "metas",
+        "recompute_ctx",
+        "holders",
+        "session",
+        "session_replayed",
+        "plain_done",
+        "has_nested",
+        "lock",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        state: ForwardState,
+        early_stop: bool,
+        check_metadata: bool,
+        recompute_ctx: Optional[ContextManager[Any]],
+    ) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.state = state
+        self.early_stop = early_stop
+        self.metas: Optional[List[Tuple[torch.Size, torch.dtype, torch.device]]] = [] if check_metadata else None
+        self.recompute_ctx = recompute_ctx
+        self.holders: List["weakref.ref[Holder]"] = []
+        #: The bound session (Rule 4); read by the hot path.
+        self.session: Optional[Session] = None
+        self.session_replayed = False
+        self.plain_done: Set[int] = set()
+        self.has_nested = False
+        # Per-frame, never global: serialises the replay of this frame only.
+        self.lock = threading.RLock()
+
+    def name(self) -> str:
+        """The function's qualified name, for messages."""
+        return "'" + getattr(self.function, "__qualname__", type(self.function).__name__) + "'"
+
+    # -- forward ---------------------------------------------------------------------
+
+    def pack(self, tensor: torch.Tensor) -> Holder:
+        """Forward pack hook: record a holder (and metadata) instead of the tensor (Rule 1)."""
+        holder = Holder(self)
+        self.holders.append(weakref.ref(holder))
+        if self.metas is not None:
+            self.metas.append((tensor.shape, tensor.dtype, tensor.device))
+        return holder
+
+    # -- replay ----------------------------------------------------------------------
+
+    def replay(self, store: Callable[[Holder, torch.Tensor], None], session: Optional[Session]) -> None:
+        """Run the function once more and hand each recomputed saved tensor to ``store`` (Rule 2).
+
+        Raises:
+            CheckpointError: the replay saved a different number of tensors, or (unless
+                determinism_check="none") one with different shape/dtype/device.
+        """
+        if not self.holders:
+            return
+        run = _Replay(self, store)
+        args = tuple(_detached(a) for a in self.args)
+        kwargs = {k: _detached(v) for k, v in self.kwargs.items()}
+        previous = THREAD.replay
+        THREAD.replay = PLAIN_REPLAY if session is None else session
+        try:
+            with self.state.restored(), torch.enable_grad():
+                with self.recompute_ctx if self.recompute_ctx is not None else _NULL_CONTEXT:
+                    with torch.autograd.graph.saved_tensors_hooks(run.pack, _replay_unpack):
+                        try:
+                            self.function(*args, **kwargs)
+                        except BaseException:
+                            if run.error is not None:
+                                raise run.error from None
+                            if not run.stopped:
+                                raise
+        finally:
+            THREAD.replay = previous
+        if run.error is not None:
+            raise run.error
+        if run.count != len(self.holders):
+            raise CheckpointError(
+                error_text(
+                    f"the replay of checkpoint {self.name()} saved {run.count} tensors but its forward saved "
+                    f"{len(self.holders)}; the function must do the same work when it is recomputed"
+                )
+            )
+        REGISTRY.count_replay(session)
+
+    # -- sessions (Rules 4-7) --------------------------------------------------------
+
+    def bind(self, session: Session) -> None:
+        """Bind this frame to ``session``; caller holds ``self.lock``."""
+        if session.mode == CLEARED:
+            raise CheckpointError(
+                error_text(
+                    f"session {session.session_id!r} was cleared inside its own recompute_session_ctx and is "
+                    "used again; clear a session only after its last consumer"
+                )
+            )
+        if self.session is not None and self.session is not session:
+            raise CheckpointError(
+                error_text(
+                    f"checkpoint {self.name()} is bound to session {self.session.session_id!r} and cannot join "
+                    f"session {session.session_id!r}; call clear_recompute_session("
+                    f"{self.session.session_id!r}) first"
+                )
+            )
+        if self.has_nested:
+            raise CheckpointError(
+                error_text(
+                    f"checkpoint {self.name()} contains a nested checkpoint; scheduled recompute (prefetch or "
+                    "recompute_session_ctx) of nested checkpoints is not supported; flatten the nesting or run "
+                    "this backward outside any session"
+                )
+            )
+        if self.session is None:
+            self.session = session
+            self.session_replayed = False
+            session.frames.append(weakref.ref(self))
+            self._drop_plain_values()  # a session replay supersedes plain ones
+
+    def replay_into_session(self) -> None:
+        """Replay into the bound session once; on failure drop the partial values (Rule 7)."""
+        session = self.session
+        assert session is not None
+        try:
+            self.replay(_store_session, session)
+        except BaseException:
+            self._drop_session_values()
+            raise
+        self.session_replayed = True
+
+    def unbind(self, session: Session) -> None:
+        """Forget ``session``: drop its tensors and flags so the frame can serve anew (Rule 7)."""
+        with self.lock:
+            if self.session is session:
+                self._drop_session_values()
+                self.session = None
+                self.session_replayed = False
+
+    def retained(self) -> Tuple[int, int]:
+        """(count, bytes) of session tensors currently held by this frame's holders."""
+        count = nbytes = 0
+        for ref in self.holders:
+            holder = ref()
+            if holder is not None and holder.value is not None:
+                count += 1
+                nbytes += holder.value.numel() * holder.value.element_size()
+        return count, nbytes
+
+    def _drop_session_values(self) -> None:
+        for ref in self.holders:
+            holder = ref()
+            if holder is not None:
+                holder.value = None
+
+    def _drop_plain_values(self) -> None:
+        for ref in self.holders:
+            holder = ref()
+            if holder is not None:
+                holder.shared = None
+                holder.by_task = None
+
+    # -- unpack slow paths -----------------------------------------------------------
+
+    def unpack_slow(self, holder: Holder) -> torch.Tensor:
+        """Everything the hot path does not handle: binding, replays, errors (Rules 3-6)."""
+        with self.lock:
+            session = self.session
+            if session is None:
+                active = REGISTRY.active  # published by recompute_session_ctx; read without a lock
+                if active is None:
+                    return self.unpack_plain(holder)
+                self.bind(active)
+                session = active
+            mode = session.mode
+            if mode == CLEARED:
+                raise CheckpointError(
+                    error_text(
+                        f"session {session.session_id!r} is used after clear_recompute_session; clear a session "
+                        "only after its last consumer"
+                    )
+                )
+            if mode == BLOCKED:
+                active = REGISTRY.active
+                active_id = active.session_id if active is not None else None
+                raise CheckpointError(
+                    error_text(
+                        f"checkpoint {self.name()} belongs to session {session.session_id!r} but is unpacked "
+                        f"inside recompute_session_ctx({active_id!r}); run each backward inside the context of "
+                        "its own session"
+                    )
+                )
+            if holder.value is None:
+                if self.session_replayed:
+                    raise CheckpointError(
+                        error_text(
+                            f"a tensor of checkpoint {self.name()} in session {session.session_id!r} was already "
+                            "consumed by a backward that did not retain it; pass retain_on_unpack=True to every "
+                            "consumer but the last"
+                        )
+                    )
+                self.replay_into_session()
+            value = holder.value
+            assert value is not None
+            if mode == POP:
+                holder.value = None
+            return value
+
+    def unpack_plain(self, holder: Holder) -> torch.Tensor:
+        """Session-less unpack with the installed torch's native semantics (Rule 3)."""
+        with self.lock:
+            if not PER_GRAPH_TASK:
+                if holder.shared is None:
+                    if any(h is not None and h.shared is not None for h in (r() for r in self.holders)):
+                        raise CheckpointError(
+                            error_text(
+                                f"a saved tensor of checkpoint {self.name()} is unpacked again after the "
+                                "replayed values were released; keep the graph alive (retain_graph=True) "
+                                "or use a recompute session"
+                            )
+                        )
+                    self.replay(_store_shared, None)
+                assert holder.shared is not None
+                return holder.shared
+            gid = _graph_task_id()  # type: ignore[misc]
+            if gid == -1:  # unpacked outside any backward: every access replays
+                gid = next(_outside_backward_ids)
+            if holder.by_task is None or gid not in holder.by_task:
+                if gid in self.plain_done:
+                    raise CheckpointError(
+                        error_text(
+                            f"a saved tensor of checkpoint {self.name()} is unpacked twice in one backward; "
+                            "this is not supported"
+                        )
+                    )
+                task = gid
+                self.replay(lambda h, t: _store_task(h, task, t), None)
+                if gid >= 0:
+                    self.plain_done.add(gid)
+            assert holder.by_task is not None
+            return holder.by_task.pop(gid)
+
+
+def _store_task(holder: Holder, gid: int, tensor: torch.Tensor) -> None:
+    if holder.by_task is None:
+        holder.by_task = {}
+    holder.by_task[gid] = tensor
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL_CONTEXT = _NullContext()
+
+
+def unpack_saved(holder: Holder) -> torch.Tensor:
+    """The unpack hook of every checkpoint: the hot path (Rule 5).
+
+    A frame bound to a session returns the recomputed tensor reading only
+    ``holder.value`` and ``session.mode``; a session-less frame on torch 1.13 reads
+    ``holder.shared`` after checking that no session context is open. No context
+    variable, no lock; everything else goes to ``CheckpointFrame.unpack_slow``.
+    """
+    frame = holder.frame
+    session = frame.session
+    if session is not None:
+        value = holder.value
+        if value is not None:
+            mode = session.mode
+            if mode == RETAIN:
+                return value
+            if mode == POP:
+                holder.value = None
+                return value
+    elif REGISTRY.active is None:
+        if PER_GRAPH_TASK:
+            return frame.unpack_plain(holder)
+        value = holder.shared
+        if value is not None:
+            return value
+    return frame.unpack_slow(holder)
+
+
+class RecomputeHandle:
+    """What a collector hands to the scheduler for one checkpoint call.
+
+    Holds its frame weakly: once autograd frees the checkpoint's graph the handle is
+    dead and ``recompute_handle`` says so. Only ``checkpoint`` creates handles.
+    """
+
+    __slots__ = ("_frame",)
+
+    def __init__(self, frame: CheckpointFrame, *, _token: object) -> None:
+        if _token is not _HANDLE_TOKEN:
+            raise ValueError(
+                error_text("RecomputeHandle is created by checkpoint() inside recompute_handle_collector_ctx()")
+            )
+        self._frame = weakref.ref(frame)
+
+    def frame(self) -> Optional[CheckpointFrame]:
+        """The frame, or None once its graph is gone."""
+        return self._frame()
+
+    def __repr__(self) -> str:
+        frame = self._frame()
+        if frame is None:
+            return "RecomputeHandle(<freed>)"
+        bound = frame.session.session_id if frame.session is not None else None
+        return f"RecomputeHandle({frame.name()}, saved={len(frame.holders)}, session={bound!r})"
+
+
+_HANDLE_TOKEN = object()
+
+
+def new_handle(frame: CheckpointFrame) -> RecomputeHandle:
+    """Create the handle of ``frame`` (used by ``checkpoint`` only)."""
+    return RecomputeHandle(frame, _token=_HANDLE_TOKEN)

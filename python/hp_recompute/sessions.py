@@ -1,0 +1,238 @@
+"""The control plane of recompute sessions: prefetch, session contexts, clear, introspection.
+
+These are the only functions that take ``REGISTRY.lock``; they bind sessions to frames
+so that the unpack hot path never has to look anything up (NOTE [ Recompute sessions ]
+Rules 4-7 in ``checkpoint.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Hashable, Iterator, List, Optional
+
+from .errors import CheckpointError, error_text
+from .frame import CheckpointFrame, RecomputeHandle
+from .registry import BLOCKED, CLEARED, POP, REGISTRY, RETAIN, Session
+
+__all__ = [
+    "recompute_handle",
+    "recompute_session_ctx",
+    "clear_recompute_session",
+    "live_sessions",
+    "session_stats",
+    "stats",
+    "reset_stats",
+]
+
+
+def _check_session_id(session_id: Any, where: str) -> None:
+    if session_id is None:
+        raise ValueError(error_text(f"{where}: session_id must not be None; pass a stable hashable id such as 's3.mb0'"))
+    try:
+        hash(session_id)
+    except TypeError:
+        raise ValueError(
+            error_text(
+                f"{where}: session_id must be hashable, got {type(session_id).__name__}; use a str, int or tuple"
+            )
+        ) from None
+
+
+def _frame_of(handle: Any) -> CheckpointFrame:
+    if not isinstance(handle, RecomputeHandle):
+        raise ValueError(
+            error_text(
+                f"recompute_handle: expected a handle collected by recompute_handle_collector_ctx(), got "
+                f"{type(handle).__name__}"
+            )
+        )
+    frame = handle.frame()
+    if frame is None:
+        raise CheckpointError(
+            error_text(
+                "recompute_handle: the checkpoint behind this handle is gone (its autograd graph was freed); "
+                "prefetch before the backward that frees the graph"
+            )
+        )
+    return frame
+
+
+def recompute_handle(handle: RecomputeHandle, session_id: Hashable) -> None:
+    """Prefetch: replay one checkpoint now and keep its tensors in session ``session_id``.
+
+    The replay restores the forward's RNG and autocast state and leaves the caller's
+    RNG streams untouched. A later backward (inside ``recompute_session_ctx`` or not)
+    consumes the prefetched tensors without replaying. Prefetching an already
+    prefetched handle into the same session does nothing (Rule 4).
+
+    Args:
+        handle: a handle from ``recompute_handle_collector_ctx()``.
+        session_id: hashable, not None; e.g. ``"s3.mb0"``.
+
+    Raises:
+        ValueError: bad handle or session id.
+        CheckpointError: the handle is bound to another session, its graph is gone,
+            it contains a nested checkpoint, or the replay does not match the forward.
+            On failure the frame is unbound again; the session stays until cleared.
+
+    Example:
+        >>> with recompute_handle_collector_ctx() as handles:
+        ...     y = checkpoint(block, x)
+        >>> for h in handles:
+        ...     recompute_handle(h, "s0.mb0")
+    """
+    frame = _frame_of(handle)
+    _check_session_id(session_id, "recompute_handle")
+    with REGISTRY.lock:
+        created = session_id not in REGISTRY.sessions
+        session = REGISTRY.get_or_create(session_id)
+        try:
+            with frame.lock:
+                frame.bind(session)
+        except BaseException:
+            _forget_if_empty(session, created)
+            raise
+    REGISTRY.count("prefetches")
+    with frame.lock:
+        if frame.session is not session or frame.session_replayed:
+            return
+        try:
+            frame.replay_into_session()
+        except BaseException:
+            frame.unbind(session)
+            with REGISTRY.lock:
+                _forget_if_empty(session, created)
+            raise
+
+
+def _forget_if_empty(session: Session, created: bool) -> None:
+    """A failed prefetch leaves no session it created itself; caller holds REGISTRY.lock."""
+    if created and not session.live_frames() and REGISTRY.sessions.get(session.session_id) is session:
+        del REGISTRY.sessions[session.session_id]
+        session.mode = CLEARED
+
+
+@contextlib.contextmanager
+def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) -> Iterator[Hashable]:
+    """Backwards run inside consume session ``session_id`` (Rules 4-6).
+
+    On entry the session becomes the process's active session: a checkpoint first
+    unpacked inside binds to it and replays once; prefetched checkpoints are read
+    without replay. With ``retain_on_unpack=True`` the recomputed tensors stay for a
+    later consumer (dx); with False each is dropped when read (dw, the last consumer).
+    Contexts do not nest; call ``clear_recompute_session`` after the last consumer.
+
+    Args:
+        session_id: hashable, not None (no default on purpose).
+        retain_on_unpack: keep recomputed tensors after they are read.
+
+    Yields:
+        ``session_id``.
+
+    Example:
+        >>> with recompute_session_ctx("s0.mb0", retain_on_unpack=True):
+        ...     torch.autograd.grad(loss, [x], retain_graph=True)   # dx
+        >>> with recompute_session_ctx("s0.mb0"):
+        ...     torch.autograd.grad(loss, params)                    # dw
+        >>> clear_recompute_session("s0.mb0")
+    """
+    _check_session_id(session_id, "recompute_session_ctx")
+    if not isinstance(retain_on_unpack, bool):
+        raise ValueError(
+            error_text(
+                f"recompute_session_ctx: retain_on_unpack must be a bool, got {type(retain_on_unpack).__name__}"
+            )
+        )
+    with REGISTRY.lock:
+        active = REGISTRY.active
+        if active is not None:
+            raise CheckpointError(
+                error_text(
+                    f"recompute_session_ctx({session_id!r}) entered while recompute_session_ctx("
+                    f"{active.session_id!r}) is active; session contexts do not nest, exit the first one before "
+                    "the next backward"
+                )
+            )
+        session = REGISTRY.get_or_create(session_id)
+        for other in REGISTRY.sessions.values():
+            other.mode = BLOCKED
+        session.mode = RETAIN if retain_on_unpack else POP
+        REGISTRY.active = session
+    try:
+        yield session_id
+    finally:
+        with REGISTRY.lock:
+            REGISTRY.active = None
+            for other in REGISTRY.sessions.values():
+                other.mode = POP
+
+
+def clear_recompute_session(session_id: Hashable) -> None:
+    """Drop everything session ``session_id`` holds; safe to call any number of times (Rule 7).
+
+    Recomputed tensors, replay flags, counters and frame bindings go; the frames can
+    then serve a new session or a plain backward. Call it after the last consumer,
+    also on error paths (``finally``).
+
+    Raises:
+        ValueError: None or unhashable ``session_id``.
+    """
+    _check_session_id(session_id, "clear_recompute_session")
+    with REGISTRY.lock:
+        session = REGISTRY.sessions.pop(session_id, None)
+        if session is None:
+            return
+        session.mode = CLEARED
+        frames = session.live_frames()
+        session.frames.clear()
+    for frame in frames:
+        frame.unbind(session)
+    REGISTRY.count("clears")
+
+
+def live_sessions() -> List[Hashable]:
+    """Ids of sessions that hold state (created and not yet cleared), oldest first.
+
+    A runtime reports ``len(live_sessions())`` after a step as "sessions left"; it
+    must be 0 when every session was cleared.
+    """
+    with REGISTRY.lock:
+        return list(REGISTRY.sessions)
+
+
+def session_stats(session_id: Hashable) -> Optional[Dict[str, int]]:
+    """Per-session state, or None when the session does not exist (never or cleared).
+
+    Returns:
+        ``{"replays": n, "frames": bound live frames, "retained_tensors": k,
+        "retained_bytes": b}``.
+    """
+    _check_session_id(session_id, "session_stats")
+    with REGISTRY.lock:
+        session = REGISTRY.sessions.get(session_id)
+        if session is None:
+            return None
+        frames = session.live_frames()
+        replays = session.replays
+    tensors = nbytes = 0
+    for frame in frames:
+        count, size = frame.retained()
+        tensors += count
+        nbytes += size
+    return {"replays": replays, "frames": len(frames), "retained_tensors": tensors, "retained_bytes": nbytes}
+
+
+def stats() -> Dict[str, int]:
+    """Process-wide counters since import or ``reset_stats()``.
+
+    Returns:
+        ``{"replays", "session_replays", "plain_replays", "prefetches", "clears",
+        "live_sessions"}``; ``replays`` counts every replay of a checkpointed
+        function (what a runtime reports as "recomputes").
+    """
+    return REGISTRY.snapshot()
+
+
+def reset_stats() -> None:
+    """Zero the counters of ``stats()``; sessions are untouched."""
+    REGISTRY.reset_counters()

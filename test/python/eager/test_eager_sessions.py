@@ -1,0 +1,452 @@
+"""Recompute sessions: prefetch, dx/dw sharing, isolation, errors, threads, nesting, policies."""
+
+import contextvars
+import threading
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hp_recompute as hr
+from hpr_eager_util import Counted, assert_bit_equal, make_blocks, params_of
+
+
+class Stage:
+    """Two checkpointed blocks of one pipeline stage, with per-block call counters."""
+
+    def __init__(self, device, p=0.0, seed=0, dim=6, hidden=10):
+        self.blocks = make_blocks(2, dim, hidden, device, p=p, seed=seed)
+        self.params = params_of(self.blocks)
+        self.counted = [Counted(b) for b in self.blocks]
+        self.dim = dim
+        self.device = device
+
+    def input(self, batch=4, seed=100):
+        torch.manual_seed(seed)
+        return torch.randn(batch, self.dim, device=self.device, requires_grad=True)
+
+    def forward(self, x, checkpointed=True):
+        h = x
+        for fn in self.counted:
+            h = hr.checkpoint(fn, h) if checkpointed else fn(h)
+        return h.pow(2).sum()
+
+    def calls(self):
+        return [c.calls for c in self.counted]
+
+    def reference(self, x, rng_seed=None):
+        """dx and dw of the same microbatch without checkpointing (same RNG if rng_seed)."""
+        x = x.detach().clone().requires_grad_()
+        if rng_seed is not None:
+            torch.manual_seed(rng_seed)
+        h = x
+        for block in self.blocks:  # not the counted wrappers: references do not count
+            h = block(h)
+        return list(torch.autograd.grad(h.pow(2).sum(), [x] + self.params))
+
+
+def _dx_dw(loss, x, params, sid):
+    with hr.recompute_session_ctx(sid, retain_on_unpack=True):
+        dx = torch.autograd.grad(loss, [x], retain_graph=True)
+    with hr.recompute_session_ctx(sid, retain_on_unpack=False):
+        dw = torch.autograd.grad(loss, params)
+    return list(dx) + list(dw)
+
+
+def test_prefetch_then_dx_then_dw_replays_each_block_once(device):
+    stage = Stage(device, p=0.4)
+    x = stage.input()
+    want = stage.reference(x, rng_seed=5)
+    torch.manual_seed(5)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    assert len(handles) == 2 and stage.calls() == [1, 1]
+    for h in handles:
+        hr.recompute_handle(h, "s0.mb0")
+    assert stage.calls() == [2, 2]
+    got = _dx_dw(loss, x, stage.params, "s0.mb0")
+    assert stage.calls() == [2, 2]
+    assert hr.session_stats("s0.mb0")["replays"] == 2
+    hr.clear_recompute_session("s0.mb0")
+    assert_bit_equal(got, want)
+    assert hr.live_sessions() == []
+    assert hr.stats()["session_replays"] == 2 and hr.stats()["plain_replays"] == 0
+
+
+def test_session_without_prefetch_replays_once_on_first_unpack(device):
+    stage = Stage(device, p=0.4, seed=1)
+    x = stage.input()
+    want = stage.reference(x, rng_seed=9)
+    torch.manual_seed(9)
+    loss = stage.forward(x)
+    got = _dx_dw(loss, x, stage.params, ("s", 0))
+    assert stage.calls() == [2, 2]
+    hr.clear_recompute_session(("s", 0))
+    assert_bit_equal(got, want)
+
+
+def test_prefetch_does_not_advance_callers_rng(device):
+    stage = Stage(device, p=0.5)
+    x = stage.input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    cpu_before = torch.get_rng_state()
+    cuda_before = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    for h in handles:
+        hr.recompute_handle(h, "rng")
+    assert torch.equal(torch.get_rng_state(), cpu_before)
+    if cuda_before is not None:
+        assert torch.equal(torch.cuda.get_rng_state(device), cuda_before)
+    del loss
+
+
+def test_two_chained_frames_share_one_session(device):
+    stage = Stage(device, seed=2)
+    x = stage.input()
+    want = stage.reference(x)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    hr.recompute_handle(handles[1], "chain")  # prefetch only the second block
+    got = _dx_dw(loss, x, stage.params, "chain")
+    assert stage.calls() == [2, 2]
+    assert hr.session_stats("chain")["replays"] == 2
+    hr.clear_recompute_session("chain")
+    assert_bit_equal(got, want)
+
+
+def test_prefetch_twice_into_same_session_replays_once(device):
+    stage = Stage(device)
+    x = stage.input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    hr.recompute_handle(handles[0], "twice")
+    hr.recompute_handle(handles[0], "twice")
+    assert stage.calls()[0] == 2
+    del loss
+
+
+def test_three_iterations_with_distinct_ids_stay_isolated(device):
+    stage = Stage(device, p=0.3, seed=3)
+    for it in range(3):
+        x = stage.input(seed=200 + it)
+        want = stage.reference(x, rng_seed=it)
+        before = stage.calls()
+        torch.manual_seed(it)
+        with hr.recompute_handle_collector_ctx() as handles:
+            loss = stage.forward(x)
+        sid = f"iter{it}"
+        for h in handles:
+            hr.recompute_handle(h, sid)
+        got = _dx_dw(loss, x, stage.params, sid)
+        assert [a - b for a, b in zip(stage.calls(), before)] == [2, 2]
+        assert hr.live_sessions() == [sid]
+        hr.clear_recompute_session(sid)
+        assert_bit_equal(got, want)
+    assert hr.live_sessions() == []
+
+
+def test_partial_session_then_dw_without_session(device):
+    stage = Stage(device, p=0.4, seed=4)
+    x = stage.input()
+    want = stage.reference(x, rng_seed=1)
+    torch.manual_seed(1)
+    loss = stage.forward(x)
+    with hr.recompute_session_ctx("partial", retain_on_unpack=True):
+        dx = torch.autograd.grad(loss, [x], retain_graph=True)
+    hr.clear_recompute_session("partial")
+    dw = torch.autograd.grad(loss, stage.params)  # plain backward: replays again, still exact
+    assert stage.calls() == [3, 3]
+    assert_bit_equal(list(dx) + list(dw), want)
+
+
+def test_failed_prefetch_then_new_session_gives_correct_gradients(device):
+    stage = Stage(device, p=0.4, seed=5)
+    x = stage.input()
+    want = stage.reference(x, rng_seed=2)
+    fail = {"on": False}
+    inner = stage.counted[1].fn
+
+    def flaky(h):
+        if fail["on"]:
+            stage.blocks[1].fc1(h)  # saves what the block saves first: stored before the failure
+            raise OSError("device lost during replay")
+        return inner(h)
+
+    stage.counted[1].fn = flaky
+    torch.manual_seed(2)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    fail["on"] = True
+    with pytest.raises(OSError, match="device lost"):
+        hr.recompute_handle(handles[1], "bad")
+    assert hr.session_stats("bad") is None and hr.live_sessions() == []
+    fail["on"] = False
+    for h in handles:
+        hr.recompute_handle(h, "good")
+    got = _dx_dw(loss, x, stage.params, "good")
+    hr.clear_recompute_session("good")
+    assert_bit_equal(got, want)
+
+
+def test_session_found_when_backward_runs_on_another_thread(device):
+    marker = contextvars.ContextVar("caller_only", default="unset")
+    stage = Stage(device, p=0.4, seed=6)
+    x = stage.input()
+    want = stage.reference(x, rng_seed=4)
+    torch.manual_seed(4)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    result, seen = {}, {}
+
+    def worker(key, inputs):
+        seen[key] = marker.get()  # proves the thread does not share the caller's context
+        result[key] = torch.autograd.grad(loss, inputs, retain_graph=(key == "dx"))
+
+    marker.set("caller")
+    hr.recompute_handle(handles[0], "thread")
+    with hr.recompute_session_ctx("thread", retain_on_unpack=True):
+        t = threading.Thread(target=worker, args=("dx", [x]))
+        t.start()
+        t.join()
+    with hr.recompute_session_ctx("thread"):
+        t = threading.Thread(target=worker, args=("dw", stage.params))
+        t.start()
+        t.join()
+    assert seen == {"dx": "unset", "dw": "unset"}
+    assert stage.calls() == [2, 2]
+    hr.clear_recompute_session("thread")
+    assert_bit_equal(list(result["dx"]) + list(result["dw"]), want)
+
+
+def test_exception_inside_dx_then_clear_and_recover(device):
+    stage = Stage(device, p=0.4, seed=7)
+    x = stage.input()
+    want = stage.reference(x, rng_seed=6)
+    armed = {"on": True}
+
+    def tripwire(grad):
+        if armed["on"]:
+            raise ValueError("tripwire in dx")
+        return grad
+
+    torch.manual_seed(6)
+    with hr.recompute_handle_collector_ctx() as handles:
+        h = hr.checkpoint(stage.counted[0], x)
+        h.register_hook(tripwire)  # fires in the middle of dx, between the two blocks
+        loss = hr.checkpoint(stage.counted[1], h).pow(2).sum()
+    for handle in handles:
+        hr.recompute_handle(handle, "err")
+    try:
+        with pytest.raises(ValueError, match="tripwire in dx"):
+            with hr.recompute_session_ctx("err", retain_on_unpack=True):
+                torch.autograd.grad(loss, [x], retain_graph=True)
+    finally:
+        hr.clear_recompute_session("err")
+    assert hr.live_sessions() == []
+    armed["on"] = False
+    got = _dx_dw(loss, x, stage.params, "retry")  # the context exited cleanly: a new one may open
+    hr.clear_recompute_session("retry")
+    assert stage.calls() == [3, 3]  # forward, "err" prefetch, "retry" replay
+    assert_bit_equal(got, want)
+
+
+def _outer_with_nested(lin):
+    inner = Counted(lambda t: torch.tanh(lin(t)))
+
+    def outer(t):
+        return hr.checkpoint(inner, t.sin()).cos()
+
+    return Counted(outer), inner
+
+
+def test_prefetch_of_outer_checkpoint_with_nested_one_raises(device):
+    lin = torch.nn.Linear(4, 4).to(device)
+    outer, inner = _outer_with_nested(lin)
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = hr.checkpoint(outer, x).sum()
+    # Handles are appended when a forward returns: the nested inner one comes first.
+    assert len(handles) == 2 and "outer" in repr(handles[1])
+    with pytest.raises(hr.CheckpointError, match="contains a nested checkpoint"):
+        hr.recompute_handle(handles[1], "nested")
+    assert outer.calls == 1 and hr.live_sessions() == []
+    with pytest.raises(RuntimeError, match="contains a nested checkpoint"):
+        with hr.recompute_session_ctx("nested"):
+            torch.autograd.grad(y, [x])
+    del y
+
+
+def test_nested_checkpoint_without_session_matches_plain(device):
+    lin = torch.nn.Linear(4, 4).to(device)
+    outer, inner = _outer_with_nested(lin)
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    plain = torch.autograd.grad(torch.tanh(lin(x.sin())).cos().sum(), [x] + list(lin.parameters()))
+    y = hr.checkpoint(outer, x).sum()
+    ours = torch.autograd.grad(y, [x] + list(lin.parameters()))
+    assert_bit_equal(ours, plain)
+    assert outer.calls == 2 and inner.calls >= 2
+
+
+class _CacheMatmuls(TorchDispatchMode):
+    """Selective checkpoint policy: forward stores matmul outputs, the replay reuses them."""
+
+    MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+    def __init__(self, store, replay, counter):
+        super().__init__()
+        self.store, self.replay, self.counter = store, replay, counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.MATMULS:
+            if self.replay:
+                return self.store.pop(0)
+            self.counter["matmuls"] += 1
+            out = func(*args, **(kwargs or {}))
+            self.store.append(out.detach())
+            return out
+        return func(*args, **(kwargs or {}))
+
+
+def test_selective_checkpoint_policy_with_prefetch_dx_dw(device):
+    stage = Stage(device, seed=8)
+    x = stage.input()
+    want = stage.reference(x)
+    counter = {"matmuls": 0}
+
+    def policy():
+        cache = []
+        return _CacheMatmuls(cache, False, counter), _CacheMatmuls(cache, True, counter)
+
+    with hr.recompute_handle_collector_ctx() as handles:
+        h = x
+        for fn in stage.counted:
+            h = hr.checkpoint(fn, h, context_fn=policy)
+        loss = h.pow(2).sum()
+    assert counter["matmuls"] == 4
+    for handle in handles:
+        hr.recompute_handle(handle, "sac")
+    got = _dx_dw(loss, x, stage.params, "sac")
+    hr.clear_recompute_session("sac")
+    assert counter["matmuls"] == 4  # replays reused every cached matmul
+    assert stage.calls() == [2, 2]
+    assert_bit_equal(got, want)
+
+
+def test_clearing_twice_and_unknown_ids_is_safe(device):
+    stage = Stage(device)
+    x = stage.input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    hr.recompute_handle(handles[0], "c")
+    hr.clear_recompute_session("c")
+    hr.clear_recompute_session("c")
+    hr.clear_recompute_session("never-created")
+    assert hr.live_sessions() == []
+    # The frame serves a new session after the clear.
+    got = _dx_dw(loss, x, stage.params, "c")
+    assert stage.calls() == [3, 2]
+    hr.clear_recompute_session("c")
+    assert_bit_equal(got, stage.reference(x))
+
+
+def test_bad_arguments_raise_value_error(device):
+    x = torch.randn(3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = hr.checkpoint(torch.sin, x)
+    with pytest.raises(ValueError, match="^hp_recompute: recompute_handle: expected a handle collected by"):
+        hr.recompute_handle(object(), "s")
+    with pytest.raises(ValueError, match="^hp_recompute: RecomputeHandle is created by checkpoint"):
+        hr.RecomputeHandle(handles[0].frame(), _token=object())
+    with pytest.raises(ValueError, match="^hp_recompute: recompute_handle: session_id must be hashable, got list"):
+        hr.recompute_handle(handles[0], ["s"])
+    with pytest.raises(ValueError, match="^hp_recompute: recompute_session_ctx: session_id must be hashable"):
+        with hr.recompute_session_ctx({"a": 1}):
+            pass
+    with pytest.raises(ValueError, match="retain_on_unpack must be a bool, got int"):
+        with hr.recompute_session_ctx("s", retain_on_unpack=1):
+            pass
+    with pytest.raises(ValueError, match="^hp_recompute: clear_recompute_session: session_id must be hashable"):
+        hr.clear_recompute_session([1])
+    assert hr.live_sessions() == []
+    del y
+
+
+def test_session_id_is_required_and_not_none(device):
+    with pytest.raises(TypeError):
+        with hr.recompute_session_ctx():  # no default on purpose
+            pass
+    for call in (
+        lambda: hr.recompute_session_ctx(None).__enter__(),
+        lambda: hr.clear_recompute_session(None),
+    ):
+        with pytest.raises(ValueError, match="session_id must not be None"):
+            call()
+    x = torch.randn(3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = hr.checkpoint(torch.sin, x)
+    with pytest.raises(ValueError, match="session_id must not be None"):
+        hr.recompute_handle(handles[0], None)
+    del y
+
+
+def test_session_contexts_do_not_nest():
+    with hr.recompute_session_ctx("a") as sid:
+        assert sid == "a"
+        with pytest.raises(hr.CheckpointError, match=r"recompute_session_ctx\('b'\) entered while recompute_session_ctx\('a'\)"):
+            with hr.recompute_session_ctx("b"):
+                pass
+    with hr.recompute_session_ctx("b"):  # the first context still closed cleanly
+        pass
+
+
+def test_frame_cannot_be_bound_to_two_sessions(device):
+    stage = Stage(device)
+    x = stage.input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    hr.recompute_handle(handles[0], "A")
+    with pytest.raises(hr.CheckpointError, match="bound to session 'A' and cannot join session 'B'"):
+        hr.recompute_handle(handles[0], "B")
+    assert hr.live_sessions() == ["A"]
+    with pytest.raises(RuntimeError, match="belongs to session 'A' but is unpacked inside recompute_session_ctx\\('B'\\)"):
+        with hr.recompute_session_ctx("B"):
+            torch.autograd.grad(loss, [x], retain_graph=True)
+    hr.clear_recompute_session("A")
+    hr.recompute_handle(handles[0], "B")  # after the clear it may join another session
+    del loss
+
+
+def test_second_consumer_without_retain_raises(device):
+    stage = Stage(device)
+    x = stage.input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    for h in handles:
+        hr.recompute_handle(h, "noretain")
+    with hr.recompute_session_ctx("noretain"):
+        torch.autograd.grad(loss, [x], retain_graph=True)
+    with pytest.raises(RuntimeError, match="already consumed by a backward that did not retain it"):
+        with hr.recompute_session_ctx("noretain"):
+            torch.autograd.grad(loss, stage.params)
+
+
+def test_use_after_clear_inside_context_raises(device):
+    stage = Stage(device)
+    x = stage.input()
+    loss = stage.forward(x)
+    with hr.recompute_session_ctx("gone", retain_on_unpack=True):
+        hr.clear_recompute_session("gone")
+        with pytest.raises(RuntimeError, match="session 'gone' was cleared inside its own recompute_session_ctx"):
+            torch.autograd.grad(loss, [x], retain_graph=True)
+    assert hr.live_sessions() == []
+
+
+def test_dead_handle_raises(device):
+    x = torch.randn(3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = hr.checkpoint(torch.sin, x).sum()
+    y.backward()  # frees the graph and with it the frame
+    del y
+    with pytest.raises(hr.CheckpointError, match="the checkpoint behind this handle is gone"):
+        hr.recompute_handle(handles[0], "late")
+    assert "freed" in repr(handles[0])

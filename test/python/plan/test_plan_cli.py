@@ -1,0 +1,117 @@
+"""End-to-end tests of hp-recompute-plan: plans checked against the schema and
+against the session contract, re-derived in Python."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from plan_cli import (
+    SCHEDULES,
+    SCHEMA,
+    check_lifecycles,
+    compute_order,
+    csv_compute_order,
+    plan_json,
+    run_plan,
+)
+
+VALIDATOR = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
+
+GENERATED = [
+    ("gpipe", 4, 8),
+    ("1f1b", 4, 8),
+    ("interleaved-1f1b", 2, 4),
+    ("zb-h1", 4, 8),
+    ("zbv", 4, 8),
+    ("zbv", 2, 4),
+    ("dualpipev", 4, 8),
+]
+
+
+def test_default_run_prints_summary():
+    out = run_plan().stdout
+    assert "schedule 'zbv' (4 ranks, 8 stages, 8 microbatches)" in out
+    assert out.splitlines()[1].split()[:3] == ["rank", "actions", "sessions"]
+    assert any(line.startswith("total") for line in out.splitlines())
+
+
+def test_default_json_uses_bundled_gpt():
+    plan = plan_json()
+    VALIDATOR.validate(plan)
+    names = [r["name"] for s in plan["model"]["stages"] for r in s["regions"]]
+    assert sum(name.startswith("blocks.") or name.startswith("layers.") for name in names) == 8
+    check_lifecycles(plan)
+
+
+@pytest.mark.parametrize("name,ranks,mbs", GENERATED)
+@pytest.mark.parametrize("prefetch", ["jit", "lookahead=2"])
+def test_generated_plans_are_valid(name, ranks, mbs, prefetch):
+    plan = plan_json(
+        "--schedule-gen", name, "--ranks", str(ranks), "--microbatches", str(mbs),
+        "--prefetch", prefetch,
+    )
+    VALIDATOR.validate(plan)
+    check_lifecycles(plan)
+    # The synthetic uniform model checkpoints every stage: one session per
+    # (stage, microbatch).
+    schedule = plan["schedule"]
+    assert len(plan["sessions"]) == schedule["num_stages"] * schedule["num_microbatches"]
+    assert plan["summary"]["recomputes"] == len(plan["sessions"])
+
+
+def test_split_backward_needs_half_the_recomputes():
+    zbv = plan_json("--schedule-gen", "zbv", "--ranks", "4", "--microbatches", "8")["summary"]
+    assert zbv["per_backward_recomputes"] == 2 * zbv["recomputes"]
+    onef1b = plan_json("--schedule-gen", "1f1b", "--ranks", "4", "--microbatches", "8")["summary"]
+    assert onef1b["per_backward_recomputes"] == onef1b["recomputes"]
+
+
+def test_lookahead_keeps_more_sessions_alive():
+    args = ("--schedule-gen", "zbv", "--ranks", "4", "--microbatches", "8")
+    jit = plan_json(*args)["summary"]
+    ahead = plan_json(*args, "--prefetch", "lookahead=3")["summary"]
+    assert max(ahead["max_live_sessions"]) >= max(jit["max_live_sessions"])
+    assert max(ahead["peak_bytes"]) >= max(jit["peak_bytes"])
+
+
+@pytest.mark.parametrize(
+    "csv,dialect",
+    [
+        ("pytorch-dualpipev-4rank-10mb.csv", "current"),
+        ("pytorch-zb1p-2rank-2stagep-compute.csv", "legacy"),
+        ("pytorch-zb1p-2rank-2stagep-comms.csv", "legacy"),
+    ],
+)
+def test_pytorch_artifacts_plan_once_per_session(csv, dialect):
+    path = SCHEDULES / csv
+    plan = plan_json("--schedule", str(path), "--schedule-dialect", dialect)
+    VALIDATOR.validate(plan)
+    check_lifecycles(plan)
+    stages = plan["schedule"]["num_stages"]
+    assert len(plan["sessions"]) == stages * plan["schedule"]["num_microbatches"]
+    assert compute_order(plan) == csv_compute_order(path, dialect)
+
+
+def test_csv_output_round_trips_with_recompute_and_clear(tmp_path):
+    out = tmp_path / "plan.csv"
+    run_plan("--schedule-gen", "1f1b", "--ranks", "2", "--microbatches", "2",
+             "--emit", "csv", "-o", str(out))
+    rows = out.read_text().splitlines()
+    assert len(rows) == 2
+    assert "1RECOMPUTE0" in rows[1].split(",")
+    assert "1CLEAR0" in rows[1].split(",")
+    cells = rows[1].split(",")
+    assert cells.index("1RECOMPUTE0") < cells.index("1B0") < cells.index("1CLEAR0")
+
+
+def test_memory_budget_rejects_plan_and_writes_nothing(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = run_plan("--schedule-gen", "zbv", "--ranks", "2", "--microbatches", "4",
+                    "--memory-budget", "1B", "--emit", "json", "-o", str(out), check=False)
+    assert proc.returncode == 1
+    assert "plan exceeds --memory-budget: rank 1 needs 3 bytes" in proc.stderr
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []

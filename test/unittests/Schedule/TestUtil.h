@@ -1,0 +1,47 @@
+//===- TestUtil.h - Helpers for the schedule unit tests ---------*- C++ -*-===//
+
+#ifndef HPR_TEST_SCHEDULE_TESTUTIL_H
+#define HPR_TEST_SCHEDULE_TESTUTIL_H
+
+#include "hpr/Schedule/Schedule.h"
+
+#include "llvm/Support/Error.h"
+#include "llvm/Support/MemoryBuffer.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace hpr::sched::test {
+
+/// The error text of `err` ("" for success); consumes it.
+inline std::string errorText(llvm::Error err) {
+  if (!err)
+    return "";
+  return llvm::toString(std::move(err));
+}
+
+template <typename T> std::string errorText(llvm::Expected<T> &value) {
+  if (value)
+    return "";
+  return llvm::toString(value.takeError());
+}
+
+template <typename T> std::string errorText(llvm::Expected<T> &&value) {
+  return errorText(value);
+}
+
+/// Path of a file under test/inputs/schedules.
+inline std::string inputPath(const std::string &name) {
+  return std::string(HPR_SCHEDULE_INPUTS) + "/" + name;
+}
+
+inline std::string readInput(const std::string &name) {
+  auto buffer = llvm::MemoryBuffer::getFile(inputPath(name));
+  EXPECT_TRUE(static_cast<bool>(buffer)) << name;
+  return buffer ? (*buffer)->getBuffer().str() : std::string();
+}
+
+} // namespace hpr::sched::test
+
+#endif // HPR_TEST_SCHEDULE_TESTUTIL_H
