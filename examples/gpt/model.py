@@ -1,0 +1,102 @@
+"""A tiny GPT-style decoder (8 blocks) used as hp-recompute's bundled model.
+
+Why it exists: the CLI plans it by default (gpt.model.json) and runtimes build
+stage modules from ``build()``, so the factory is importable on its own and
+deterministic (fixed seed). Dimensions are tiny so CPU tests stay fast.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["VOCAB", "DIM", "HEADS", "LAYERS", "SEQ", "BATCH", "Block", "GPT", "build"]
+
+VOCAB = 64
+DIM = 48
+HEADS = 4
+LAYERS = 8
+SEQ = 40
+BATCH = 4
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention written with plain matmuls (torch 1.13 has no SDPA)."""
+
+    def __init__(self, dim: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.scale = 1.0 / math.sqrt(dim // heads)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        hd = d // self.heads
+        q = q.view(b, t, self.heads, hd).transpose(1, 2)
+        k = k.view(b, t, self.heads, hd).transpose(1, 2)
+        v = v.view(b, t, self.heads, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * self.scale
+        att = att.masked_fill(self.mask[:t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    """The 4x feed-forward of a transformer block."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: the unit hp-recompute checkpoints."""
+
+    def __init__(self, dim: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, seq)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token ids [batch, seq] (int64) -> next-token cross-entropy loss (a scalar)."""
+
+    def __init__(self, vocab: int = VOCAB, dim: int = DIM, heads: int = HEADS,
+                 layers: int = LAYERS, seq: int = SEQ) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab, dim)
+        self.pos_emb = nn.Parameter(torch.randn(seq, dim) * 0.02)
+        self.blocks = nn.ModuleList([Block(dim, heads, seq) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok_emb(idx) + self.pos_emb[:t]
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                               idx[:, 1:].reshape(-1))
+
+
+def build() -> GPT:
+    """Returns the bundled GPT with deterministic weights (seed 0)."""
+    torch.manual_seed(0)
+    return GPT()

@@ -1,0 +1,31 @@
+//===- ModelFile.h - Read a model file of any supported format ---*- C++
+//-*-===//
+//
+// One entry point for the CLI: dispatches on the file extension to the
+// TorchScript importer (`.pt`, `.ir`) or the JSON graph reader (`.json`).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_MODEL_MODELFILE_H
+#define HPR_MODEL_MODELFILE_H
+
+#include "hpr/Model/Model.h"
+#include "hpr/Model/TorchScriptImport.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <string>
+#include <vector>
+
+namespace hpr::model {
+
+/// Reads \p path: `.pt` / `.ir` through importTorchScript (with \p options),
+/// `.json` through parseModelJson. Any other extension is an error.
+llvm::Expected<ModelGraph>
+readModelFile(llvm::StringRef path, const TorchScriptOptions &options,
+              std::vector<std::string> *warnings = nullptr);
+
+} // namespace hpr::model
+
+#endif // HPR_MODEL_MODELFILE_H

@@ -1,0 +1,39 @@
+//===- ModelJson.h - JSON graph format for models ----------------*- C++
+//-*-===//
+//
+// Reads and writes the hp-recompute model JSON format (docs/models.md,
+// docs/schemas/model.schema.json): a model exported from elsewhere as its
+// regions in execution order, with costs and optionally a fixed stage each.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_MODEL_MODELJSON_H
+#define HPR_MODEL_MODELJSON_H
+
+#include "hpr/Model/Model.h"
+
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <string>
+
+namespace hpr::model {
+
+/// Value of the top-level "format" key.
+inline constexpr const char *kModelJsonFormat = "hp-recompute-model";
+/// The only version this code reads and writes.
+inline constexpr int kModelJsonVersion = 1;
+
+/// Parses a model JSON document. \p file only names the input in messages.
+/// Syntax errors are reported as `FILE:ROW:COL: ...`, schema violations as
+/// `FILE: /json/path: expected ..., got '...'`.
+llvm::Expected<ModelGraph> parseModelJson(llvm::StringRef text,
+                                          llvm::StringRef file);
+
+/// Prints \p graph in the model JSON format (indented, trailing newline);
+/// parseModelJson reads it back to an equal graph.
+std::string printModelJson(const ModelGraph &graph);
+
+} // namespace hpr::model
+
+#endif // HPR_MODEL_MODELJSON_H

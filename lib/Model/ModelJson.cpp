@@ -1,0 +1,290 @@
+//===- ModelJson.cpp - JSON graph format for models -----------------------===//
+//
+// Strict reader (every schema violation names its JSON path) and writer for
+// the model JSON format described in docs/models.md.
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/Model/ModelJson.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/Support/FormatVariadic.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+using namespace hpr::model;
+using json = nlohmann::json;
+
+namespace {
+
+/// Shortens a JSON value for an error message.
+std::string show(const json &value) {
+  std::string text = value.dump();
+  if (text.size() > 40)
+    text = text.substr(0, 37) + "...";
+  return text;
+}
+
+/// Collects the first schema violation with its path.
+class Reader {
+public:
+  explicit Reader(llvm::StringRef file) : file(file) {}
+
+  llvm::Error fail(const std::string &path, const std::string &expected,
+                   const json &got) const {
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        llvm::formatv("{0}: {1}: expected {2}, got '{3}'", file,
+                      path.empty() ? "/" : path, expected, show(got))
+            .str());
+  }
+  llvm::Error failMsg(const std::string &path, const std::string &msg) const {
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        llvm::formatv("{0}: {1}: {2}", file, path.empty() ? "/" : path, msg)
+            .str());
+  }
+
+  llvm::Error readString(const json &obj, const std::string &path,
+                         const char *key, std::string &out, bool required) {
+    auto it = obj.find(key);
+    if (it == obj.end())
+      return required ? failMsg(path, llvm::formatv("missing required key "
+                                                    "'{0}'",
+                                                    key)
+                                          .str())
+                      : llvm::Error::success();
+    if (!it->is_string() || it->get<std::string>().empty())
+      return fail(path + "/" + key, "a non-empty string", *it);
+    out = it->get<std::string>();
+    return llvm::Error::success();
+  }
+
+  llvm::Error readBool(const json &obj, const std::string &path,
+                       const char *key, bool &out) {
+    auto it = obj.find(key);
+    if (it == obj.end())
+      return llvm::Error::success();
+    if (!it->is_boolean())
+      return fail(path + "/" + key, "true or false", *it);
+    out = it->get<bool>();
+    return llvm::Error::success();
+  }
+
+  llvm::Error readNumber(const json &obj, const std::string &path,
+                         const char *key, double &out, bool required) {
+    auto it = obj.find(key);
+    if (it == obj.end())
+      return required ? failMsg(path, llvm::formatv("missing required key "
+                                                    "'{0}'",
+                                                    key)
+                                          .str())
+                      : llvm::Error::success();
+    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
+        it->get<double>() < 0)
+      return fail(path + "/" + key, "a non-negative number", *it);
+    out = it->get<double>();
+    return llvm::Error::success();
+  }
+
+  llvm::Error readBytes(const json &obj, const std::string &path,
+                        const char *key, int64_t &out, bool required) {
+    auto it = obj.find(key);
+    if (it == obj.end())
+      return required ? failMsg(path, llvm::formatv("missing required key "
+                                                    "'{0}'",
+                                                    key)
+                                          .str())
+                      : llvm::Error::success();
+    if (it->is_number_unsigned() &&
+        it->get<uint64_t>() <= uint64_t(INT64_MAX)) {
+      out = static_cast<int64_t>(it->get<uint64_t>());
+      return llvm::Error::success();
+    }
+    if (it->is_number_integer() && it->get<int64_t>() >= 0) {
+      out = it->get<int64_t>();
+      return llvm::Error::success();
+    }
+    return fail(path + "/" + key, "a non-negative integer", *it);
+  }
+
+  llvm::Error checkKeys(const json &obj, const std::string &path,
+                        std::initializer_list<const char *> allowed) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      bool known = false;
+      for (const char *key : allowed)
+        known |= it.key() == key;
+      if (!known) {
+        std::string list;
+        for (const char *key : allowed)
+          list += (list.empty() ? "" : ", ") + std::string(key);
+        return failMsg(path + "/" + it.key(),
+                       "unknown key (expected one of: " + list + ")");
+      }
+    }
+    return llvm::Error::success();
+  }
+
+  llvm::Error readRegion(const json &obj, const std::string &path,
+                         Region &region) {
+    if (!obj.is_object())
+      return fail(path, "a region object", obj);
+    if (auto err = checkKeys(obj, path,
+                             {"name", "checkpoint", "checkpointable",
+                              "fwd_flops", "fwd_time_us", "saved_bytes",
+                              "input_bytes", "param_bytes", "stage"}))
+      return err;
+    if (auto err = readString(obj, path, "name", region.name, true))
+      return err;
+    if (auto err = readBool(obj, path, "checkpoint", region.checkpoint))
+      return err;
+    if (auto err = readBool(obj, path, "checkpointable", region.checkpointable))
+      return err;
+    if (auto err = readNumber(obj, path, "fwd_flops", region.fwdFlops, true))
+      return err;
+    if (auto err =
+            readNumber(obj, path, "fwd_time_us", region.fwdTimeUs, false))
+      return err;
+    if (auto err = readBytes(obj, path, "saved_bytes", region.savedBytes, true))
+      return err;
+    if (auto err = readBytes(obj, path, "input_bytes", region.inputBytes, true))
+      return err;
+    if (auto err = readBytes(obj, path, "param_bytes", region.paramBytes, true))
+      return err;
+    if (auto it = obj.find("stage"); it != obj.end()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+          it->get<int64_t>() > 1000000)
+        return fail(path + "/stage", "a non-negative integer stage index", *it);
+      region.stage = static_cast<int>(it->get<int64_t>());
+    }
+    if (region.checkpoint && !region.checkpointable)
+      return failMsg(path + "/checkpoint",
+                     "a region with \"checkpointable\": false cannot have "
+                     "\"checkpoint\": true");
+    return llvm::Error::success();
+  }
+
+  llvm::Expected<ModelGraph> read(const json &doc) {
+    ModelGraph graph;
+    if (!doc.is_object())
+      return fail("", "a JSON object at the top level", doc);
+    if (auto err = checkKeys(
+            doc, "", {"format", "version", "name", "regions", "source"}))
+      return err;
+    if (auto it = doc.find("format");
+        it != doc.end() && (!it->is_string() || *it != kModelJsonFormat))
+      return fail("/format", llvm::formatv("\"{0}\"", kModelJsonFormat).str(),
+                  *it);
+    if (auto it = doc.find("version");
+        it != doc.end() &&
+        (!it->is_number_integer() || it->get<int64_t>() != kModelJsonVersion))
+      return fail("/version", llvm::formatv("{0}", kModelJsonVersion).str(),
+                  *it);
+    if (auto err = readString(doc, "", "name", graph.name, true))
+      return err;
+    auto regions = doc.find("regions");
+    if (regions == doc.end())
+      return failMsg("", "missing required key 'regions'");
+    if (!regions->is_array() || regions->empty())
+      return fail("/regions", "a non-empty array of regions", *regions);
+    llvm::StringSet<> names;
+    int lastStage = -1;
+    for (size_t i = 0; i < regions->size(); ++i) {
+      std::string path = llvm::formatv("/regions/{0}", i).str();
+      Region region;
+      if (auto err = readRegion((*regions)[i], path, region))
+        return err;
+      if (!names.insert(region.name).second)
+        return failMsg(path + "/name",
+                       "duplicate region name '" + region.name + "'");
+      if (region.stage >= 0) {
+        if (region.stage < lastStage)
+          return failMsg(path + "/stage",
+                         llvm::formatv("stage {0} comes after stage {1}; "
+                                       "stages must be non-decreasing in "
+                                       "region order",
+                                       region.stage, lastStage)
+                             .str());
+        lastStage = region.stage;
+      }
+      graph.regions.push_back(std::move(region));
+    }
+    return graph;
+  }
+
+private:
+  std::string file;
+};
+
+/// 1-based row and column of byte \p offset in \p text.
+std::pair<size_t, size_t> rowCol(llvm::StringRef text, size_t offset) {
+  offset = std::min(offset, text.size());
+  size_t row = 1, col = 1;
+  for (size_t i = 0; i < offset; ++i) {
+    if (text[i] == '\n') {
+      ++row;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {row, col};
+}
+
+} // namespace
+
+llvm::Expected<ModelGraph> hpr::model::parseModelJson(llvm::StringRef text,
+                                                      llvm::StringRef file) {
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error &e) {
+    // e.byte is 1-based and points just past the offending character.
+    auto [row, col] = rowCol(text, e.byte > 0 ? e.byte - 1 : 0);
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] parse error at line
+    // 1, column 2: " prefix; we print our own location.
+    if (auto pos = what.find(": "); pos != std::string::npos)
+      if (auto pos2 = what.find(": ", pos + 2); pos2 != std::string::npos)
+        what = what.substr(pos2 + 2);
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(),
+        llvm::formatv("{0}:{1}:{2}: invalid JSON: {3}", file, row, col, what)
+            .str());
+  }
+  return Reader(file).read(doc);
+}
+
+std::string hpr::model::printModelJson(const ModelGraph &graph) {
+  // ordered_json keeps keys in the documented order.
+  using ojson = nlohmann::ordered_json;
+  ojson doc = ojson::object();
+  doc["format"] = kModelJsonFormat;
+  doc["version"] = kModelJsonVersion;
+  doc["name"] = graph.name;
+  ojson regions = ojson::array();
+  auto number = [](double value) -> ojson {
+    // Whole numbers print without a fraction so files diff cleanly.
+    if (value == std::floor(value) && std::fabs(value) < 9.0e15)
+      return static_cast<int64_t>(value);
+    return value;
+  };
+  for (const Region &region : graph.regions) {
+    ojson r = ojson::object();
+    r["name"] = region.name;
+    r["checkpoint"] = region.checkpoint;
+    r["checkpointable"] = region.checkpointable;
+    r["fwd_flops"] = number(region.fwdFlops);
+    r["fwd_time_us"] = number(region.fwdTimeUs);
+    r["saved_bytes"] = region.savedBytes;
+    r["input_bytes"] = region.inputBytes;
+    r["param_bytes"] = region.paramBytes;
+    if (region.stage >= 0)
+      r["stage"] = region.stage;
+    regions.push_back(std::move(r));
+  }
+  doc["regions"] = std::move(regions);
+  return doc.dump(2) + "\n";
+}

@@ -1,0 +1,208 @@
+"""Export an ``nn.Module`` for hp-recompute's planner: ``python3 -m hp_recompute.export``.
+
+Why: the planner (C++, LibTorch) reads TorchScript; it cannot run Python
+factories. This tool builds the module from ``FILE.py:FACTORY``, traces it,
+and writes
+
+* ``OUT.pt``    - the traced TorchScript archive (``torch.jit.save``);
+* ``OUT.json``  - the sidecar: inputs, region depth, and per region the shapes
+  and costs measured on the eager model (``export_measure``), notably
+  ``saved_bytes`` from ``torch.autograd.graph.saved_tensors_hooks``;
+* optionally ``--ir OUT.ir`` (IR text, ``export_ir``) and ``--model-json
+  FILE`` (the model JSON graph format, docs/models.md).
+
+Example::
+
+    python3 -m hp_recompute.export --module examples/gpt/model.py:build \\
+        --input-shape 4x40 --input-dtype int64 -o examples/gpt/gpt.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+try:  # run as ``python3 -m hp_recompute.export``
+    from .export_ir import module_to_ir
+    from .export_measure import Segment, measure_regions
+except ImportError:  # pragma: no cover - run as a plain script
+    from export_ir import module_to_ir  # type: ignore
+    from export_measure import Segment, measure_regions  # type: ignore
+
+__all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "export", "main"]
+
+SIDECAR_FORMAT = "hp-recompute-export"
+MODEL_FORMAT = "hp-recompute-model"
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "double": torch.float64, "int64": torch.int64, "long": torch.int64,
+    "int32": torch.int32, "int": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+class ExportError(RuntimeError):
+    """A user error; the message starts with ``hp_recompute:`` and says how to fix it."""
+
+
+def parse_shapes(text: str) -> List[List[int]]:
+    """``"4x40x48,4x40"`` -> ``[[4, 40, 48], [4, 40]]`` (same grammar as the C++ CLI)."""
+    shapes = []
+    for shape in text.split(","):
+        if not re.fullmatch(r"\s*[1-9][0-9]*(\s*x\s*[1-9][0-9]*)*\s*", shape):
+            raise ExportError(f"hp_recompute: --input-shape: expected shapes like "
+                              f"'4x40x48,4x40', got '{shape}'")
+        shapes.append([int(d) for d in shape.split("x")])
+    return shapes
+
+
+def parse_dtypes(text: str, count: int) -> List[torch.dtype]:
+    """One dtype for all inputs or one per input, by PyTorch name."""
+    names = [n.strip() for n in text.split(",")]
+    for name in names:
+        if name not in _DTYPES:
+            raise ExportError(f"hp_recompute: --input-dtype: unknown dtype '{name}'; "
+                              f"use one of {', '.join(sorted(_DTYPES))}")
+    if len(names) == 1:
+        names = names * count
+    if len(names) != count:
+        raise ExportError(f"hp_recompute: --input-dtype: expected 1 or {count} dtypes, "
+                          f"got {len(names)}")
+    return [_DTYPES[n] for n in names]
+
+
+def load_factory(spec: str) -> nn.Module:
+    """Imports ``FILE.py:FACTORY`` and returns ``FACTORY()`` (an ``nn.Module``)."""
+    path, sep, factory = spec.rpartition(":")
+    if not sep or not path or not factory:
+        raise ExportError(f"hp_recompute: --module: expected FILE.py:FACTORY, got '{spec}'")
+    if not os.path.isfile(path):
+        raise ExportError(f"hp_recompute: --module: no such file '{path}'")
+    name = "_hpr_export_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise ExportError(f"hp_recompute: --module: '{path}' has no callable '{factory}'")
+    model = fn()
+    if not isinstance(model, nn.Module):
+        raise ExportError(f"hp_recompute: --module: {factory}() returned "
+                          f"{type(model).__name__}, expected an nn.Module")
+    return model
+
+
+def make_inputs(shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
+                seed: int = 0) -> Tuple[torch.Tensor, ...]:
+    """Deterministic example inputs: N(0,1) floats, zeros for integers (valid indices)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for shape, dtype in zip(shapes, dtypes):
+        if dtype.is_floating_point:
+            out.append(torch.randn(*shape, generator=gen).to(dtype))
+        else:
+            out.append(torch.zeros(*shape, dtype=dtype))
+    return tuple(out)
+
+
+def _segment_json(seg: Segment) -> dict:
+    return {
+        "name": seg.name,
+        "checkpointable": seg.checkpointable,
+        "saved_bytes": sum(seg.saved.values()),
+        "input_bytes": sum(seg.inputs.values()),
+        "param_bytes": sum(seg.params.values()),
+        "fwd_flops": seg.flops,
+        "input_shapes": seg.input_shapes,
+        "output_shapes": seg.output_shapes,
+    }
+
+
+def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
+           out: str, region_depth: int = 1, ir: Optional[str] = None,
+           model_json: Optional[str] = None, name: Optional[str] = None,
+           source: str = "") -> dict:
+    """Traces ``model`` and writes ``out`` (.pt) plus its sidecar; returns the sidecar dict."""
+    model.train()
+    inputs = make_inputs(shapes, dtypes)
+    traced = torch.jit.trace(model, inputs, check_trace=False)
+    segments = measure_regions(model, inputs, region_depth)
+    if not any(s.checkpointable for s in segments):
+        raise ExportError(f"hp_recompute: no regions at --region-depth {region_depth}: "
+                          "the model calls no element of a ModuleList/Sequential that deep")
+    name = name or os.path.splitext(os.path.basename(out))[0]
+    sidecar = {
+        "format": SIDECAR_FORMAT,
+        "version": 1,
+        "name": name,
+        "module": source,
+        "region_depth": region_depth,
+        "inputs": [{"shape": list(s), "dtype": str(d).replace("torch.", "")}
+                   for s, d in zip(shapes, dtypes)],
+        "regions": [_segment_json(s) for s in segments],
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    traced.save(out)
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump(sidecar, f, indent=2)
+        f.write("\n")
+    if ir:
+        with open(ir, "w") as f:
+            f.write(module_to_ir(traced, model))
+    if model_json:
+        graph = {"format": MODEL_FORMAT, "version": 1, "name": name, "regions": [
+            {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
+             "fwd_flops": int(r["fwd_flops"]), "fwd_time_us": 0,
+             "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
+             "param_bytes": r["param_bytes"]} for r in sidecar["regions"]]}
+        with open(model_json, "w") as f:
+            json.dump(graph, f, indent=2)
+            f.write("\n")
+    return sidecar
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit status (0 ok, 1 bad input)."""
+    parser = argparse.ArgumentParser(prog="python3 -m hp_recompute.export",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module", required=True, help="FILE.py:FACTORY returning an nn.Module")
+    parser.add_argument("--input-shape", required=True, help="e.g. 4x40x48 or 4x40x48,4x40")
+    parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
+    parser.add_argument("--region-depth", type=int, default=1)
+    parser.add_argument("-o", "--output", required=True, help="OUT.pt (sidecar: OUT.json)")
+    parser.add_argument("--ir", help="also write TorchScript IR text here")
+    parser.add_argument("--model-json", help="also write the model JSON graph here")
+    parser.add_argument("--name", help="model name (default: OUT's stem)")
+    args = parser.parse_args(argv)
+    try:
+        if not args.output.endswith(".pt"):
+            raise ExportError(f"hp_recompute: -o: expected a path ending in .pt, got "
+                              f"'{args.output}'")
+        shapes = parse_shapes(args.input_shape)
+        dtypes = parse_dtypes(args.input_dtype, len(shapes))
+        model = load_factory(args.module)
+        export(model, shapes, dtypes, args.output, args.region_depth, args.ir,
+               args.model_json, args.name, source=args.module)
+    except ExportError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+//===- ModelJsonTest.cpp - Tests for the model JSON graph format ----------===//
+
+#include "hpr/Model/ModelJson.h"
+
+#include "gtest/gtest.h"
+
+using namespace hpr::model;
+
+namespace {
+
+const char *kGood = R"({
+  "format": "hp-recompute-model", "version": 1, "name": "tiny",
+  "regions": [
+    {"name": "embed", "checkpointable": false, "fwd_flops": 10,
+     "saved_bytes": 8, "input_bytes": 4, "param_bytes": 100, "stage": 0},
+    {"name": "layers.0", "checkpoint": true, "fwd_flops": 2.5e6,
+     "fwd_time_us": 12.5, "saved_bytes": 4096, "input_bytes": 512,
+     "param_bytes": 1024, "stage": 0},
+    {"name": "layers.1", "fwd_flops": 3, "saved_bytes": 1, "input_bytes": 2,
+     "param_bytes": 3}
+  ]
+})";
+
+std::string errorOf(llvm::StringRef text) {
+  auto graph = parseModelJson(text, "m.json");
+  if (graph)
+    return "<no error>";
+  return llvm::toString(graph.takeError());
+}
+
+TEST(ModelJson, ParsesAllFields) {
+  auto graph = parseModelJson(kGood, "m.json");
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  EXPECT_EQ(graph->name, "tiny");
+  ASSERT_EQ(graph->regions.size(), 3u);
+  const Region &embed = graph->regions[0], &l0 = graph->regions[1],
+               &l1 = graph->regions[2];
+  EXPECT_EQ(embed.name, "embed");
+  EXPECT_FALSE(embed.checkpointable);
+  EXPECT_FALSE(embed.checkpoint);
+  EXPECT_EQ(embed.stage, 0);
+  EXPECT_TRUE(l0.checkpoint);
+  EXPECT_DOUBLE_EQ(l0.fwdFlops, 2.5e6);
+  EXPECT_DOUBLE_EQ(l0.fwdTimeUs, 12.5);
+  EXPECT_EQ(l0.savedBytes, 4096);
+  EXPECT_EQ(l0.inputBytes, 512);
+  EXPECT_EQ(l0.paramBytes, 1024);
+  EXPECT_TRUE(l1.checkpointable);
+  EXPECT_EQ(l1.stage, -1);
+  EXPECT_DOUBLE_EQ(l1.fwdTimeUs, 0);
+}
+
+TEST(ModelJson, PrintRoundTrips) {
+  auto graph = parseModelJson(kGood, "m.json");
+  ASSERT_TRUE(bool(graph));
+  std::string printed = printModelJson(*graph);
+  auto again = parseModelJson(printed, "printed.json");
+  ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError());
+  ASSERT_EQ(again->regions.size(), graph->regions.size());
+  for (size_t i = 0; i < graph->regions.size(); ++i) {
+    const Region &a = graph->regions[i], &b = again->regions[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.checkpoint, b.checkpoint);
+    EXPECT_EQ(a.checkpointable, b.checkpointable);
+    EXPECT_DOUBLE_EQ(a.fwdFlops, b.fwdFlops);
+    EXPECT_DOUBLE_EQ(a.fwdTimeUs, b.fwdTimeUs);
+    EXPECT_EQ(a.savedBytes, b.savedBytes);
+    EXPECT_EQ(a.inputBytes, b.inputBytes);
+    EXPECT_EQ(a.paramBytes, b.paramBytes);
+    EXPECT_EQ(a.stage, b.stage);
+  }
+  EXPECT_NE(printed.find("\"format\": \"hp-recompute-model\""),
+            std::string::npos);
+}
+
+TEST(ModelJson, SyntaxErrorHasRowAndColumn) {
+  std::string err = errorOf("{\n  \"name\": \"x\",\n  \"regions\": [}\n");
+  EXPECT_EQ(err.rfind("m.json:3:", 0), 0u) << err;
+  EXPECT_NE(err.find("invalid JSON"), std::string::npos) << err;
+}
+
+struct Violation {
+  const char *doc;
+  const char *message; // expected substring (path + expectation)
+};
+
+class ModelJsonViolation : public ::testing::TestWithParam<Violation> {};
+
+TEST_P(ModelJsonViolation, NamesThePath) {
+  std::string err = errorOf(GetParam().doc);
+  EXPECT_EQ(err.rfind("m.json: ", 0), 0u) << err;
+  EXPECT_NE(err.find(GetParam().message), std::string::npos) << err;
+}
+
+#define REGION(extra)                                                          \
+  "{\"name\": \"m\", \"regions\": [{\"name\": \"a\", \"fwd_flops\": 1, "       \
+  "\"saved_bytes\": 1, \"input_bytes\": 1, \"param_bytes\": 1" extra "}]}"
+
+INSTANTIATE_TEST_SUITE_P(
+    Schema, ModelJsonViolation,
+    ::testing::Values(
+        Violation{"[]", ": expected a JSON object at the top level, got '[]'"},
+        Violation{"{\"regions\": []}", ": missing required key 'name'"},
+        Violation{"{\"name\": \"m\"}", ": missing required key 'regions'"},
+        Violation{"{\"name\": \"m\", \"regions\": []}",
+                  "/regions: expected a non-empty array of regions"},
+        Violation{"{\"name\": 3, \"regions\": [1]}",
+                  "/name: expected a non-empty string, got '3'"},
+        Violation{"{\"name\": \"m\", \"regions\": [1]}",
+                  "/regions/0: expected a region object, got '1'"},
+        Violation{"{\"name\": \"m\", \"format\": \"x\", \"regions\": [1]}",
+                  "/format: expected \"hp-recompute-model\", got '\"x\"'"},
+        Violation{"{\"name\": \"m\", \"version\": 2, \"regions\": [1]}",
+                  "/version: expected 1, got '2'"},
+        Violation{"{\"name\": \"m\", \"extra\": 1, \"regions\": [1]}",
+                  "/extra: unknown key"},
+        Violation{"{\"name\": \"m\", \"regions\": [{\"fwd_flops\": 1}]}",
+                  "/regions/0: missing required key 'name'"},
+        Violation{"{\"name\": \"m\", \"regions\": [{\"name\": \"a\", "
+                  "\"fwd_flops\": 1, \"input_bytes\": 1, \"param_bytes\": 1}]}",
+                  "/regions/0: missing required key 'saved_bytes'"},
+        Violation{REGION(", \"saved_bytes\": -5"),
+                  "/regions/0/saved_bytes: expected a non-negative integer, "
+                  "got '-5'"},
+        Violation{REGION(", \"input_bytes\": 1.5"),
+                  "/regions/0/input_bytes: expected a non-negative integer"},
+        Violation{REGION(", \"param_bytes\": \"7\""),
+                  "/regions/0/param_bytes: expected a non-negative integer"},
+        Violation{REGION(", \"fwd_flops\": \"big\""),
+                  "/regions/0/fwd_flops: expected a non-negative number, got "
+                  "'\"big\"'"},
+        Violation{REGION(", \"fwd_time_us\": -1"),
+                  "/regions/0/fwd_time_us: expected a non-negative number"},
+        Violation{REGION(", \"checkpoint\": 1"),
+                  "/regions/0/checkpoint: expected true or false, got '1'"},
+        Violation{REGION(", \"checkpointable\": \"no\""),
+                  "/regions/0/checkpointable: expected true or false"},
+        Violation{REGION(", \"checkpointable\": false, \"checkpoint\": true"),
+                  "/regions/0/checkpoint: a region with \"checkpointable\": "
+                  "false cannot"},
+        Violation{REGION(", \"stage\": -1"),
+                  "/regions/0/stage: expected a non-negative integer stage"},
+        Violation{REGION(", \"savedbytes\": 1"),
+                  "/regions/0/savedbytes: unknown key"},
+        Violation{"{\"name\": \"m\", \"regions\": [{\"name\": \"a\", "
+                  "\"fwd_flops\": 1, \"saved_bytes\": 1, \"input_bytes\": 1, "
+                  "\"param_bytes\": 1}, {\"name\": \"a\", \"fwd_flops\": 1, "
+                  "\"saved_bytes\": 1, \"input_bytes\": 1, \"param_bytes\": "
+                  "1}]}",
+                  "/regions/1/name: duplicate region name 'a'"},
+        Violation{"{\"name\": \"m\", \"regions\": [{\"name\": \"a\", "
+                  "\"fwd_flops\": 1, \"saved_bytes\": 1, \"input_bytes\": 1, "
+                  "\"param_bytes\": 1, \"stage\": 1}, {\"name\": \"b\", "
+                  "\"fwd_flops\": 1, \"saved_bytes\": 1, \"input_bytes\": 1, "
+                  "\"param_bytes\": 1, \"stage\": 0}]}",
+                  "/regions/1/stage: stage 0 comes after stage 1"}));
+
+} // namespace
