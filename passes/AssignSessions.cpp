@@ -74,10 +74,12 @@ LogicalResult AssignSessionsPass::assignInProgram(
       return op.emitOpError() << "already reads a session: "
                                  "hpr-assign-sessions runs once";
     auto action = cast<ActionOpInterface>(op);
-    auto it = sessions.find({action.getStageIndex(), action.getMicrobatchIndex()});
+    auto it =
+        sessions.find({action.getStageIndex(), action.getMicrobatchIndex()});
     // A consumer whose forward is later (or missing) stays unbound;
     // hpr-verify reports it.
-    if (it == sessions.end() || !it->second.getDefiningOp()->isBeforeInBlock(&op))
+    if (it == sessions.end() ||
+        !it->second.getDefiningOp()->isBeforeInBlock(&op))
       continue;
     consumer.setSessionValue(it->second);
     ++numConsumersBound;

@@ -32,9 +32,9 @@ void InsertClearPass::runOnOperation() {
   WalkResult result = getOperation().walk([&](SessionOp session) {
     for (Operation *user : session.getSession().getUsers())
       if (isa<ClearOp>(user)) {
-        user->emitOpError() << "already exists for session \""
-                            << session.getSid()
-                            << "\": hpr-insert-clear runs once";
+        user->emitOpError()
+            << "already exists for session \"" << session.getSid()
+            << "\": hpr-insert-clear runs once";
         return WalkResult::interrupt();
       }
     auto consumers = getConsumers(session);

@@ -87,9 +87,9 @@ void InsertRecomputePass::runOnOperation() {
          llvm::make_early_inc_range(program.getBody().getOps<SessionOp>())) {
       for (Operation *user : session.getSession().getUsers())
         if (isa<RecomputeOp>(user)) {
-          user->emitOpError() << "already exists for session \""
-                              << session.getSid()
-                              << "\": hpr-insert-recompute runs once";
+          user->emitOpError()
+              << "already exists for session \"" << session.getSid()
+              << "\": hpr-insert-recompute runs once";
           return WalkResult::interrupt();
         }
       auto consumers = getConsumers(session);
@@ -101,8 +101,8 @@ void InsertRecomputePass::runOnOperation() {
       ++numRecomputeInserted;
       if (point != getPairStart(consumers.front()))
         ++numPrefetched;
-      LLVM_DEBUG(llvm::dbgs() << "recompute " << session.getSid()
-                              << " before " << describeAction(point) << "\n");
+      LLVM_DEBUG(llvm::dbgs() << "recompute " << session.getSid() << " before "
+                              << describeAction(point) << "\n");
     }
     peak = std::max(peak, countMaxLiveSessions(program));
     return WalkResult::advance();

@@ -8,8 +8,8 @@
 using namespace mlir;
 using namespace mlir::hpr;
 
-void mlir::hpr::buildRecomputePipeline(OpPassManager &pm,
-                                       const RecomputePipelineOptions &options) {
+void mlir::hpr::buildRecomputePipeline(
+    OpPassManager &pm, const RecomputePipelineOptions &options) {
   pm.addPass(createHPRAssignSessions());
   HPRInsertRecomputeOptions recompute;
   recompute.policy = options.policy;

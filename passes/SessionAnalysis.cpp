@@ -23,7 +23,8 @@ mlir::hpr::getCheckpointedStages(ModuleOp module) {
   return stages;
 }
 
-llvm::SmallVector<ConsumerOpInterface> mlir::hpr::getConsumers(SessionOp session) {
+llvm::SmallVector<ConsumerOpInterface>
+mlir::hpr::getConsumers(SessionOp session) {
   llvm::SmallVector<ConsumerOpInterface> consumers;
   for (Operation *user : session.getSession().getUsers())
     if (auto consumer = dyn_cast<ConsumerOpInterface>(user))

@@ -1,4 +1,5 @@
-//===- SessionAnalysis.h - Queries shared by the planning passes -*- C++ -*-===//
+//===- SessionAnalysis.h - Queries shared by the planning passes -*- C++
+//-*-===//
 //
 // Read-only questions about programs and sessions that several passes ask:
 // which stages are checkpointed, who consumes a session, where an overlapped

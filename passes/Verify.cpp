@@ -47,30 +47,24 @@ unsigned VerifyPass::verifySession(SessionOp session) {
     return at->emitError() << describeAction(at) << ": ";
   };
 
+  // Keeps the earliest op of kind `Op` in `first`; reports each later one.
+  auto recordOnce = [&](auto op, auto &first, StringRef what) {
+    if (!first) {
+      first = op;
+      return;
+    }
+    if (op->isBeforeInBlock(first))
+      std::swap(op, first);
+    report(op) << quote(session) << " is " << what << " a second time "
+               << "(first at " << describeAction(first) << ")";
+  };
   RecomputeOp recompute;
   ClearOp clear;
   for (Operation *user : session.getSession().getUsers()) {
-    if (auto op = dyn_cast<RecomputeOp>(user)) {
-      if (recompute) {
-        RecomputeOp later = recompute->isBeforeInBlock(op) ? op : recompute;
-        RecomputeOp first = later == op ? recompute : op;
-        report(later) << quote(session) << " is recomputed a second time "
-                      << "(first at " << describeAction(first) << ")";
-        recompute = first;
-        continue;
-      }
-      recompute = op;
-    } else if (auto op = dyn_cast<ClearOp>(user)) {
-      if (clear) {
-        ClearOp later = clear->isBeforeInBlock(op) ? op : clear;
-        ClearOp first = later == op ? clear : op;
-        report(later) << quote(session) << " is cleared a second time "
-                      << "(first at " << describeAction(first) << ")";
-        clear = first;
-        continue;
-      }
-      clear = op;
-    }
+    if (auto op = dyn_cast<RecomputeOp>(user))
+      recordOnce(op, recompute, "recomputed");
+    else if (auto op = dyn_cast<ClearOp>(user))
+      recordOnce(op, clear, "cleared");
   }
 
   auto consumers = getConsumers(session);
@@ -78,9 +72,8 @@ unsigned VerifyPass::verifySession(SessionOp session) {
     return violations; // Bound but never read nor replayed: holds nothing.
 
   if (!recompute)
-    report(consumers.front())
-        << "reads " << quote(session)
-        << ", which is never recomputed before it";
+    report(consumers.front()) << "reads " << quote(session)
+                              << ", which is never recomputed before it";
   if (!clear)
     report(recompute ? recompute.getOperation()
                      : consumers.back().getOperation())
@@ -93,8 +86,8 @@ unsigned VerifyPass::verifySession(SessionOp session) {
   for (auto [index, consumer] : llvm::enumerate(consumers)) {
     Operation *op = consumer.getOperation();
     if (recompute && op->isBeforeInBlock(recompute))
-      report(op) << "reads " << quote(session)
-                 << " before its recompute at " << describeAction(recompute);
+      report(op) << "reads " << quote(session) << " before its recompute at "
+                 << describeAction(recompute);
     if (clear && clear->isBeforeInBlock(op))
       report(op) << "reads " << quote(session) << " after its clear at "
                  << describeAction(clear);
@@ -112,8 +105,9 @@ unsigned VerifyPass::verifySession(SessionOp session) {
   return violations;
 }
 
-unsigned VerifyPass::verifyProgram(ProgramOp program,
-                                   const llvm::DenseSet<int64_t> *checkpointed) {
+unsigned
+VerifyPass::verifyProgram(ProgramOp program,
+                          const llvm::DenseSet<int64_t> *checkpointed) {
   unsigned violations = 0;
   llvm::DenseMap<std::pair<int64_t, int64_t>, SessionOp> sessions;
   for (Operation &op : program.getBody().getOps()) {
@@ -123,11 +117,11 @@ unsigned VerifyPass::verifyProgram(ProgramOp program,
           {{forward.getStageIndex(), forward.getMicrobatchIndex()}, session});
       if (!inserted) {
         ++violations;
-        session.emitError() << describeAction(forward) << ": "
-                            << quote(session) << " is a second session for "
+        session.emitError() << describeAction(forward) << ": " << quote(session)
+                            << " is a second session for "
                             << "stage " << forward.getStage() << " mb "
-                            << forward.getMicrobatch() << " (first: "
-                            << quote(it->second) << ")";
+                            << forward.getMicrobatch()
+                            << " (first: " << quote(it->second) << ")";
       }
       violations += verifySession(session);
       continue;

@@ -39,8 +39,7 @@ static void buildModel(OpBuilder &builder, Location loc,
       builder.create<RegionOp>(
           loc, region.name, region.checkpoint, !region.checkpointable,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
-          region.savedBytes,
-          region.inputBytes, region.paramBytes);
+          region.savedBytes, region.inputBytes, region.paramBytes);
   }
 }
 
@@ -160,11 +159,9 @@ llvm::Error ProgramBuilder::build(int rank) {
   return llvm::Error::success();
 }
 
-llvm::Expected<OwningOpRef<ModuleOp>>
-mlir::hpr::buildPlanModule(MLIRContext &context,
-                           const model::StagedModel &staged,
-                           const sched::Schedule &schedule,
-                           llvm::StringRef scheduleFile) {
+llvm::Expected<OwningOpRef<ModuleOp>> mlir::hpr::buildPlanModule(
+    MLIRContext &context, const model::StagedModel &staged,
+    const sched::Schedule &schedule, llvm::StringRef scheduleFile) {
   if (static_cast<int>(staged.stages.size()) != schedule.numStages)
     return llvm::createStringError(llvm::formatv(
         "{0}: the schedule has {1} stages but the model was split into {2}",

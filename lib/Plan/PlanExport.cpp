@@ -154,7 +154,8 @@ static RankSummary summarizeProgram(ProgramOp program,
     } else if (isa<RecomputeOp>(op)) {
       ++summary.recomputes;
       live += costs[stage].recomputedBytes;
-      summary.maxLiveSessions = std::max(summary.maxLiveSessions, ++liveSessions);
+      summary.maxLiveSessions =
+          std::max(summary.maxLiveSessions, ++liveSessions);
     } else if (isa<ClearOp>(op)) {
       ++summary.clears;
       live -= costs[stage].recomputedBytes;
@@ -189,9 +190,8 @@ llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
     summary.ranks.push_back(summarizeProgram(program, costs));
   sched::SimulationCosts simulationCosts;
   simulationCosts.useActionDurations = true;
-  llvm::Expected<sched::SimulationResult> simulation =
-      sched::simulateSchedule(extractSchedule(module), simulationCosts,
-                              "<plan>");
+  llvm::Expected<sched::SimulationResult> simulation = sched::simulateSchedule(
+      extractSchedule(module), simulationCosts, "<plan>");
   if (!simulation)
     return simulation.takeError();
   summary.stepTimeUs = simulation->makespan;
@@ -202,12 +202,11 @@ llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
 void mlir::hpr::printSummaryTable(const PlanSummary &summary,
                                   llvm::raw_ostream &os) {
   auto row = [&os](llvm::StringRef label, const RankSummary &rank) {
-    os << llvm::format("%-6s %8lld %8lld %10lld %12lld %9lld %14lld\n",
-                       label.str().c_str(), (long long)rank.actions,
-                       (long long)rank.sessions, (long long)rank.recomputes,
-                       (long long)rank.perBackwardRecomputes,
-                       (long long)rank.maxLiveSessions,
-                       (long long)rank.peakBytes);
+    os << llvm::format(
+        "%-6s %8lld %8lld %10lld %12lld %9lld %14lld\n", label.str().c_str(),
+        (long long)rank.actions, (long long)rank.sessions,
+        (long long)rank.recomputes, (long long)rank.perBackwardRecomputes,
+        (long long)rank.maxLiveSessions, (long long)rank.peakBytes);
   };
   os << "rank    actions sessions recomputes per-backward  max-live     "
         "peak-bytes\n";

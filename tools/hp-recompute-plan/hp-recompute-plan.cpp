@@ -44,18 +44,19 @@ cl::opt<std::string> modelFile("model",
 cl::opt<int> regionDepth("region-depth",
                          cl::desc("Module depth of a region (TorchScript)"),
                          cl::init(1), cl::cat(category));
-cl::opt<std::string> inputShape(
-    "input-shape", cl::desc("Input shapes, e.g. 4x40x48 or 4x40,4x40"),
-    cl::cat(category));
+cl::opt<std::string>
+    inputShape("input-shape",
+               cl::desc("Input shapes, e.g. 4x40x48 or 4x40,4x40"),
+               cl::cat(category));
 cl::opt<std::string> inputDtype("input-dtype", cl::desc("Input dtype"),
                                 cl::init("float32"), cl::cat(category));
-cl::opt<bool> profile("profile",
-                      cl::desc("Measure each region's forward time"),
+cl::opt<bool> profile("profile", cl::desc("Measure each region's forward time"),
                       cl::cat(category));
-cl::opt<std::string> stageSpec(
-    "stages", cl::desc("Explicit stage split, e.g. 0:0-3,1:4-7 (default: "
+cl::opt<std::string>
+    stageSpec("stages",
+              cl::desc("Explicit stage split, e.g. 0:0-3,1:4-7 (default: "
                        "balanced)"),
-    cl::cat(category));
+              cl::cat(category));
 
 enum class CheckpointPolicy { All, Model };
 cl::opt<CheckpointPolicy> checkpointPolicy(
@@ -83,13 +84,13 @@ cl::opt<int> stagesPerRank("stages-per-rank",
                            cl::desc("Stages per rank (0: the schedule's "
                                     "default)"),
                            cl::init(0), cl::cat(category));
-cl::opt<sched::CsvDialect> csvDialect(
-    "schedule-dialect", cl::desc("Action spelling of CSV schedules"),
-    cl::values(clEnumValN(sched::CsvDialect::Current, "current",
-                          "F I W B (PyTorch since late 2024)"),
-               clEnumValN(sched::CsvDialect::Legacy, "legacy",
-                          "F B W BW (older PyTorch, sail-sg)")),
-    cl::init(sched::CsvDialect::Current), cl::cat(category));
+cl::opt<sched::CsvDialect>
+    csvDialect("schedule-dialect", cl::desc("Action spelling of CSV schedules"),
+               cl::values(clEnumValN(sched::CsvDialect::Current, "current",
+                                     "F I W B (PyTorch since late 2024)"),
+                          clEnumValN(sched::CsvDialect::Legacy, "legacy",
+                                     "F B W BW (older PyTorch, sail-sg)")),
+               cl::init(sched::CsvDialect::Current), cl::cat(category));
 
 cl::opt<std::string> prefetch("prefetch",
                               cl::desc("Recompute placement: jit or "
@@ -101,14 +102,14 @@ cl::opt<std::string> memoryBudget(
              "MB GB)"),
     cl::cat(category));
 
-cl::opt<EmitKind> emit(
-    "emit", cl::desc("Output format"),
-    cl::values(clEnumValN(EmitKind::Summary, "summary", "per-rank table"),
-               clEnumValN(EmitKind::Json, "json", "plan JSON (version 1)"),
-               clEnumValN(EmitKind::Mlir, "mlir", "planned hpr IR"),
-               clEnumValN(EmitKind::Csv, "csv",
-                          "schedule CSV with RECOMPUTE/CLEAR")),
-    cl::init(EmitKind::Summary), cl::cat(category));
+cl::opt<EmitKind>
+    emit("emit", cl::desc("Output format"),
+         cl::values(clEnumValN(EmitKind::Summary, "summary", "per-rank table"),
+                    clEnumValN(EmitKind::Json, "json", "plan JSON (version 1)"),
+                    clEnumValN(EmitKind::Mlir, "mlir", "planned hpr IR"),
+                    clEnumValN(EmitKind::Csv, "csv",
+                               "schedule CSV with RECOMPUTE/CLEAR")),
+         cl::init(EmitKind::Summary), cl::cat(category));
 cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
                                 cl::value_desc("file"), cl::init("-"),
                                 cl::cat(category));
@@ -138,9 +139,15 @@ static int usageError(const Twine &message) {
 /// Parses `24GiB`, `512MB`, `1000`.
 static std::optional<int64_t> parseBytes(StringRef text) {
   static const std::pair<StringRef, int64_t> suffixes[] = {
-      {"KiB", 1LL << 10}, {"MiB", 1LL << 20}, {"GiB", 1LL << 30},
-      {"TiB", 1LL << 40}, {"KB", 1000},       {"MB", 1000000},
-      {"GB", 1000000000}, {"TB", 1000000000000LL}, {"B", 1}};
+      {"KiB", 1LL << 10},
+      {"MiB", 1LL << 20},
+      {"GiB", 1LL << 30},
+      {"TiB", 1LL << 40},
+      {"KB", 1000},
+      {"MB", 1000000},
+      {"GB", 1000000000},
+      {"TB", 1000000000000LL},
+      {"B", 1}};
   int64_t scale = 1;
   for (auto [suffix, factor] : suffixes)
     if (text.consume_back(suffix)) {
@@ -316,17 +323,16 @@ int main(int argc, char **argv) {
   raw_string_ostream os(text);
   switch (emit) {
   case EmitKind::Summary:
-    os << "plan: model '" << staged->name << "', schedule '"
-       << schedule->name << "' (" << schedule->numRanks << " ranks, "
-       << schedule->numStages << " stages, " << schedule->numMicrobatches
+    os << "plan: model '" << staged->name << "', schedule '" << schedule->name
+       << "' (" << schedule->numRanks << " ranks, " << schedule->numStages
+       << " stages, " << schedule->numMicrobatches
        << " microbatches), prefetch " << prefetch << "\n";
     mlir::hpr::printSummaryTable(*summary, os);
     break;
   case EmitKind::Json: {
     nlohmann::json planner = {{"prefetch", prefetch.getValue()},
                               {"tool", "hp-recompute-plan"}};
-    os << mlir::hpr::buildPlanJson(**module, *summary, planner).dump(1)
-       << "\n";
+    os << mlir::hpr::buildPlanJson(**module, *summary, planner).dump(1) << "\n";
     break;
   }
   case EmitKind::Mlir:

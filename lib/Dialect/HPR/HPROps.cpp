@@ -29,9 +29,9 @@ static LogicalResult verifyPlacement(Operation *op, uint64_t stage,
     return success();
   uint64_t numStages = schedule.getNumStages();
   if (stage >= numStages)
-    return op->emitOpError() << "stage " << static_cast<int64_t>(stage)
-                             << " is out of range: the schedule has "
-                             << numStages << " stages";
+    return op->emitOpError()
+           << "stage " << static_cast<int64_t>(stage)
+           << " is out of range: the schedule has " << numStages << " stages";
   if (microbatch && *microbatch >= schedule.getNumMicrobatches())
     return op->emitOpError()
            << "microbatch " << static_cast<int64_t>(*microbatch)
@@ -42,10 +42,9 @@ static LogicalResult verifyPlacement(Operation *op, uint64_t stage,
     return success(); // The schedule's own verifier reports the short map.
   int64_t owner = stageToRank[stage];
   if (owner != static_cast<int64_t>(program.getRank()))
-    return op->emitOpError()
-           << "stage " << stage << " runs on rank " << owner
-           << ", but this action is in the program of rank "
-           << program.getRank();
+    return op->emitOpError() << "stage " << stage << " runs on rank " << owner
+                             << ", but this action is in the program of rank "
+                             << program.getRank();
   return success();
 }
 
@@ -55,9 +54,8 @@ static LogicalResult verifyOnlyChildren(Operation *parent, Region &body,
                                         StringRef childName) {
   for (Operation &op : body.getOps())
     if (!isa<Child>(op))
-      return op.emitOpError() << "is not allowed in '"
-                              << parent->getName() << "'; expected only '"
-                              << childName << "'";
+      return op.emitOpError() << "is not allowed in '" << parent->getName()
+                              << "'; expected only '" << childName << "'";
   return success();
 }
 
@@ -71,9 +69,9 @@ LogicalResult ModelOp::verifyRegions() {
   uint64_t expected = 0;
   for (StageOp stage : getBody().getOps<StageOp>()) {
     if (stage.getIndex() != expected)
-      return stage.emitOpError() << "has index " << stage.getIndex()
-                                 << ", expected " << expected
-                                 << " (stages are numbered 0, 1, ... in order)";
+      return stage.emitOpError()
+             << "has index " << stage.getIndex() << ", expected " << expected
+             << " (stages are numbered 0, 1, ... in order)";
     ++expected;
   }
   return success();
@@ -220,8 +218,7 @@ LogicalResult ForwardOp::verify() {
 }
 
 /// A consumer's session must belong to the consumer's own (stage, microbatch).
-template <typename Backward>
-static LogicalResult verifyConsumer(Backward op) {
+template <typename Backward> static LogicalResult verifyConsumer(Backward op) {
   if (failed(verifyPlacement(op, op.getStage(), op.getMicrobatch())))
     return failure();
   Value session = op.getSession();
@@ -253,15 +250,16 @@ static LogicalResult verifyComm(Comm op, int64_t direction) {
     return failure();
   auto schedule = op->template getParentOfType<ScheduleOp>();
   int64_t neighbour = static_cast<int64_t>(op.getStage()) + direction;
-  if (neighbour < 0 || neighbour >= static_cast<int64_t>(schedule.getNumStages()))
+  if (neighbour < 0 ||
+      neighbour >= static_cast<int64_t>(schedule.getNumStages()))
     return op.emitOpError() << "of stage " << op.getStage()
                             << " has no neighbouring stage " << neighbour;
   int64_t expectedPeer = schedule.getRankOf(neighbour);
   if (static_cast<int64_t>(op.getPeer()) != expectedPeer)
-    return op.emitOpError() << "of stage " << op.getStage() << " talks to peer "
-                            << static_cast<int64_t>(op.getPeer())
-                            << ", but stage " << neighbour << " runs on rank "
-                            << expectedPeer;
+    return op.emitOpError()
+           << "of stage " << op.getStage() << " talks to peer "
+           << static_cast<int64_t>(op.getPeer()) << ", but stage " << neighbour
+           << " runs on rank " << expectedPeer;
   if (expectedPeer ==
       static_cast<int64_t>(op->template getParentOfType<ProgramOp>().getRank()))
     return op.emitOpError() << "of stage " << op.getStage()
