@@ -18,7 +18,7 @@ namespace model = ::hpr::model;
     model::Region region;
     region.name = "stage" + std::to_string(stage);
     region.checkpoint = true;
-    region.fwdFlops = 1;
+    region.fwdTimeUs = 1;
     region.savedBytes = 1;
     region.inputBytes = 0;
     staged.stages.push_back({stage, {region}});

@@ -11,11 +11,15 @@
 #include "llvm/Support/Format.h"
 
 #include <algorithm>
+#include <optional>
 
 using namespace mlir;
 using namespace mlir::hpr;
 namespace sched = ::hpr::sched;
 using nlohmann::json;
+/// Per-action and per-session objects keep their keys in insertion order
+/// (`op` first), which also makes them cheaper to build than sorted maps.
+using ordered_json = nlohmann::ordered_json;
 
 static ScheduleOp getSchedule(ModuleOp module) {
   return *module.getOps<ScheduleOp>().begin();
@@ -232,9 +236,9 @@ static json regionJson(RegionOp region) {
           {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
 }
 
-static json actionJson(Operation *op) {
+static ordered_json actionJson(Operation *op) {
   auto action = cast<ActionOpInterface>(op);
-  json entry = {{"op", action.getPlanName().str()}};
+  ordered_json entry = {{"op", action.getPlanName().str()}};
   if (action.getStageIndex() >= 0)
     entry["stage"] = action.getStageIndex();
   if (action.getMicrobatchIndex() >= 0)
@@ -258,8 +262,25 @@ static json actionJson(Operation *op) {
   return entry;
 }
 
-json mlir::hpr::buildPlanJson(ModuleOp module, const PlanSummary &summary,
-                              const json &planner) {
+/// Writes `items` as a JSON array, one compact element per line, so a plan
+/// of a million actions streams out without a document-sized DOM.
+template <typename Range, typename ToJson>
+static void writeArrayLines(llvm::raw_ostream &os, const Range &items,
+                            ToJson toJson, llvm::StringRef indent) {
+  os << "[";
+  bool first = true;
+  for (auto &&item : items) {
+    auto value = toJson(item);
+    if (!value)
+      continue;
+    os << (first ? "\n" : ",\n") << indent << value->dump();
+    first = false;
+  }
+  os << "\n" << indent.drop_back() << "]";
+}
+
+void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
+                              const json &planner, llvm::raw_ostream &os) {
   ScheduleOp schedule = getSchedule(module);
   ModelOp model = getModel(module);
 
@@ -276,34 +297,14 @@ json mlir::hpr::buildPlanJson(ModuleOp module, const PlanSummary &summary,
                       {"regions", std::move(regions)}});
   }
 
-  json sessions = json::array();
-  json ranks = json::array();
-  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>()) {
-    json actions = json::array();
-    for (Operation &op : program.getBody().getOps()) {
-      if (auto session = dyn_cast<SessionOp>(op)) {
-        ForwardOp forward = session.getForward();
-        sessions.push_back(
-            {{"id", session.getSid().str()},
-             {"stage", forward.getStageIndex()},
-             {"microbatch", forward.getMicrobatchIndex()},
-             {"rank", static_cast<int64_t>(program.getRank())},
-             {"regions", checkpointedRegions[forward.getStageIndex()]}});
-        continue;
-      }
-      actions.push_back(actionJson(&op));
-    }
-    ranks.push_back({{"rank", static_cast<int64_t>(program.getRank())},
-                     {"actions", std::move(actions)}});
-  }
-
   RankSummary total = summary.total();
   json peakBytes = json::array(), maxLive = json::array();
   for (const RankSummary &rank : summary.ranks) {
     peakBytes.push_back(rank.peakBytes);
     maxLive.push_back(rank.maxLiveSessions);
   }
-  return {
+  // The small members, in the order DESIGN §4.3 lists them.
+  std::pair<const char *, json> head[] = {
       {"format", "hp-recompute-plan"},
       {"version", 1},
       {"planner", planner},
@@ -315,8 +316,6 @@ json mlir::hpr::buildPlanJson(ModuleOp module, const PlanSummary &summary,
          static_cast<int64_t>(schedule.getNumMicrobatches())},
         {"stage_to_rank", std::vector<int64_t>(schedule.getStageToRank())}}},
       {"model", {{"name", model.getName().str()}, {"stages", stages}}},
-      {"sessions", std::move(sessions)},
-      {"ranks", std::move(ranks)},
       {"summary",
        {{"sessions", total.sessions},
         {"recomputes", total.recomputes},
@@ -326,4 +325,45 @@ json mlir::hpr::buildPlanJson(ModuleOp module, const PlanSummary &summary,
         {"bubble_fraction", summary.bubbleFraction},
         {"peak_bytes", peakBytes},
         {"max_live_sessions", maxLive}}}};
+  os << "{\n";
+  for (auto &[key, value] : head)
+    os << " " << json(key).dump() << ": " << value.dump() << ",\n";
+
+  auto programs = schedule.getBody().getOps<ProgramOp>();
+  os << " \"sessions\": ";
+  std::vector<Operation *> sessionOps;
+  for (ProgramOp program : programs)
+    for (SessionOp session : program.getBody().getOps<SessionOp>())
+      sessionOps.push_back(session);
+  writeArrayLines(
+      os, sessionOps,
+      [&](Operation *op) -> std::optional<ordered_json> {
+        auto session = cast<SessionOp>(op);
+        ForwardOp forward = session.getForward();
+        return ordered_json{
+            {"id", session.getSid().str()},
+            {"stage", forward.getStageIndex()},
+            {"microbatch", forward.getMicrobatchIndex()},
+            {"rank", static_cast<int64_t>(
+                         session->getParentOfType<ProgramOp>().getRank())},
+            {"regions", checkpointedRegions[forward.getStageIndex()]}};
+      },
+      "  ");
+  os << ",\n \"ranks\": [";
+  bool firstRank = true;
+  for (ProgramOp program : programs) {
+    os << (firstRank ? "\n" : ",\n") << "  {\"rank\": " << program.getRank()
+       << ", \"actions\": ";
+    firstRank = false;
+    writeArrayLines(
+        os, program.getBody().getOps(),
+        [](Operation &op) -> std::optional<ordered_json> {
+          if (!isa<ActionOpInterface>(op))
+            return std::nullopt;
+          return actionJson(&op);
+        },
+        "   ");
+    os << "}";
+  }
+  os << "\n ]\n}\n";
 }

@@ -19,7 +19,9 @@
 #include "hpr/Schedule/Validate.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Support/Timing.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
@@ -207,11 +209,11 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
   return model::partitionModel(*graph, numStages, stageSpec);
 }
 
-/// Writes `text` to the output atomically: a temporary file beside the
-/// target, renamed over it only once complete.
-static Error writeOutput(StringRef text) {
+/// Runs `write` on the output: stdout, or a temporary file beside the
+/// target that is renamed over it only once complete.
+static Error writeOutput(function_ref<void(raw_ostream &)> write) {
   if (outputFile == "-") {
-    outs() << text;
+    write(outs());
     return Error::success();
   }
   SmallString<128> temp;
@@ -224,7 +226,7 @@ static Error writeOutput(StringRef text) {
                              ec.message().c_str());
   {
     raw_fd_ostream os(fd, /*shouldClose=*/true);
-    os << text;
+    write(os);
     os.close();
     if (os.has_error()) {
       sys::fs::remove(temp);
@@ -258,6 +260,8 @@ static bool parsePrefetch(mlir::hpr::RecomputePipelineOptions &options) {
 
 int main(int argc, char **argv) {
   InitLLVM init(argc, argv);
+  // `--mlir-timing` reports where the time goes, phase by phase.
+  mlir::registerDefaultTimingManagerCLOptions();
   cl::HideUnrelatedOptions(category);
   std::string parseErrors;
   raw_string_ostream parseErrorStream(parseErrors);
@@ -286,6 +290,11 @@ int main(int argc, char **argv) {
   if (useDefault)
     scheduleGen = "zbv";
 
+  mlir::DefaultTimingManager timing;
+  mlir::applyDefaultTimingManagerCLOptions(timing);
+  mlir::TimingScope rootTimer = timing.getRootScope();
+
+  mlir::TimingScope importTimer = rootTimer.nest("import");
   std::string scheduleName;
   Expected<sched::Schedule> schedule = loadSchedule(scheduleName);
   if (!schedule)
@@ -302,15 +311,28 @@ int main(int argc, char **argv) {
       mlir::hpr::buildPlanModule(context, *staged, *schedule, scheduleName);
   if (!module)
     return fail(module.takeError());
+  importTimer.stop();
 
+  // The planned module is verified twice, not after every pass: once as
+  // imported (op verifiers point at schedule cells) and once as planned.
+  if (mlir::failed(mlir::verify(**module)))
+    return 1;
   mlir::PassManager pm(&context);
+  pm.enableVerifier(false);
+  mlir::TimingScope passTimer = rootTimer.nest("passes");
+  pm.enableTiming(passTimer);
   mlir::hpr::buildRecomputePipeline(pm, pipelineOptions);
   if (mlir::failed(pm.run(**module)))
     return 1; // The passes have reported their diagnostics.
+  if (mlir::failed(mlir::verify(**module)))
+    return 1;
+  passTimer.stop();
 
+  mlir::TimingScope summaryTimer = rootTimer.nest("summary and simulation");
   Expected<mlir::hpr::PlanSummary> summary = mlir::hpr::summarizePlan(**module);
   if (!summary)
     return fail(summary.takeError());
+  summaryTimer.stop();
   if (budget)
     for (auto [rank, rankSummary] : enumerate(summary->ranks))
       if (rankSummary.peakBytes > *budget)
@@ -319,32 +341,34 @@ int main(int argc, char **argv) {
             "activations, budget %lld",
             rank, (long long)rankSummary.peakBytes, (long long)*budget));
 
-  std::string text;
-  raw_string_ostream os(text);
-  switch (emit) {
-  case EmitKind::Summary:
-    os << "plan: model '" << staged->name << "', schedule '" << schedule->name
-       << "' (" << schedule->numRanks << " ranks, " << schedule->numStages
-       << " stages, " << schedule->numMicrobatches
-       << " microbatches), prefetch " << prefetch << "\n";
-    mlir::hpr::printSummaryTable(*summary, os);
-    break;
-  case EmitKind::Json: {
-    nlohmann::json planner = {{"prefetch", prefetch.getValue()},
-                              {"tool", "hp-recompute-plan"}};
-    os << mlir::hpr::buildPlanJson(**module, *summary, planner).dump(1) << "\n";
-    break;
-  }
-  case EmitKind::Mlir:
-    (*module)->print(os);
-    break;
-  case EmitKind::Csv:
-    os << sched::printScheduleCsv(mlir::hpr::extractSchedule(**module),
-                                  csvDialect);
-    break;
-  }
-  if (Error error = writeOutput(text))
+  mlir::TimingScope exportTimer = rootTimer.nest("export");
+  auto write = [&](raw_ostream &os) {
+    switch (emit) {
+    case EmitKind::Summary:
+      os << "plan: model '" << staged->name << "', schedule '" << schedule->name
+         << "' (" << schedule->numRanks << " ranks, " << schedule->numStages
+         << " stages, " << schedule->numMicrobatches
+         << " microbatches), prefetch " << prefetch << "\n";
+      mlir::hpr::printSummaryTable(*summary, os);
+      break;
+    case EmitKind::Json:
+      mlir::hpr::writePlanJson(
+          **module, *summary,
+          {{"prefetch", prefetch.getValue()}, {"tool", "hp-recompute-plan"}},
+          os);
+      break;
+    case EmitKind::Mlir:
+      (*module)->print(os);
+      break;
+    case EmitKind::Csv:
+      os << sched::printScheduleCsv(mlir::hpr::extractSchedule(**module),
+                                    csvDialect);
+      break;
+    }
+  };
+  if (Error error = writeOutput(write))
     return fail(std::move(error));
+  exportTimer.stop();
   if (printSummary && emit != EmitKind::Summary)
     mlir::hpr::printSummaryTable(*summary, outputFile == "-" ? errs() : outs());
   return 0;

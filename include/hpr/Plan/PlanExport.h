@@ -51,9 +51,10 @@ struct PlanSummary {
 /// Counts, memory and a simulation of the planned module.
 llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
 
-/// The plan JSON, version 1. `planner` records the options used.
-nlohmann::json buildPlanJson(ModuleOp module, const PlanSummary &summary,
-                             const nlohmann::json &planner);
+/// Writes the plan JSON, version 1, to `os`. `planner` records the options
+/// used. Actions and sessions are streamed one per line.
+void writePlanJson(ModuleOp module, const PlanSummary &summary,
+                   const nlohmann::json &planner, llvm::raw_ostream &os);
 
 /// A fixed-width table, one row per rank plus a total.
 void printSummaryTable(const PlanSummary &summary, llvm::raw_ostream &os);
