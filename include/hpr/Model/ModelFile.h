@@ -1,5 +1,4 @@
-//===- ModelFile.h - Read a model file of any supported format ---*- C++
-//-*-===//
+//===- ModelFile.h - Read a model file of any supported format -*- C++ -*-===//
 //
 // One entry point for the CLI: dispatches on the file extension to the
 // TorchScript importer (`.pt`, `.ir`) or the JSON graph reader (`.json`).
@@ -20,7 +19,8 @@
 
 namespace hpr::model {
 
-/// Reads \p path: `.pt` / `.ir` through importTorchScript (with \p options),
+/// Reads \p path: `.pt` / `.ir` through importTorchScript (with \p options,
+/// from libHPRTorchScript.so, loaded on first use),
 /// `.json` through parseModelJson. Any other extension is an error.
 llvm::Expected<ModelGraph>
 readModelFile(llvm::StringRef path, const TorchScriptOptions &options,

@@ -1,0 +1,24 @@
+//===- TorchScriptEntry.cpp - C entry point of libHPRTorchScript.so ------===//
+//
+// readModelFile (ModelFile.cpp) loads this library only when a TorchScript
+// model is read and finds the importer through this unmangled symbol.
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/Model/TorchScriptImport.h"
+
+using namespace hpr::model;
+
+extern "C" __attribute__((visibility("default"))) bool
+hprImportTorchScript(const char *path, const TorchScriptOptions *options,
+                     std::vector<std::string> *warnings, ModelGraph *graph,
+                     std::string *error) {
+  llvm::Expected<ModelGraph> imported =
+      importTorchScript(path, *options, warnings);
+  if (!imported) {
+    *error = llvm::toString(imported.takeError());
+    return false;
+  }
+  *graph = std::move(*imported);
+  return true;
+}
