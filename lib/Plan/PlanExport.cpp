@@ -6,6 +6,7 @@
 #include "hpr/Plan/CostModel.h"
 #include "hpr/Schedule/Simulate.h"
 
+#include "mlir/IR/Threading.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Format.h"
@@ -349,21 +350,26 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
             {"regions", checkpointedRegions[forward.getStageIndex()]}};
       },
       "  ");
+  // Ranks are independent: serialize them on all threads, write in order.
+  auto programList = llvm::to_vector(programs);
+  std::vector<std::string> rankTexts(programList.size());
+  mlir::parallelFor(module.getContext(), 0, programList.size(),
+                    [&](size_t index) {
+                      llvm::raw_string_ostream rankOs(rankTexts[index]);
+                      rankOs << "  {\"rank\": " << programList[index].getRank()
+                             << ", \"actions\": ";
+                      writeArrayLines(
+                          rankOs, programList[index].getBody().getOps(),
+                          [](Operation &op) -> std::optional<ordered_json> {
+                            if (!isa<ActionOpInterface>(op))
+                              return std::nullopt;
+                            return actionJson(&op);
+                          },
+                          "   ");
+                      rankOs << "}";
+                    });
   os << ",\n \"ranks\": [";
-  bool firstRank = true;
-  for (ProgramOp program : programs) {
-    os << (firstRank ? "\n" : ",\n") << "  {\"rank\": " << program.getRank()
-       << ", \"actions\": ";
-    firstRank = false;
-    writeArrayLines(
-        os, program.getBody().getOps(),
-        [](Operation &op) -> std::optional<ordered_json> {
-          if (!isa<ActionOpInterface>(op))
-            return std::nullopt;
-          return actionJson(&op);
-        },
-        "   ");
-    os << "}";
-  }
+  for (auto [index, text] : llvm::enumerate(rankTexts))
+    os << (index ? ",\n" : "\n") << text;
   os << "\n ]\n}\n";
 }

@@ -313,10 +313,9 @@ int main(int argc, char **argv) {
     return fail(module.takeError());
   importTimer.stop();
 
-  // The planned module is verified twice, not after every pass: once as
-  // imported (op verifiers point at schedule cells) and once as planned.
-  if (mlir::failed(mlir::verify(**module)))
-    return 1;
+  // The module is verified once, as planned, rather than after every pass
+  // (a third of the run on large schedules); the importer builds from a
+  // validated schedule, and op verifiers still point at its cells.
   mlir::PassManager pm(&context);
   pm.enableVerifier(false);
   mlir::TimingScope passTimer = rootTimer.nest("passes");
@@ -371,5 +370,8 @@ int main(int argc, char **argv) {
   exportTimer.stop();
   if (printSummary && emit != EmitKind::Summary)
     mlir::hpr::printSummaryTable(*summary, outputFile == "-" ? errs() : outs());
+  // Like clang's -disable-free: tearing down a million ops one by one costs
+  // a tenth of the run and frees nothing the process keeps.
+  (void)module->release();
   return 0;
 }
