@@ -1,0 +1,251 @@
+"""Execute a plan for real: ``python3 -m hp_recompute.run --plan PLAN.json --world-size N``.
+
+Why: a plan is only worth what it does on a real model. This runner builds the model
+(default: the bundled GPT, ``examples/gpt/model.py:build``), splits it into the plan's
+stages by region name, executes every rank's action list with the eager session API
+(``run_exec``), and checks the result against a plain step (``run_check``):
+
+* ``grads_match``: every parameter gradient and the loss equal the plain, non-pipelined,
+  non-checkpointed step on the same data and weights (bit-exact with ``--single-process``,
+  ``allclose`` across processes);
+* ``recomputes``: replays the runtime executed (``hp_recompute.stats()["replays"]``),
+  against ``recomputes_expected`` (one per checkpointed plan region of each session; equal
+  to ``sessions`` when each session replays one region);
+* ``sessions_left``: ``len(live_sessions())`` after each step, must be 0;
+* per rank, the peak saved-activation bytes measured next to the plan's ``peak_bytes``.
+
+Exit 0 only when all of them hold. Multi-process mode spawns N processes (gloo, 127.0.0.1,
+free port, ``run_dist``); ``--single-process`` runs all ranks in this process with a
+ready-queue over ranks and in-memory transfers. See docs/runner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .run_check import compare, make_batches, reference_step, sgd_update, sum_losses
+from .run_exec import MODES, MemoryTransport, RankExecutor, clear_all_sessions
+from .run_model import StageSpec, load_model, split_stages, stage_names
+from .run_plan import Plan, RunError, load_plan
+from .sessions import clear_recompute_session, live_sessions, reset_stats, stats
+
+__all__ = ["main", "run", "REPORT_FORMAT"]
+
+REPORT_FORMAT = "hp-recompute-run-report"
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m hp_recompute.run",
+                                description="Execute an hp-recompute plan and check it against a plain step.")
+    p.add_argument("--plan", required=True, help="plan JSON (hp-recompute-plan --emit json)")
+    p.add_argument("--model", default=None, help="FILE.py:FACTORY (default: the bundled GPT example)")
+    p.add_argument("--world-size", type=int, default=None, help="processes; must equal the plan's ranks")
+    p.add_argument("--report", default=None, help="write the JSON report here")
+    p.add_argument("--steps", type=int, default=1, help="training steps (SGD between steps), default 1")
+    p.add_argument("--single-process", action="store_true", help="run every rank in this process")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a transfer may wait (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
+    p.add_argument("--checkpoint-mode", choices=MODES, default="plan",
+                   help="plan: the plan's sessions (default); native: torch.utils.checkpoint; none: no checkpoint "
+                        "(for benchmarks: the last two do not check recomputes against the plan)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--quiet", action="store_true", help="print only errors")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0")
+    if args.world_size is not None and args.world_size < 1:
+        p.error("--world-size must be >= 1")
+    return args
+
+
+def expected_recomputes(plan: Plan, specs: Sequence[StageSpec]) -> int:
+    """Replays one step must run: each session replays its stage's checkpointed units once."""
+    return sum(specs[s["stage"]].checkpointed_units for s in plan.sessions.values())
+
+
+# -- single process --------------------------------------------------------------------------
+
+
+def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
+    """All ranks in this process: a ready-queue over ranks, transfers as in-memory handoffs."""
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    ref = load_model(args.model)
+    ref.module.load_state_dict(model.module.state_dict())
+    specs = split_stages(plan, model)
+    ref_specs = split_stages(plan, ref)
+    transport = MemoryTransport()
+    execs = [RankExecutor(r, plan, specs, model, transport, args.checkpoint_mode) for r in range(plan.num_ranks)]
+    order = plan.weight_grad_order()
+    names = [n for s in specs for n in s.params]
+    steps: List[Dict[str, Any]] = []
+    for step in range(args.steps):
+        batches = make_batches(model, args.seed, step, plan.num_microbatches)
+        for p in model.module.parameters():
+            p.grad = None
+        for ex in execs:
+            ex.reset(batches)
+        reset_stats()
+        before = set(live_sessions())
+        t0 = time.perf_counter()
+        try:
+            while not all(ex.done for ex in execs):
+                progressed = False
+                for ex in execs:
+                    while not ex.done and ex.ready():
+                        ex.step_one()
+                        progressed = True
+                if not progressed:
+                    blocked = "; ".join(f"rank {ex.rank} at action {ex.pc} ({ex.actions[ex.pc].describe()})"
+                                        for ex in execs if not ex.done)
+                    raise RunError(f"hp_recompute.run: deadlock: every rank waits for a transfer: {blocked}")
+        except BaseException:
+            clear_all_sessions()
+            raise
+        elapsed = time.perf_counter() - t0
+        st = stats()
+        left = [sid for sid in live_sessions() if sid not in before]
+        for sid in left:  # counted as a failure below; do not leak them into the next step
+            clear_recompute_session(sid)
+        native = sum(ex.native_calls - ex.native_forwards for ex in execs)
+        grads = {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}
+        losses: Dict[int, torch.Tensor] = {}
+        for ex in execs:
+            losses.update(ex.losses)
+        want, want_loss = reference_step(ref, batches, ref_specs, order)
+        check = compare(grads, want, sum_losses(losses), want_loss, exact=True)
+        steps.append({
+            "step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
+            "recomputes": st["replays"] + native, "sessions_left": len(left), "step_time_s": elapsed,
+            "ranks": [{"rank": ex.rank, "peak_bytes": ex.tracker.peak} for ex in execs],
+            "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+        })
+        sgd_update(model.module, grads, names)
+        sgd_update(ref.module, want, names)
+    return {"mode": "single-process", "exact": True, "specs": specs, "steps": steps, "model_name": model.name}
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: Sequence[StageSpec],
+                 result: Dict[str, Any]) -> Dict[str, Any]:
+    """The report JSON (docs/runner.md lists every field)."""
+    steps = result["steps"]
+    n_steps = len(steps)
+    sessions = len(plan.sessions) * n_steps
+    check_recomputes = args.checkpoint_mode == "plan"
+    expected = expected_recomputes(plan, specs) * n_steps if check_recomputes else None
+    recomputes = sum(s["recomputes"] for s in steps)
+    grads_match = all(s["grads_match"] for s in steps)
+    sessions_left = max(s["sessions_left"] for s in steps)
+    planned = plan.summary.get("peak_bytes", [])
+    ranks = []
+    for r in range(plan.num_ranks):
+        measured = max(s["ranks"][r]["peak_bytes"] for s in steps)
+        want = planned[r] if r < len(planned) else None
+        ranks.append({"rank": r, "stages": [s for s in range(plan.num_stages) if plan.stage_to_rank[s] == r],
+                      "measured_peak_bytes": measured, "planned_peak_bytes": want,
+                      "measured_over_planned": (measured / want) if want else None,
+                      **({"step_time_s": [s["ranks"][r]["step_time_s"] for s in steps]}
+                         if "step_time_s" in steps[0]["ranks"][r] else {})})
+    ok = grads_match and sessions_left == 0 and (not check_recomputes or recomputes == expected)
+    times = [s["step_time_s"] for s in steps]
+    return {
+        "format": REPORT_FORMAT, "version": 1, "ok": ok,
+        "plan": os.path.abspath(plan.path), "model": model_name, "mode": result["mode"],
+        "checkpoint_mode": args.checkpoint_mode, "world_size": plan.num_ranks, "steps": n_steps, "seed": args.seed,
+        "torch": torch.__version__, "threads_per_rank": args.threads,
+        "schedule": {"name": plan.name, "num_ranks": plan.num_ranks, "num_stages": plan.num_stages,
+                     "num_microbatches": plan.num_microbatches},
+        "stages": {str(k): v for k, v in stage_names(specs).items()},
+        "grads_match": grads_match, "comparison": "torch.equal" if result["exact"] else "allclose(rtol=1e-5, atol=1e-6)",
+        "max_abs_diff": max(s["max_abs_diff"] for s in steps),
+        "mismatched": [m for s in steps for m in s["mismatched"]][:5],
+        "loss": steps[-1]["loss"], "reference_loss": steps[-1]["reference_loss"],
+        "sessions": sessions, "recomputes": recomputes, "recomputes_expected": expected,
+        "plan_recomputes": plan.summary.get("recomputes"),
+        "plan_per_backward_recomputes": plan.summary.get("per_backward_recomputes"),
+        "sessions_left": sessions_left,
+        "counters": {k: sum(s["counters"].get(k, 0) for s in steps)
+                     for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+        "step_time_s": times, "mean_step_time_s": sum(times) / len(times),
+        "ranks": ranks, "error": None,
+    }
+
+
+def _write(path: Optional[str], report: Dict[str, Any]) -> None:
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".hpr-report-", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _summary_lines(report: Dict[str, Any]) -> List[str]:
+    lines = [f"hp_recompute.run: {report['schedule']['name']} {report['world_size']} ranks x "
+             f"{report['schedule']['num_microbatches']} microbatches, {report['steps']} step(s), {report['mode']}, "
+             f"model {report['model']}, checkpoint {report['checkpoint_mode']}",
+             f"grads_match {str(report['grads_match']).lower()} ({report['comparison']}, max_abs_diff "
+             f"{report['max_abs_diff']:.3g}), loss {report['loss']:.6f}",
+             f"sessions {report['sessions']}, recomputes {report['recomputes']} (expected "
+             f"{report['recomputes_expected']}), sessions_left {report['sessions_left']}, "
+             f"mean step {report['mean_step_time_s'] * 1000:.1f} ms"]
+    for r in report["ranks"]:
+        lines.append(f"rank {r['rank']} stages {r['stages']}: peak saved bytes measured {r['measured_peak_bytes']}, "
+                     f"planned {r['planned_peak_bytes']}")
+    lines.append("ok" if report["ok"] else "FAILED: " + ", ".join(
+        m for m, bad in (("grads differ " + "; ".join(report["mismatched"]), not report["grads_match"]),
+                         ("recomputes != expected", report["recomputes_expected"] is not None
+                          and report["recomputes"] != report["recomputes_expected"]),
+                         ("sessions left", report["sessions_left"] != 0)) if bad))
+    return lines
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Runs the plan as ``args`` say and returns the report (raises ``RunError`` on failure)."""
+    plan = load_plan(args.plan)
+    world = args.world_size if args.world_size is not None else plan.num_ranks
+    if world != plan.num_ranks:
+        raise RunError(f"hp_recompute.run: --world-size {world} does not match the plan's {plan.num_ranks} ranks "
+                       f"({args.plan}: /schedule/num_ranks)")
+    if args.single_process:
+        result = run_single(plan, args)
+    else:
+        from .run_dist import run_multi  # imports torch.distributed only when needed
+        result = run_multi(plan, args)
+    return build_report(plan, args, result["model_name"], result["specs"], result)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI entry point; returns the exit status (0 ok, 1 check failed or error, 2 usage)."""
+    args = _parse(argv)
+    try:
+        report = run(args)
+    except RunError as e:
+        print(str(e), file=sys.stderr)
+        _write(args.report, {"format": REPORT_FORMAT, "version": 1, "ok": False, "plan": args.plan,
+                             "error": str(e), "failed_rank": getattr(e, "rank", None)})
+        return 1
+    _write(args.report, report)
+    out = sys.stdout if report["ok"] else sys.stderr
+    for line in _summary_lines(report) if not args.quiet or not report["ok"] else []:
+        print(line, file=out)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Multi-process execution: one process per rank, gloo point-to-point, and failure handling.
+
+Why: a plan's transfers and session lifetimes only meet reality across processes. The
+parent hosts a ``TCPStore`` on 127.0.0.1 (free port), saves the initial weights, and
+spawns N ranks with ``torch.multiprocessing`` (spawn). Each rank joins a gloo process
+group through that store, runs its action list (``RankExecutor``) with ``isend``/``irecv``
+(receives wait at most ``--timeout`` seconds), and writes its gradients, losses and
+counters to a result file; the parent compares them with the reference step.
+
+Failure handling (no rank may hang, every rank exits non-zero):
+
+1. A rank that raises clears its sessions, writes its error, bumps the store counter
+   ``hpr/failed`` (the first to do so is the *root* failure), stores its message, prints
+   it and exits 1 at once.
+2. Every rank runs a watchdog thread that polls that counter; when another rank failed
+   it records ``aborted: rank R failed: ...`` and exits 2 (a peer blocked in a receive
+   from the dead rank also gets gloo's "connection closed" error and takes path 1 as a
+   secondary failure).
+3. The parent polls its children; once one has failed it gives the rest a short grace
+   period, then terminates them; it reports the root rank's error and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+from .run_check import compare, make_batches, reference_step, sgd_update, sum_losses
+from .run_exec import RankExecutor, Transport, clear_all_sessions
+from .run_model import load_model, split_stages
+from .run_plan import Plan, RunError, load_plan
+from .sessions import live_sessions, reset_stats, stats
+
+__all__ = ["GlooTransport", "run_multi"]
+
+FAILED_KEY = "hpr/failed"
+ERROR_KEY = "hpr/error"
+ABORT_EXIT = 2
+GRACE_S = 5.0
+
+
+class GlooTransport(Transport):
+    """``isend``/``irecv`` on the default gloo group; receives wait at most ``timeout`` seconds.
+
+    The tag encodes (kind, sending stage, microbatch), so an out-of-order message can never
+    be taken for another. Sends are waited for at ``flush`` (end of step): an early wait
+    could deadlock a plan that relies on asynchronous sends.
+    """
+
+    def __init__(self, num_mb: int, shapes: Dict[int, Tuple[torch.Size, torch.dtype]], timeout: float) -> None:
+        self.num_mb, self.shapes = num_mb, shapes
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.pending: List[Tuple[Any, torch.Tensor]] = []
+
+    def _tag(self, kind: str, stage: int, mb: int) -> int:
+        return (stage * self.num_mb + mb) * 2 + (0 if kind == "f" else 1)
+
+    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
+        tensor = tensor.detach().contiguous()
+        self.pending.append((dist.isend(tensor, dst, tag=self._tag(kind, stage, mb)), tensor))
+
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
+        # The activation of stage s and the gradient w.r.t. it have the same shape.
+        shape, dtype = self.shapes[stage if kind == "f" else stage - 1]
+        buf = torch.empty(shape, dtype=dtype)
+        try:
+            dist.irecv(buf, src, tag=self._tag(kind, stage, mb)).wait(self.timeout)
+        except RuntimeError as e:
+            raise ConnectionError(f"receiving the {'activation' if kind == 'f' else 'gradient'} of stage {stage} "
+                                  f"mb {mb} from rank {src} failed (timeout {self.timeout.total_seconds():g} s): "
+                                  f"{str(e).strip()}") from None
+        return buf
+
+    def flush(self) -> None:
+        for work, _ in self.pending:
+            work.wait(self.timeout)
+        self.pending.clear()
+
+
+def _boundary_shapes(model: Any, specs: Any, batch: Any) -> Dict[int, Tuple[torch.Size, torch.dtype]]:
+    """Output shape/dtype of every stage, from one no-grad forward (all microbatches agree)."""
+    shapes = {}
+    with torch.no_grad():
+        x = batch
+        for spec in specs:
+            for unit in spec.units:
+                x = unit(x, batch)
+            shapes[spec.stage] = (x.shape, x.dtype)
+    return shapes
+
+
+def _watchdog(rank: int, port: int, timeout: float, state: Dict[str, Any], result_path: str) -> None:
+    """Exits this rank (ABORT_EXIT) as soon as another rank reports a failure."""
+    try:
+        store = dist.TCPStore("127.0.0.1", port, 0, False, datetime.timedelta(seconds=timeout))
+    except Exception:  # noqa: BLE001 - the parent is gone; nothing to watch
+        return
+    while not state.get("finished"):
+        try:
+            failed = store.add(FAILED_KEY, 0)
+        except Exception:  # noqa: BLE001 - the store went away: the parent ended the run
+            os._exit(ABORT_EXIT)
+        if failed and not state.get("failing"):
+            time.sleep(0.2)  # let the main thread report its own error if it has one
+            if state.get("failing") or state.get("finished"):
+                return
+            try:
+                message = store.get(ERROR_KEY).decode()
+            except Exception:  # noqa: BLE001
+                message = "another rank failed"
+            text = f"hp_recompute.run: rank {rank} aborted: {message}"
+            left = clear_all_sessions() if not state.get("busy") else len(live_sessions())
+            torch.save({"rank": rank, "error": text, "root": False, "sessions_left": left}, result_path)
+            print(text, file=sys.stderr, flush=True)
+            os._exit(ABORT_EXIT)
+        time.sleep(0.05)
+
+
+def _worker(rank: int, cfg: Dict[str, Any]) -> None:
+    """One rank: join the group, run every step, write ``rank{R}.pt``; never return on failure."""
+    result_path = os.path.join(cfg["dir"], f"rank{rank}.pt")
+    state: Dict[str, Any] = {}
+    store = None
+    try:
+        torch.set_num_threads(cfg["threads"])
+        timeout = datetime.timedelta(seconds=cfg["timeout"])
+        store = dist.TCPStore("127.0.0.1", cfg["port"], 0, False, timeout)
+        threading.Thread(target=_watchdog, args=(rank, cfg["port"], cfg["timeout"], state, result_path),
+                         daemon=True).start()
+        dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
+                                world_size=cfg["world"], timeout=timeout)
+        plan = load_plan(cfg["plan"])
+        model = load_model(cfg["model"])
+        model.module.load_state_dict(torch.load(os.path.join(cfg["dir"], "init.pt")))
+        specs = split_stages(plan, model)
+        shapes = _boundary_shapes(model, specs, make_batches(model, cfg["seed"], 0, 1)[0])
+        transport = GlooTransport(plan.num_microbatches, shapes, cfg["timeout"])
+        ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"])
+        steps = []
+        for step in range(cfg["steps"]):
+            batches = make_batches(model, cfg["seed"], step, plan.num_microbatches)
+            for p in model.module.parameters():
+                p.grad = None
+            ex.reset(batches)
+            reset_stats()
+            dist.barrier()
+            t0 = time.perf_counter()
+            state["busy"] = True
+            ex.run_all()
+            transport.flush()
+            state["busy"] = False
+            elapsed = time.perf_counter() - t0
+            st = stats()
+            left = len(live_sessions())
+            clear_all_sessions()  # counted as a failure by the parent; do not leak into the next step
+            grads = {n: model.module.get_parameter(n).grad for n in ex.param_names
+                     if model.module.get_parameter(n).grad is not None}
+            steps.append({"grads": {n: g.clone() for n, g in grads.items()}, "losses": dict(ex.losses),
+                          "replays": st["replays"] + ex.native_calls - ex.native_forwards,
+                          "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+                          "sessions_left": left, "peak_bytes": ex.tracker.peak,
+                          "step_time_s": elapsed})
+            sgd_update(model.module, grads, ex.param_names)
+            ex.native_calls = ex.native_forwards = 0
+        dist.barrier()
+        state["finished"] = True
+        torch.save({"rank": rank, "steps": steps, "error": None}, result_path)
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
+        state["failing"] = True
+        left = clear_all_sessions()
+        text = str(e) if isinstance(e, RunError) else f"hp_recompute.run: rank {rank}: {type(e).__name__}: {e}"
+        root = False
+        if store is not None:
+            try:
+                root = store.add(FAILED_KEY, 1) == 1
+                if root:
+                    store.set(ERROR_KEY, f"rank {rank} failed: {text}")
+            except Exception:  # noqa: BLE001
+                pass
+        detail = "" if isinstance(e, RunError) else traceback.format_exc()
+        torch.save({"rank": rank, "error": text, "root": root, "sessions_left": len(live_sessions()),
+                    "cleared": left, "traceback": detail}, result_path)
+        print(f"{text}\n{detail}" if detail else text, file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def _wait(ctx: Any, port_store: Any, timeout: float) -> List[Optional[int]]:
+    """Waits for every rank; after the first failure, terminates stragglers after a grace period."""
+    procs = ctx.processes
+    failed_at = None
+    while True:
+        codes = [p.exitcode for p in procs]
+        if all(c is not None for c in codes):
+            return codes
+        failed = any(c not in (None, 0) for c in codes)
+        if not failed:
+            try:
+                failed = port_store.add(FAILED_KEY, 0) > 0
+            except Exception:  # noqa: BLE001
+                failed = True
+        if failed and failed_at is None:
+            failed_at = time.monotonic()
+        if failed_at is not None and time.monotonic() - failed_at > min(GRACE_S, timeout):
+            for p in procs:
+                if p.exitcode is None:
+                    p.terminate()
+            for p in procs:
+                p.join(5)
+            return [p.exitcode for p in procs]
+        time.sleep(0.05)
+
+
+def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
+    """Spawns ``plan.num_ranks`` processes, runs, and compares with the reference step."""
+    model = load_model(args.model)
+    specs = split_stages(plan, model)
+    with tempfile.TemporaryDirectory(prefix="hpr-run-") as folder:
+        torch.save(model.module.state_dict(), os.path.join(folder, "init.pt"))
+        store = dist.TCPStore("127.0.0.1", 0, plan.num_ranks + 1, True, datetime.timedelta(seconds=args.timeout),
+                              wait_for_workers=False)
+        cfg = {"dir": folder, "port": store.port, "world": plan.num_ranks, "plan": os.path.abspath(plan.path),
+               "model": args.model, "seed": args.seed, "steps": args.steps, "timeout": args.timeout,
+               "mode": args.checkpoint_mode, "threads": args.threads}
+        ctx = tmp.start_processes(_worker, args=(cfg,), nprocs=plan.num_ranks, join=False, start_method="spawn")
+        codes = _wait(ctx, store, args.timeout)
+        results = {}
+        for r in range(plan.num_ranks):
+            path = os.path.join(folder, f"rank{r}.pt")
+            results[r] = torch.load(path) if os.path.exists(path) else None
+    if any(c != 0 for c in codes) or any(res is None or res.get("error") for res in results.values()):
+        errors = {r: res for r, res in results.items() if res and res.get("error")}
+        root = next((r for r, res in errors.items() if res.get("root")), None)
+        if root is None and errors:
+            root = min(errors)
+        lines = [f"hp_recompute.run: the run failed (exit codes {codes})"]
+        if root is not None:
+            lines.append(f"rank {root} failed first: {errors[root]['error']}")
+        for r in sorted(errors):
+            if r != root:
+                lines.append(f"rank {r}: {errors[r]['error']} (sessions left {errors[r].get('sessions_left')})")
+        for r, res in results.items():
+            if res is None:
+                lines.append(f"rank {r}: no result (exit code {codes[r]})")
+        err = RunError("\n".join(lines))
+        err.rank = root  # type: ignore[attr-defined]
+        raise err
+    order = plan.weight_grad_order()
+    names = [n for s in specs for n in s.params]
+    steps = []
+    for step in range(args.steps):
+        grads: Dict[str, torch.Tensor] = {}
+        losses: Dict[int, torch.Tensor] = {}
+        for r in range(plan.num_ranks):
+            grads.update(results[r]["steps"][step]["grads"])
+            losses.update(results[r]["steps"][step]["losses"])
+        batches = make_batches(model, args.seed, step, plan.num_microbatches)
+        want, want_loss = reference_step(model, batches, specs, order)
+        check = compare(grads, want, sum_losses(losses), want_loss, exact=False)
+        per = [results[r]["steps"][step] for r in range(plan.num_ranks)]
+        counters = {k: sum(p["counters"][k] for p in per) for k in per[0]["counters"]}
+        steps.append({"step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
+                      "recomputes": sum(p["replays"] for p in per),
+                      "sessions_left": max(p["sessions_left"] for p in per),
+                      "step_time_s": max(p["step_time_s"] for p in per),
+                      "ranks": [{"rank": r, "peak_bytes": p["peak_bytes"], "step_time_s": p["step_time_s"]}
+                                for r, p in enumerate(per)],
+                      "counters": counters})
+        sgd_update(model.module, want, names)
+        for p in model.module.parameters():
+            p.grad = None
+    return {"mode": "multi-process", "exact": False, "specs": specs, "steps": steps, "model_name": model.name}

@@ -1,0 +1,372 @@
+"""Executing one rank's planned actions with the eager session API.
+
+Why: this is where a plan becomes autograd calls. Per (stage, microbatch) the executor
+keeps the stage input (a detached leaf), the output, and the checkpoint handles of its
+forward; the actions map one to one onto the eager API (docs/runner.md):
+
+====================  =====================================================================
+``forward``           stage units in order under ``recompute_handle_collector_ctx``; plan
+                      regions with ``checkpoint: true`` go through ``hp_recompute.checkpoint``
+``recompute``         ``recompute_handle(h, session)`` for each handle of that (stage, mb)
+``backward_input``    ``autograd.grad(out, [x], g, retain_graph=True)`` in the session context
+``backward_weight``   ``autograd.grad(out, params, g)``, accumulated into ``.grad``
+``backward``          both in one call
+``clear``             ``clear_recompute_session``
+``send_*``/``recv_*`` the transport (in memory, or torch.distributed point-to-point)
+others                no-op (``unshard``, ``reshard``, ``reduce_grad``: no data parallelism)
+====================  =====================================================================
+
+A stage whose neighbour lives on the same rank hands its tensor over in memory (the
+plan has no transfer there, V-shape schedules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+
+from .checkpoint import checkpoint as hr_checkpoint
+from .sessions import (clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx,
+                       session_stats)
+from .checkpoint import recompute_handle_collector_ctx
+from .run_model import PipelineModel, StageSpec, Unit
+from .run_plan import CONSUMER_OPS, Action, Plan, RunError
+
+__all__ = ["Transport", "MemoryTransport", "MemoryTracker", "RankExecutor", "planted_failure", "clear_all_sessions",
+           "MODES"]
+
+#: Checkpoint modes: the plan's sessions, torch.utils.checkpoint per backward call, none.
+MODES = ("plan", "native", "none")
+
+Key = Tuple[int, int]
+
+
+def planted_failure() -> Optional[Tuple[int, int]]:
+    """``HPR_RUN_FAIL_AT="rank:action_index"``: the test hook that makes one action raise."""
+    text = os.environ.get("HPR_RUN_FAIL_AT", "").strip()
+    if not text:
+        return None
+    rank, sep, index = text.partition(":")
+    if not sep or not rank.isdigit() or not index.isdigit():
+        raise RunError(f"hp_recompute.run: HPR_RUN_FAIL_AT: expected 'RANK:ACTION_INDEX', got '{text}'")
+    return int(rank), int(index)
+
+
+def clear_all_sessions() -> int:
+    """Clears every live session (error paths); returns how many there were."""
+    ids = list(live_sessions())
+    for sid in ids:
+        clear_recompute_session(sid)
+    return len(ids)
+
+
+class Transport:
+    """Moves boundary tensors between ranks; ``stage`` is always the *sending* stage."""
+
+    def ready(self, kind: str, stage: int, mb: int, src: int, dst: int) -> bool:
+        """Whether a receive can complete now without waiting (in-memory scheduling)."""
+        return True
+
+    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Waits for every send of this rank to complete (end of a step)."""
+
+
+class MemoryTransport(Transport):
+    """Single-process handoff: a send stores a clone, the matching receive takes it."""
+
+    def __init__(self) -> None:
+        self.box: Dict[Tuple[str, int, int, int, int], torch.Tensor] = {}
+
+    def ready(self, kind: str, stage: int, mb: int, src: int, dst: int) -> bool:
+        return (kind, stage, mb, src, dst) in self.box
+
+    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
+        key = (kind, stage, mb, src, dst)
+        if key in self.box:
+            raise RunError(f"hp_recompute.run: rank {src} sends {kind} of stage {stage} mb {mb} twice")
+        self.box[key] = tensor.detach().clone()
+
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
+        return self.box.pop((kind, stage, mb, src, dst))
+
+
+def _storage(t: torch.Tensor) -> Tuple[int, int]:
+    storage = t.storage()
+    return storage.data_ptr(), storage.size() * t.element_size()
+
+
+class MemoryTracker:
+    """Saved-activation bytes of one rank, following the plan's cost model with measured sizes.
+
+    A forward adds what autograd keeps outside checkpoints (distinct storages seen by a
+    ``saved_tensors_hooks`` pack hook, parameters excluded) plus the inputs the checkpoints
+    keep; a recompute adds the session's recomputed bytes (``session_stats``); a clear
+    removes them; the last backward of a (stage, mb) frees its kept bytes. The peak is
+    taken after every action, before that last free, like ``summary.peak_bytes``.
+    """
+
+    def __init__(self, param_storages: Set[int]) -> None:
+        self.param_storages = param_storages
+        self.kept: Dict[Key, int] = {}
+        self.recomputed: Dict[str, int] = {}
+        self.peak = 0
+        self._seen: Dict[int, int] = {}
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[Dict[int, int]]:
+        """Records storages saved by autograd during a stage forward."""
+        seen: Dict[int, int] = {}
+        self._seen = seen
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            ptr, nbytes = _storage(t)
+            if ptr not in self.param_storages:
+                seen[ptr] = nbytes
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield seen
+
+    def note_kept_input(self, t: Any) -> None:
+        """A checkpoint keeps its input for the replay."""
+        if isinstance(t, torch.Tensor):
+            ptr, nbytes = _storage(t)
+            if ptr not in self.param_storages:
+                self._seen[ptr] = nbytes
+
+    def session_bytes(self, handles: Sequence[Any], session: str) -> int:
+        """Distinct non-parameter storages a session holds after its recompute.
+
+        ``session_stats()["retained_bytes"]`` adds up every held tensor, so views of one
+        storage (q, k, v split from one qkv output) count several times, and parameters
+        saved inside a checkpoint count too; the plan's ``saved_bytes`` counts distinct
+        storages without parameters. This reads the handles' holders (read-only) to match
+        that; if the eager API's internals change it falls back to ``session_stats``.
+        """
+        seen: Dict[int, int] = {}
+        try:
+            for handle in handles:
+                frame = handle.frame()
+                for ref in frame.holders if frame is not None else ():
+                    holder = ref()
+                    value = getattr(holder, "value", None)
+                    if isinstance(value, torch.Tensor):
+                        ptr, nbytes = _storage(value)
+                        if ptr not in self.param_storages:
+                            seen[ptr] = nbytes
+        except AttributeError:
+            st = session_stats(session)
+            return st["retained_bytes"] if st else 0
+        return sum(seen.values())
+
+    def live(self) -> int:
+        return sum(self.kept.values()) + sum(self.recomputed.values())
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.live())
+
+
+class _Micro:
+    """State of one (stage, microbatch) between its forward and its last backward."""
+
+    __slots__ = ("x", "out", "handles", "batch")
+
+    def __init__(self, x: Any, out: torch.Tensor, handles: List[Any], batch: Any) -> None:
+        self.x, self.out, self.handles, self.batch = x, out, handles, batch
+
+
+class RankExecutor:
+    """Runs one rank's action list for one step at a time.
+
+    Args:
+        rank: this rank.
+        plan: the plan.
+        specs: every stage's spec (only this rank's are run).
+        model: the model whose parameters this rank's stages use.
+        transport: how boundary tensors travel.
+        mode: ``plan`` (sessions), ``native`` (torch.utils.checkpoint) or ``none``.
+    """
+
+    def __init__(self, rank: int, plan: Plan, specs: Sequence[StageSpec], model: PipelineModel,
+                 transport: Transport, mode: str = "plan") -> None:
+        if mode not in MODES:
+            raise RunError(f"hp_recompute.run: unknown checkpoint mode '{mode}'; expected one of {', '.join(MODES)}")
+        self.rank, self.plan, self.specs, self.model, self.transport, self.mode = rank, plan, specs, model, transport, mode
+        self.actions = plan.ranks[rank]
+        self.last = plan.last_consumer(rank)
+        named = dict(model.module.named_parameters())
+        self.params = {s.stage: [named[n] for n in s.params] for s in specs if plan.stage_to_rank[s.stage] == rank}
+        self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
+        self.tracker = MemoryTracker({p.storage().data_ptr() for p in model.module.parameters()})
+        self.fail_at = planted_failure()
+        self.native_calls = 0  # native mode: function calls of checkpointed units (forward + replays)
+        self.native_forwards = 0
+        self.reset([])
+
+    # -- step state ----------------------------------------------------------------------
+
+    def reset(self, batches: List[Any]) -> None:
+        """Starts a step on ``batches`` (one per microbatch)."""
+        self.batches = batches
+        self.pc = 0
+        self.micro: Dict[Key, _Micro] = {}
+        self.inbox_f: Dict[Key, torch.Tensor] = {}
+        self.inbox_b: Dict[Key, torch.Tensor] = {}
+        self.dx_out: Dict[Key, torch.Tensor] = {}
+        self.losses: Dict[int, torch.Tensor] = {}
+        self.tracker.kept.clear()
+        self.tracker.recomputed.clear()
+        self.tracker.peak = 0
+
+    @property
+    def done(self) -> bool:
+        return self.pc >= len(self.actions)
+
+    def ready(self) -> bool:
+        """Whether the next action can run now (a receive needs its message)."""
+        a = self.actions[self.pc]
+        if a.op == "recv_f":
+            return self.transport.ready("f", a.stage - 1, a.microbatch, a.peer, self.rank)
+        if a.op == "recv_b":
+            return self.transport.ready("b", a.stage + 1, a.microbatch, a.peer, self.rank)
+        return True
+
+    def run_all(self) -> None:
+        """Runs the remaining actions in order (multi-process mode)."""
+        while not self.done:
+            self.step_one()
+
+    def step_one(self) -> None:
+        """Runs the next action; errors name the rank, the action index and the action."""
+        index, action = self.pc, self.actions[self.pc]
+        try:
+            if self.fail_at == (self.rank, index):
+                raise RuntimeError(f"planted failure (HPR_RUN_FAIL_AT={self.rank}:{index})")
+            self._run(action)
+        except RunError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with its location
+            raise RunError(f"hp_recompute.run: rank {self.rank} action {index} ({action.describe()}): "
+                           f"{type(e).__name__}: {e}") from e
+        self.pc += 1
+
+    # -- actions -------------------------------------------------------------------------
+
+    def _run(self, a: Action) -> None:
+        key = (a.stage, a.microbatch)
+        op = a.op
+        if op == "forward":
+            self._forward(a)
+        elif op == "recompute":
+            if self.mode == "plan":
+                for handle in self.micro[key].handles:
+                    recompute_handle(handle, a.session)
+                self.tracker.recomputed[a.session] = self.tracker.session_bytes(self.micro[key].handles, a.session)
+        elif op == "clear":
+            if self.mode == "plan":
+                clear_recompute_session(a.session)
+                self.tracker.recomputed.pop(a.session, None)
+        elif op in CONSUMER_OPS:
+            self._backward(a)
+        elif op == "send_f":
+            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self.micro[key].out.detach())
+        elif op == "send_b":
+            self.transport.send("b", a.stage, a.microbatch, self.rank, a.peer, self.dx_out.pop(key))
+        elif op == "recv_f":
+            self.inbox_f[key] = self.transport.recv("f", a.stage - 1, a.microbatch, a.peer, self.rank)
+        elif op == "recv_b":
+            self.inbox_b[key] = self.transport.recv("b", a.stage + 1, a.microbatch, a.peer, self.rank)
+        self.tracker.sample()
+        if op in CONSUMER_OPS and self.last.get(key) == self.pc:
+            self.tracker.kept.pop(key, None)
+            self.micro.pop(key, None)
+
+    def _unit_call(self, unit: Unit, h: Any, batch: Any) -> Any:
+        fn = functools.partial(unit.__call__, batch=batch)
+        if not unit.checkpoint or self.mode == "none":
+            return fn(h)
+        self.tracker.note_kept_input(h)
+        if self.mode == "plan":
+            return hr_checkpoint(fn, h)
+
+        def counted(x: Any) -> Any:
+            self.native_calls += 1
+            return fn(x)
+
+        self.native_forwards += 1
+        return torch_checkpoint.checkpoint(counted, h, use_reentrant=False)
+
+    def _forward(self, a: Action) -> None:
+        s, mb = a.stage, a.microbatch
+        batch = self.batches[mb]
+        if s == 0:
+            x = batch
+        else:
+            if (s, mb) not in self.inbox_f:
+                raise RunError(f"hp_recompute.run: rank {self.rank}: forward of stage {s} mb {mb} has no input "
+                               f"(no recv_f and stage {s - 1} did not run here first)")
+            x = self.inbox_f.pop((s, mb)).detach().requires_grad_(True)
+        with recompute_handle_collector_ctx() as handles, self.tracker.forward() as seen:
+            h = x
+            for unit in self.specs[s].units:
+                h = self._unit_call(unit, h, batch)
+            if s == self.plan.num_stages - 1:
+                h = h / self.plan.num_microbatches
+        self.tracker.kept[(s, mb)] = sum(seen.values())
+        self.micro[(s, mb)] = _Micro(x, h, list(handles), batch)
+        if s == self.plan.num_stages - 1:
+            self.losses[mb] = h.detach()
+        elif self.plan.stage_to_rank[s + 1] == self.rank:
+            self.inbox_f[(s + 1, mb)] = h.detach()
+
+    def _backward(self, a: Action) -> None:
+        s, mb = a.stage, a.microbatch
+        m = self.micro.get((s, mb))
+        if m is None:
+            raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb} before its forward "
+                           f"or after its last backward")
+        grad_out = None
+        if s != self.plan.num_stages - 1:
+            if (s, mb) not in self.inbox_b:
+                raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb} has no output "
+                               f"gradient (no recv_b and stage {s + 1} did not run its dx here first)")
+            grad_out = self.inbox_b[(s, mb)]
+        want_x = a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor) and m.x.requires_grad
+        want_w = a.op in ("backward_weight", "backward")
+        params = [p for p in self.params[s] if p.requires_grad] if want_w else []
+        inputs = ([m.x] if want_x else []) + params
+        last = self.last.get((s, mb)) == self.pc
+        if inputs:
+            ctx = (recompute_session_ctx(a.session, retain_on_unpack=a.retain_on_unpack)
+                   if a.session is not None and self.mode == "plan" else contextlib.nullcontext())
+            with ctx:
+                grads = torch.autograd.grad([m.out], inputs, None if grad_out is None else [grad_out],
+                                            retain_graph=not last, allow_unused=True)
+        else:
+            grads = ()
+        if want_x:
+            dx = grads[0]
+            if self.plan.stage_to_rank[s - 1] == self.rank:
+                self.inbox_b[(s - 1, mb)] = dx
+            else:
+                self.dx_out[(s, mb)] = dx
+        for p, g in zip(params, grads[1 if want_x else 0:]):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+        if last:
+            self.inbox_b.pop((s, mb), None)

@@ -1,0 +1,262 @@
+"""Models for the runner: regions in execution order, and their split into plan stages.
+
+Why: a plan names regions (``tok_emb``, ``blocks.3``, ``ln_f+head``, docs/models.md), not
+Python code. The runner needs, per region, a function ``fn(x, batch) -> y`` and the
+parameters it owns, so that a stage is "its regions in order" and each plan region with
+``checkpoint: true`` can be wrapped in ``hp_recompute.checkpoint``.
+
+A model is a ``PipelineModel``. ``--model FILE.py:FACTORY`` may return one directly (any
+architecture), or an ``nn.Module`` that one of the adapters below recognises (the bundled
+GPT and MLP examples). The first region receives the microbatch as ``x``; the last one
+returns the scalar loss.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .run_plan import Plan, RunError
+
+__all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
+           "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "gpt", "model.py")
+
+RegionFn = Callable[[Any, Any], Any]
+
+
+@dataclass
+class Region:
+    """One model region: ``fn(x, batch)`` and the names of the parameters it owns."""
+
+    name: str
+    fn: RegionFn
+    params: List[str]
+    checkpointable: bool = True
+
+
+@dataclass
+class PipelineModel:
+    """What the runner needs from a model.
+
+    Attributes:
+        name: printed in the report.
+        module: owns every parameter (``named_parameters`` names are the report's keys).
+        regions: in execution order; together they compute ``reference_loss``.
+        make_batch: ``make_batch(generator) -> batch`` (one microbatch, deterministic).
+        reference_loss: ``reference_loss(batch) -> loss``: the plain forward (no
+            pipeline, no checkpoint), e.g. ``module(batch)``.
+    """
+
+    name: str
+    module: nn.Module
+    regions: List[Region]
+    make_batch: Callable[[torch.Generator], Any]
+    reference_loss: Callable[[Any], torch.Tensor]
+
+
+def _params_under(module: nn.Module, *prefixes: str) -> List[str]:
+    names = [n for n, _ in module.named_parameters()]
+    return [n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes)]
+
+
+def _adapt_gpt(m: nn.Module) -> PipelineModel:
+    """The bundled GPT (examples/gpt/model.py): tok_emb, blocks.N, ln_f+head (loss inside)."""
+    vocab, seq = m.tok_emb.num_embeddings, m.pos_emb.shape[0]
+    batch_size = 4
+
+    def emb(idx: torch.Tensor, batch: Any) -> torch.Tensor:
+        return m.tok_emb(idx) + m.pos_emb[: idx.shape[1]]
+
+    def block(i: int) -> RegionFn:
+        return lambda x, batch: m.blocks[i](x)
+
+    def head(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        logits = m.head(m.ln_f(x))
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+
+    regions = [Region("tok_emb", emb, _params_under(m, "tok_emb", "pos_emb"), False)]
+    regions += [Region(f"blocks.{i}", block(i), _params_under(m, f"blocks.{i}")) for i in range(len(m.blocks))]
+    regions.append(Region("ln_f+head", head, _params_under(m, "ln_f", "head"), False))
+    return PipelineModel("gpt", m, regions,
+                         lambda g: torch.randint(0, vocab, (batch_size, seq), generator=g),
+                         lambda idx: m(idx))
+
+
+def _adapt_mlp(m: nn.Module) -> PipelineModel:
+    """The bundled residual MLP (examples/mlp/model.py): inp, layers.N, head (+ cross-entropy)."""
+    width_in, classes, batch_size = m.inp.in_features, m.head.out_features, 8
+
+    def inp(batch: Any, _: Any) -> torch.Tensor:
+        return torch.relu(m.inp(batch[0]))
+
+    def layer(i: int) -> RegionFn:
+        return lambda x, batch: m.layers[i](x)
+
+    def head(x: torch.Tensor, batch: Any) -> torch.Tensor:
+        return F.cross_entropy(m.head(x), batch[1])
+
+    def make_batch(g: torch.Generator) -> Any:
+        return (torch.randn(batch_size, width_in, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
+
+    regions = [Region("inp", inp, _params_under(m, "inp"), False)]
+    regions += [Region(f"layers.{i}", layer(i), _params_under(m, f"layers.{i}")) for i in range(len(m.layers))]
+    regions.append(Region("head", head, _params_under(m, "head"), False))
+    return PipelineModel("mlp", m, regions, make_batch, lambda b: F.cross_entropy(m(b[0]), b[1]))
+
+
+def adapt(obj: Any) -> PipelineModel:
+    """Returns ``obj`` as a ``PipelineModel`` (itself, or through a structural adapter)."""
+    if isinstance(obj, PipelineModel):
+        return obj
+    if isinstance(obj, nn.Module):
+        if all(hasattr(obj, a) for a in ("tok_emb", "pos_emb", "blocks", "ln_f", "head")):
+            return _adapt_gpt(obj)
+        if all(hasattr(obj, a) for a in ("inp", "layers", "head")):
+            return _adapt_mlp(obj)
+    raise RunError(f"hp_recompute.run: --model: no pipeline adapter for {type(obj).__name__}; return a "
+                   f"hp_recompute.run_model.PipelineModel from the factory (docs/runner.md)")
+
+
+def load_model(spec: Optional[str]) -> PipelineModel:
+    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``)."""
+    spec = spec or os.path.normpath(DEFAULT_MODEL) + ":build"
+    path, sep, factory = spec.rpartition(":")
+    if not sep or not path or not factory:
+        raise RunError(f"hp_recompute.run: --model: expected FILE.py:FACTORY, got '{spec}'")
+    if not os.path.isfile(path):
+        raise RunError(f"hp_recompute.run: --model: no such file '{path}'")
+    name = "_hpr_run_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise RunError(f"hp_recompute.run: --model: '{path}' has no callable '{factory}'")
+    return adapt(fn())
+
+
+@dataclass
+class Unit:
+    """A plan region as executed: one or more model regions, checkpointed as one call or not."""
+
+    name: str
+    checkpoint: bool
+    regions: List[Region]
+
+    def __call__(self, x: Any, batch: Any) -> Any:
+        for region in self.regions:
+            x = region.fn(x, batch)
+        return x
+
+
+@dataclass
+class StageSpec:
+    """A stage: its units in order and the names of the parameters it owns."""
+
+    stage: int
+    units: List[Unit]
+    params: List[str] = field(default_factory=list)
+
+    @property
+    def checkpointed_units(self) -> int:
+        """How many checkpoint calls one forward of this stage makes (= replays per session)."""
+        return sum(1 for u in self.units if u.checkpoint)
+
+
+def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
+    index = {r.name: r for r in model.regions}
+    flat = []
+    specs = []
+    for s, regions in enumerate(plan.stages):
+        units = []
+        for j, pr in enumerate(regions):
+            region = index.get(pr["name"])
+            if region is None:
+                raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/name: region "
+                               f"'{pr['name']}' is not in model '{model.name}' (regions: "
+                               f"{', '.join(index)})")
+            if pr.get("checkpoint", False) and not region.checkpointable:
+                raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: "
+                               f"region '{region.name}' is not checkpointable")
+            units.append(Unit(region.name, bool(pr.get("checkpoint", False)), [region]))
+            flat.append(region.name)
+        specs.append(StageSpec(s, units))
+    expected = [r.name for r in model.regions]
+    if flat != expected:
+        raise RunError(f"hp_recompute.run: {plan.path}: /model/stages: the plan's regions "
+                       f"[{', '.join(flat)}] do not cover model '{model.name}' in order "
+                       f"[{', '.join(expected)}]; plan this model (hp-recompute-plan --model ...)")
+    return specs
+
+
+def _uniform(plan: Plan, model: PipelineModel) -> List[StageSpec]:
+    """A plan of the CLI's uniform model (regions ``stage0``...): split the model evenly.
+
+    The checkpointable regions are cut into ``num_stages`` contiguous chunks (sizes differ
+    by at most one, larger first); non-checkpointable regions stay with their neighbours
+    (leading ones in stage 0, trailing ones in the last stage). The plan region ``stageK``
+    is the whole chunk, so a checkpointed stage makes one checkpoint call per chunk.
+    """
+    n = plan.num_stages
+    cp = [i for i, r in enumerate(model.regions) if r.checkpointable]
+    if len(cp) < n:
+        raise RunError(f"hp_recompute.run: model '{model.name}' has {len(cp)} checkpointable regions, "
+                       f"fewer than the plan's {n} stages")
+    sizes = [len(cp) // n + (1 if k < len(cp) % n else 0) for k in range(n)]
+    ends, at = [], 0
+    for size in sizes:
+        at += size
+        ends.append(cp[at - 1])  # last checkpointable region of the chunk
+    specs, start = [], 0
+    for s in range(n):
+        stop = len(model.regions) if s == n - 1 else ends[s] + 1
+        regions = model.regions[start:stop]
+        start = stop
+        checkpoint = any(r.get("checkpoint", False) for r in plan.stages[s])
+        name = plan.stages[s][0]["name"]
+        units: List[Unit] = []
+        for region in regions:
+            if checkpoint and region.checkpointable and units and units[-1].checkpoint:
+                units[-1].regions.append(region)
+            else:
+                units.append(Unit(name if (checkpoint and region.checkpointable) else region.name,
+                                  checkpoint and region.checkpointable, [region]))
+        specs.append(StageSpec(s, units))
+    return specs
+
+
+def split_stages(plan: Plan, model: PipelineModel) -> List[StageSpec]:
+    """The model's stages as the plan names them (by region name, or evenly for ``stageK``)."""
+    names = [r["name"] for regions in plan.stages for r in regions]
+    model_names = {r.name for r in model.regions}
+    if all(re.fullmatch(r"stage\d+", n) for n in names) and not any(n in model_names for n in names):
+        specs = _uniform(plan, model)
+    else:
+        specs = _by_name(plan, model)
+    for spec in specs:
+        seen: List[str] = []
+        for unit in spec.units:
+            for region in unit.regions:
+                seen.extend(p for p in region.params if p not in seen)
+        spec.params = seen
+    return specs
+
+
+def stage_names(specs: Sequence[StageSpec]) -> Dict[int, List[str]]:
+    """stage -> names of the model regions it runs (for the report)."""
+    return {s.stage: [r.name for u in s.units for r in u.regions] for s in specs}

@@ -1,0 +1,204 @@
+"""Reading a plan JSON (docs/plan-format.md) for the runner, with located errors.
+
+Why a separate module: the runner trusts nothing upstream (DESIGN: runtimes read the
+plan and nothing else), so it checks the fields it relies on and reports the JSON path
+of the first bad one, the way the C++ tools do (``p.json: /ranks/1/actions/4/peer: ...``).
+The full schema lives in docs/schemas/plan.schema.json; this is the runner's subset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["RunError", "Action", "Plan", "load_plan", "parse_plan"]
+
+COMPUTE_OPS = ("forward", "backward_input", "backward_weight", "backward")
+CONSUMER_OPS = ("backward_input", "backward_weight", "backward")
+TRANSFER_OPS = ("send_f", "recv_f", "send_b", "recv_b")
+NOOP_OPS = ("unshard", "reshard", "reduce_grad", "idle")
+ALL_OPS = COMPUTE_OPS + ("recompute", "clear") + TRANSFER_OPS + NOOP_OPS
+
+
+class RunError(RuntimeError):
+    """A runner error; the message starts with ``hp_recompute.run:`` and says what to fix."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """One planned action of a rank (only the fields the runner uses)."""
+
+    op: str
+    stage: int = -1
+    microbatch: int = -1
+    session: Optional[str] = None
+    retain_on_unpack: bool = False
+    peer: int = -1
+    overlap: bool = False
+
+    def describe(self) -> str:
+        """Short text such as ``backward_input stage 3 mb 0 session s3.mb0``."""
+        text = self.op
+        if self.stage >= 0:
+            text += f" stage {self.stage}"
+        if self.microbatch >= 0:
+            text += f" mb {self.microbatch}"
+        if self.session is not None:
+            text += f" session {self.session}"
+        if self.peer >= 0:
+            text += f" peer {self.peer}"
+        return text
+
+
+@dataclass
+class Plan:
+    """The parts of a plan the runner executes and checks."""
+
+    path: str
+    raw: Dict[str, Any]
+    name: str
+    num_ranks: int
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: List[int]
+    stages: List[List[Dict[str, Any]]]  # per stage: its region dicts
+    sessions: Dict[str, Dict[str, Any]]
+    ranks: List[List[Action]]
+    summary: Dict[str, Any] = field(default_factory=dict)
+
+    def last_consumer(self, rank: int) -> Dict[Tuple[int, int], int]:
+        """(stage, mb) -> index of its last backward action on ``rank``: its graph dies there."""
+        last: Dict[Tuple[int, int], int] = {}
+        for index, action in enumerate(self.ranks[rank]):
+            if action.op in CONSUMER_OPS:
+                last[(action.stage, action.microbatch)] = index
+        return last
+
+    def weight_grad_order(self) -> Dict[int, List[int]]:
+        """stage -> microbatches in the order their weight gradients are produced.
+
+        The runner accumulates ``.grad`` in execution order; the reference step sums its
+        per-microbatch gradients in this same order, so a bit-exact comparison is fair
+        (floating-point addition is not associative).
+        """
+        order: Dict[int, List[int]] = {s: [] for s in range(self.num_stages)}
+        for actions in self.ranks:
+            for action in actions:
+                if action.op in ("backward_weight", "backward"):
+                    order[action.stage].append(action.microbatch)
+        return order
+
+
+def _fail(path: str, where: str, what: str, got: Any) -> RunError:
+    return RunError(f"hp_recompute.run: {path}: {where}: expected {what}, got '{json.dumps(got)}'")
+
+
+def _int(path: str, obj: Dict[str, Any], key: str, where: str, low: int = 0, high: Optional[int] = None) -> int:
+    value = obj.get(key)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value < high
+    if not ok:
+        bound = f" in [{low}, {high})" if high is not None else f" >= {low}"
+        raise _fail(path, f"{where}/{key}", f"an integer{bound}", value)
+    return value
+
+
+def load_plan(path: str) -> Plan:
+    """Reads and checks the plan file ``path``."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RunError(f"hp_recompute.run: cannot read plan '{path}': {e.strerror}") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunError(f"hp_recompute.run: {path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+    return parse_plan(raw, path)
+
+
+def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
+    """Checks the runner's subset of plan JSON version 1 and returns a ``Plan``."""
+    if not isinstance(raw, dict):
+        raise _fail(path, "/", "a JSON object", raw)
+    if raw.get("format") != "hp-recompute-plan":
+        raise _fail(path, "/format", "'hp-recompute-plan'", raw.get("format"))
+    if raw.get("version") != 1:
+        raise _fail(path, "/version", "1", raw.get("version"))
+    sched = raw.get("schedule")
+    if not isinstance(sched, dict):
+        raise _fail(path, "/schedule", "an object", sched)
+    num_ranks = _int(path, sched, "num_ranks", "/schedule", 1)
+    num_stages = _int(path, sched, "num_stages", "/schedule", 1)
+    num_mb = _int(path, sched, "num_microbatches", "/schedule", 1)
+    s2r = sched.get("stage_to_rank")
+    if not isinstance(s2r, list) or len(s2r) != num_stages:
+        raise _fail(path, "/schedule/stage_to_rank", f"a list of {num_stages} ranks", s2r)
+    for i, r in enumerate(s2r):
+        if not isinstance(r, int) or not 0 <= r < num_ranks:
+            raise _fail(path, f"/schedule/stage_to_rank/{i}", f"a rank in [0, {num_ranks})", r)
+
+    model = raw.get("model")
+    stages_raw = model.get("stages") if isinstance(model, dict) else None
+    if not isinstance(stages_raw, list) or len(stages_raw) != num_stages:
+        raise _fail(path, "/model/stages", f"a list of {num_stages} stages", stages_raw)
+    stages: List[List[Dict[str, Any]]] = []
+    for i, st in enumerate(stages_raw):
+        regions = st.get("regions") if isinstance(st, dict) else None
+        if not isinstance(regions, list) or not regions:
+            raise _fail(path, f"/model/stages/{i}/regions", "a non-empty list", regions)
+        for j, region in enumerate(regions):
+            if not isinstance(region, dict) or not isinstance(region.get("name"), str):
+                raise _fail(path, f"/model/stages/{i}/regions/{j}/name", "a string", region)
+            if not isinstance(region.get("checkpoint", False), bool):
+                raise _fail(path, f"/model/stages/{i}/regions/{j}/checkpoint", "a boolean", region.get("checkpoint"))
+        stages.append(regions)
+
+    sessions: Dict[str, Dict[str, Any]] = {}
+    for i, sess in enumerate(raw.get("sessions", [])):
+        if not isinstance(sess, dict) or not isinstance(sess.get("id"), str):
+            raise _fail(path, f"/sessions/{i}/id", "a string", sess)
+        _int(path, sess, "stage", f"/sessions/{i}", 0, num_stages)
+        _int(path, sess, "microbatch", f"/sessions/{i}", 0, num_mb)
+        sessions[sess["id"]] = sess
+
+    ranks_raw = raw.get("ranks")
+    if not isinstance(ranks_raw, list) or len(ranks_raw) != num_ranks:
+        raise _fail(path, "/ranks", f"a list of {num_ranks} ranks", ranks_raw)
+    ranks: List[List[Action]] = []
+    for r, rank in enumerate(ranks_raw):
+        acts = rank.get("actions") if isinstance(rank, dict) else None
+        if not isinstance(acts, list):
+            raise _fail(path, f"/ranks/{r}/actions", "a list", acts)
+        out: List[Action] = []
+        for i, a in enumerate(acts):
+            where = f"/ranks/{r}/actions/{i}"
+            if not isinstance(a, dict) or a.get("op") not in ALL_OPS:
+                raise _fail(path, f"{where}/op", "one of " + " ".join(ALL_OPS), a.get("op") if isinstance(a, dict) else a)
+            op = a["op"]
+            kw: Dict[str, Any] = {"op": op, "overlap": bool(a.get("overlap", False))}
+            if op not in NOOP_OPS:
+                kw["stage"] = _int(path, a, "stage", where, 0, num_stages)
+                kw["microbatch"] = _int(path, a, "microbatch", where, 0, num_mb)
+                if s2r[kw["stage"]] != r:
+                    raise _fail(path, f"{where}/stage", f"a stage on rank {r}", kw["stage"])
+            if op in TRANSFER_OPS:
+                kw["peer"] = _int(path, a, "peer", where, 0, num_ranks)
+            sid = a.get("session")
+            if op in ("recompute", "clear") and sid is None:
+                raise _fail(path, f"{where}/session", "a session id", sid)
+            if sid is not None:
+                if sid not in sessions:
+                    raise _fail(path, f"{where}/session", "an id listed in /sessions", sid)
+                kw["session"] = sid
+                retain = a.get("retain_on_unpack", False)
+                if not isinstance(retain, bool):
+                    raise _fail(path, f"{where}/retain_on_unpack", "a boolean", retain)
+                kw["retain_on_unpack"] = retain
+            out.append(Action(**kw))
+        ranks.append(out)
+    return Plan(path=path, raw=raw, name=str(sched.get("name", "?")), num_ranks=num_ranks, num_stages=num_stages,
+                num_microbatches=num_mb, stage_to_rank=list(s2r), stages=stages, sessions=sessions, ranks=ranks,
+                summary=dict(raw.get("summary", {})))

@@ -1,0 +1,73 @@
+"""Helpers for the runner tests: make plans with the real planner, run the runner.
+
+Why not import test/python/plan/plan_cli.py: these tests only need the binary's path,
+found the same way (HPR_BUILD_DIR, default <repo>/build).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+BUILD = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build"))
+PLAN_TOOL = BUILD / "bin" / "hp-recompute-plan"
+PYTHON_DIR = REPO / "python"
+GPT_MODEL_JSON = REPO / "examples" / "gpt" / "gpt.model.json"
+
+
+def make_plan(tmp: Path, *args: str, name: str = "p.json") -> Path:
+    """Runs hp-recompute-plan ARGS --emit json -o TMP/NAME and returns the path."""
+    assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
+    out = tmp / name
+    proc = subprocess.run([str(PLAN_TOOL), *args, "--emit", "json", "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``python3 -m hp_recompute.run ARGS`` in a fresh interpreter."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(PYTHON_DIR) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hp_recompute.run", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def run_inproc(*args: str) -> Tuple[int, Dict[str, Any]]:
+    """Runs the runner's ``main`` in this process (fast); returns (exit code, report)."""
+    from hp_recompute import run as runner
+
+    threads = torch.get_num_threads()
+    argv: List[str] = list(args)
+    assert "--report" in argv
+    try:
+        code = runner.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(Path(argv[argv.index("--report") + 1]).read_text())
+    return code, report
+
+
+def edit_plan(src: Path, dst: Path, fn) -> Path:
+    """Writes ``fn(plan_dict)`` (edited in place) to ``dst``."""
+    plan = json.loads(src.read_text())
+    fn(plan)
+    dst.write_text(json.dumps(plan))
+    return dst
+
+
+def count_plan(plan_path: Path, op: str) -> int:
+    plan = json.loads(plan_path.read_text())
+    return sum(1 for r in plan["ranks"] for a in r["actions"] if a["op"] == op)
+
+
+def flags(cfg: Sequence[str]) -> List[str]:
+    sched, ranks, mbs = cfg
+    return ["--schedule-gen", sched, "--ranks", str(ranks), "--microbatches", str(mbs)]

@@ -1,0 +1,71 @@
+"""Multi-process runs (gloo, one process per rank): correct steps, clean failures, no hangs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hpr_run_util import count_plan, edit_plan, flags, make_plan, run_cli
+
+
+@pytest.mark.parametrize("cfg", [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)],
+                         ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")
+def test_multi_process_run(tmp_path: Path, cfg) -> None:
+    plan = make_plan(tmp_path, *flags(cfg))
+    report_path = tmp_path / "r.json"
+    proc = run_cli("--plan", str(plan), "--world-size", str(cfg[1]), "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["mode"] == "multi-process" and report["world_size"] == cfg[1]
+    assert report["grads_match"] is True and report["max_abs_diff"] <= 1e-6
+    assert report["sessions"] == count_plan(plan, "recompute") == len(json.loads(plan.read_text())["sessions"])
+    assert report["recomputes"] == report["sessions"]
+    assert report["sessions_left"] == 0
+    assert len(report["ranks"]) == cfg[1] and all(r["measured_peak_bytes"] > 0 for r in report["ranks"])
+    assert "grads_match true" in proc.stdout and proc.stdout.rstrip().endswith("ok")
+
+
+@pytest.mark.parametrize("cfg,fail_at", [(("zbv", 2, 4), "1:10"), (("dualpipev", 4, 8), "2:30")],
+                         ids=["zbv-2x4", "dualpipev-4x8"])
+def test_planted_failure_stops_every_rank(tmp_path: Path, cfg, fail_at: str) -> None:
+    plan = make_plan(tmp_path, *flags(cfg))
+    report_path = tmp_path / "r.json"
+    rank, index = fail_at.split(":")
+    action = json.loads(plan.read_text())["ranks"][int(rank)]["actions"][int(index)]
+    start = time.monotonic()
+    proc = run_cli("--plan", str(plan), "--world-size", str(cfg[1]), "--report", str(report_path),
+                   env={"HPR_RUN_FAIL_AT": fail_at}, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1
+    assert elapsed < 20, f"a planted failure took {elapsed:.1f} s to stop the run"
+    want = f"rank {rank} failed first: hp_recompute.run: rank {rank} action {index} ({action['op']} stage " \
+           f"{action['stage']} mb {action['microbatch']}"
+    assert want in proc.stderr
+    assert f"planted failure (HPR_RUN_FAIL_AT={fail_at})" in proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["ok"] is False and report["failed_rank"] == int(rank) and want in report["error"]
+    # Every rank ended non-zero and none kept a session.
+    codes = proc.stderr.split("exit codes [")[1].split("]")[0]
+    assert all(int(c) != 0 for c in codes.split(","))
+    assert "sessions left 1" not in proc.stderr
+
+
+def test_missing_send_times_out(tmp_path: Path) -> None:
+    """A receive whose send never comes fails after --timeout instead of hanging."""
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+
+    def drop_second_send(p):
+        actions = p["ranks"][0]["actions"]
+        actions.pop([i for i, a in enumerate(actions) if a["op"] == "send_f"][1])
+
+    bad = edit_plan(plan, tmp_path / "dead.json", drop_second_send)
+    start = time.monotonic()
+    proc = run_cli("--plan", str(bad), "--world-size", "2", "--timeout", "2", "--report", str(tmp_path / "r.json"),
+                   timeout=60)
+    assert proc.returncode == 1
+    assert time.monotonic() - start < 20
+    assert "rank 1 action 5 (recv_f stage 1 mb 1 peer 0)" in proc.stderr
+    assert "failed (timeout 2 s)" in proc.stderr

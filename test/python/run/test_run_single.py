@@ -1,0 +1,141 @@
+"""Single-process runs of real plans: bit-exact gradients, one replay per session, no leaks.
+
+The expected numbers come from the plan (its sessions and region lists) and from a plain
+step of the model's own ``forward``, never from the runner itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpr_run_util import GPT_MODEL_JSON, count_plan, edit_plan, flags, make_plan, run_inproc
+
+CONFIGS = [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)]
+
+
+@pytest.mark.parametrize("prefetch", ["jit", "lookahead=2"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")
+def test_uniform_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
+    plan = make_plan(tmp_path, *flags(cfg), "--prefetch", prefetch)
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "r.json"))
+    raw = json.loads(plan.read_text())
+    assert code == 0, report
+    assert report["ok"] is True
+    assert report["grads_match"] is True and report["comparison"] == "torch.equal"
+    assert report["max_abs_diff"] == 0.0
+    assert report["sessions"] == len(raw["sessions"]) == count_plan(plan, "recompute")
+    # The uniform plan has one region per stage: one replay per session.
+    assert report["recomputes"] == report["sessions"]
+    assert report["sessions_left"] == 0
+    assert report["counters"]["plain_replays"] == 0
+    assert report["counters"]["clears"] == count_plan(plan, "clear")
+    assert report["loss"] == report["reference_loss"]
+
+
+def test_gpt_model_plan_matches_cost_model(tmp_path: Path) -> None:
+    """Planned with the GPT's model JSON: region names map 1:1; measured peak = planned peak."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--steps", "2",
+                              "--report", str(tmp_path / "r.json"))
+    raw = json.loads(plan.read_text())
+    assert code == 0, report
+    assert report["grads_match"] is True and report["max_abs_diff"] == 0.0
+    # Each session replays every checkpointed region of its stage once, per step.
+    assert report["recomputes"] == 2 * sum(len(s["regions"]) for s in raw["sessions"])
+    assert report["recomputes"] == report["recomputes_expected"]
+    assert report["stages"]["0"] == ["tok_emb", "blocks.0", "blocks.1"]
+    for rank in report["ranks"]:
+        planned = raw["summary"]["peak_bytes"][rank["rank"]]
+        assert rank["planned_peak_bytes"] == planned
+        # docs/models.md: the only known difference is 8 bytes per block (a 0-dim scale tensor).
+        assert abs(rank["measured_peak_bytes"] - planned) <= 0.01 * planned
+
+
+def test_leaked_session_fails_the_run(tmp_path: Path) -> None:
+    """A plan that never clears one session: the run must report it and exit 1."""
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+
+    def drop_first_clear(p):
+        actions = p["ranks"][0]["actions"]
+        actions.pop(next(i for i, a in enumerate(actions) if a["op"] == "clear"))
+
+    bad = edit_plan(plan, tmp_path / "leak.json", drop_first_clear)
+    code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert report["ok"] is False and report["sessions_left"] == 1
+    assert report["grads_match"] is True
+
+
+MODEL_PY = '''
+import torch, torch.nn as nn
+from hp_recompute.run_model import PipelineModel, Region
+
+def build(scale=1.0):
+    torch.manual_seed(0)
+    m = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+    def lin(i):
+        return lambda x, b: torch.tanh(m[i](x))
+    regions = [Region(f"l{i}", lin(i), [f"{i}.weight", f"{i}.bias"]) for i in range(3)]
+    regions.append(Region("l3", lambda x, b: m[3](x).pow(2).mean(), ["3.weight", "3.bias"]))
+    def ref(b):
+        x = b
+        for i in range(3):
+            x = torch.tanh(m[i](x))
+        return m[3](x).pow(2).mean() * scale
+    return PipelineModel("tiny", m, regions, lambda g: torch.randn(2, 8, generator=g), ref)
+
+def build_wrong():
+    return build(scale=1.001)
+'''
+
+
+def test_custom_model_and_wrong_reference(tmp_path: Path) -> None:
+    """--model FILE.py:FACTORY returning a PipelineModel; a differing reference fails the check."""
+    (tmp_path / "tiny.py").write_text(MODEL_PY)
+    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build",
+                              "--report", str(tmp_path / "r.json"))
+    assert code == 0, report
+    assert report["model"] == "tiny" and report["stages"] == {"0": ["l0", "l1"], "1": ["l2", "l3"]}
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build_wrong",
+                              "--report", str(tmp_path / "r2.json"))
+    assert code == 1
+    assert report["grads_match"] is False and report["max_abs_diff"] > 0
+    assert report["mismatched"]
+
+
+def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    code, report = run_inproc("--plan", str(plan), "--world-size", "3", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "--world-size 3 does not match the plan's 2 ranks" in report["error"]
+
+    bad = edit_plan(plan, tmp_path / "bad.json", lambda p: p["ranks"][1]["actions"][1].update(peer="x"))
+    code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert f"{bad}: /ranks/1/actions/1/peer: expected an integer in [0, 2)" in report["error"]
+
+    gpt = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)), name="g.json")
+    renamed = edit_plan(gpt, tmp_path / "renamed.json",
+                        lambda p: p["model"]["stages"][1]["regions"][0].update(name="blocks.99"))
+    code, report = run_inproc("--plan", str(renamed), "--single-process", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "/model/stages/1/regions/0/name: region 'blocks.99' is not in model 'gpt'" in report["error"]
+    assert "hp_recompute.run:" in capsys.readouterr().err
+
+
+def test_deadlocked_plan_is_reported(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+
+    def drop_second_send(p):
+        actions = p["ranks"][0]["actions"]
+        actions.pop([i for i, a in enumerate(actions) if a["op"] == "send_f"][1])
+
+    bad = edit_plan(plan, tmp_path / "dead.json", drop_second_send)
+    code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "deadlock: every rank waits for a transfer" in report["error"]
+    assert "rank 1 at action 5 (recv_f stage 1 mb 1 peer 0)" in report["error"]
