@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -33,9 +32,11 @@ import torch.nn as nn
 try:  # run as ``python3 -m hp_recompute.export``
     from .export_ir import module_to_ir
     from .export_measure import Segment, measure_regions
+    from .factory import call_factory
 except ImportError:  # pragma: no cover - run as a plain script
     from export_ir import module_to_ir  # type: ignore
     from export_measure import Segment, measure_regions  # type: ignore
+    from factory import call_factory  # type: ignore
 
 __all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "export", "main"]
 
@@ -83,24 +84,8 @@ def parse_dtypes(text: str, count: int) -> List[torch.dtype]:
 
 def load_factory(spec: str) -> nn.Module:
     """Imports ``FILE.py:FACTORY`` and returns ``FACTORY()`` (an ``nn.Module``)."""
-    path, sep, factory = spec.rpartition(":")
-    if not sep or not path or not factory:
-        raise ExportError(f"hp_recompute: --module: expected FILE.py:FACTORY, got '{spec}'")
-    if not os.path.isfile(path):
-        raise ExportError(f"hp_recompute: --module: no such file '{path}'")
-    name = "_hpr_export_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    try:
-        module_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise ExportError(f"hp_recompute: --module: '{path}' has no callable '{factory}'")
-    model = fn()
+    model = call_factory(spec, "hp_recompute: --module", ExportError)
+    factory = spec.rpartition(":")[2]
     if not isinstance(model, nn.Module):
         raise ExportError(f"hp_recompute: --module: {factory}() returned "
                           f"{type(model).__name__}, expected an nn.Module")

@@ -13,10 +13,8 @@ returns the scalar loss.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -24,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .factory import call_factory
 from .run_plan import Plan, RunError
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
@@ -130,24 +129,7 @@ def adapt(obj: Any) -> PipelineModel:
 def load_model(spec: Optional[str]) -> PipelineModel:
     """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``)."""
     spec = spec or os.path.normpath(DEFAULT_MODEL) + ":build"
-    path, sep, factory = spec.rpartition(":")
-    if not sep or not path or not factory:
-        raise RunError(f"hp_recompute.run: --model: expected FILE.py:FACTORY, got '{spec}'")
-    if not os.path.isfile(path):
-        raise RunError(f"hp_recompute.run: --model: no such file '{path}'")
-    name = "_hpr_run_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    try:
-        module_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise RunError(f"hp_recompute.run: --model: '{path}' has no callable '{factory}'")
-    return adapt(fn())
+    return adapt(call_factory(spec, "hp_recompute.run: --model", RunError))
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""``FILE.py:FACTORY`` specs, as the exporter's ``--module`` and the runner's
+``--model`` take them: one loader, so both tools accept and reject the same
+specs with the same messages."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from typing import Any, Callable
+
+
+def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any:
+    """Imports ``FILE.py`` and returns ``FACTORY()``.
+
+    Args:
+        spec: ``FILE.py:FACTORY``.
+        flag: how the caller names the spec in messages, e.g. ``"hp_recompute: --module"``.
+        error: builds the exception raised for a bad spec (the caller's own error type).
+    Returns:
+        Whatever the factory returns; the caller checks its type.
+    """
+    path, sep, factory = spec.rpartition(":")
+    if not sep or not path or not factory:
+        raise error(f"{flag}: expected FILE.py:FACTORY, got '{spec}'")
+    if not os.path.isfile(path):
+        raise error(f"{flag}: no such file '{path}'")
+    # A private module name per file, so two specs never share a module.
+    name = "_hpr_factory_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    # The factory's file may import its neighbours.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise error(f"{flag}: '{path}' has no callable '{factory}'")
+    return fn()
