@@ -1,0 +1,82 @@
+//===- CostModelTest.cpp - Per-stage time and memory of a model ----------===//
+
+#include "hpr/Plan/CostModel.h"
+#include "hpr/Plan/BuildModule.h"
+#include "hpr/Schedule/Generators.h"
+#include "hpr/Schedule/Lowering.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <gtest/gtest.h>
+
+using namespace mlir;
+using namespace mlir::hpr;
+namespace model = ::hpr::model;
+namespace sched = ::hpr::sched;
+
+namespace {
+
+/// Builds the module of `staged` on a GPipe schedule (one stage per rank)
+/// and returns the costs of its model.
+std::vector<StageCost> costsOf(const model::StagedModel &staged) {
+  MLIRContext context;
+  auto schedule = sched::generateSchedule(
+      "gpipe", {static_cast<int>(staged.stages.size()), 1, 0});
+  if (!schedule) {
+    ADD_FAILURE() << toString(schedule.takeError());
+    return {};
+  }
+  sched::lowerCommunication(*schedule);
+  auto module = buildPlanModule(context, staged, *schedule, "test");
+  if (!module) {
+    ADD_FAILURE() << toString(module.takeError());
+    return {};
+  }
+  return computeStageCosts(*(*module)->getOps<ModelOp>().begin());
+}
+
+model::Region region(const char *name, bool checkpoint, double flops,
+                     double timeUs, int64_t saved, int64_t input) {
+  model::Region r;
+  r.name = name;
+  r.checkpoint = checkpoint;
+  r.fwdFlops = flops;
+  r.fwdTimeUs = timeUs;
+  r.savedBytes = saved;
+  r.inputBytes = input;
+  return r;
+}
+
+TEST(CostModel, CheckpointedRegionsKeepTheirInputAndReplayTheirSaves) {
+  model::StagedModel staged;
+  staged.stages.push_back({0,
+                           {region("embed", false, 0, 5, 100, 10),
+                            region("layers.0", true, 0, 20, 1000, 64),
+                            region("layers.1", true, 0, 30, 2000, 64)}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_TRUE(costs[0].checkpointed);
+  EXPECT_DOUBLE_EQ(costs[0].forwardUs, 55);
+  EXPECT_DOUBLE_EQ(costs[0].recomputeUs, 50);
+  EXPECT_EQ(costs[0].keptBytes, 100 + 64 + 64);
+  EXPECT_EQ(costs[0].recomputedBytes, 3000);
+}
+
+TEST(CostModel, UnprofiledRegionsRunAtOneTeraflop) {
+  model::StagedModel staged;
+  staged.stages.push_back({0, {region("layers.0", true, 3e6, 0, 8, 8)}});
+  EXPECT_DOUBLE_EQ(costsOf(staged)[0].forwardUs, 3);
+}
+
+TEST(CostModel, ModelWithoutCostsFallsBackToUnitTime) {
+  model::StagedModel staged;
+  staged.stages.push_back({0, {region("a", true, 0, 0, 8, 8)}});
+  staged.stages.push_back({1, {region("b", false, 0, 0, 8, 8)}});
+  std::vector<StageCost> costs = costsOf(staged);
+  EXPECT_DOUBLE_EQ(costs[0].forwardUs, 1);
+  EXPECT_DOUBLE_EQ(costs[0].recomputeUs, 1);
+  EXPECT_DOUBLE_EQ(costs[1].forwardUs, 1);
+  EXPECT_DOUBLE_EQ(costs[1].recomputeUs, 0);
+}
+
+} // namespace
