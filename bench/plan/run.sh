@@ -10,7 +10,7 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 printf '| microbatches | actions | emit | wall s | peak RSS MiB | us/action |\n'
 printf '| ---: | ---: | --- | ---: | ---: | ---: |\n'
-for mb in 64 640 6400; do
+for mb in 74 740 7400; do
   for emit in summary json; do
     /usr/bin/time -f '%e %M' -o "$out/time" \
       "$tool" --schedule-gen zbv --ranks 8 --microbatches "$mb" --emit "$emit" -o "$out/plan.$emit"

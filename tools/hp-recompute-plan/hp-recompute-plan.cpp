@@ -295,23 +295,31 @@ int main(int argc, char **argv) {
   mlir::TimingScope rootTimer = timing.getRootScope();
 
   mlir::TimingScope importTimer = rootTimer.nest("import");
+  mlir::TimingScope scheduleTimer = importTimer.nest("schedule");
   std::string scheduleName;
   Expected<sched::Schedule> schedule = loadSchedule(scheduleName);
   if (!schedule)
     return fail(schedule.takeError());
+  scheduleTimer.stop();
+  mlir::TimingScope modelTimer = importTimer.nest("model");
   Expected<model::StagedModel> staged =
       loadModel(schedule->numStages, useDefault);
   if (!staged)
     return fail(staged.takeError());
+  modelTimer.stop();
 
   mlir::DialectRegistry registry;
   mlir::hpr::registerAllDialects(registry);
   mlir::MLIRContext context(registry);
+  // Import creates a location per schedule cell; uniquing a million of them
+  // is cheaper without the context's locks. Passes and export use threads.
+  context.disableMultithreading();
   auto module =
       mlir::hpr::buildPlanModule(context, *staged, *schedule, scheduleName);
   if (!module)
     return fail(module.takeError());
   importTimer.stop();
+  context.enableMultithreading();
 
   // The module is verified once, as planned, rather than after every pass
   // (a third of the run on large schedules); the importer builds from a
