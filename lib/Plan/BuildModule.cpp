@@ -134,9 +134,16 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     builder.create<ReduceGradOp>(loc, stage);
     return llvm::Error::success();
   case Kind::OverlapFB:
-  case Kind::BatchedComm:
     for (const sched::Action &part : action.parts)
       if (llvm::Error error = emit(part, loc, /*grouped=*/true))
+        return error;
+    return llvm::Error::success();
+  case Kind::BatchedComm:
+    // `batched` means "issued together with the next transfer": every part
+    // but the last, so neighbouring groups stay apart.
+    for (auto [index, part] : llvm::enumerate(action.parts))
+      if (llvm::Error error =
+              emit(part, loc, /*grouped=*/index + 1 < action.parts.size()))
         return error;
     return llvm::Error::success();
   case Kind::Recompute:
@@ -152,7 +159,8 @@ llvm::Error ProgramBuilder::build(int rank) {
   MLIRContext *context = builder.getContext();
   StringAttr fileAttr = StringAttr::get(context, file);
   for (auto [index, action] : llvm::enumerate(schedule.ranks[rank])) {
-    Location loc = FileLineColLoc::get(fileAttr, rank + 1, index + 1);
+    int cell = action.sourceCell >= 0 ? action.sourceCell : index;
+    Location loc = FileLineColLoc::get(fileAttr, rank + 1, cell + 1);
     if (llvm::Error error = emit(action, loc, /*grouped=*/false))
       return error;
   }

@@ -78,13 +78,6 @@ static sched::Action toAction(Operation *op,
   return action;
 }
 
-static bool isBatchedComm(Operation *op) {
-  return llvm::TypeSwitch<Operation *, bool>(op)
-      .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>(
-          [](auto comm) { return comm.getBatched(); })
-      .Default([](Operation *) { return false; });
-}
-
 sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
   ScheduleOp scheduleOp = getSchedule(module);
   std::vector<StageCost> costs = computeStageCosts(getModel(module));
@@ -97,27 +90,32 @@ sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
                               scheduleOp.getStageToRank().end());
   for (ProgramOp program : scheduleOp.getBody().getOps<ProgramOp>()) {
     std::vector<sched::Action> &actions = schedule.ranks.emplace_back();
-    // Overlapped pairs and batched transfers become one composite cell.
-    sched::Action *group = nullptr;
+    // Overlapped pairs and batched transfers become one composite cell. A
+    // pair is a forward marked overlap and the action after it; a batch runs
+    // from a transfer marked batched to the first one that is not.
+    constexpr size_t kNone = ~size_t(0);
+    size_t open = kNone; // Index of the composite being filled.
     for (Operation &op : program.getBody().getOps()) {
       if (!isa<ActionOpInterface>(op))
         continue;
       sched::Action action = toAction(&op, costs);
-      bool overlapped = isOverlapped(&op), batched = isBatchedComm(&op);
-      if (group && (overlapped || batched)) {
-        group->parts.push_back(std::move(action));
-        if (overlapped)
-          group = nullptr; // A pair has exactly two parts.
+      if (open != kNone) {
+        sched::Action &group = actions[open];
+        group.parts.push_back(std::move(action));
+        bool more =
+            group.kind == sched::ActionKind::BatchedComm && isBatched(&op);
+        if (!more)
+          open = kNone;
         continue;
       }
-      group = nullptr;
-      if (overlapped || batched) {
+      bool pairStart = isOverlapped(&op) && isa<ForwardOp>(op);
+      if (pairStart || isBatched(&op)) {
         sched::Action composite;
-        composite.kind = overlapped ? sched::ActionKind::OverlapFB
-                                    : sched::ActionKind::BatchedComm;
+        composite.kind = pairStart ? sched::ActionKind::OverlapFB
+                                   : sched::ActionKind::BatchedComm;
         composite.parts.push_back(std::move(action));
         actions.push_back(std::move(composite));
-        group = &actions.back();
+        open = actions.size() - 1;
         continue;
       }
       actions.push_back(std::move(action));

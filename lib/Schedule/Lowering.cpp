@@ -37,24 +37,28 @@ void lowerCommunication(Schedule &schedule) {
     std::vector<Action> lowered;
     lowered.reserve(program.size() * 2);
     for (Action &action : program) {
+      // Transfers take the cell of the compute action they serve.
+      auto transfer = [&action](ActionKind kind, const Action &p) {
+        Action comm = makeAction(kind, p.stage, p.microbatch);
+        comm.sourceCell = action.sourceCell;
+        return comm;
+      };
       forEachPrimitive(action, [&](const Action &p) {
         if (p.kind == ActionKind::Forward && remote(p.stage, p.stage - 1))
-          lowered.push_back(
-              makeAction(ActionKind::RecvF, p.stage, p.microbatch));
+          lowered.push_back(transfer(ActionKind::RecvF, p));
         else if ((p.kind == ActionKind::BackwardInput ||
                   p.kind == ActionKind::Backward) &&
                  remote(p.stage, p.stage + 1))
-          lowered.push_back(
-              makeAction(ActionKind::RecvB, p.stage, p.microbatch));
+          lowered.push_back(transfer(ActionKind::RecvB, p));
       });
       std::vector<Action> sends;
       forEachPrimitive(action, [&](const Action &p) {
         if (p.kind == ActionKind::Forward && remote(p.stage, p.stage + 1))
-          sends.push_back(makeAction(ActionKind::SendF, p.stage, p.microbatch));
+          sends.push_back(transfer(ActionKind::SendF, p));
         else if ((p.kind == ActionKind::BackwardInput ||
                   p.kind == ActionKind::Backward) &&
                  remote(p.stage, p.stage - 1))
-          sends.push_back(makeAction(ActionKind::SendB, p.stage, p.microbatch));
+          sends.push_back(transfer(ActionKind::SendB, p));
       });
       lowered.push_back(std::move(action));
       for (Action &send : sends)

@@ -379,6 +379,7 @@ llvm::Expected<Schedule> parseScheduleCsv(llvm::StringRef text,
                                        "%s:%d:%d: invalid action '%s': %s",
                                        fileName.str().c_str(), row, col,
                                        cell.str().c_str(), expected.c_str());
+      action.sourceCell = col - 1;
       program.push_back(std::move(action));
       if (comma == llvm::StringRef::npos)
         break;

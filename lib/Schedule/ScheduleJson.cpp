@@ -184,6 +184,7 @@ struct Reader {
                                   rankPath + "/actions/" + std::to_string(k),
                                   true, action))
           return err;
+        action.sourceCell = static_cast<int>(k);
         program.push_back(std::move(action));
       }
       schedule.ranks.push_back(std::move(program));

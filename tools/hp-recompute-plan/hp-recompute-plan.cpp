@@ -18,14 +18,13 @@
 #include "hpr/Schedule/ScheduleFile.h"
 #include "hpr/Schedule/Validate.h"
 
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/Timing.h"
 #include "llvm/Support/CommandLine.h"
-#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
-#include "llvm/Support/Path.h"
 #include "llvm/Support/WithColor.h"
 
 #include <optional>
@@ -156,10 +155,11 @@ static std::optional<int64_t> parseBytes(StringRef text) {
       scale = factor;
       break;
     }
-  int64_t value;
-  if (text.getAsInteger(10, value) || value < 0)
+  int64_t value, bytes;
+  if (text.getAsInteger(10, value) || value < 0 ||
+      __builtin_mul_overflow(value, scale, &bytes))
     return std::nullopt;
-  return value * scale;
+  return bytes;
 }
 
 static Expected<sched::Schedule> loadSchedule(std::string &name) {
@@ -171,14 +171,17 @@ static Expected<sched::Schedule> loadSchedule(std::string &name) {
   name = scheduleFile.empty() ? "<" + scheduleGen + ">" : scheduleFile;
   if (!schedule)
     return schedule.takeError();
-  if (!sched::hasCommunication(*schedule))
-    sched::lowerCommunication(*schedule);
+  // Validated as written, so that "action K" in a message is cell K of the
+  // file; then send/recv are added where the file has none.
   if (Error error = sched::validateSchedule(*schedule, name))
     return error;
+  sched::lowerCommunication(*schedule);
   return schedule;
 }
 
 static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
+  if (modelFile.empty() && !useDefault)
+    return mlir::hpr::makeUniformModel(numStages);
   Expected<model::ModelGraph> graph = [&]() -> Expected<model::ModelGraph> {
     if (!modelFile.empty()) {
       model::TorchScriptOptions options;
@@ -201,45 +204,47 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
   }();
   if (!graph)
     return graph.takeError();
-  if (modelFile.empty() && !useDefault)
-    return mlir::hpr::makeUniformModel(numStages);
   if (checkpointPolicy == CheckpointPolicy::All)
     for (model::Region &region : graph->regions)
       region.checkpoint = region.checkpointable;
   return model::partitionModel(*graph, numStages, stageSpec);
 }
 
-/// Runs `write` on the output: stdout, or a temporary file beside the
-/// target that is renamed over it only once complete.
+/// Runs `write` on the output: stdout for `-`, else a temporary file beside
+/// the target renamed over it once complete (llvm::writeToOutput, which also
+/// leaves /dev/null and other special files alone).
 static Error writeOutput(function_ref<void(raw_ostream &)> write) {
-  if (outputFile == "-") {
-    write(outs());
-    return Error::success();
-  }
-  SmallString<128> temp;
-  int fd;
-  StringRef dir = sys::path::parent_path(outputFile);
-  SmallString<128> model(dir.empty() ? "." : dir);
-  sys::path::append(model, ".hp-recompute-plan-%%%%%%.tmp");
-  if (std::error_code ec = sys::fs::createUniqueFile(model, fd, temp))
-    return createStringError(ec, "%s: cannot write: %s", outputFile.c_str(),
-                             ec.message().c_str());
-  {
-    raw_fd_ostream os(fd, /*shouldClose=*/true);
+  return writeToOutput(outputFile, [&](raw_ostream &os) {
     write(os);
-    os.close();
-    if (os.has_error()) {
-      sys::fs::remove(temp);
-      return createStringError(os.error(), "%s: write failed",
-                               outputFile.c_str());
-    }
+    return Error::success();
+  });
+}
+
+/// Prints an MLIR diagnostic as `FILE:ROW:COL: error: message`, the form of
+/// every other error of the tool (locations are schedule cells).
+static void printDiagnostic(mlir::Diagnostic &diag, raw_ostream &os) {
+  if (auto loc = dyn_cast<mlir::FileLineColLoc>(diag.getLocation()))
+    os << loc.getFilename().getValue() << ":" << loc.getLine() << ":"
+       << loc.getColumn() << ": ";
+  else
+    os << "hp-recompute-plan: ";
+  switch (diag.getSeverity()) {
+  case mlir::DiagnosticSeverity::Error:
+    os << "error: ";
+    break;
+  case mlir::DiagnosticSeverity::Warning:
+    os << "warning: ";
+    break;
+  case mlir::DiagnosticSeverity::Note:
+    os << "note: ";
+    break;
+  case mlir::DiagnosticSeverity::Remark:
+    os << "remark: ";
+    break;
   }
-  if (std::error_code ec = sys::fs::rename(temp, outputFile)) {
-    sys::fs::remove(temp);
-    return createStringError(ec, "%s: cannot write: %s", outputFile.c_str(),
-                             ec.message().c_str());
-  }
-  return Error::success();
+  os << diag << "\n";
+  for (mlir::Diagnostic &note : diag.getNotes())
+    printDiagnostic(note, os);
 }
 
 /// Parses `--prefetch` into `options`; false when malformed.
@@ -314,6 +319,11 @@ int main(int argc, char **argv) {
   // Import creates a location per schedule cell; uniquing a million of them
   // is cheaper without the context's locks. Passes and export use threads.
   context.disableMultithreading();
+  mlir::ScopedDiagnosticHandler diagnostics(&context,
+                                            [](mlir::Diagnostic &diag) {
+                                              printDiagnostic(diag, errs());
+                                              return mlir::success();
+                                            });
   auto module =
       mlir::hpr::buildPlanModule(context, *staged, *schedule, scheduleName);
   if (!module)

@@ -53,6 +53,11 @@ struct Action {
   std::vector<Action> parts;
   /// Optional duration in microseconds (JSON schedules may carry one).
   std::optional<double> durationUs;
+  /// The 0-based cell of the schedule file this action came from (the CSV
+  /// column - 1, the JSON array index); -1 when generated. Send/recv added by
+  /// lowerCommunication take the cell of the compute action they serve, so
+  /// diagnostics after lowering still point at the file. Not part of ==.
+  int sourceCell = -1;
 
   bool operator==(const Action &other) const;
   bool operator!=(const Action &other) const { return !(*this == other); }

@@ -220,3 +220,26 @@ hpr.schedule "s" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
     hpr.recompute %elsewhere
   }
 }
+
+// -----
+
+hpr.schedule "s" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    // expected-error @+1 {{'hpr.send_f' op is marked batched but the next action is not a transfer}}
+    hpr.send_f stage 0 mb 0 peer 1 batched
+    hpr.idle
+  }
+  hpr.program rank 1 {}
+}
+
+// -----
+
+// The map is checked by the schedule after its ops; a transfer must not
+// read past a short one first.
+// expected-error @+1 {{stage_to_rank has 1 entries for 2 stages}}
+hpr.schedule "s" ranks 2 stages 2 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    hpr.send_f stage 0 mb 0 peer 1
+  }
+  hpr.program rank 1 {}
+}

@@ -30,7 +30,7 @@ hpr.model "m" {
 // CHECK-NEXT:    hpr.backward stage 0 mb 0 overlap
 // CHECK-NEXT:    hpr.idle
 // CHECK-NEXT:    hpr.recv_b stage 0 mb 1 peer 1 batched
-// CHECK-NEXT:    hpr.send_f stage 0 mb 1 peer 1 batched
+// CHECK-NEXT:    hpr.send_f stage 0 mb 1 peer 1{{$}}
 // CHECK-NEXT:    hpr.recompute %[[S]]
 // CHECK-NEXT:    hpr.backward_input stage 0 mb 0 session(%[[S]]) retain_on_unpack
 // CHECK-NEXT:    hpr.backward_weight stage 0 mb 0 session(%[[S]])
@@ -52,7 +52,7 @@ hpr.schedule "all_ops" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
     hpr.backward stage 0 mb 0 overlap
     hpr.idle
     hpr.recv_b stage 0 mb 1 peer 1 batched
-    hpr.send_f stage 0 mb 1 peer 1 batched
+    hpr.send_f stage 0 mb 1 peer 1
     hpr.recompute %s
     hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
     hpr.backward_weight stage 0 mb 0 session(%s)

@@ -21,6 +21,8 @@ std::string getSessionId(int64_t stage, int64_t microbatch);
 /// True for a forward or backward action marked `overlap` (half of an
 /// OVERLAP_F_B pair).
 bool isOverlapped(Operation *op);
+/// True for a transfer marked `batched` (issued with the next transfer).
+bool isBatched(Operation *op);
 } // namespace mlir::hpr
 
 #define GET_OP_CLASSES

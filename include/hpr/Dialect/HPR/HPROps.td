@@ -189,8 +189,9 @@ class HPR_CommOp<string mnemonic>
     : HPR_StageMicrobatchOp<mnemonic, []> {
   let planName = "\"" # mnemonic # "\"";
   let description = [{
-    `peer` is the other rank. `batched` marks transfers issued together
-    with their neighbours (the legacy `0SEND_F0_1RECV_B0` cells).
+    `peer` is the other rank. `batched` marks a transfer issued together
+    with the next one (the legacy `0SEND_F0_1RECV_B0` cells: every part but
+    the last carries it).
   }];
   let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, I64Attr:$peer,
                        UnitAttr:$batched);
