@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Model/ModelJson.h"
+#include "hpr/Support/Json.h"
 
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -19,14 +20,6 @@ using json = nlohmann::json;
 
 namespace {
 
-/// Shortens a JSON value for an error message.
-std::string show(const json &value) {
-  std::string text = value.dump();
-  if (text.size() > 40)
-    text = text.substr(0, 37) + "...";
-  return text;
-}
-
 /// Collects the first schema violation with its path.
 class Reader {
 public:
@@ -37,7 +30,7 @@ public:
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),
         llvm::formatv("{0}: {1}: expected {2}, got '{3}'", file,
-                      path.empty() ? "/" : path, expected, show(got))
+                      path.empty() ? "/" : path, expected, hpr::quoteJson(got))
             .str());
   }
   llvm::Error failMsg(const std::string &path, const std::string &msg) const {
@@ -218,43 +211,14 @@ private:
   std::string file;
 };
 
-/// 1-based row and column of byte \p offset in \p text.
-std::pair<size_t, size_t> rowCol(llvm::StringRef text, size_t offset) {
-  offset = std::min(offset, text.size());
-  size_t row = 1, col = 1;
-  for (size_t i = 0; i < offset; ++i) {
-    if (text[i] == '\n') {
-      ++row;
-      col = 1;
-    } else {
-      ++col;
-    }
-  }
-  return {row, col};
-}
-
 } // namespace
 
 llvm::Expected<ModelGraph> hpr::model::parseModelJson(llvm::StringRef text,
                                                       llvm::StringRef file) {
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error &e) {
-    // e.byte is 1-based and points just past the offending character.
-    auto [row, col] = rowCol(text, e.byte > 0 ? e.byte - 1 : 0);
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] parse error at line
-    // 1, column 2: " prefix; we print our own location.
-    if (auto pos = what.find(": "); pos != std::string::npos)
-      if (auto pos2 = what.find(": ", pos + 2); pos2 != std::string::npos)
-        what = what.substr(pos2 + 2);
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        llvm::formatv("{0}:{1}:{2}: invalid JSON: {3}", file, row, col, what)
-            .str());
-  }
-  return Reader(file).read(doc);
+  llvm::Expected<json> doc = hpr::parseJson(text, file);
+  if (!doc)
+    return doc.takeError();
+  return Reader(file).read(*doc);
 }
 
 std::string hpr::model::printModelJson(const ModelGraph &graph) {
@@ -286,5 +250,5 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
     regions.push_back(std::move(r));
   }
   doc["regions"] = std::move(regions);
-  return doc.dump(2) + "\n";
+  return hpr::dumpJson(doc, 2) + "\n";
 }

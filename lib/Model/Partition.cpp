@@ -12,7 +12,6 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <optional>
 
@@ -186,43 +185,43 @@ hpr::model::partitionModel(const ModelGraph &graph, int numStages,
   std::vector<double> prefix(n + 1, 0);
   for (int i = 0; i < n; ++i)
     prefix[i + 1] = prefix[i] + costs[i];
-  // Regions [i, j) may form stage s when every fixed region among them says s.
-  auto fits = [&](int i, int j, int s) {
-    for (int k = i; k < j; ++k)
-      if (graph.regions[k].stage >= 0 && graph.regions[k].stage != s)
-        return false;
-    return true;
+  // Region k may not join stage s when it is fixed to another stage.
+  auto clashes = [&](int k, int s) {
+    return graph.regions[k].stage >= 0 && graph.regions[k].stage != s;
   };
-  const double inf = std::numeric_limits<double>::infinity();
   // best[s][j]: minimal max stage cost putting regions [0, j) into stages
-  // 0..s; from[s][j]: where stage s starts in that optimum.
+  // 0..s; from[s][j]: where stage s starts in that optimum, -1 when no split
+  // exists (kept apart from the cost, which may itself overflow to inf).
   std::vector<std::vector<double>> best(numStages,
-                                        std::vector<double>(n + 1, inf));
+                                        std::vector<double>(n + 1, 0));
   std::vector<std::vector<int>> from(numStages, std::vector<int>(n + 1, -1));
-  for (int j = 1; j <= n; ++j)
-    if (fits(0, j, 0))
-      best[0][j] = prefix[j];
+  for (int j = 1; j <= n && !clashes(j - 1, 0); ++j) {
+    best[0][j] = prefix[j];
+    from[0][j] = 0;
+  }
+  // Stage s = [i, j) grows leftwards one region at a time, so only the new
+  // region i needs checking: O(S n^2) in all.
   for (int s = 1; s < numStages; ++s)
     for (int j = s + 1; j <= n; ++j)
       for (int i = j - 1; i >= s; --i) {
-        if (!fits(i, j, s))
-          break; // a longer stage s would include the same mismatch
-        if (best[s - 1][i] == inf)
+        if (clashes(i, s))
+          break; // a longer stage s would include the same region
+        if (from[s - 1][i] < 0)
           continue;
         double cost = std::max(best[s - 1][i], prefix[j] - prefix[i]);
-        if (cost < best[s][j]) {
+        if (from[s][j] < 0 || cost < best[s][j]) {
           best[s][j] = cost;
           from[s][j] = i;
         }
       }
-  if (best[numStages - 1][n] == inf)
+  if (from[numStages - 1][n] < 0)
     return makeError(llvm::formatv(
         "cannot split model '{0}' into {1} stages: the fixed \"stage\" of its "
         "regions leaves no contiguous split with every stage non-empty",
         graph.name, numStages));
   std::vector<int> stageOf(n, 0);
   for (int s = numStages - 1, j = n; s >= 0; --s) {
-    int i = s == 0 ? 0 : from[s][j];
+    int i = from[s][j];
     for (int k = i; k < j; ++k)
       stageOf[k] = s;
     j = i;

@@ -359,7 +359,9 @@ llvm::Expected<std::optional<Sidecar>> readSidecar(llvm::StringRef modelPath) {
       /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object())
     return fail("", "expected an exporter sidecar (a JSON object)");
-  if (doc.value("format", "") != "hp-recompute-export")
+  auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() ||
+      *format != "hp-recompute-export")
     return fail("/format", "expected \"hp-recompute-export\"");
   Sidecar sidecar;
   if (auto inputs = doc.find("inputs"); inputs != doc.end()) {

@@ -5,6 +5,7 @@
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Plan/CostModel.h"
 #include "hpr/Schedule/Simulate.h"
+#include "hpr/Support/Json.h"
 
 #include "mlir/IR/Threading.h"
 #include "llvm/ADT/DenseMap.h"
@@ -272,7 +273,7 @@ static void writeArrayLines(llvm::raw_ostream &os, const Range &items,
     auto value = toJson(item);
     if (!value)
       continue;
-    os << (first ? "\n" : ",\n") << indent << value->dump();
+    os << (first ? "\n" : ",\n") << indent << ::hpr::dumpJson(*value);
     first = false;
   }
   os << "\n" << indent.drop_back() << "]";
@@ -326,7 +327,8 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"max_live_sessions", maxLive}}}};
   os << "{\n";
   for (auto &[key, value] : head)
-    os << " " << json(key).dump() << ": " << value.dump() << ",\n";
+    os << " " << ::hpr::dumpJson(key) << ": " << ::hpr::dumpJson(value)
+       << ",\n";
 
   auto programs = schedule.getBody().getOps<ProgramOp>();
   os << " \"sessions\": ";

@@ -366,6 +366,14 @@ llvm::Expected<Schedule> generateSchedule(llvm::StringRef name,
                             llvm::Twine(v));
   if (static_cast<int64_t>(p) * v > kMaxStage + 1 || m > kMaxMicrobatch + 1)
     return refuse(name, "too many stages or microbatches");
+  // Every (stage, microbatch) has up to three compute actions (F, I, W).
+  const int64_t computeActions = int64_t(p) * v * m * 3;
+  if (computeActions > kMaxGeneratedActions)
+    return refuse(name, "would hold " + llvm::Twine(computeActions) +
+                            " compute actions; at most " +
+                            llvm::Twine(kMaxGeneratedActions) +
+                            " are generated (ranks x stages per rank x "
+                            "microbatches x 3)");
   if (name == "gpipe")
     return gpipe(p, m);
   if (name == "1f1b")

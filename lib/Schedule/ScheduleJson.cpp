@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Schedule/ScheduleJson.h"
+#include "hpr/Support/Json.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 
 #include "llvm/Support/Path.h"
@@ -36,11 +37,11 @@ struct Reader {
     if (!value.is_number_integer() ||
         (value.is_number_integer() && value.get<int64_t>() < 0))
       return error(path,
-                   "expected a non-negative integer, got " + value.dump());
+                   "expected a non-negative integer, got " + hpr::quoteJson(value));
     int64_t v = value.get<int64_t>();
     if (v > limit)
       return error(path, "expected at most " + llvm::Twine(limit) + ", got " +
-                             value.dump());
+                             hpr::quoteJson(value));
     out = static_cast<int>(v);
     return llvm::Error::success();
   }
@@ -48,12 +49,12 @@ struct Reader {
   llvm::Error readAction(const json &value, const std::string &path,
                          bool allowComposite, Action &out) {
     if (!value.is_object())
-      return error(path, "expected an action object, got " + value.dump());
+      return error(path, "expected an action object, got " + hpr::quoteJson(value));
     auto opIt = value.find("op");
     if (opIt == value.end())
       return error(path, "expected a key 'op'");
     if (!opIt->is_string())
-      return error(path + "/op", "expected a string, got " + opIt->dump());
+      return error(path + "/op", "expected a string, got " + hpr::quoteJson(*opIt));
     std::string op = opIt->get<std::string>();
     static const ActionKind kinds[] = {
         ActionKind::Idle,          ActionKind::Forward,
@@ -97,7 +98,7 @@ struct Reader {
         if (!it->is_number() || it->get<double>() < 0 ||
             !std::isfinite(it->get<double>()))
           return error(sub,
-                       "expected a non-negative number, got " + it->dump());
+                       "expected a non-negative number, got " + hpr::quoteJson(*it));
         out.durationUs = it->get<double>();
       } else if (key == "parts" && composite) {
         if (!allowComposite)
@@ -155,7 +156,7 @@ struct Reader {
     schedule.name = llvm::sys::path::stem(fileName).str();
     if (auto name = root.find("name"); name != root.end()) {
       if (!name->is_string())
-        return error("/name", "expected a string, got " + name->dump());
+        return error("/name", "expected a string, got " + hpr::quoteJson(*name));
       schedule.name = name->get<std::string>();
     }
     auto ranks = root.find("ranks");
@@ -172,7 +173,7 @@ struct Reader {
       if (auto idx = rank.find("rank"); idx != rank.end() && *idx != r)
         return error(rankPath + "/rank",
                      "expected " + std::to_string(r) +
-                         " (ranks are listed in order), got " + idx->dump());
+                         " (ranks are listed in order), got " + hpr::quoteJson(*idx));
       auto actions = rank.find("actions");
       if (actions == rank.end() || !actions->is_array())
         return error(rankPath + "/actions", "expected an array of actions");
@@ -199,7 +200,7 @@ struct Reader {
       if (n != schedule.numRanks)
         return error("/num_ranks",
                      "expected " + std::to_string(schedule.numRanks) +
-                         " (the length of /ranks), got " + it->dump());
+                         " (the length of /ranks), got " + hpr::quoteJson(*it));
     }
     auto checkAtLeast = [&](const char *key, int used, int limit,
                             int &field) -> llvm::Error {
@@ -213,7 +214,7 @@ struct Reader {
       if (n < used)
         return error(path, "expected at least " + std::to_string(used) +
                                " (the actions use that many), got " +
-                               it->dump());
+                               hpr::quoteJson(*it));
       field = n;
       return llvm::Error::success();
     };
@@ -273,25 +274,10 @@ nlohmann::ordered_json actionToJson(const Action &action) {
 
 llvm::Expected<Schedule> parseScheduleJson(llvm::StringRef text,
                                            llvm::StringRef fileName) {
-  json root;
-  try {
-    root = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error &e) {
-    // Turn the byte offset into line:column.
-    size_t offset = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
-    int line = 1, col = 1;
-    for (size_t i = 0; i < offset; ++i) {
-      if (text[i] == '\n') {
-        ++line;
-        col = 1;
-      } else {
-        ++col;
-      }
-    }
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "%s:%d:%d: invalid JSON: %s",
-                                   fileName.str().c_str(), line, col, e.what());
-  }
+  llvm::Expected<json> parsed = hpr::parseJson(text, fileName);
+  if (!parsed)
+    return parsed.takeError();
+  const json &root = *parsed;
   Reader reader{fileName.str()};
   return reader.read(root);
 }
@@ -302,7 +288,7 @@ std::string printScheduleJson(const Schedule &schedule) {
     out += "  \"";
     out += key;
     out += "\": ";
-    out += value.dump();
+    out += hpr::dumpJson(value);
     out += ",\n";
   };
   field("format", kFormat.str());
@@ -319,7 +305,7 @@ std::string printScheduleJson(const Schedule &schedule) {
     const auto &program = schedule.ranks[r];
     for (size_t k = 0; k < program.size(); ++k) {
       out += k ? ",\n      " : "\n      ";
-      out += actionToJson(program[k]).dump();
+      out += hpr::dumpJson(actionToJson(program[k]));
     }
     out += program.empty() ? "]}" : "\n    ]}";
   }

@@ -104,6 +104,7 @@ private:
   }
 
   bool checkShape();
+  void checkComposites();
   void indexActions();
   void checkCoverage();
   void checkOrder();
@@ -329,8 +330,30 @@ void Validator::checkComms() {
   });
 }
 
+/// OVERLAP_F_B is exactly a forward followed by one backward action (I, W or
+/// B), as PyTorch's runtime executes it.
+void Validator::checkComposites() {
+  for (int r = 0, nr = static_cast<int>(schedule.ranks.size()); r < nr; ++r)
+    for (int k = 0, n = static_cast<int>(schedule.ranks[r].size()); k < n;
+         ++k) {
+      const Action &a = schedule.ranks[r][k];
+      if (a.kind != ActionKind::OverlapFB)
+        continue;
+      bool wellFormed = a.parts.size() == 2 &&
+                        a.parts[0].kind == ActionKind::Forward &&
+                        (a.parts[1].kind == ActionKind::BackwardInput ||
+                         a.parts[1].kind == ActionKind::BackwardWeight ||
+                         a.parts[1].kind == ActionKind::Backward);
+      if (!wellFormed)
+        report("rank " + std::to_string(r) + ", action " + std::to_string(k) +
+               " (" + formatAction(a) +
+               "): OVERLAP_F_B takes a forward then one backward (I, W or B)");
+    }
+}
+
 llvm::Error Validator::run() {
   if (checkShape()) {
+    checkComposites();
     indexActions();
     checkCoverage();
     checkOrder();

@@ -15,11 +15,12 @@ Rule 1 (forward). Each ``checkpoint`` call creates one frame. Autograd's saved t
   state. Inside ``recompute_handle_collector_ctx()`` the frame's handle is appended to
   the collected list, only once the forward succeeded.
 
-Rule 2 (replay). A replay runs the function once more on detached copies of the inputs
-  under the forward's RNG, autocast and CUDA-device state, then restores the caller's
-  RNG streams, so a prefetch never shifts the caller's random numbers. The i-th tensor
-  the replay saves goes to the i-th holder. With ``early_stop`` the replay stops right
-  after the last saved tensor. The number of saved tensors is always checked, their
+Rule 2 (replay). A replay runs the function once more on the forward's own input tensors
+  (as torch's non-reentrant checkpoint does, so a block may start with an in-place op on a
+  non-leaf input) under the forward's RNG, autocast and CUDA-device state, then restores
+  the caller's RNG streams, so a prefetch never shifts the caller's random numbers. The
+  i-th tensor the replay saves goes to the i-th holder. With ``early_stop`` the replay
+  stops right after the last saved tensor. The number of saved tensors is always checked, their
   metadata unless ``determinism_check="none"``; a mismatch raises CheckpointError.
 
 Rule 3 (no session). A frame bound to no session behaves like the installed torch's
@@ -36,7 +37,8 @@ Rule 4 (binding). A frame is bound to at most one session, by the control plane:
   the session without any context variable.
 
 Rule 5 (hot path). Unpacking a bound frame reads ``holder.value`` and ``session.mode``
-  only: no context-variable look-up, no lock. Inside a context with
+  only: no context-variable look-up, no lock (a session-less frame follows Rule 3; on
+  torch 2.x that path takes the frame's lock on every unpack). Inside a context with
   ``retain_on_unpack=True`` the tensor stays for the next consumer; otherwise
   (``retain_on_unpack=False`` or no context open) it is dropped when read. A miss replays
   the frame once per binding; a miss after that replay means a non-retaining consumer
@@ -63,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
 
 import torch
@@ -106,8 +109,12 @@ def recompute_handle_collector_ctx() -> Iterator[List[RecomputeHandle]]:
 
 
 def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    probe = getattr(compiler, "is_compiling", None)
+    """Whether torch.compile is tracing this call (then torch's own checkpoint is used)."""
+    probe = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    if probe is None:
+        # torch 2.0-2.2; a trace needs torch._dynamo loaded, so never import it here
+        # (torch 1.13 has none).
+        probe = getattr(sys.modules.get("torch._dynamo"), "is_compiling", None)
     return bool(probe()) if probe is not None else False
 
 

@@ -24,6 +24,11 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+try:  # imported as part of the package
+    from .storage import storage_of
+except ImportError:  # pragma: no cover - export.py run as a plain script
+    from storage import storage_of  # type: ignore
+
 __all__ = ["Segment", "region_of", "measure_regions", "op_flops"]
 
 
@@ -131,7 +136,7 @@ class _Tracker:
         return seg
 
     def on_saved(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.storage()
+        storage = storage_of(tensor)
         ptr = storage.data_ptr()
         if ptr not in self.param_storages:
             self.current().saved[ptr] = storage.nbytes()
@@ -149,14 +154,14 @@ class _Tracker:
         index = len(self.segments) - 1  # seg is always the last segment
         seg.flops += flops
         for t in flat_in:
-            storage = t.storage()
+            storage = storage_of(t)
             ptr = storage.data_ptr()
             if ptr in self.param_storages:
                 seg.params[ptr] = storage.nbytes()
             elif self.producer.get(ptr, -1) != index:
                 seg.inputs[ptr] = storage.nbytes()
         for t in flat_out:
-            ptr = t.storage().data_ptr()
+            ptr = storage_of(t).data_ptr()
             self.producer.setdefault(ptr, index)
             self.keep.append(t)
 
@@ -187,7 +192,7 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     and buffers excluded), ``inputs``/``params`` the distinct storages each segment
     read that an earlier segment (or the caller) produced / that are parameters.
     """
-    param_storages = {p.storage().data_ptr(): p.storage().nbytes()
+    param_storages = {storage_of(p).data_ptr(): storage_of(p).nbytes()
                       for p in list(model.parameters()) + list(model.buffers())}
     tracker = _Tracker(depth, param_storages)
     names = {m: n for n, m in model.named_modules() if n}

@@ -26,18 +26,39 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
         raise error(f"{flag}: expected FILE.py:FACTORY, got '{spec}'")
     if not os.path.isfile(path):
         raise error(f"{flag}: no such file '{path}'")
-    # A private module name per file, so two specs never share a module.
-    name = "_hpr_factory_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    # A private module name per file (its absolute path, mangled), so two specs never
+    # share a module.
+    name = "_hpr_factory_" + re.sub(r"\W", "_", os.path.splitext(os.path.abspath(path))[0])
     module_spec = importlib.util.spec_from_file_location(name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
+    # Registered before it runs, as the import system does: @dataclass and typing look
+    # the defining module up in sys.modules (``from __future__ import annotations``).
+    sys.modules[name] = module
     # The factory's file may import its neighbours.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
+    except BaseException:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+        raise
     finally:
-        sys.path.pop(0)
+        _remove_path_entry(folder)
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise error(f"{flag}: '{path}' has no callable '{factory}'")
     return fn()
+
+
+def _remove_path_entry(folder: str) -> None:
+    """Remove the ``sys.path`` entry ``call_factory`` inserted, even if the module
+    edited ``sys.path`` meanwhile (then index 0 may be somebody else's entry)."""
+    if sys.path and sys.path[0] == folder:
+        del sys.path[0]
+        return
+    for i, entry in enumerate(sys.path):
+        if entry == folder:
+            del sys.path[i]
+            return

@@ -8,6 +8,7 @@ and holder fields only (Rule 5).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import weakref
@@ -76,14 +77,6 @@ def _replay_unpack(_: Any) -> torch.Tensor:
     raise CheckpointError(error_text("internal error: a tensor saved during a replay was unpacked; please report"))
 
 
-def _detached(value: Any) -> Any:
-    # Replays start from fresh leaves so they never extend the caller's graph; keeping
-    # requires_grad makes autograd save exactly the tensors the forward saved.
-    if isinstance(value, torch.Tensor):
-        return value.detach().requires_grad_(value.requires_grad)
-    return value
-
-
 def _store_session(holder: Holder, tensor: torch.Tensor) -> None:
     holder.value = tensor
 
@@ -108,6 +101,12 @@ class _Replay:
         self.count = 0
         self.stopped = False
         self.error: Optional[CheckpointError] = None
+
+    def take_error(self) -> CheckpointError:
+        """The recorded error, forgotten here so that nothing of the replay points back to it."""
+        error, self.error = self.error, None
+        assert error is not None
+        return error
 
     def pack(self, tensor: torch.Tensor) -> None:
         frame = self.frame
@@ -223,25 +222,28 @@ class CheckpointFrame:
         if not self.holders:
             return
         run = _Replay(self, store)
-        args = tuple(_detached(a) for a in self.args)
-        kwargs = {k: _detached(v) for k, v in self.kwargs.items()}
         previous = THREAD.replay
         THREAD.replay = PLAIN_REPLAY if session is None else session
         try:
             with self.state.restored(), torch.enable_grad():
-                with self.recompute_ctx if self.recompute_ctx is not None else _NULL_CONTEXT:
+                with self.recompute_ctx if self.recompute_ctx is not None else contextlib.nullcontext():
                     with torch.autograd.graph.saved_tensors_hooks(run.pack, _replay_unpack):
                         try:
-                            self.function(*args, **kwargs)
+                            # The original inputs, as torch.utils.checkpoint(use_reentrant=False)
+                            # replays: a fresh leaf would reject a block that starts with an
+                            # in-place op on a non-leaf input (ReLU(inplace=True)).
+                            self.function(*self.args, **self.kwargs)
                         except BaseException:
-                            if run.error is not None:
-                                raise run.error from None
-                            if not run.stopped:
+                            if run.error is None and not run.stopped:
                                 raise
         finally:
             THREAD.replay = previous
         if run.error is not None:
-            raise run.error
+            # Hand the error over instead of keeping it on ``run``: the replay's activations
+            # reach ``run`` through autograd's C++ saved-variable hooks (run.pack), and an
+            # error whose traceback reaches them back would form a cycle gc cannot see.
+            # Raised outside the except block, it does not chain the replay's frames either.
+            raise run.take_error()
         if run.count != len(self.holders):
             raise CheckpointError(
                 error_text(
@@ -413,24 +415,16 @@ def _store_task(holder: Holder, gid: int, tensor: torch.Tensor) -> None:
     holder.by_task[gid] = tensor
 
 
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL_CONTEXT = _NullContext()
-
-
 def unpack_saved(holder: Holder) -> torch.Tensor:
     """The unpack hook of every checkpoint: the hot path (Rule 5).
 
-    A frame bound to a session returns the recomputed tensor reading only
-    ``holder.value`` and ``session.mode``; a session-less frame on torch 1.13 reads
-    ``holder.shared`` after checking that no session context is open. No context
-    variable, no lock; everything else goes to ``CheckpointFrame.unpack_slow``.
+    A frame bound to a session returns its recomputed tensor reading only
+    ``holder.value`` and ``session.mode``: no context variable, no lock. A
+    session-less frame while no session context is open follows Rule 3: on torch
+    1.13 it reads ``holder.shared`` without a lock once replayed; on torch 2.x every
+    such unpack takes the frame's lock (``unpack_plain``), because its per-backward
+    replay bookkeeping is shared by concurrent backwards. Everything else goes to
+    ``CheckpointFrame.unpack_slow``.
     """
     frame = holder.frame
     session = frame.session

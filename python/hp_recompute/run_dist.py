@@ -172,7 +172,6 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
                           "sessions_left": left, "peak_bytes": ex.tracker.peak,
                           "step_time_s": elapsed})
             sgd_update(model.module, grads, ex.param_names)
-            ex.native_calls = ex.native_forwards = 0
         dist.barrier()
         state["finished"] = True
         torch.save({"rank": rank, "steps": steps, "error": None}, result_path)

@@ -30,12 +30,12 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from .checkpoint import checkpoint as hr_checkpoint
-from .sessions import (clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx,
-                       session_stats)
-from .checkpoint import recompute_handle_collector_ctx
+from .checkpoint import checkpoint as hr_checkpoint, recompute_handle_collector_ctx
 from .run_model import PipelineModel, StageSpec, Unit
 from .run_plan import CONSUMER_OPS, Action, Plan, RunError
+from .sessions import (clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx,
+                       session_stats)
+from .storage import storage_of
 
 __all__ = ["Transport", "MemoryTransport", "MemoryTracker", "RankExecutor", "planted_failure", "clear_all_sessions",
            "MODES"]
@@ -102,8 +102,8 @@ class MemoryTransport(Transport):
 
 
 def _storage(t: torch.Tensor) -> Tuple[int, int]:
-    storage = t.storage()
-    return storage.data_ptr(), storage.size() * t.element_size()
+    storage = storage_of(t)
+    return storage.data_ptr(), storage.nbytes()
 
 
 class MemoryTracker:
@@ -208,10 +208,8 @@ class RankExecutor:
         named = dict(model.module.named_parameters())
         self.params = {s.stage: [named[n] for n in s.params] for s in specs if plan.stage_to_rank[s.stage] == rank}
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
-        self.tracker = MemoryTracker({p.storage().data_ptr() for p in model.module.parameters()})
+        self.tracker = MemoryTracker({storage_of(p).data_ptr() for p in model.module.parameters()})
         self.fail_at = planted_failure()
-        self.native_calls = 0  # native mode: function calls of checkpointed units (forward + replays)
-        self.native_forwards = 0
         self.reset([])
 
     # -- step state ----------------------------------------------------------------------
@@ -225,6 +223,9 @@ class RankExecutor:
         self.inbox_b: Dict[Key, torch.Tensor] = {}
         self.dx_out: Dict[Key, torch.Tensor] = {}
         self.losses: Dict[int, torch.Tensor] = {}
+        # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
+        self.native_calls = 0
+        self.native_forwards = 0
         self.tracker.kept.clear()
         self.tracker.recomputed.clear()
         self.tracker.peak = 0

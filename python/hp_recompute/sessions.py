@@ -2,7 +2,8 @@
 
 These are the only functions that take ``REGISTRY.lock``; they bind sessions to frames
 so that the unpack hot path never has to look anything up (NOTE [ Recompute sessions ]
-Rules 4-7 in ``checkpoint.py``).
+Rules 4-7 in ``checkpoint.py``). Lock order: ``REGISTRY.lock`` first, then a frame's
+lock; nothing takes ``REGISTRY.lock`` while holding a frame lock.
 """
 
 from __future__ import annotations
@@ -93,16 +94,22 @@ def recompute_handle(handle: RecomputeHandle, session_id: Hashable) -> None:
             _forget_if_empty(session, created)
             raise
     REGISTRY.count("prefetches")
-    with frame.lock:
-        if frame.session is not session or frame.session_replayed:
-            return
-        try:
-            frame.replay_into_session()
-        except BaseException:
-            frame.unbind(session)
-            with REGISTRY.lock:
-                _forget_if_empty(session, created)
-            raise
+    try:
+        with frame.lock:
+            if frame.session is not session or frame.session_replayed:
+                return
+            try:
+                frame.replay_into_session()
+            except BaseException:
+                frame.unbind(session)  # under the frame lock: nobody sees the failed binding
+                raise
+    except BaseException:
+        # Only after the frame lock is released: the lock order is always REGISTRY.lock,
+        # then a frame lock (binding above), so a concurrent prefetch of this handle that
+        # holds REGISTRY.lock and waits for the frame lock cannot deadlock with us.
+        with REGISTRY.lock:
+            _forget_if_empty(session, created)
+        raise
 
 
 def _forget_if_empty(session: Session, created: bool) -> None:

@@ -10,6 +10,8 @@
 
 #include "hpr/Schedule/Schedule.h"
 
+#include <cstdint>
+
 #include "llvm/ADT/StringRef.h"
 
 namespace hpr::sched {
@@ -18,6 +20,10 @@ namespace hpr::sched {
 constexpr int kMaxStage = 65535;
 /// Largest microbatch number the readers accept.
 constexpr int kMaxMicrobatch = (1 << 24) - 1;
+/// Largest schedule a generator writes: 3 x 10^7 compute actions, about
+/// 30x the planner's benchmark, before the memory of a 2-core machine runs
+/// out.
+constexpr int64_t kMaxGeneratedActions = 30'000'000;
 
 /// Makes a primitive action.
 Action makeAction(ActionKind kind, int stage, int microbatch = -1);

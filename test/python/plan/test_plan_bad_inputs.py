@@ -4,11 +4,14 @@ output; usage errors exit 2."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 
 import pytest
 
-from plan_cli import SCHEDULES, run_plan
+from plan_cli import PLAN_TOOL, SCHEDULES, run_plan
 
 BAD = SCHEDULES / "bad"
 
@@ -50,6 +53,7 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
     [
         (["--prefetch", "soon"], "--prefetch: expected jit or lookahead=K, got 'soon'"),
         (["--memory-budget", "lots"], "--memory-budget: expected bytes such as 24GiB"),
+        (["--memory-budget", "8388608TiB"], "--memory-budget: expected bytes such as 24GiB"),
         (["--schedule", "a.csv", "--schedule-gen", "zbv"], "are exclusive"),
         (["--no-such-flag"], "Unknown command line argument"),
     ],
@@ -72,3 +76,58 @@ def test_missing_schedule_file_is_an_error(tmp_path):
     proc = run_plan("--schedule", str(missing), check=False)
     assert proc.returncode == 1
     assert str(missing) in proc.stderr
+
+
+def test_json_number_out_of_range_is_a_located_error(tmp_path):
+    path = tmp_path / "big.json"
+    path.write_text('{"format": "hp-recompute-schedule", "version": 1, "ranks": '
+                    '[{"rank": 0, "actions": [{"op": "forward", "stage": 0, "microbatch": 1e999}]}]}')
+    proc = run_plan("--schedule", str(path), check=False)
+    assert proc.returncode == 1
+    assert f"{path}: invalid JSON:" in proc.stderr and "number overflow" in proc.stderr
+
+
+def test_deeply_nested_json_is_refused_not_crashed(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text('{"ranks": ' + "[" * 100000 + "]" * 100000 + "}")
+    proc = run_plan("--schedule", str(path), check=False)
+    assert proc.returncode == 1
+    assert "nested deeper than 64 levels" in proc.stderr
+
+
+def test_model_json_number_out_of_range_is_a_located_error(tmp_path):
+    path = tmp_path / "model.json"
+    path.write_text('{"format": "hp-recompute-model", "version": 1, "name": "m", '
+                    '"regions": [{"name": "a", "fwd_flops": 1e400}]}')
+    proc = run_plan("--model", str(path), "--schedule-gen", "1f1b", "--ranks", "1",
+                    "--microbatches", "1", check=False)
+    assert proc.returncode == 1
+    assert f"{path}: invalid JSON:" in proc.stderr
+
+
+def test_file_name_that_is_not_utf8_still_gives_valid_json(tmp_path):
+    path = os.path.join(os.fsencode(tmp_path), b"s\xff.csv")
+    with open(path, "w") as f:
+        f.write("0F0,0I0,0W0\n")
+    proc = subprocess.run([os.fsencode(PLAN_TOOL), b"--schedule", path, b"--emit", b"json"],
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["schedule"]["name"].startswith("s")
+
+
+def test_adjacent_legacy_combined_cells_stay_apart(tmp_path):
+    path = tmp_path / "combined.csv"
+    path.write_text(
+        "0F0,0F1,0SEND_F0_0SEND_F1,0RECV_B0_0RECV_B1,(0F2;0BW0)OVERLAP_F_B,0SEND_F2,0BW1,0RECV_B2,0BW2\n"
+        "1RECV_F0,1F0,1BW0,1SEND_B0,1RECV_F1,1F1,1BW1,1SEND_B1,1RECV_F2,1F2,1BW2,1SEND_B2\n")
+    out = run_plan("--schedule", str(path), "--schedule-dialect", "legacy", "--emit", "csv").stdout
+    cells = out.splitlines()[0].split(",")
+    assert "0SEND_F0_0SEND_F1" in cells and "0RECV_B0_0RECV_B1" in cells
+    assert "(0F2;0BW0)OVERLAP_F_B" in cells
+
+
+def test_generated_schedules_are_capped():
+    proc = run_plan("--schedule-gen", "1f1b", "--ranks", "4096", "--microbatches", "100000",
+                    check=False)
+    assert proc.returncode == 1
+    assert "compute actions; at most 30000000 are generated" in proc.stderr
