@@ -46,7 +46,8 @@ void InsertClearPass::runOnOperation() {
       if (!isLast)
         ++numRetained;
     }
-    builder.setInsertionPointAfter(getPairEnd(consumers.back()));
+    // A reader is never a pair's first half, so this is after any pair too.
+    builder.setInsertionPointAfter(consumers.back());
     builder.create<ClearOp>(session.getLoc(), session.getSession());
     ++numClearInserted;
     LLVM_DEBUG(llvm::dbgs() << "clear " << session.getSid() << " after "

@@ -91,16 +91,19 @@ public:
                                                     key)
                                           .str())
                       : llvm::Error::success();
-    if (it->is_number_unsigned() &&
-        it->get<uint64_t>() <= uint64_t(INT64_MAX)) {
-      out = static_cast<int64_t>(it->get<uint64_t>());
-      return llvm::Error::success();
+    // 1 PiB per region is far beyond any real activation and keeps every
+    // per-rank sum of the cost model far from int64 overflow.
+    constexpr int64_t kMaxBytes = int64_t(1) << 50;
+    if (it->is_number_integer() &&
+        !(it->is_number_unsigned() &&
+          it->get<uint64_t>() > uint64_t(kMaxBytes))) {
+      int64_t value = it->get<int64_t>();
+      if (value >= 0 && value <= kMaxBytes) {
+        out = value;
+        return llvm::Error::success();
+      }
     }
-    if (it->is_number_integer() && it->get<int64_t>() >= 0) {
-      out = it->get<int64_t>();
-      return llvm::Error::success();
-    }
-    return fail(path + "/" + key, "a non-negative integer", *it);
+    return fail(path + "/" + key, "an integer between 0 and 2^50 (1 PiB)", *it);
   }
 
   llvm::Error checkKeys(const json &obj, const std::string &path,

@@ -4,6 +4,7 @@ specs with the same messages."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -26,9 +27,12 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
         raise error(f"{flag}: expected FILE.py:FACTORY, got '{spec}'")
     if not os.path.isfile(path):
         raise error(f"{flag}: no such file '{path}'")
-    # A private module name per file (its absolute path, mangled), so two specs never
-    # share a module.
-    name = "_hpr_factory_" + re.sub(r"\W", "_", os.path.splitext(os.path.abspath(path))[0])
+    # A private module name per file (its stem and a digest of its absolute path), so
+    # two specs never share a module, not even two ``model.py`` in different folders.
+    folder = os.path.dirname(os.path.abspath(path))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    name = f"_hpr_factory_{re.sub(r'[^0-9A-Za-z_]', '_', stem)}_{digest}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
@@ -36,7 +40,7 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
     # the defining module up in sys.modules (``from __future__ import annotations``).
     sys.modules[name] = module
     # The factory's file may import its neighbours.
-    folder = os.path.dirname(os.path.abspath(path))
+    before = sys.path.count(folder)
     sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
@@ -45,20 +49,12 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
             del sys.modules[name]
         raise
     finally:
-        _remove_path_entry(folder)
+        # Exactly the entry inserted above, even if the module edited sys.path meanwhile
+        # (index 0 may then be somebody else's entry).
+        if sys.path.count(folder) > before:
+            sys.path.remove(folder)  # the first occurrence: ours, inserted at the front
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise error(f"{flag}: '{path}' has no callable '{factory}'")
     return fn()
 
-
-def _remove_path_entry(folder: str) -> None:
-    """Remove the ``sys.path`` entry ``call_factory`` inserted, even if the module
-    edited ``sys.path`` meanwhile (then index 0 may be somebody else's entry)."""
-    if sys.path and sys.path[0] == folder:
-        del sys.path[0]
-        return
-    for i, entry in enumerate(sys.path):
-        if entry == folder:
-            del sys.path[i]
-            return

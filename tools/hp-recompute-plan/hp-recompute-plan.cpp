@@ -292,6 +292,17 @@ int main(int argc, char **argv) {
 
   // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
   bool useDefault = scheduleFile.empty() && scheduleGen.empty();
+  // With a schedule but no --model the model is the uniform one: options
+  // that shape a model would be ignored, so they are refused.
+  if (modelFile.empty() && !useDefault)
+    for (const cl::Option *option : std::initializer_list<const cl::Option *>{
+             &regionDepth, &inputShape, &inputDtype, &profile, &stageSpec,
+             &checkpointPolicy})
+      if (option->getNumOccurrences())
+        return usageError("--" + option->ArgStr +
+                          " shapes a model; give one with --model (with a "
+                          "schedule alone, every stage is one unit-cost "
+                          "checkpointed region)");
   if (useDefault)
     scheduleGen = "zbv";
 

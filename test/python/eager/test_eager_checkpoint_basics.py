@@ -306,3 +306,46 @@ def test_replay_saving_fewer_tensors_raises_even_without_metadata_check(device):
     state["extra"] = True
     (g,) = torch.autograd.grad(y.sum(), [x])  # the frame still serves a plain backward
     assert torch.allclose(g, -torch.sin(torch.sin(x).exp()) * torch.sin(x).exp() * torch.cos(x))
+
+
+def _in_place_first_block(w):
+    def block(x):
+        x = torch.relu_(x)  # nn.ReLU(inplace=True) as the first layer of a block
+        return (x @ w).sin()
+
+    return block
+
+
+@pytest.mark.parametrize("scheduled", [False, True], ids=["plain", "session"])
+def test_block_starting_in_place_on_a_non_leaf_input(device, scheduled):
+    """Replays run on the forward's own inputs, as torch's non-reentrant checkpoint does.
+
+    A replay on a fresh leaf copy would fail with "a leaf Variable that requires grad is
+    being used in an in-place operation"; the reference is plain autograd.
+    """
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
+    a0 = torch.randn(3, 4, device=device)
+    block = Counted(_in_place_first_block(w))
+
+    def leaf_and_input():
+        a = a0.clone().requires_grad_()
+        return a, a * 1.0  # a non-leaf that requires grad
+
+    a, x = leaf_and_input()
+    want = torch.autograd.grad(block.fn(x).sum(), [a, w])
+
+    a, x = leaf_and_input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = hr.checkpoint(block, x).sum()
+    if scheduled:
+        hr.recompute_handle(handles[0], "inplace")
+        with hr.recompute_session_ctx("inplace", retain_on_unpack=True):
+            got = list(torch.autograd.grad(loss, [a], retain_graph=True))
+        with hr.recompute_session_ctx("inplace"):
+            got += torch.autograd.grad(loss, [w])
+        hr.clear_recompute_session("inplace")
+    else:
+        got = torch.autograd.grad(loss, [a, w])
+    assert_bit_equal(got, want)
+    assert block.calls == 2  # the forward and one replay

@@ -1,5 +1,8 @@
 """Lifetime of recomputed tensors: alive only while a session retains them, gone after clear."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -123,3 +126,43 @@ def test_plain_backward_keeps_nothing_after_the_graph_is_freed(device, setup):
     del loss
     assert live_tensors(_hidden_of(batch)) == 0
     assert [h.frame() for h in handles] == [None, None]  # frames die with their graph
+
+
+def test_failed_checks_in_prefetches_keep_no_replay_alive(device):
+    """A count or metadata mismatch found by a prefetch must not pin the replay's tensors.
+
+    The replay's activations reach its pack hook through autograd's C++ saved-variable
+    hooks; if the raised error stayed reachable from that hook, the cycle would run
+    through C++, where gc cannot see it. Weak references tell whether anything survives.
+    """
+    replayed = []
+
+    def failed_prefetch(kind, sid):
+        weight = torch.ones(HIDDEN, DIM, device=device)
+        state = {"dtype": torch.float32, "extra": False}
+
+        def fn(x):
+            h = torch.nn.functional.linear(x, weight).sin()
+            replayed.append(weakref.ref(h))
+            h = h.to(state["dtype"]).exp()
+            if state["extra"]:
+                h = h.cos()
+            return h.sum(-1)
+
+        x = torch.randn(3, DIM, device=device, requires_grad=True)
+        with hr.recompute_handle_collector_ctx() as handles:
+            y = hr.checkpoint(fn, x, early_stop=False)
+        if kind == "metadata":
+            state["dtype"], message = torch.float64, "was recomputed with"
+        else:
+            state["extra"], message = True, "saved more tensors than its forward"
+        with pytest.raises(hr.CheckpointError, match=message):
+            hr.recompute_handle(handles[0], sid)
+        del y
+
+    for i, kind in enumerate(["metadata", "count", "metadata"]):
+        failed_prefetch(kind, f"leak{i}")
+    gc.collect()
+    assert len(replayed) == 6  # three forwards, three failed replays
+    assert [r() is None for r in replayed] == [True] * 6
+    assert hr.live_sessions() == []

@@ -56,6 +56,7 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
         (["--memory-budget", "8388608TiB"], "--memory-budget: expected bytes such as 24GiB"),
         (["--schedule", "a.csv", "--schedule-gen", "zbv"], "are exclusive"),
         (["--no-such-flag"], "Unknown command line argument"),
+        (["--schedule-gen", "zbv", "--stages", "0:0-3"], "--stages shapes a model; give one with --model"),
     ],
 )
 def test_usage_errors_exit_2(args, message):

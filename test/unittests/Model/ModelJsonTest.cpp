@@ -120,12 +120,17 @@ INSTANTIATE_TEST_SUITE_P(
                   "\"fwd_flops\": 1, \"input_bytes\": 1, \"param_bytes\": 1}]}",
                   "/regions/0: missing required key 'saved_bytes'"},
         Violation{REGION(", \"saved_bytes\": -5"),
-                  "/regions/0/saved_bytes: expected a non-negative integer, "
-                  "got '-5'"},
+                  "/regions/0/saved_bytes: expected an integer between 0 and "
+                  "2^50 (1 PiB), got '-5'"},
+        Violation{REGION(", \"saved_bytes\": 9223372036854775807"),
+                  "/regions/0/saved_bytes: expected an integer between 0 and "
+                  "2^50 (1 PiB), got '9223372036854775807'"},
         Violation{REGION(", \"input_bytes\": 1.5"),
-                  "/regions/0/input_bytes: expected a non-negative integer"},
+                  "/regions/0/input_bytes: expected an integer between 0 and "
+                  "2^50"},
         Violation{REGION(", \"param_bytes\": \"7\""),
-                  "/regions/0/param_bytes: expected a non-negative integer"},
+                  "/regions/0/param_bytes: expected an integer between 0 and "
+                  "2^50"},
         Violation{REGION(", \"fwd_flops\": \"big\""),
                   "/regions/0/fwd_flops: expected a non-negative number, got "
                   "'\"big\"'"},
