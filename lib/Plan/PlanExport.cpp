@@ -4,6 +4,7 @@
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Plan/CostModel.h"
+#include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/Simulate.h"
 #include "hpr/Support/Json.h"
 
@@ -187,15 +188,21 @@ RankSummary PlanSummary::total() const {
   return sum;
 }
 
+/// Simulates `schedule` (from extractSchedule) with its actions' durations.
+static llvm::Expected<sched::SimulationResult>
+simulatePlanned(const sched::Schedule &schedule) {
+  sched::SimulationCosts costs;
+  costs.useActionDurations = true;
+  return sched::simulateSchedule(schedule, costs, "<plan>");
+}
+
 llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
   std::vector<StageCost> costs = computeStageCosts(getModel(module));
   PlanSummary summary;
   for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
     summary.ranks.push_back(summarizeProgram(program, costs));
-  sched::SimulationCosts simulationCosts;
-  simulationCosts.useActionDurations = true;
-  llvm::Expected<sched::SimulationResult> simulation = sched::simulateSchedule(
-      extractSchedule(module), simulationCosts, "<plan>");
+  llvm::Expected<sched::SimulationResult> simulation =
+      simulatePlanned(extractSchedule(module));
   if (!simulation)
     return simulation.takeError();
   summary.stepTimeUs = simulation->makespan;
@@ -327,8 +334,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"max_live_sessions", maxLive}}}};
   os << "{\n";
   for (auto &[key, value] : head)
-    os << " " << ::hpr::dumpJson(key) << ": " << ::hpr::dumpJson(value)
-       << ",\n";
+    os << " \"" << key << "\": " << ::hpr::dumpJson(value) << ",\n";
 
   auto programs = schedule.getBody().getOps<ProgramOp>();
   os << " \"sessions\": ";
@@ -372,4 +378,44 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   for (auto [index, text] : llvm::enumerate(rankTexts))
     os << (index ? ",\n" : "\n") << text;
   os << "\n ]\n}\n";
+}
+
+//===----------------------------------------------------------------------===//
+// Trace
+//===----------------------------------------------------------------------===//
+
+llvm::Error mlir::hpr::writeTraceJson(ModuleOp module, llvm::raw_ostream &os) {
+  sched::Schedule schedule = extractSchedule(module);
+  llvm::Expected<sched::SimulationResult> simulation =
+      simulatePlanned(schedule);
+  if (!simulation)
+    return simulation.takeError();
+  // Chrome's trace event format: one complete ("X") event per action, one
+  // thread per rank; chrome://tracing and Perfetto open it.
+  os << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+  bool first = true;
+  for (auto [rank, program] : llvm::enumerate(schedule.ranks)) {
+    os << (first ? "\n" : ",\n")
+       << ::hpr::dumpJson(ordered_json{
+              {"name", "thread_name"},
+              {"ph", "M"},
+              {"pid", 0},
+              {"tid", rank},
+              {"args", {{"name", "rank " + std::to_string(rank)}}}});
+    first = false;
+    for (auto [index, action] : llvm::enumerate(program)) {
+      const sched::ActionTiming &timing = simulation->timelines[rank][index];
+      if (action.kind == sched::ActionKind::Idle || timing.end <= timing.start)
+        continue;
+      os << ",\n"
+         << ::hpr::dumpJson(ordered_json{{"name", sched::formatAction(action)},
+                                         {"ph", "X"},
+                                         {"pid", 0},
+                                         {"tid", rank},
+                                         {"ts", timing.start},
+                                         {"dur", timing.end - timing.start}});
+    }
+  }
+  os << "\n]}\n";
+  return llvm::Error::success();
 }

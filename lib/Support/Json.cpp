@@ -59,10 +59,6 @@ llvm::Expected<json> hpr::parseJson(llvm::StringRef text,
   }
 }
 
-std::string hpr::dumpJson(const json &value, int indent) {
-  return value.dump(indent, ' ', false, json::error_handler_t::replace);
-}
-
 std::string hpr::quoteJson(const json &value) {
   // Containers are not printed: they can be arbitrarily large or deep.
   if (value.is_object())

@@ -34,7 +34,7 @@ namespace sched = ::hpr::sched;
 namespace model = ::hpr::model;
 
 namespace {
-enum class EmitKind { Summary, Json, Mlir, Csv };
+enum class EmitKind { Summary, Json, Mlir, Csv, Trace };
 
 cl::OptionCategory category("hp-recompute-plan options");
 
@@ -109,7 +109,9 @@ cl::opt<EmitKind>
                     clEnumValN(EmitKind::Json, "json", "plan JSON (version 1)"),
                     clEnumValN(EmitKind::Mlir, "mlir", "planned hpr IR"),
                     clEnumValN(EmitKind::Csv, "csv",
-                               "schedule CSV with RECOMPUTE/CLEAR")),
+                               "schedule CSV with RECOMPUTE/CLEAR"),
+                    clEnumValN(EmitKind::Trace, "trace",
+                               "simulated timeline (Chrome trace JSON)")),
          cl::init(EmitKind::Summary), cl::cat(category));
 cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
                                 cl::value_desc("file"), cl::init("-"),
@@ -213,11 +215,8 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
 /// Runs `write` on the output: stdout for `-`, else a temporary file beside
 /// the target renamed over it once complete (llvm::writeToOutput, which also
 /// leaves /dev/null and other special files alone).
-static Error writeOutput(function_ref<void(raw_ostream &)> write) {
-  return writeToOutput(outputFile, [&](raw_ostream &os) {
-    write(os);
-    return Error::success();
-  });
+static Error writeOutput(function_ref<Error(raw_ostream &)> write) {
+  return writeToOutput(outputFile, [&](raw_ostream &os) { return write(os); });
 }
 
 /// Prints an MLIR diagnostic as `FILE:ROW:COL: error: message`, the form of
@@ -370,7 +369,7 @@ int main(int argc, char **argv) {
             rank, (long long)rankSummary.peakBytes, (long long)*budget));
 
   mlir::TimingScope exportTimer = rootTimer.nest("export");
-  auto write = [&](raw_ostream &os) {
+  auto write = [&](raw_ostream &os) -> Error {
     switch (emit) {
     case EmitKind::Summary:
       os << "plan: model '" << staged->name << "', schedule '" << schedule->name
@@ -392,7 +391,10 @@ int main(int argc, char **argv) {
       os << sched::printScheduleCsv(mlir::hpr::extractSchedule(**module),
                                     csvDialect);
       break;
+    case EmitKind::Trace:
+      return mlir::hpr::writeTraceJson(**module, os);
     }
+    return Error::success();
   };
   if (Error error = writeOutput(write))
     return fail(std::move(error));

@@ -56,6 +56,11 @@ llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
 void writePlanJson(ModuleOp module, const PlanSummary &summary,
                    const nlohmann::json &planner, llvm::raw_ostream &os);
 
+/// Writes the simulated timeline of the planned module as a Chrome trace
+/// (trace event JSON: one thread per rank, one complete event per action,
+/// times in microseconds), for chrome://tracing or Perfetto.
+llvm::Error writeTraceJson(ModuleOp module, llvm::raw_ostream &os);
+
 /// A fixed-width table, one row per rank plus a total.
 void printSummaryTable(const PlanSummary &summary, llvm::raw_ostream &os);
 

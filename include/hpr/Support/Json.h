@@ -30,8 +30,12 @@ llvm::Expected<nlohmann::json> parseJson(llvm::StringRef text,
 /// `{...}` (`[]`, `{}` when empty).
 std::string quoteJson(const nlohmann::json &value);
 
-/// `value.dump()` that cannot throw on strings that are not valid UTF-8.
-std::string dumpJson(const nlohmann::json &value, int indent = -1);
+/// `value.dump()` that cannot throw on strings that are not valid UTF-8 (for
+/// nlohmann::json and nlohmann::ordered_json alike).
+template <typename Json>
+std::string dumpJson(const Json &value, int indent = -1) {
+  return value.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
 
 } // namespace hpr
 

@@ -1,6 +1,9 @@
 """Recompute sessions: prefetch, dx/dw sharing, isolation, errors, threads, nesting, policies."""
 
 import contextvars
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -218,6 +221,72 @@ def test_session_found_when_backward_runs_on_another_thread(device):
     assert_bit_equal(list(result["dx"]) + list(result["dw"]), want)
 
 
+_CONCURRENT_FAILING_PREFETCHES = r"""
+import threading, time
+import torch
+import hp_recompute as hr
+from hp_recompute.registry import REGISTRY
+
+calls = []
+failing = threading.Event()
+
+def fn(x):
+    y = x.sin()
+    if failing.is_set():
+        calls.append(threading.current_thread().name)
+        if len(calls) == 1:
+            # Fail only once the other prefetch holds the registry lock (it then waits for
+            # this frame's lock, which this replay holds).
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and REGISTRY.lock.acquire(blocking=False):
+                REGISTRY.lock.release()
+                time.sleep(0.002)
+        raise OSError("replay failed")
+    return y.cos()
+
+x = torch.randn(3, requires_grad=True)
+with hr.recompute_handle_collector_ctx() as handles:
+    y = hr.checkpoint(fn, x)
+failing.set()
+errors = []
+
+def prefetch():
+    try:
+        hr.recompute_handle(handles[0], "s")
+    except OSError as e:
+        errors.append(str(e))
+
+first = threading.Thread(target=prefetch, daemon=True)
+first.start()
+while not calls:
+    time.sleep(0.001)
+second = threading.Thread(target=prefetch, daemon=True)
+second.start()
+for t in (first, second):
+    t.join(5)
+print("alive", [t.is_alive() for t in (first, second)])
+print("errors", errors)
+print("replays", len(calls))
+"""
+
+
+def test_two_threads_prefetching_one_failing_handle_do_not_deadlock():
+    """The failure path of a prefetch must take the registry lock after the frame lock is released.
+
+    Run in a fresh interpreter: a deadlock would leave threads holding the registry lock,
+    which would hang every later test of this process.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(hr.__file__)), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _CONCURRENT_FAILING_PREFETCHES], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "alive [False, False]", proc.stdout
+    assert lines[1] == "errors ['replay failed', 'replay failed']"
+    assert lines[2] == "replays 2"  # the second prefetch replays anew: the failed binding was undone
+
+
 def test_exception_inside_dx_then_clear_and_recover(device):
     stage = Stage(device, p=0.4, seed=7)
     x = stage.input()
@@ -284,7 +353,10 @@ def test_nested_checkpoint_without_session_matches_plain(device):
     y = hr.checkpoint(outer, x).sum()
     ours = torch.autograd.grad(y, [x] + list(lin.parameters()))
     assert_bit_equal(ours, plain)
-    assert outer.calls == 2 and inner.calls >= 2
+    # inner runs in the forward, in the replay of outer (which rebuilds it as a new
+    # checkpoint), and in the replay of its own forward frame, whose holders the
+    # original graph unpacks.
+    assert outer.calls == 2 and inner.calls == 3
 
 
 class _CacheMatmuls(TorchDispatchMode):

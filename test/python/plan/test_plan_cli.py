@@ -129,3 +129,24 @@ def test_zbv_5x11_matches_pytorch_once_planner_actions_are_removed():
     ]
     reference = [row.split(",") for row in (SCHEDULES / "pytorch-zbv-5x11.csv").read_text().splitlines()]
     assert planned == reference
+
+
+@pytest.mark.parametrize("name,ranks,mbs", [("zbv", 2, 4), ("dualpipev", 2, 4), ("1f1b", 3, 6)])
+def test_trace_is_a_consistent_timeline(name, ranks, mbs):
+    args = ("--schedule-gen", name, "--ranks", str(ranks), "--microbatches", str(mbs))
+    trace = json.loads(run_plan(*args, "--emit", "trace").stdout)
+    plan = plan_json(*args)
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    by_rank = {}
+    for event in events:
+        by_rank.setdefault(event["tid"], []).append(event)
+    assert sorted(by_rank) == list(range(ranks))
+    for rank, rank_events in by_rank.items():
+        # A rank runs one action at a time.
+        for before, after in zip(rank_events, rank_events[1:]):
+            assert before["ts"] + before["dur"] <= after["ts"] + 1e-9
+        recomputes = [e for e in rank_events if "RECOMPUTE" in e["name"]]
+        planned = [a for a in plan["ranks"][rank]["actions"] if a["op"] == "recompute"]
+        assert len(recomputes) == len(planned)
+    end = max(e["ts"] + e["dur"] for e in events)
+    assert end == pytest.approx(plan["summary"]["step_time_us"])

@@ -139,3 +139,21 @@ def test_deadlocked_plan_is_reported(tmp_path: Path) -> None:
     assert code == 1
     assert "deadlock: every rank waits for a transfer" in report["error"]
     assert "rank 1 at action 5 (recv_f stage 1 mb 1 peer 0)" in report["error"]
+
+
+def test_native_mode_counts_replays_per_step(tmp_path: Path) -> None:
+    """--checkpoint-mode native: each step reports its own replays, not a running total."""
+    (tmp_path / "tiny.py").write_text(MODEL_PY)
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    totals = {}
+    for steps in (1, 3):
+        code, report = run_inproc("--plan", str(plan), "--single-process", "--checkpoint-mode", "native",
+                                  "--model", f"{tmp_path}/tiny.py:build", "--steps", str(steps),
+                                  "--report", str(tmp_path / f"r{steps}.json"))
+        assert code == 0, report
+        assert report["checkpoint_mode"] == "native" and report["recomputes_expected"] is None
+        totals[steps] = report["recomputes"]
+    # Every step runs the same actions: a per-step count sums to steps x one step's count
+    # (a count carried over between steps would give 1 + 2 + 3 = 6 times it).
+    assert totals[1] > 0
+    assert totals[3] == 3 * totals[1]
