@@ -20,8 +20,9 @@ Rule 2 (replay). A replay runs the function once more on the forward's own input
   non-leaf input) under the forward's RNG, autocast and CUDA-device state, then restores
   the caller's RNG streams, so a prefetch never shifts the caller's random numbers. The
   i-th tensor the replay saves goes to the i-th holder. With ``early_stop`` the replay
-  stops right after the last saved tensor. The number of saved tensors is always checked, their
-  metadata unless ``determinism_check="none"``; a mismatch raises CheckpointError.
+  stops right after the last saved tensor. The number of saved tensors is always
+  checked, their metadata unless ``determinism_check="none"``; a mismatch raises
+  CheckpointError.
 
 Rule 3 (no session). A frame bound to no session behaves like the installed torch's
   ``torch.utils.checkpoint(use_reentrant=False)``: torch 2.x replays once per backward

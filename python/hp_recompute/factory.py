@@ -57,4 +57,3 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
     if not callable(fn):
         raise error(f"{flag}: '{path}' has no callable '{factory}'")
     return fn()
-

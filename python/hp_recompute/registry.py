@@ -1,10 +1,11 @@
 """Control-plane state: the live sessions, the active session, and replay counters.
 
 Only the control plane (``recompute_handle``, ``recompute_session_ctx``,
-``clear_recompute_session``) takes ``Registry.lock``. The unpack hot path reads
-``frame.session`` and ``session.mode`` and nothing here (NOTE [ Recompute sessions ]
-Rule 5 in ``checkpoint.py``); the slow path reads ``Registry.active`` once, without
-a lock, to bind a frame (Rule 4).
+``clear_recompute_session``) takes ``Registry.lock``. Unpacking a frame bound to a
+session reads ``frame.session`` and ``session.mode`` and nothing here (NOTE [ Recompute
+sessions ] Rule 5 in ``checkpoint.py``); unpacking a session-less frame reads
+``Registry.active``, without a lock, to tell a plain backward (Rule 3) from one that
+binds the frame (Rule 4).
 """
 
 from __future__ import annotations

@@ -237,8 +237,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = run(args)
     except RunError as e:
         print(str(e), file=sys.stderr)
-        _write(args.report, {"format": REPORT_FORMAT, "version": 1, "ok": False, "plan": args.plan,
-                             "error": str(e), "failed_rank": getattr(e, "rank", None)})
+        failure = {"format": REPORT_FORMAT, "version": 1, "ok": False, "plan": args.plan,
+                   "error": str(e), "failed_rank": getattr(e, "rank", None)}
+        if getattr(e, "ranks", None) is not None:  # multi-process: how each rank ended
+            failure["rank_results"] = e.ranks  # type: ignore[attr-defined]
+        _write(args.report, failure)
         return 1
     _write(args.report, report)
     out = sys.stdout if report["ok"] else sys.stderr

@@ -221,6 +221,15 @@ def _wait(ctx: Any, port_store: Any, timeout: float) -> List[Optional[int]]:
         time.sleep(0.05)
 
 
+def _sessions_left(result: Optional[Dict[str, Any]]) -> Optional[int]:
+    """Sessions a rank left: from its error record, the max over its steps, or None (no result)."""
+    if result is None:
+        return None
+    if "sessions_left" in result:
+        return result["sessions_left"]
+    return max((s["sessions_left"] for s in result.get("steps", [])), default=None)
+
+
 def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     """Spawns ``plan.num_ranks`` processes, runs, and compares with the reference step."""
     model = load_model(args.model)
@@ -254,6 +263,10 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                 lines.append(f"rank {r}: no result (exit code {codes[r]})")
         err = RunError("\n".join(lines))
         err.rank = root  # type: ignore[attr-defined]
+        # Per rank, for the failure report: how it ended and what it left behind.
+        ranks = [{"rank": r, "exit_code": codes[r], "error": res.get("error") if res else None,
+                  "sessions_left": _sessions_left(res)} for r, res in results.items()]
+        err.ranks = ranks  # type: ignore[attr-defined]
         raise err
     order = plan.weight_grad_order()
     names = [n for s in specs for n in s.params]

@@ -14,9 +14,8 @@ import torch
 
 __all__ = ["storage_of"]
 
-_UNTYPED = hasattr(torch.Tensor, "untyped_storage")
-
 
 def storage_of(tensor: torch.Tensor) -> Any:
     """The storage of ``tensor``: ``untyped_storage()`` when available, else ``storage()``."""
-    return tensor.untyped_storage() if _UNTYPED else tensor.storage()
+    untyped = getattr(tensor, "untyped_storage", None)
+    return untyped() if untyped is not None else tensor.storage()

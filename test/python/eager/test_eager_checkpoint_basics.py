@@ -1,5 +1,8 @@
 """hp_recompute.checkpoint without sessions: numerics, options, contexts, compatibility with torch."""
 
+import sys
+import types
+
 import pytest
 import torch
 import torch.utils.checkpoint as torch_cp
@@ -349,3 +352,31 @@ def test_block_starting_in_place_on_a_non_leaf_input(device, scheduled):
         got = torch.autograd.grad(loss, [a, w])
     assert_bit_equal(got, want)
     assert block.calls == 2  # the forward and one replay
+
+
+@pytest.mark.parametrize("tracing", [True, False])
+def test_compile_probe_falls_back_to_torch_dynamo(device, monkeypatch, tracing):
+    """torch 2.0-2.2 lack torch.compiler.is_compiling; torch._dynamo.is_compiling tells a trace.
+
+    Under a trace the call goes to torch's own checkpoint and yields no handle.
+    """
+    fake = types.ModuleType("torch._dynamo")
+    fake.is_compiling = lambda: tracing
+    monkeypatch.setitem(sys.modules, "torch._dynamo", fake)
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        monkeypatch.delattr(compiler, "is_compiling")
+    delegated = []
+
+    def torch_checkpoint(fn, *args, **kwargs):
+        delegated.append(kwargs)
+        return fn(*args)
+
+    monkeypatch.setattr(torch_cp, "checkpoint", torch_checkpoint)
+    x = torch.randn(3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        hr.checkpoint(torch.sin, x)
+    if tracing:
+        assert [k["use_reentrant"] for k in delegated] == [False] and handles == []
+    else:
+        assert delegated == [] and len(handles) == 1

@@ -50,7 +50,11 @@ def test_planted_failure_stops_every_rank(tmp_path: Path, cfg, fail_at: str) -> 
     # Every rank ended non-zero and none kept a session.
     codes = proc.stderr.split("exit codes [")[1].split("]")[0]
     assert all(int(c) != 0 for c in codes.split(","))
-    assert "sessions left 1" not in proc.stderr
+    results = report["rank_results"]
+    assert [r["rank"] for r in results] == list(range(cfg[1]))
+    assert [r["exit_code"] for r in results] == [int(c) for c in codes.split(",")]
+    assert all(r["error"] for r in results), results
+    assert [r["sessions_left"] for r in results] == [0] * cfg[1]
 
 
 def test_missing_send_times_out(tmp_path: Path) -> None:
