@@ -40,70 +40,74 @@ public:
             .str());
   }
 
+  /// The value of `key` in `obj`: null when absent and optional, an error
+  /// when absent and required.
+  llvm::Expected<const json *> find(const json &obj, const std::string &path,
+                                    const char *key, bool required) const {
+    auto it = obj.find(key);
+    if (it != obj.end())
+      return &*it;
+    if (required)
+      return failMsg(path,
+                     llvm::formatv("missing required key '{0}'", key).str());
+    return nullptr;
+  }
+
   llvm::Error readString(const json &obj, const std::string &path,
                          const char *key, std::string &out, bool required) {
-    auto it = obj.find(key);
-    if (it == obj.end())
-      return required ? failMsg(path, llvm::formatv("missing required key "
-                                                    "'{0}'",
-                                                    key)
-                                          .str())
-                      : llvm::Error::success();
-    if (!it->is_string() || it->get<std::string>().empty())
-      return fail(path + "/" + key, "a non-empty string", *it);
-    out = it->get<std::string>();
+    llvm::Expected<const json *> value = find(obj, path, key, required);
+    if (!value || !*value)
+      return value.takeError();
+    if (!(*value)->is_string() || (*value)->get<std::string>().empty())
+      return fail(path + "/" + key, "a non-empty string", **value);
+    out = (*value)->get<std::string>();
     return llvm::Error::success();
   }
 
   llvm::Error readBool(const json &obj, const std::string &path,
                        const char *key, bool &out) {
-    auto it = obj.find(key);
-    if (it == obj.end())
-      return llvm::Error::success();
-    if (!it->is_boolean())
-      return fail(path + "/" + key, "true or false", *it);
-    out = it->get<bool>();
+    llvm::Expected<const json *> value = find(obj, path, key, false);
+    if (!value || !*value)
+      return value.takeError();
+    if (!(*value)->is_boolean())
+      return fail(path + "/" + key, "true or false", **value);
+    out = (*value)->get<bool>();
     return llvm::Error::success();
   }
 
   llvm::Error readNumber(const json &obj, const std::string &path,
                          const char *key, double &out, bool required) {
-    auto it = obj.find(key);
-    if (it == obj.end())
-      return required ? failMsg(path, llvm::formatv("missing required key "
-                                                    "'{0}'",
-                                                    key)
-                                          .str())
-                      : llvm::Error::success();
-    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
-        it->get<double>() < 0)
-      return fail(path + "/" + key, "a non-negative number", *it);
-    out = it->get<double>();
+    llvm::Expected<const json *> value = find(obj, path, key, required);
+    if (!value || !*value)
+      return value.takeError();
+    const json &number = **value;
+    if (!number.is_number() || !std::isfinite(number.get<double>()) ||
+        number.get<double>() < 0)
+      return fail(path + "/" + key, "a non-negative number", number);
+    out = number.get<double>();
     return llvm::Error::success();
   }
 
   llvm::Error readBytes(const json &obj, const std::string &path,
                         const char *key, int64_t &out, bool required) {
-    auto it = obj.find(key);
-    if (it == obj.end())
-      return required ? failMsg(path, llvm::formatv("missing required key "
-                                                    "'{0}'",
-                                                    key)
-                                          .str())
-                      : llvm::Error::success();
+    llvm::Expected<const json *> value = find(obj, path, key, required);
+    if (!value || !*value)
+      return value.takeError();
+    const json &bytes = **value;
     // 1 PiB per region is far beyond any real activation and keeps every
     // per-rank sum of the cost model far from int64 overflow.
     constexpr int64_t kMaxBytes = int64_t(1) << 50;
-    if (it->is_number_integer() &&
-        !(it->is_number_unsigned() &&
-          it->get<uint64_t>() > uint64_t(kMaxBytes))) {
-      int64_t value = it->get<int64_t>();
-      if (value >= 0 && value <= kMaxBytes) {
-        out = value;
+    if (bytes.is_number_integer() &&
+        !(bytes.is_number_unsigned() &&
+          bytes.get<uint64_t>() > uint64_t(kMaxBytes))) {
+      int64_t count = bytes.get<int64_t>();
+      if (count >= 0 && count <= kMaxBytes) {
+        out = count;
         return llvm::Error::success();
       }
     }
-    return fail(path + "/" + key, "an integer between 0 and 2^50 (1 PiB)", *it);
+    return fail(path + "/" + key, "an integer between 0 and 2^50 (1 PiB)",
+                bytes);
   }
 
   llvm::Error checkKeys(const json &obj, const std::string &path,
