@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev
   googletest libgtest-dev
   python3-pytest python3-jsonschema
+  time  # /usr/bin/time, for the bench scripts
 )
 
 missing=()
