@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: gtest (through ctest), lit + FileCheck,
-# and pytest. Each runner prints its own summary; the script fails if any did.
+# and pytest twice: under the venv's torch 2.x (.venv, the primary target) and under
+# Debian's python3-torch (/usr/bin/python3). Each runner prints its own summary; the
+# script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -11,6 +13,8 @@ echo "=== ctest (gtest unit tests)"
 ctest --test-dir build --output-on-failure -j "$(nproc)" || status=1
 echo "=== lit (FileCheck tests)"
 /usr/bin/python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv build/test || status=1
-echo "=== pytest (python/)"
-PYTHONPATH=python /usr/bin/python3 -m pytest -q test/python || status=1
+for python in .venv/bin/python /usr/bin/python3; do
+  echo "=== pytest (python/) on $("$python" -c 'import torch; print("torch", torch.__version__)') ($python)"
+  PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider test/python || status=1
+done
 exit $status

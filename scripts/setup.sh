@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs every Debian package hp-recompute needs to build, test and run.
-# Safe to rerun: it installs nothing when everything is already present.
+# Installs what hp-recompute needs to build, test and run: Debian packages (apt-get),
+# then the project venv .venv with torch 2.x and the Python test dependencies, pinned in
+# requirements.txt. Debian's own python3-torch (1.13 on Debian 12, 2.6 on Debian 13)
+# stays the second torch the Python suite runs on. Safe to rerun: it installs nothing
+# when everything is already present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   cmake ninja-build g++ git
@@ -9,7 +13,7 @@ packages=(
   libtorch-dev python3-torch
   nlohmann-json3-dev
   googletest libgtest-dev
-  python3-pytest python3-jsonschema
+  python3-pytest python3-jsonschema python3-venv
   time  # /usr/bin/time, for the bench scripts
 )
 
@@ -18,13 +22,28 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
+echo "setup: Debian $(cat /etc/debian_version 2>/dev/null || echo '(unknown)')"
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#packages[@]} packages present"
-  exit 0
+  echo "setup: all ${#packages[@]} Debian packages present"
+else
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-"${sudo_cmd[@]}" apt-get update -q
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
+# The venv is built from Debian's /usr/bin/python3, so both torches run the same Python.
+# A stamp with the requirements' hash tells whether the venv is current.
+stamp=.venv/requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  echo "setup: .venv current ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+else
+  echo "setup: creating .venv from requirements.txt"
+  rm -rf .venv
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  echo "$want" > "$stamp"
+  echo "setup: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
+fi

@@ -18,11 +18,13 @@ from .sessions import (
     session_stats,
     stats,
 )
+from .wrapper import checkpoint_wrapper
 
 __all__ = [
     "CheckpointError",
     "RecomputeHandle",
     "checkpoint",
+    "checkpoint_wrapper",
     "clear_recompute_session",
     "live_sessions",
     "recompute_handle",

@@ -120,11 +120,12 @@ def _is_compiling() -> bool:
 
 
 def _validate_options(
-    use_reentrant: Any, context_fn: Any, preserve_rng_state: Any, determinism_check: Any, early_stop: Any
+    use_reentrant: Any, context_fn: Any, preserve_rng_state: Any, determinism_check: Any, debug: Any, early_stop: Any
 ) -> None:
     for name, value in (
         ("use_reentrant", use_reentrant),
         ("preserve_rng_state", preserve_rng_state),
+        ("debug", debug),
         ("early_stop", early_stop),
     ):
         if not isinstance(value, bool):
@@ -135,8 +136,8 @@ def _validate_options(
         )
     if context_fn is not None and not callable(context_fn):
         raise ValueError(error_text(f"checkpoint: context_fn must be callable or None, got {context_fn!r}"))
-    if use_reentrant and context_fn is not None:
-        raise ValueError(error_text("checkpoint: context_fn needs use_reentrant=False"))
+    if use_reentrant and (context_fn is not None or debug):
+        raise ValueError(error_text("checkpoint: context_fn and debug need use_reentrant=False"))
 
 
 def _contexts(context_fn: Optional[Callable[[], Any]]) -> Tuple[Optional[ContextManager[Any]], Optional[ContextManager[Any]]]:
@@ -157,10 +158,6 @@ def _contexts(context_fn: Optional[Callable[[], Any]]) -> Tuple[Optional[Context
     return pair[0], pair[1]
 
 
-def _tensors(args: Tuple[Any, ...], kwargs: dict) -> List[Any]:
-    return [*args, *kwargs.values()]
-
-
 def checkpoint(
     function: Callable[..., Any],
     *args: Any,
@@ -168,6 +165,7 @@ def checkpoint(
     context_fn: Optional[Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]] = None,
     preserve_rng_state: bool = True,
     determinism_check: str = "default",
+    debug: bool = False,
     early_stop: bool = True,
     **kwargs: Any,
 ) -> Any:
@@ -180,7 +178,8 @@ def checkpoint(
 
     Args:
         function: the checkpointed callable.
-        *args, **kwargs: its arguments (kwargs reach ``function`` unchanged).
+        *args, **kwargs: its arguments (kwargs reach ``function`` unchanged; the
+            keyword arguments below never do).
         use_reentrant: True delegates to ``torch.utils.checkpoint`` (reentrant variant:
             no kwargs, no context_fn, no handle, no session).
         context_fn: returns ``(forward_context, recompute_context)``; the first wraps
@@ -188,20 +187,26 @@ def checkpoint(
         preserve_rng_state: restore RNG state for replays (bit-identical dropout).
         determinism_check: "default" compares shape/dtype/device of each recomputed
             tensor; "none" only the count.
-        early_stop: stop a replay once the last saved tensor is recomputed.
+        debug: on a replay mismatch, report the operators of the forward and of the
+            replay (torch >= 2.1, as torch's ``debug=True``; also switched on by
+            ``torch.utils.checkpoint.set_checkpoint_debug_enabled(True)``). Accepted
+            and without effect on torch 1.13, whose checkpoint has no debug mode.
+        early_stop: stop a replay once the last saved tensor is recomputed;
+            ``torch.utils.checkpoint.set_checkpoint_early_stop`` overrides it.
 
     Returns:
         whatever ``function`` returns.
 
     Raises:
         ValueError: invalid options.
-        CheckpointError: the call is a nested checkpoint inside a session replay, or CUDA
-            was initialised by the forward while RNG state is preserved.
+        CheckpointError: the call is a nested checkpoint inside a session replay, runs
+            under torch.compile inside a collector, or the device was initialised by
+            the forward while RNG state is preserved.
 
     Example:
         >>> y = checkpoint(block, x, mask=m)          # like torch.utils.checkpoint
     """
-    _validate_options(use_reentrant, context_fn, preserve_rng_state, determinism_check, early_stop)
+    _validate_options(use_reentrant, context_fn, preserve_rng_state, determinism_check, debug, early_stop)
     if use_reentrant:
         if _COLLECTOR.get() is not None:
             raise CheckpointError(
@@ -211,23 +216,68 @@ def checkpoint(
             function, *args, use_reentrant=True, preserve_rng_state=preserve_rng_state, **kwargs
         )
     if _is_compiling():
-        extra = {} if context_fn is None else {"context_fn": context_fn}
-        return _torch_checkpoint.checkpoint(
-            function,
-            *args,
-            use_reentrant=False,
-            preserve_rng_state=preserve_rng_state,
-            determinism_check=determinism_check,
-            **extra,
-            **kwargs,
-        )
+        return _compiled_checkpoint(function, args, kwargs, context_fn, preserve_rng_state, determinism_check, debug, early_stop)
+    if _debug_enabled(debug):
+        if context_fn is not None:
+            raise ValueError(error_text("checkpoint: debug=True is incompatible with a context_fn"))
+        context_fn, error_cb = _torch_checkpoint._get_debug_context_and_cb()
+    else:
+        error_cb = None
     forward_ctx, recompute_ctx = _contexts(context_fn)
     with forward_ctx if forward_ctx is not None else contextlib.nullcontext():
         if not torch.is_grad_enabled():
             return function(*args, **kwargs)
         return _checkpoint_forward(
-            function, args, kwargs, recompute_ctx, preserve_rng_state, determinism_check, early_stop
+            function, args, kwargs, recompute_ctx, error_cb, preserve_rng_state, determinism_check, _early_stop(early_stop)
         )
+
+
+def _debug_enabled(debug: bool) -> bool:
+    """``debug``, unless ``set_checkpoint_debug_enabled`` decides (torch >= 2.1); False on torch 1.13."""
+    if not hasattr(_torch_checkpoint, "_get_debug_context_and_cb"):
+        return False
+    forced = getattr(_torch_checkpoint, "_checkpoint_debug_enabled", None)
+    return forced if forced is not None else debug
+
+
+def _early_stop(early_stop: bool) -> bool:
+    """``early_stop``, unless ``set_checkpoint_early_stop`` decides (torch >= 2.0)."""
+    forced = getattr(_torch_checkpoint, "_enable_checkpoint_early_stop", None)
+    return forced if forced is not None else early_stop
+
+
+def _compiled_checkpoint(
+    function: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: dict,
+    context_fn: Any,
+    preserve_rng_state: bool,
+    determinism_check: str,
+    debug: bool,
+    early_stop: bool,
+) -> Any:
+    """Under a torch.compile trace: torch's own checkpoint, which compiles (no handle, no session)."""
+    if _COLLECTOR.get() is not None:
+        raise CheckpointError(
+            error_text(
+                f"checkpoint of {getattr(function, '__qualname__', function)!r} is traced by torch.compile inside "
+                "recompute_handle_collector_ctx(), and a compiled checkpoint has no recompute handle; run the "
+                "checkpointed forward eagerly (torch.compiler.disable on the caller) or compile only the blocks "
+                "inside the checkpointed function"
+            )
+        )
+    extra = {} if context_fn is None else {"context_fn": context_fn}
+    return _torch_checkpoint.checkpoint(
+        function,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=preserve_rng_state,
+        determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
+        **extra,
+        **kwargs,
+    )
 
 
 def _checkpoint_forward(
@@ -235,6 +285,7 @@ def _checkpoint_forward(
     args: Tuple[Any, ...],
     kwargs: dict,
     recompute_ctx: Optional[ContextManager[Any]],
+    error_cb: Optional[Callable[[CheckpointError], None]],
     preserve_rng_state: bool,
     determinism_check: str,
     early_stop: bool,
@@ -250,10 +301,9 @@ def _checkpoint_forward(
         )
     if THREAD.forward:
         THREAD.forward[-1].has_nested = True  # Rule 8
-    cuda_before = torch.cuda.is_available() and torch.cuda.is_initialized()
-    state = ForwardState(_tensors(args, kwargs), preserve_rng_state)
+    state = ForwardState(args, preserve_rng_state)
     frame = CheckpointFrame(
-        function, args, kwargs, state, early_stop, determinism_check == "default", recompute_ctx
+        function, args, kwargs, state, early_stop, determinism_check == "default", recompute_ctx, error_cb
     )
     THREAD.forward.append(frame)
     try:
@@ -261,11 +311,12 @@ def _checkpoint_forward(
             output = function(*args, **kwargs)
     finally:
         THREAD.forward.pop()
-    if preserve_rng_state and not cuda_before and torch.cuda.is_available() and torch.cuda.is_initialized():
+    frame.forward_completed = True
+    if state.device_initialized_since():
         raise CheckpointError(
             error_text(
-                "checkpoint: CUDA was initialised inside the checkpointed forward, so its RNG state could not be "
-                "saved; initialise CUDA before the first checkpoint (e.g. torch.cuda.init())"
+                f"checkpoint: {state.device_type} was initialised inside the checkpointed forward, so its RNG state "
+                "could not be saved; initialise the device before the first checkpoint (e.g. torch.cuda.init())"
             )
         )
     collector = _COLLECTOR.get()

@@ -17,7 +17,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Set, Tup
 import torch
 
 from .errors import CheckpointError, error_text
-from .registry import BLOCKED, CLEARED, POP, REGISTRY, RETAIN, Session
+from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, Session
 from .replay_state import ForwardState
 
 __all__ = ["CheckpointFrame", "Holder", "RecomputeHandle", "THREAD", "PLAIN_REPLAY", "unpack_saved"]
@@ -26,7 +26,27 @@ __all__ = ["CheckpointFrame", "Holder", "RecomputeHandle", "THREAD", "PLAIN_REPL
 # replays once per graph task. torch 1.13 has no such id and shares one replay (Rule 3).
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 PER_GRAPH_TASK = _graph_task_id is not None
+# torch >= 2.10: backwards under one torch.utils.checkpoint.GraphExecGroup share a replay.
+_graph_exec_group: Optional[Callable[[], Any]] = getattr(torch._C, "_get_graph_exec_group", None)
 _outside_backward_ids = itertools.count(start=-2, step=-1)
+
+
+def _replay_key() -> Tuple[Any, bool]:
+    """Which plain replay an unpack belongs to, as torch's checkpoint decides it (Rule 3).
+
+    Returns:
+        (key, repeatable): the open GraphExecGroup, else the backward's graph task id;
+        outside any backward a fresh key, so every such access replays
+        (``repeatable`` False: it never counts as a second unpack).
+    """
+    if _graph_exec_group is not None:
+        group = _graph_exec_group()
+        if group is not None:
+            return group, True
+    gid = _graph_task_id()  # type: ignore[misc]
+    if gid == -1:
+        return next(_outside_backward_ids), False
+    return gid, True
 
 # Marker in THREAD.replay for a replay that feeds no session (Rule 3).
 PLAIN_REPLAY = object()
@@ -73,8 +93,10 @@ class _StopReplay(BaseException):
     """
 
 
-def _replay_unpack(_: Any) -> torch.Tensor:
-    raise CheckpointError(error_text("internal error: a tensor saved during a replay was unpacked; please report"))
+def _replay_unpack(tensor: torch.Tensor) -> torch.Tensor:
+    # A backward inside the replayed function (torch.autograd.grad in a block) reads
+    # what the replay saved for it, as in torch's checkpoint.
+    return tensor
 
 
 def _store_session(holder: Holder, tensor: torch.Tensor) -> None:
@@ -93,13 +115,16 @@ def _describe(meta: Tuple[torch.Size, torch.dtype, torch.device]) -> str:
 class _Replay:
     """Pack hook of one replay: hands the i-th saved tensor to the i-th holder (Rule 2)."""
 
-    __slots__ = ("frame", "store", "count", "stopped", "error")
+    __slots__ = ("frame", "store", "count", "stopped", "extra_allowed", "error")
 
     def __init__(self, frame: "CheckpointFrame", store: Callable[[Holder, torch.Tensor], None]) -> None:
         self.frame = frame
         self.store = store
         self.count = 0
         self.stopped = False
+        #: the replay ran past the frame's holders while its forward is still running
+        #: (a backward inside the forward, without early stop): the count cannot match
+        self.extra_allowed = False
         self.error: Optional[CheckpointError] = None
 
     def take_error(self) -> CheckpointError:
@@ -108,14 +133,18 @@ class _Replay:
         assert error is not None
         return error
 
-    def pack(self, tensor: torch.Tensor) -> None:
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         frame = self.frame
         if self.stopped or self.error is not None:
             raise _StopReplay()
+        tensor = tensor.detach()
         index = self.count
         self.count += 1
         expected = len(frame.holders)
         if index >= expected:
+            if not frame.forward_completed:
+                self.extra_allowed = True
+                return tensor
             self.error = CheckpointError(
                 error_text(
                     f"the replay of checkpoint {frame.name()} saved more tensors than its forward ({expected}); "
@@ -136,10 +165,11 @@ class _Replay:
                 raise _StopReplay()
         holder = frame.holders[index]()
         if holder is not None:  # a dead holder means autograd already freed that SavedVariable
-            self.store(holder, tensor.detach())
+            self.store(holder, tensor)
         if frame.early_stop and self.count == expected:
             self.stopped = True
             raise _StopReplay()
+        return tensor
 
 
 class CheckpointFrame:
@@ -151,6 +181,8 @@ class CheckpointFrame:
         early_stop: stop a replay once the last saved tensor is recomputed.
         check_metadata: compare shape/dtype/device of each recomputed tensor.
         recompute_ctx: the second context manager returned by ``context_fn``.
+        error_cb: with ``debug=True``, torch's callback that turns a replay mismatch into
+            an error listing the operators of the forward and of the replay.
     """
 
     __slots__ = (
@@ -159,8 +191,11 @@ class CheckpointFrame:
         "kwargs",
         "state",
         "early_stop",
+        "forward_completed",
+        "input_versions",
         "metas",
         "recompute_ctx",
+        "error_cb",
         "holders",
         "session",
         "session_replayed",
@@ -179,14 +214,23 @@ class CheckpointFrame:
         early_stop: bool,
         check_metadata: bool,
         recompute_ctx: Optional[ContextManager[Any]],
+        error_cb: Optional[Callable[[CheckpointError], None]] = None,
     ) -> None:
         self.function = function
         self.args = args
         self.kwargs = kwargs
         self.state = state
         self.early_stop = early_stop
+        #: set once the forward returned; a replay before that serves a backward inside it
+        self.forward_completed = False
+        # Rule 2: the version of every tensor argument, to refuse a replay on inputs
+        # changed in place since (torch 2.x refuses through its saved inputs too).
+        self.input_versions = [
+            (name, value, value._version) for name, value in _named_inputs(args, kwargs) if isinstance(value, torch.Tensor)
+        ]
         self.metas: Optional[List[Tuple[torch.Size, torch.dtype, torch.device]]] = [] if check_metadata else None
         self.recompute_ctx = recompute_ctx
+        self.error_cb = error_cb
         self.holders: List["weakref.ref[Holder]"] = []
         #: The bound session (Rule 4); read by the hot path.
         self.session: Optional[Session] = None
@@ -221,6 +265,7 @@ class CheckpointFrame:
         """
         if not self.holders:
             return
+        self._check_inputs_unchanged()
         run = _Replay(self, store)
         previous = THREAD.replay
         THREAD.replay = PLAIN_REPLAY if session is None else session
@@ -243,15 +288,35 @@ class CheckpointFrame:
             # reach ``run`` through autograd's C++ saved-variable hooks (run.pack), and an
             # error whose traceback reaches them back would form a cycle gc cannot see.
             # Raised outside the except block, it does not chain the replay's frames either.
-            raise run.take_error()
-        if run.count != len(self.holders):
-            raise CheckpointError(
-                error_text(
-                    f"the replay of checkpoint {self.name()} saved {run.count} tensors but its forward saved "
-                    f"{len(self.holders)}; the function must do the same work when it is recomputed"
+            self._mismatch(run.take_error())
+        if run.count != len(self.holders) and not run.extra_allowed:
+            self._mismatch(
+                CheckpointError(
+                    error_text(
+                        f"the replay of checkpoint {self.name()} saved {run.count} tensors but its forward saved "
+                        f"{len(self.holders)}; the function must do the same work when it is recomputed"
+                    )
                 )
             )
         REGISTRY.count_replay(session)
+
+    def _mismatch(self, error: CheckpointError) -> None:
+        """Raise a replay mismatch, through torch's debug report when ``debug=True``."""
+        if self.error_cb is not None:
+            self.error_cb(error)
+        raise error
+
+    def _check_inputs_unchanged(self) -> None:
+        for name, tensor, version in self.input_versions:
+            if tensor._version != version:
+                raise CheckpointError(
+                    error_text(
+                        f"argument {name} of checkpoint {self.name()} was modified in place after the checkpoint "
+                        f"received it (version {version}, now {tensor._version}), so a replay would see other "
+                        "values and give wrong gradients; clone it before modifying it in place (inside the "
+                        "function: x = x.clone() before x.mul_(...), or use the out-of-place op)"
+                    )
+                )
 
     # -- sessions (Rules 4-7) --------------------------------------------------------
 
@@ -305,15 +370,9 @@ class CheckpointFrame:
                 self.session = None
                 self.session_replayed = False
 
-    def retained(self) -> Tuple[int, int]:
-        """(count, bytes) of session tensors currently held by this frame's holders."""
-        count = nbytes = 0
-        for ref in self.holders:
-            holder = ref()
-            if holder is not None and holder.value is not None:
-                count += 1
-                nbytes += holder.value.numel() * holder.value.element_size()
-        return count, nbytes
+    def retained(self) -> List[torch.Tensor]:
+        """The session tensors this frame's holders hold now."""
+        return [h.value for h in (r() for r in self.holders) if h is not None and h.value is not None]
 
     def _drop_session_values(self) -> None:
         for ref in self.holders:
@@ -335,11 +394,10 @@ class CheckpointFrame:
         with self.lock:
             session = self.session
             if session is None:
-                active = REGISTRY.active  # published by recompute_session_ctx; read without a lock
-                if active is None:
+                session = _context_for_this_unpack()
+                if session is None:
                     return self.unpack_plain(holder)
-                self.bind(active)
-                session = active
+                self.bind(session)
             mode = session.mode
             if mode == CLEARED:
                 raise CheckpointError(
@@ -348,16 +406,17 @@ class CheckpointFrame:
                         "only after its last consumer"
                     )
                 )
-            if mode == BLOCKED:
-                active = REGISTRY.active
-                active_id = active.session_id if active is not None else None
-                raise CheckpointError(
-                    error_text(
-                        f"checkpoint {self.name()} belongs to session {session.session_id!r} but is unpacked "
-                        f"inside recompute_session_ctx({active_id!r}); run each backward inside the context of "
-                        "its own session"
+            if mode == IDLE:
+                own = REGISTRY.contexts.get(threading.get_ident())
+                if own is not None:
+                    raise CheckpointError(
+                        error_text(
+                            f"checkpoint {self.name()} belongs to session {session.session_id!r} but is unpacked "
+                            f"inside recompute_session_ctx({own.session_id!r}); run each backward inside the "
+                            "context of its own session"
+                        )
                     )
-                )
+                mode = POP  # contexts are open on other threads only: as if none were (Rule 6)
             if holder.value is None:
                 if self.session_replayed:
                     raise CheckpointError(
@@ -390,29 +449,60 @@ class CheckpointFrame:
                     self.replay(_store_shared, None)
                 assert holder.shared is not None
                 return holder.shared
-            gid = _graph_task_id()  # type: ignore[misc]
-            if gid == -1:  # unpacked outside any backward: every access replays
-                gid = next(_outside_backward_ids)
-            if holder.by_task is None or gid not in holder.by_task:
-                if gid in self.plain_done:
+            key, repeatable = _replay_key()
+            if holder.by_task is None or key not in holder.by_task:
+                if key in self.plain_done:
+                    group = "" if isinstance(key, int) else (
+                        " Two backward calls under one torch.utils.checkpoint.GraphExecGroup must not read the "
+                        "same saved activation; run the second one outside the group, or use a recompute session "
+                        "(retain_on_unpack=True on the first)."
+                    )
                     raise CheckpointError(
                         error_text(
-                            f"a saved tensor of checkpoint {self.name()} is unpacked twice in one backward; "
-                            "this is not supported"
+                            f"a saved tensor of checkpoint {self.name()} is unpacked a second time by the same "
+                            f"backward: it was already unpacked once.{group}"
                         )
                     )
-                task = gid
-                self.replay(lambda h, t: _store_task(h, task, t), None)
-                if gid >= 0:
-                    self.plain_done.add(gid)
+                self.replay(lambda h, t: _store_task(h, key, t), None)
+                if repeatable:
+                    self.plain_done.add(key)
             assert holder.by_task is not None
-            return holder.by_task.pop(gid)
+            return holder.by_task.pop(key)
 
 
-def _store_task(holder: Holder, gid: int, tensor: torch.Tensor) -> None:
+def _context_for_this_unpack() -> Optional[Session]:
+    """The open session context an unbound frame's unpack joins (Rule 6), or None.
+
+    The context of the unpacking thread; when that thread has none (an autograd
+    device thread), the only context open in the process. With several open and none
+    on this thread the backward cannot be attributed, which is an error.
+    """
+    contexts = REGISTRY.contexts  # replaced, never mutated: safe to read without the lock
+    if not contexts:
+        return None
+    own = contexts.get(threading.get_ident())
+    if own is not None:
+        return own
+    if len(contexts) == 1:
+        return next(iter(contexts.values()))
+    raise CheckpointError(
+        error_text(
+            f"a checkpoint is unpacked on a thread without a recompute_session_ctx while {len(contexts)} threads "
+            "have one open, so its session is ambiguous; prefetch it with recompute_handle(handle, session_id) "
+            "before the backward"
+        )
+    )
+
+
+def _named_inputs(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    """The checkpoint's arguments with the names messages use: ``#0``, ``#1``, ``'mask'``."""
+    return [(f"#{i}", a) for i, a in enumerate(args)] + [(repr(k), v) for k, v in kwargs.items()]
+
+
+def _store_task(holder: Holder, key: Any, tensor: torch.Tensor) -> None:
     if holder.by_task is None:
         holder.by_task = {}
-    holder.by_task[gid] = tensor
+    holder.by_task[key] = tensor
 
 
 def unpack_saved(holder: Holder) -> torch.Tensor:
@@ -437,7 +527,7 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
             if mode == POP:
                 holder.value = None
                 return value
-    elif REGISTRY.active is None:
+    elif not REGISTRY.contexts:
         if PER_GRAPH_TASK:
             return frame.unpack_plain(holder)
         value = holder.shared

@@ -1,10 +1,10 @@
-"""Control-plane state: the live sessions, the active session, and replay counters.
+"""Control-plane state: the live sessions, the open session contexts, and replay counters.
 
 Only the control plane (``recompute_handle``, ``recompute_session_ctx``,
 ``clear_recompute_session``) takes ``Registry.lock``. Unpacking a frame bound to a
 session reads ``frame.session`` and ``session.mode`` and nothing here (NOTE [ Recompute
 sessions ] Rule 5 in ``checkpoint.py``); unpacking a session-less frame reads
-``Registry.active``, without a lock, to tell a plain backward (Rule 3) from one that
+``Registry.contexts``, without a lock, to tell a plain backward (Rule 3) from one that
 binds the frame (Rule 4).
 """
 
@@ -14,12 +14,12 @@ import threading
 import weakref
 from typing import Any, Dict, Hashable, List, Optional
 
-__all__ = ["Session", "Registry", "REGISTRY", "POP", "RETAIN", "BLOCKED", "CLEARED"]
+__all__ = ["Session", "Registry", "REGISTRY", "POP", "RETAIN", "IDLE", "CLEARED"]
 
 # Session.mode: how an unpack of a bound frame treats its recomputed tensor (Rules 5-7).
-POP = 0  #: hand the tensor out and drop it (retain_on_unpack=False, or no context active)
+POP = 0  #: hand the tensor out and drop it (retain_on_unpack=False, or no context open at all)
 RETAIN = 1  #: hand the tensor out and keep it for a later consumer (retain_on_unpack=True)
-BLOCKED = 2  #: another session's context is active: unpacking this session is an error
+IDLE = 2  #: some thread has a context open, none for this session: the slow path decides (Rule 6)
 CLEARED = 3  #: cleared; any further use is an error
 
 
@@ -28,7 +28,7 @@ class Session:
 
     Attributes:
         session_id: the user's hashable id.
-        mode: one of POP, RETAIN, BLOCKED, CLEARED (read by the unpack hot path).
+        mode: one of POP, RETAIN, IDLE, CLEARED (read by the unpack hot path).
         frames: weak references to the frames bound to this session.
         replays: how many frame replays this session has run.
     """
@@ -52,8 +52,9 @@ class Registry:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.sessions: Dict[Hashable, Session] = {}
-        #: The session whose ``recompute_session_ctx`` is open, or None (Rule 6).
-        self.active: Optional[Session] = None
+        #: Open ``recompute_session_ctx``: thread ident -> its session (Rule 6). Replaced,
+        #: never mutated, so that the unpack path can read it without the lock.
+        self.contexts: Dict[int, Session] = {}
         self._stats_lock = threading.Lock()
         self._counters = dict.fromkeys(("replays", "session_replays", "plain_replays", "prefetches", "clears"), 0)
 
@@ -61,8 +62,7 @@ class Registry:
         """Return the live session ``session_id``; caller holds ``lock``."""
         session = self.sessions.get(session_id)
         if session is None:
-            blocked = self.active is not None
-            session = Session(session_id, BLOCKED if blocked else POP)
+            session = Session(session_id, IDLE if self.contexts else POP)
             self.sessions[session_id] = session
         return session
 

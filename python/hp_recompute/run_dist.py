@@ -103,7 +103,7 @@ def _boundary_shapes(model: Any, specs: Any, batch: Any) -> Dict[int, Tuple[torc
 def _watchdog(rank: int, port: int, timeout: float, state: Dict[str, Any], result_path: str) -> None:
     """Exits this rank (ABORT_EXIT) as soon as another rank reports a failure."""
     try:
-        store = dist.TCPStore("127.0.0.1", port, 0, False, datetime.timedelta(seconds=timeout))
+        store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=timeout))
     except Exception:  # noqa: BLE001 - the parent is gone; nothing to watch
         return
     while not state.get("finished"):
@@ -120,7 +120,10 @@ def _watchdog(rank: int, port: int, timeout: float, state: Dict[str, Any], resul
             except Exception:  # noqa: BLE001
                 message = "another rank failed"
             text = f"hp_recompute.run: rank {rank} aborted: {message}"
-            left = clear_all_sessions() if not state.get("busy") else len(live_sessions())
+            # Clearing is thread-safe (the control plane's lock, then a frame's lock), also while
+            # the main thread waits in a receive or replays a frame: the clear waits for it.
+            clear_all_sessions()
+            left = len(live_sessions())
             torch.save({"rank": rank, "error": text, "root": False, "sessions_left": left}, result_path)
             print(text, file=sys.stderr, flush=True)
             os._exit(ABORT_EXIT)
@@ -135,7 +138,7 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
     try:
         torch.set_num_threads(cfg["threads"])
         timeout = datetime.timedelta(seconds=cfg["timeout"])
-        store = dist.TCPStore("127.0.0.1", cfg["port"], 0, False, timeout)
+        store = dist.TCPStore("127.0.0.1", cfg["port"], None, False, timeout)
         threading.Thread(target=_watchdog, args=(rank, cfg["port"], cfg["timeout"], state, result_path),
                          daemon=True).start()
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
@@ -156,10 +159,8 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
             reset_stats()
             dist.barrier()
             t0 = time.perf_counter()
-            state["busy"] = True
             ex.run_all()
             transport.flush()
-            state["busy"] = False
             elapsed = time.perf_counter() - t0
             st = stats()
             left = len(live_sessions())

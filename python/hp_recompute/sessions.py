@@ -9,11 +9,13 @@ lock; nothing takes ``REGISTRY.lock`` while holding a frame lock.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Dict, Hashable, Iterator, List, Optional
 
 from .errors import CheckpointError, error_text
 from .frame import CheckpointFrame, RecomputeHandle
-from .registry import BLOCKED, CLEARED, POP, REGISTRY, RETAIN, Session
+from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, Session
+from .storage import storage_of
 
 __all__ = [
     "recompute_handle",
@@ -123,11 +125,13 @@ def _forget_if_empty(session: Session, created: bool) -> None:
 def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) -> Iterator[Hashable]:
     """Backwards run inside consume session ``session_id`` (Rules 4-6).
 
-    On entry the session becomes the process's active session: a checkpoint first
+    On entry the session becomes this thread's open session: a checkpoint first
     unpacked inside binds to it and replays once; prefetched checkpoints are read
     without replay. With ``retain_on_unpack=True`` the recomputed tensors stay for a
     later consumer (dx); with False each is dropped when read (dw, the last consumer).
-    Contexts do not nest; call ``clear_recompute_session`` after the last consumer.
+    One context per thread (they do not nest), one context per session; other threads
+    may have contexts of their own sessions open at the same time. Call
+    ``clear_recompute_session`` after the last consumer.
 
     Args:
         session_id: hashable, not None (no default on purpose).
@@ -150,28 +154,51 @@ def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) 
                 f"recompute_session_ctx: retain_on_unpack must be a bool, got {type(retain_on_unpack).__name__}"
             )
         )
+    thread = threading.get_ident()
     with REGISTRY.lock:
-        active = REGISTRY.active
-        if active is not None:
+        mine = REGISTRY.contexts.get(thread)
+        if mine is not None:
             raise CheckpointError(
                 error_text(
                     f"recompute_session_ctx({session_id!r}) entered while recompute_session_ctx("
-                    f"{active.session_id!r}) is active; session contexts do not nest, exit the first one before "
-                    "the next backward"
+                    f"{mine.session_id!r}) is open on this thread; session contexts do not nest, exit the first "
+                    "one before the next backward"
                 )
             )
         session = REGISTRY.get_or_create(session_id)
-        for other in REGISTRY.sessions.values():
-            other.mode = BLOCKED
+        if session in REGISTRY.contexts.values():
+            raise CheckpointError(
+                error_text(
+                    f"recompute_session_ctx({session_id!r}) is already open on another thread; run the backwards "
+                    "of one session one after the other"
+                )
+            )
+        contexts = dict(REGISTRY.contexts)
+        contexts[thread] = session
+        _publish(contexts)
         session.mode = RETAIN if retain_on_unpack else POP
-        REGISTRY.active = session
     try:
         yield session_id
     finally:
         with REGISTRY.lock:
-            REGISTRY.active = None
-            for other in REGISTRY.sessions.values():
-                other.mode = POP
+            contexts = dict(REGISTRY.contexts)
+            del contexts[thread]
+            _publish(contexts)
+
+
+def _publish(contexts: Dict[int, Session]) -> None:
+    """Install the open contexts and the modes that follow from them; caller holds REGISTRY.lock.
+
+    With no context open every session pops (Rule 5); otherwise a session without a
+    context of its own is IDLE and its unpacks take the slow path (Rule 6). Sessions
+    with an open context keep the mode their context set (a cleared one stays CLEARED).
+    """
+    REGISTRY.contexts = contexts
+    open_sessions = set(contexts.values())
+    idle = IDLE if contexts else POP
+    for session in REGISTRY.sessions.values():
+        if session not in open_sessions:
+            session.mode = idle
 
 
 def clear_recompute_session(session_id: Hashable) -> None:
@@ -212,7 +239,8 @@ def session_stats(session_id: Hashable) -> Optional[Dict[str, int]]:
 
     Returns:
         ``{"replays": n, "frames": bound live frames, "retained_tensors": k,
-        "retained_bytes": b}``.
+        "retained_bytes": b}``; ``b`` counts each storage once, however many
+        retained tensors view it.
     """
     _check_session_id(session_id, "session_stats")
     with REGISTRY.lock:
@@ -221,12 +249,13 @@ def session_stats(session_id: Hashable) -> Optional[Dict[str, int]]:
             return None
         frames = session.live_frames()
         replays = session.replays
-    tensors = nbytes = 0
-    for frame in frames:
-        count, size = frame.retained()
-        tensors += count
-        nbytes += size
-    return {"replays": replays, "frames": len(frames), "retained_tensors": tensors, "retained_bytes": nbytes}
+    tensors = [t for frame in frames for t in frame.retained()]
+    storages = {}
+    for t in tensors:  # views of one storage (a saved x and x.t()) are held once
+        storage = storage_of(t)
+        storages[storage.data_ptr()] = storage.nbytes()
+    nbytes = sum(storages.values())
+    return {"replays": replays, "frames": len(frames), "retained_tensors": len(tensors), "retained_bytes": nbytes}
 
 
 def stats() -> Dict[str, int]:

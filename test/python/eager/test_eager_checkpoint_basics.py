@@ -1,5 +1,6 @@
 """hp_recompute.checkpoint without sessions: numerics, options, contexts, compatibility with torch."""
 
+import contextlib
 import sys
 import types
 
@@ -150,7 +151,9 @@ def test_collector_collects_in_forward_order_and_innermost_only(device):
         ({"preserve_rng_state": "yes"}, "preserve_rng_state must be a bool"),
         ({"context_fn": 3}, "context_fn must be callable"),
         ({"context_fn": lambda: None}, "context_fn must return a tuple of two context managers"),
-        ({"use_reentrant": True, "context_fn": lambda: (None, None)}, "context_fn needs use_reentrant=False"),
+        ({"debug": "yes"}, "debug must be a bool"),
+        ({"use_reentrant": True, "context_fn": lambda: (None, None)}, "context_fn and debug need use_reentrant=False"),
+        ({"use_reentrant": True, "debug": True}, "context_fn and debug need use_reentrant=False"),
     ],
 )
 def test_invalid_options_raise_value_error(device, options, message):
@@ -320,45 +323,38 @@ def _in_place_first_block(w):
 
 
 @pytest.mark.parametrize("scheduled", [False, True], ids=["plain", "session"])
-def test_block_starting_in_place_on_a_non_leaf_input(device, scheduled):
-    """Replays run on the forward's own inputs, as torch's non-reentrant checkpoint does.
+def test_block_starting_in_place_on_its_input_is_refused_not_replayed_twice(device, scheduled):
+    """A block that changes its input in place cannot be replayed on that input.
 
-    A replay on a fresh leaf copy would fail with "a leaf Variable that requires grad is
-    being used in an in-place operation"; the reference is plain autograd.
+    torch 1.13 replays it on the changed input (wrong gradients unless the op is
+    idempotent), torch 2.x refuses it through its saved inputs; we refuse it on both,
+    before the replay runs, so the input is changed exactly once.
     """
     torch.manual_seed(0)
     w = torch.randn(4, 4, device=device, requires_grad=True)
-    a0 = torch.randn(3, 4, device=device)
+    a = torch.randn(3, 4, device=device, requires_grad=True)
+    x = a * 1.0  # a non-leaf that requires grad
     block = Counted(_in_place_first_block(w))
-
-    def leaf_and_input():
-        a = a0.clone().requires_grad_()
-        return a, a * 1.0  # a non-leaf that requires grad
-
-    a, x = leaf_and_input()
-    want = torch.autograd.grad(block.fn(x).sum(), [a, w])
-
-    a, x = leaf_and_input()
     with hr.recompute_handle_collector_ctx() as handles:
         loss = hr.checkpoint(block, x).sum()
-    if scheduled:
-        hr.recompute_handle(handles[0], "inplace")
-        with hr.recompute_session_ctx("inplace", retain_on_unpack=True):
-            got = list(torch.autograd.grad(loss, [a], retain_graph=True))
-        with hr.recompute_session_ctx("inplace"):
-            got += torch.autograd.grad(loss, [w])
-        hr.clear_recompute_session("inplace")
-    else:
-        got = torch.autograd.grad(loss, [a, w])
-    assert_bit_equal(got, want)
-    assert block.calls == 2  # the forward and one replay
+    after_forward = x.detach().clone()
+    with pytest.raises(RuntimeError, match=r"argument #0 of checkpoint .* was modified in place .* clone it"):
+        if scheduled:
+            hr.recompute_handle(handles[0], "inplace")
+        else:
+            torch.autograd.grad(loss, [a, w])
+    assert block.calls == 1  # no replay ran
+    assert torch.equal(x.detach(), after_forward)
+    assert hr.live_sessions() == []
 
 
+@pytest.mark.parametrize("collecting", [True, False])
 @pytest.mark.parametrize("tracing", [True, False])
-def test_compile_probe_falls_back_to_torch_dynamo(device, monkeypatch, tracing):
+def test_compile_probe_falls_back_to_torch_dynamo(device, monkeypatch, tracing, collecting):
     """torch 2.0-2.2 lack torch.compiler.is_compiling; torch._dynamo.is_compiling tells a trace.
 
-    Under a trace the call goes to torch's own checkpoint and yields no handle.
+    Under a trace the call goes to torch's own checkpoint, which has no handle: inside a
+    collector that is an error, never a silently empty collection.
     """
     fake = types.ModuleType("torch._dynamo")
     fake.is_compiling = lambda: tracing
@@ -374,9 +370,13 @@ def test_compile_probe_falls_back_to_torch_dynamo(device, monkeypatch, tracing):
 
     monkeypatch.setattr(torch_cp, "checkpoint", torch_checkpoint)
     x = torch.randn(3, device=device, requires_grad=True)
-    with hr.recompute_handle_collector_ctx() as handles:
-        hr.checkpoint(torch.sin, x)
+    with hr.recompute_handle_collector_ctx() if collecting else contextlib.nullcontext([]) as handles:
+        if tracing and collecting:
+            with pytest.raises(hr.CheckpointError, match="traced by torch.compile inside recompute_handle_collector"):
+                hr.checkpoint(torch.sin, x)
+        else:
+            hr.checkpoint(torch.sin, x)
     if tracing:
-        assert [k["use_reentrant"] for k in delegated] == [False] and handles == []
+        assert [k["use_reentrant"] for k in delegated] == ([] if collecting else [False]) and handles == []
     else:
-        assert delegated == [] and len(handles) == 1
+        assert delegated == [] and len(handles) == (1 if collecting else 0)

@@ -461,14 +461,132 @@ def test_session_id_is_required_and_not_none(device):
     del y
 
 
-def test_session_contexts_do_not_nest():
+def test_session_contexts_do_not_nest_on_one_thread():
     with hr.recompute_session_ctx("a") as sid:
         assert sid == "a"
-        with pytest.raises(hr.CheckpointError, match=r"recompute_session_ctx\('b'\) entered while recompute_session_ctx\('a'\)"):
+        with pytest.raises(hr.CheckpointError, match=r"recompute_session_ctx\('b'\) entered while recompute_session_ctx\('a'\) is open on this thread"):
             with hr.recompute_session_ctx("b"):
                 pass
     with hr.recompute_session_ctx("b"):  # the first context still closed cleanly
         pass
+
+
+def _in_other_thread(fn):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def test_one_session_cannot_be_open_on_two_threads_at_once():
+    with hr.recompute_session_ctx("a"):
+        with pytest.raises(hr.CheckpointError, match=r"recompute_session_ctx\('a'\) is already open on another thread"):
+            _in_other_thread(lambda: hr.recompute_session_ctx("a").__enter__())
+
+
+def test_two_threads_each_in_its_own_session_at_the_same_time(device):
+    """Two microbatches backwarded concurrently, each thread inside its own context (Rule 6)."""
+    # p=0: the CPU generator is process-wide, so dropout replays racing on two threads would
+    # interleave its state (torch's own checkpoint shares that limit).
+    stages = [Stage(device, p=0.0, seed=20 + i) for i in range(2)]
+    inputs = [stage.input(seed=30 + i) for i, stage in enumerate(stages)]
+    wants = [stage.reference(x, rng_seed=40 + i) for i, (stage, x) in enumerate(zip(stages, inputs))]
+    losses = []
+    for i, (stage, x) in enumerate(zip(stages, inputs)):
+        torch.manual_seed(40 + i)
+        losses.append(stage.forward(x))  # no prefetch: each backward binds to its thread's context
+    both_inside = threading.Barrier(2, timeout=30)
+    results = [None, None]
+
+    def microbatch(i):
+        sid = f"mb{i}"
+        with hr.recompute_session_ctx(sid, retain_on_unpack=True):
+            both_inside.wait()  # both contexts are open now
+            dx = torch.autograd.grad(losses[i], [inputs[i]], retain_graph=True)
+            both_inside.wait()
+        with hr.recompute_session_ctx(sid):
+            dw = torch.autograd.grad(losses[i], stages[i].params)
+        results[i] = (list(dx) + list(dw), hr.session_stats(sid)["replays"])
+        hr.clear_recompute_session(sid)
+
+    threads = [threading.Thread(target=microbatch, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    for i in range(2):
+        grads, replays = results[i]
+        assert replays == 2  # each of the two blocks replayed once, into its own session
+        assert stages[i].calls() == [2, 2]
+        assert_bit_equal(grads, wants[i])
+    assert hr.live_sessions() == []
+
+
+def test_session_unpack_hot_path_makes_no_lookups_and_takes_no_lock(device):
+    """Rule 5, checked by watching every call the unpack hook makes (sys.setprofile).
+
+    A prefetched session is consumed by dx (retained) and dw (popped); while autograd
+    unpacks, nothing may call ContextVar.get, acquire a lock, or enter the slow path.
+    """
+    stage = Stage(device, seed=9)
+    x = stage.input()
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = stage.forward(x)
+    for h in handles:
+        hr.recompute_handle(h, "hot")
+    calls = []
+    inside = []
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "unpack_saved":
+            inside.append(True)
+        elif event == "return" and frame.f_code.co_name == "unpack_saved":
+            inside.pop()
+        elif inside and event in ("call", "c_call"):
+            calls.append(frame.f_code.co_name if event == "call" else getattr(arg, "__qualname__", repr(arg)))
+
+    for retain, inputs in ((True, [x]), (False, stage.params)):
+        with hr.recompute_session_ctx("hot", retain_on_unpack=retain):
+            sys.setprofile(profiler)
+            try:
+                torch.autograd.grad(loss, inputs, retain_graph=retain)
+            finally:
+                sys.setprofile(None)
+    hr.clear_recompute_session("hot")
+    assert stage.calls() == [2, 2]
+    assert calls == [], f"the unpack hot path called {sorted(set(calls))}"
+
+
+def test_retained_bytes_count_each_storage_once(device):
+    """A block that saves a tensor and a view of it (s and s.t() for s @ s.t()) holds s once."""
+
+    def block(a):
+        s = a.sin()
+        return (s @ s.t()).sum()
+
+    x = torch.randn(5, 3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = hr.checkpoint(block, x)
+    hr.recompute_handle(handles[0], "views")
+    st = hr.session_stats("views")
+    # sin saves its input x; mm saves s and s.t(): three tensors over two storages
+    assert st["retained_tensors"] == 3
+    assert st["retained_bytes"] == 2 * x.numel() * x.element_size()
+    with hr.recompute_session_ctx("views"):
+        loss.backward()
+    hr.clear_recompute_session("views")
 
 
 def test_frame_cannot_be_bound_to_two_sessions(device):
