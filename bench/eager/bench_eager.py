@@ -7,6 +7,7 @@ calls). Variants, measured side by side in one run:
 
   none           no checkpoint
   native         torch.utils.checkpoint.checkpoint(use_reentrant=False)
+  native-group   native, dx and dw of a microbatch under one GraphExecGroup (torch >= 2.10)
   ours-plain     hp_recompute.checkpoint outside any session (must equal native)
   ours-session   hp_recompute with a session per microbatch: prefetch right before dx,
                  dx with retain_on_unpack=True, dw, clear
@@ -16,7 +17,7 @@ Columns: block function calls per step, median step time, peak live bytes during
 ratios against native. A second table times the unpack hot path: reading an already
 recomputed saved tensor (``grad_fn._saved_self``) through each variant's hook.
 
-Usage: python3 bench/eager/bench_eager.py [--blocks 8] [--microbatches 4] [--reps 7]
+Usage: bench/eager/run.sh (both torches), or python3 bench/eager/bench_eager.py [--blocks 8] [--microbatches 4] [--reps 7]
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import torch.utils.checkpoint as torch_cp
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import hp_recompute as hr  # noqa: E402
 
-VARIANTS = ("none", "native", "ours-plain", "ours-session")
+VARIANTS = ("none", "native", "native-group", "ours-plain", "ours-session")
+HAS_GROUP = hasattr(torch_cp, "GraphExecGroup")
 
 
 class Block(torch.nn.Module):
@@ -76,13 +78,20 @@ def run_step(variant: str, blocks: List[Counter], inputs: List[torch.Tensor], pa
             for block in blocks:
                 if variant == "none":
                     h = block(h)
-                elif variant == "native":
+                elif variant in ("native", "native-group"):
                     h = torch_cp.checkpoint(block, h, use_reentrant=False)
                 else:
                     h = hr.checkpoint(block, h)
         xs.append(x)
         losses.append(h.pow(2).mean())
         handles.append(hs)
+    # One group per microbatch, entered for its dx and again for its dw: torch's way to
+    # ask for one replay shared by several backward calls.
+    groups = [torch_cp.GraphExecGroup() for _ in range(m)] if variant == "native-group" else None
+
+    def grad(mb: int, *args, **kwargs):
+        with groups[mb] if groups is not None else contextlib.nullcontext():
+            return torch.autograd.grad(*args, **kwargs)
 
     def dx(mb: int) -> None:
         if variant == "ours-session":
@@ -91,7 +100,7 @@ def run_step(variant: str, blocks: List[Counter], inputs: List[torch.Tensor], pa
             with hr.recompute_session_ctx(mb, retain_on_unpack=True):
                 torch.autograd.grad(losses[mb], [xs[mb]], retain_graph=True)
         else:
-            torch.autograd.grad(losses[mb], [xs[mb]], retain_graph=True)
+            grad(mb, losses[mb], [xs[mb]], retain_graph=True)
 
     def dw(mb: int) -> None:
         if variant == "ours-session":
@@ -99,7 +108,7 @@ def run_step(variant: str, blocks: List[Counter], inputs: List[torch.Tensor], pa
                 torch.autograd.grad(losses[mb], params)
             hr.clear_recompute_session(mb)
         else:
-            torch.autograd.grad(losses[mb], params)
+            grad(mb, losses[mb], params)
         losses[mb] = None  # the graph dies here
 
     dx(0)
@@ -130,19 +139,32 @@ def bench_steps(args) -> List[Dict[str, object]]:
     params = [p for m in modules for p in m.parameters()]
     inputs = [torch.randn(args.batch, args.dim) for _ in range(args.microbatches)]
     rows = []
-    times: Dict[str, List[float]] = {v: [] for v in VARIANTS}
     calls: Dict[str, int] = {}
+    failed: Dict[str, str] = {}
+    if not HAS_GROUP:
+        failed["native-group"] = f"n/a: torch {torch.__version__} has no GraphExecGroup"
     for variant in VARIANTS:  # warm-up and call count
+        if variant in failed:
+            continue
         blocks = [Counter(m) for m in modules]
-        run_step(variant, blocks, inputs, params)
+        try:
+            run_step(variant, blocks, inputs, params)
+        except RuntimeError as e:  # torch refuses the program (GraphExecGroup and overlapping dx/dw)
+            failed[variant] = "fails: " + str(e).split(". ")[0].replace("torch.utils.checkpoint: ", "")
+            continue
         calls[variant] = sum(b.calls for b in blocks)
+    measured = [v for v in VARIANTS if v not in failed]
+    times: Dict[str, List[float]] = {v: [] for v in measured}
     for _ in range(args.reps):  # interleave variants so drift hits all of them alike
-        for variant in VARIANTS:
+        for variant in measured:
             blocks = [Counter(m) for m in modules]
             start = time.perf_counter()
             run_step(variant, blocks, inputs, params)
             times[variant].append(time.perf_counter() - start)
     for variant in VARIANTS:
+        if variant in failed:
+            rows.append({"variant": variant, "failed": failed[variant]})
+            continue
         blocks = [Counter(m) for m in modules]
         peak = peak_bytes(lambda: run_step(variant, blocks, inputs, params))
         rows.append(
@@ -249,6 +271,9 @@ def main() -> None:
     print("| variant | block calls | step time | peak live bytes | calls vs native | time vs native | peak vs native |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
+        if "failed" in r:
+            print(f"| {r['variant']} | {r['failed']} | | | | | |")
+            continue
         print(
             f"| {r['variant']} | {r['calls']} | {r['ms']:.1f} ms | {_fmt_bytes(r['peak'])} | "
             f"{_ratio(r['calls'], native['calls'])} | {_ratio(r['ms'], native['ms'])} | "

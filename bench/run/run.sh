@@ -2,7 +2,7 @@
 # Per-step time and recompute count of a real ZBV run (multi-process, gloo, CPU):
 # our plan (recompute sessions) vs torch.utils.checkpoint in each backward call
 # vs no checkpointing, same model (bundled GPT), same processes, one run.
-# Usage: bench/run/run.sh [BUILD_DIR] [MICROBATCHES] [STEPS]
+# Usage: [PYTHON=.venv/bin/python] bench/run/run.sh [BUILD_DIR] [MICROBATCHES] [STEPS]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$here/../.."
@@ -10,7 +10,7 @@ build="${1:-$repo/build}"
 mb="${2:-8}"
 steps="${3:-8}"
 tool="$build/bin/hp-recompute-plan"
-py=/usr/bin/python3
+py="${PYTHON:-/usr/bin/python3}"  # PYTHON=.venv/bin/python for torch 2.x
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 "$tool" --model "$repo/examples/gpt/gpt.model.json" --schedule-gen zbv --ranks 2 \

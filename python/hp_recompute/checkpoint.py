@@ -11,31 +11,37 @@ The rules below are cited in the code as "Rule N".
 Rule 1 (forward). Each ``checkpoint`` call creates one frame. Autograd's saved tensors
   are replaced by holders (owned by autograd's SavedVariables) and, unless
   ``determinism_check="none"``, their shape/dtype/device are recorded. The frame keeps
-  the inputs, the RNG state (CPU, plus CUDA of the inputs' devices) and the autocast
-  state. Inside ``recompute_handle_collector_ctx()`` the frame's handle is appended to
-  the collected list, only once the forward succeeded.
+  the inputs with their version counters, the RNG state (CPU, plus the device type
+  torch's checkpoint infers from the positional arguments), the autocast state and the
+  ``torch.device`` context. Inside ``recompute_handle_collector_ctx()`` the frame's
+  handle is appended to the collected list, only once the forward succeeded.
 
 Rule 2 (replay). A replay runs the function once more on the forward's own input tensors
-  (as torch's non-reentrant checkpoint does, so a block may start with an in-place op on a
-  non-leaf input) under the forward's RNG, autocast and CUDA-device state, then restores
-  the caller's RNG streams, so a prefetch never shifts the caller's random numbers. The
-  i-th tensor the replay saves goes to the i-th holder. With ``early_stop`` the replay
-  stops right after the last saved tensor. The number of saved tensors is always
-  checked, their metadata unless ``determinism_check="none"``; a mismatch raises
-  CheckpointError.
+  (as torch's non-reentrant checkpoint does) under the forward's RNG, autocast and device
+  state, then restores the caller's RNG streams, so a prefetch never shifts the caller's
+  random numbers. An input whose version changed since the forward (an in-place op in
+  the function or after it) is refused with CheckpointError before the replay runs: the
+  replay would see other values (torch 2.x refuses it too; torch 1.13 replays silently
+  on the changed input). The i-th tensor the replay saves goes to the i-th holder; a
+  backward inside the function reads what the replay saved for it. With ``early_stop``
+  (or ``set_checkpoint_early_stop``) the replay stops right after the last saved tensor.
+  The number of saved tensors is always checked, their metadata unless
+  ``determinism_check="none"``; a mismatch raises CheckpointError (with torch's operator
+  report under ``debug=True``).
 
 Rule 3 (no session). A frame bound to no session behaves like the installed torch's
   ``torch.utils.checkpoint(use_reentrant=False)``: torch 2.x replays once per backward
-  (graph task) and drops each tensor when read; torch 1.13 replays once and keeps the
-  tensors until autograd frees the graph.
+  (graph task), or once per open ``GraphExecGroup`` (torch >= 2.10), and drops each
+  tensor when read, so a second read in the same backward or group raises; torch 1.13
+  replays once and keeps the tensors until autograd frees the graph.
 
 Rule 4 (binding). A frame is bound to at most one session, by the control plane:
-  ``recompute_handle(handle, sid)`` binds and replays at once; ``recompute_session_ctx``
-  publishes its session process-wide on entry, and a frame first unpacked while it is
-  open binds to it. Binding a bound frame to another session raises CheckpointError;
-  ``clear_recompute_session`` unbinds. Because the binding lives on the frame, a backward
-  whose unpacks run on another thread (an autograd device thread, a user thread) finds
-  the session without any context variable.
+  ``recompute_handle(handle, sid)`` binds and replays at once; a frame first unpacked
+  while a ``recompute_session_ctx`` is open binds to it (Rule 6 says which one). Binding
+  a bound frame to another session raises CheckpointError; ``clear_recompute_session``
+  unbinds. Because the binding lives on the frame, a backward whose unpacks run on
+  another thread finds the session without any context variable. A session takes
+  precedence over an open GraphExecGroup.
 
 Rule 5 (hot path). Unpacking a bound frame reads ``holder.value`` and ``session.mode``
   only: no context-variable look-up, no lock (a session-less frame follows Rule 3; on
@@ -45,9 +51,14 @@ Rule 5 (hot path). Unpacking a bound frame reads ``holder.value`` and ``session.
   the frame once per binding; a miss after that replay means a non-retaining consumer
   already took the tensor, and raises CheckpointError.
 
-Rule 6 (one context at a time). At most one ``recompute_session_ctx`` is open per
-  process; entering a second raises CheckpointError. While session S is open every other
-  live session is blocked: unpacking one of its frames raises CheckpointError.
+Rule 6 (one context per thread). Each thread has at most one ``recompute_session_ctx``
+  open, and a session is open in at most one context; entering a second raises
+  CheckpointError. Threads may hold contexts of different sessions at the same time.
+  An unbound frame joins the context of the unpacking thread, else (an autograd device
+  thread) the only context open in the process; with several open and none on that
+  thread it raises. While any context is open, a session without one is idle: its
+  frames unpacked on a thread whose context belongs to another session raise, on other
+  threads they are read as with no context.
 
 Rule 7 (clear). ``clear_recompute_session`` is idempotent and drops the session's
   tensors, replay flags, counters and bindings, also after partial use, errors or
@@ -59,7 +70,8 @@ Rule 8 (nesting). A checkpoint inside a checkpoint works in plain (session-less)
   nested checkpoint raises CheckpointError.
 
 ``use_reentrant=True`` delegates to ``torch.utils.checkpoint`` and takes no part in
-sessions; so does tracing under ``torch.compile`` (torch 2.x).
+sessions; so does tracing under ``torch.compile`` (torch 2.x), which inside a collector
+raises CheckpointError instead of collecting nothing.
 """
 
 from __future__ import annotations

@@ -274,3 +274,23 @@ def test_checkpoint_wrapper_keeps_fqns_and_joins_sessions(device):
     hr.clear_recompute_session("w")
     assert_bit_equal(got, want)
     assert hr.stats()["replays"] == 1
+
+
+# -- torch.compile -----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason=f"torch {TORCH} has no torch.compile (torch >= 2.0)")
+def test_compiled_checkpoint_inside_a_collector_is_an_error_not_an_empty_list(device):
+    lin = torch.nn.Linear(4, 4).to(device)
+
+    def step(x):
+        return hr.checkpoint(lambda t: lin(t).relu(), x).sum()
+
+    compiled = torch.compile(step, backend="eager")
+    x = torch.randn(2, 4, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        with pytest.raises(hr.CheckpointError, match="traced by torch.compile inside recompute_handle_collector_ctx"):
+            compiled(x)
+    assert handles == []
+    compiled(x).backward()  # without a collector it compiles torch's checkpoint
+    assert torch.allclose(x.grad, torch.autograd.grad(step(x), [x])[0])
