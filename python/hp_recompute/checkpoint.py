@@ -228,7 +228,9 @@ def checkpoint(
             function, *args, use_reentrant=True, preserve_rng_state=preserve_rng_state, **kwargs
         )
     if _is_compiling():
-        return _compiled_checkpoint(function, args, kwargs, context_fn, preserve_rng_state, determinism_check, debug, early_stop)
+        return _compiled_checkpoint(
+            function, args, kwargs, context_fn, preserve_rng_state, determinism_check, debug, early_stop
+        )
     if _debug_enabled(debug):
         if context_fn is not None:
             raise ValueError(error_text("checkpoint: debug=True is incompatible with a context_fn"))
@@ -240,7 +242,14 @@ def checkpoint(
         if not torch.is_grad_enabled():
             return function(*args, **kwargs)
         return _checkpoint_forward(
-            function, args, kwargs, recompute_ctx, error_cb, preserve_rng_state, determinism_check, _early_stop(early_stop)
+            function,
+            args,
+            kwargs,
+            recompute_ctx,
+            error_cb,
+            preserve_rng_state,
+            determinism_check,
+            _early_stop(early_stop),
         )
 
 

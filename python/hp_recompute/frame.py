@@ -226,7 +226,9 @@ class CheckpointFrame:
         # Rule 2: the version of every tensor argument, to refuse a replay on inputs
         # changed in place since (torch 2.x refuses through its saved inputs too).
         self.input_versions = [
-            (name, value, value._version) for name, value in _named_inputs(args, kwargs) if isinstance(value, torch.Tensor)
+            (name, value, value._version)
+            for name, value in _named_inputs(args, kwargs)
+            if isinstance(value, torch.Tensor)
         ]
         self.metas: Optional[List[Tuple[torch.Size, torch.dtype, torch.device]]] = [] if check_metadata else None
         self.recompute_ctx = recompute_ctx

@@ -464,7 +464,8 @@ def test_session_id_is_required_and_not_none(device):
 def test_session_contexts_do_not_nest_on_one_thread():
     with hr.recompute_session_ctx("a") as sid:
         assert sid == "a"
-        with pytest.raises(hr.CheckpointError, match=r"recompute_session_ctx\('b'\) entered while recompute_session_ctx\('a'\) is open on this thread"):
+        nested = r"recompute_session_ctx\('b'\) entered while recompute_session_ctx\('a'\) is open on this thread"
+        with pytest.raises(hr.CheckpointError, match=nested):
             with hr.recompute_session_ctx("b"):
                 pass
     with hr.recompute_session_ctx("b"):  # the first context still closed cleanly
