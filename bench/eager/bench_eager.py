@@ -18,6 +18,7 @@ ratios against native. A second table times the unpack hot path: reading an alre
 recomputed saved tensor (``grad_fn._saved_self``) through each variant's hook.
 
 Usage: bench/eager/run.sh (both torches), or python3 bench/eager/bench_eager.py [--blocks 8] [--microbatches 4] [--reps 7]
+       [--threads 1]
 """
 
 from __future__ import annotations
@@ -255,8 +256,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--unpack-ops", type=int, default=64)
     parser.add_argument("--unpack-reps", type=int, default=400)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (same for every torch)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     print(
         f"machine: {platform.machine()} {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"python {platform.python_version()}, threads {torch.get_num_threads()}"

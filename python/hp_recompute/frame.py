@@ -81,7 +81,7 @@ class Holder:
         self.frame = frame
         self.value: Optional[torch.Tensor] = None
         self.shared: Optional[torch.Tensor] = None
-        self.by_task: Optional[Dict[int, torch.Tensor]] = None
+        self.by_task: Optional[Dict[Any, torch.Tensor]] = None  # keyed by graph task or group
 
 
 class _StopReplay(BaseException):
@@ -226,8 +226,8 @@ class CheckpointFrame:
         # Rule 2: the version of every tensor argument, to refuse a replay on inputs
         # changed in place since (torch 2.x refuses through its saved inputs too).
         self.input_versions = [
-            (name, value, value._version)
-            for name, value in _named_inputs(args, kwargs)
+            (key, value, value._version)
+            for key, value in (*enumerate(args), *kwargs.items())
             if isinstance(value, torch.Tensor)
         ]
         self.metas: Optional[List[Tuple[torch.Size, torch.dtype, torch.device]]] = [] if check_metadata else None
@@ -309,8 +309,9 @@ class CheckpointFrame:
         raise error
 
     def _check_inputs_unchanged(self) -> None:
-        for name, tensor, version in self.input_versions:
+        for key, tensor, version in self.input_versions:
             if tensor._version != version:
+                name = f"#{key}" if isinstance(key, int) else repr(key)
                 raise CheckpointError(
                     error_text(
                         f"argument {name} of checkpoint {self.name()} was modified in place after the checkpoint "
@@ -494,11 +495,6 @@ def _context_for_this_unpack() -> Optional[Session]:
             "before the backward"
         )
     )
-
-
-def _named_inputs(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> List[Tuple[str, Any]]:
-    """The checkpoint's arguments with the names messages use: ``#0``, ``#1``, ``'mask'``."""
-    return [(f"#{i}", a) for i, a in enumerate(args)] + [(repr(k), v) for k, v in kwargs.items()]
 
 
 def _store_task(holder: Holder, key: Any, tensor: torch.Tensor) -> None:

@@ -22,6 +22,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
+try:  # torch >= 2.0: ``with torch.device(...)`` is a function mode on a stack
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+except ImportError:  # torch 1.13
+    _get_current_function_mode_stack = None
+
 __all__ = ["ForwardState"]
 
 # torch >= 2.1: device-generic helpers; torch 1.13: CUDA-only helpers without a device type.
@@ -55,10 +61,7 @@ def _autocast_kwargs(device_type: str) -> Tuple[Optional[Dict[str, Any]], Dict[s
 
 def _device_context() -> Any:
     """The innermost ``torch.device(...)`` context of the forward (torch >= 2.0), else None."""
-    try:
-        from torch.overrides import _get_current_function_mode_stack
-        from torch.utils._device import DeviceContext
-    except ImportError:
+    if _get_current_function_mode_stack is None:
         return None
     modes = [m for m in _get_current_function_mode_stack() if isinstance(m, DeviceContext)]
     return modes[-1] if modes else None

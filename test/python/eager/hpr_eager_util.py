@@ -5,10 +5,16 @@ import os
 from typing import Callable, Dict, List, Sequence
 
 import torch
+import torch.utils.checkpoint as torch_cp
 
 DEVICE = os.environ.get("HPR_TEST_DEVICE", "cpu")
 # torch >= 2.0 native checkpoint replays once per backward (graph task).
 PER_GRAPH_TASK = hasattr(torch._C, "_current_graph_task_id")
+
+
+def native_checkpoint(fn: Callable, *args, **kwargs):
+    """The installed torch's non-reentrant checkpoint: the reference our checkpoint must equal."""
+    return torch_cp.checkpoint(fn, *args, use_reentrant=False, **kwargs)
 
 
 class Counted:

@@ -9,7 +9,7 @@ import torch
 import torch.utils.checkpoint as torch_cp
 
 import hp_recompute as hr
-from hpr_eager_util import PER_GRAPH_TASK, Counted, assert_bit_equal, make_blocks, params_of
+from hpr_eager_util import PER_GRAPH_TASK, Counted, assert_bit_equal, make_blocks, native_checkpoint, params_of
 
 
 def _loss_and_grads(run, x, params):
@@ -174,10 +174,6 @@ def test_use_reentrant_true_delegates_to_torch(device):
             hr.checkpoint(fn, x, use_reentrant=True)
 
 
-def _native(fn, *args, **kwargs):
-    return torch_cp.checkpoint(fn, *args, use_reentrant=False, **kwargs)
-
-
 def _run_split(impl, device, seed, dx_then_dw):
     """One forward through two checkpointed blocks, then either one backward or dx then dw."""
     blocks = make_blocks(2, 5, 9, device, p=0.3, seed=seed)
@@ -195,7 +191,7 @@ def _run_split(impl, device, seed, dx_then_dw):
 
 @pytest.mark.parametrize("dx_then_dw", [False, True])
 def test_outside_sessions_matches_installed_torch_checkpoint(device, dx_then_dw):
-    native_calls, native_grads, native_loss = _run_split(_native, device, 11, dx_then_dw)
+    native_calls, native_grads, native_loss = _run_split(native_checkpoint, device, 11, dx_then_dw)
     ours_calls, ours_grads, ours_loss = _run_split(hr.checkpoint, device, 11, dx_then_dw)
     assert ours_calls == native_calls
     assert torch.equal(ours_loss, native_loss)
@@ -218,7 +214,7 @@ def test_retained_graph_second_backward_matches_torch(device):
         g2 = torch.autograd.grad(y, [x])
         return fn.calls, g1 + g2
 
-    native_calls, native_grads = run(_native)
+    native_calls, native_grads = run(native_checkpoint)
     ours_calls, ours_grads = run(hr.checkpoint)
     assert ours_calls == native_calls
     assert_bit_equal(ours_grads, native_grads)

@@ -13,17 +13,13 @@ import torch
 import torch.utils.checkpoint as torch_cp
 
 import hp_recompute as hr
-from hpr_eager_util import PER_GRAPH_TASK, Counted, assert_bit_equal
+from hpr_eager_util import PER_GRAPH_TASK, Counted, assert_bit_equal, native_checkpoint
 
 TORCH = torch.__version__
 needs_graph_exec_group = pytest.mark.skipif(
     not hasattr(torch_cp, "GraphExecGroup"), reason=f"torch {TORCH} has no GraphExecGroup (torch >= 2.10)"
 )
 needs_torch2 = pytest.mark.skipif(not PER_GRAPH_TASK, reason=f"torch {TORCH} lacks it (torch >= 2.1)")
-
-
-def _native(fn, *args, **kwargs):
-    return torch_cp.checkpoint(fn, *args, use_reentrant=False, **kwargs)
 
 
 def _outcome(thunk):
@@ -56,15 +52,14 @@ def test_input_changed_in_place_never_gives_silent_wrong_gradients(device, when)
         x = torch.randn(2, 4, device=device, requires_grad=True) * 1.0
         loss = impl(block, x)
         if when == "after":
-            x.data.mul_(1)  # a version bump only: values unchanged, still refused by torch 2.x
-            x.mul_(1)
+            x.mul_(1)  # a version bump only: values unchanged, still refused by torch 2.x
         return torch.autograd.grad(loss, [w])[0]
 
     ours = _outcome(lambda: run(hr.checkpoint))
     # torch 1.13 turns errors raised in autograd hooks into RuntimeError with our text
     assert ours[0] is (hr.CheckpointError if PER_GRAPH_TASK else RuntimeError)
     assert "hp_recompute: argument #0" in ours[1] and "modified in place" in ours[1] and "clone it" in ours[1]
-    native = _outcome(lambda: run(_native))
+    native = _outcome(lambda: run(native_checkpoint))
     if PER_GRAPH_TASK:
         assert native[0] is RuntimeError and "modified by an inplace operation" in native[1]
     elif when == "inside":
@@ -94,7 +89,7 @@ def test_backward_inside_the_checkpointed_function(device, early_stop):
     assert torch.allclose(got, want)
     if PER_GRAPH_TASK:  # torch 1.13's own checkpoint fails here ("never exposed")
         x = x0.clone().requires_grad_()
-        (native,) = torch.autograd.grad(_native(_grad_inside, x, early_stop=early_stop), [x])
+        (native,) = torch.autograd.grad(native_checkpoint(_grad_inside, x, early_stop=early_stop), [x])
         assert_bit_equal([got], [native])
 
 
@@ -117,7 +112,7 @@ def _dx_then_dw(impl, device, group):
 @needs_graph_exec_group
 def test_graph_exec_group_overlapping_backwards_fail_as_in_torch(device):
     """dx and dw read the same saved tensors: torch forbids that inside one group."""
-    native = _outcome(lambda: _dx_then_dw(_native, device, group=True))
+    native = _outcome(lambda: _dx_then_dw(native_checkpoint, device, group=True))
     ours = _outcome(lambda: _dx_then_dw(hr.checkpoint, device, group=True))
     assert issubclass(native[0], torch_cp.CheckpointError) and "already unpacked once" in native[1]
     assert issubclass(ours[0], torch_cp.CheckpointError) and "already unpacked once" in ours[1]
@@ -138,7 +133,7 @@ def test_graph_exec_group_shares_one_replay_across_disjoint_backwards(device):
             g2 = torch.autograd.grad(l2, [w2])
         return fn.calls, g1 + g2
 
-    native_calls, native_grads = run(_native)
+    native_calls, native_grads = run(native_checkpoint)
     ours_calls, ours_grads = run(hr.checkpoint)
     assert native_calls == ours_calls == 2  # forward and one replay shared by both backwards
     assert_bit_equal(ours_grads, native_grads)
@@ -191,7 +186,7 @@ def test_set_checkpoint_early_stop_overrides_the_argument(device, enable):
         y.sum().backward()
         return fn.completions
 
-    assert run(hr.checkpoint) == run(_native) == (1 if enable else 2)
+    assert run(hr.checkpoint) == run(native_checkpoint) == (1 if enable else 2)
 
 
 def _shape_switch(state):
@@ -249,7 +244,7 @@ def test_replay_runs_under_the_forwards_torch_device_context(device):
         y.sum().backward()
         return seen
 
-    assert run(hr.checkpoint) == run(_native) == ["meta", "meta"]
+    assert run(hr.checkpoint) == run(native_checkpoint) == ["meta", "meta"]
 
 
 # -- checkpoint_wrapper -----------------------------------------------------------------------
