@@ -1,43 +1,57 @@
 #!/usr/bin/env bash
-# Per-step time and recompute count of a real ZBV run (multi-process, gloo, CPU):
-# our plan (recompute sessions) vs torch.utils.checkpoint in each backward call
-# vs no checkpointing, same model (bundled GPT), same processes, one run.
+# Real multi-process runs (gloo, CPU, 2 ranks) of the bundled GPT against the planner's
+# simulation, per schedule: hp-recompute's plan (sessions), torch.utils.checkpoint in
+# each backward call (native) and no checkpointing, side by side in one run.
+# The model's costs are measured first with `python -m hp_recompute.costs` on the same
+# torch, so the simulated step uses this machine's forward / dx / dw times.
 # Usage: [PYTHON=.venv/bin/python] bench/run/run.sh [BUILD_DIR] [MICROBATCHES] [STEPS]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$here/../.."
 build="${1:-$repo/build}"
-mb="${2:-8}"
-steps="${3:-8}"
+mb="${2:-4}"
+steps="${3:-6}"
 tool="$build/bin/hp-recompute-plan"
-py="${PYTHON:-/usr/bin/python3}"  # PYTHON=.venv/bin/python for torch 2.x
+py="${PYTHON:-$repo/.venv/bin/python}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-"$tool" --model "$repo/examples/gpt/gpt.model.json" --schedule-gen zbv --ranks 2 \
-  --microbatches "$mb" --emit json -o "$out/plan.json"
-for mode in plan native none; do
-  PYTHONPATH="$repo/python" "$py" -m hp_recompute.run --plan "$out/plan.json" --world-size 2 \
-    --steps "$steps" --checkpoint-mode "$mode" --report "$out/report-$mode.json" --quiet
+export PYTHONPATH="$repo/python"
+"$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" -o "$out/gpt.costed.json" >/dev/null
+for sched in 1f1b zb-h1 zbv; do
+  "$tool" --model "$out/gpt.costed.json" --checkpoint all --schedule-gen "$sched" --ranks 2 \
+    --microbatches "$mb" --emit json -o "$out/$sched-all.json"
+  "$tool" --model "$out/gpt.costed.json" --checkpoint model --schedule-gen "$sched" --ranks 2 \
+    --microbatches "$mb" --emit json -o "$out/$sched-none.json"
+  for mode in plan native; do
+    "$py" -m hp_recompute.run --plan "$out/$sched-all.json" --steps "$steps" --checkpoint-mode "$mode" \
+      --report "$out/$sched-$mode.json" --quiet
+  done
+  "$py" -m hp_recompute.run --plan "$out/$sched-none.json" --steps "$steps" \
+    --report "$out/$sched-none-run.json" --quiet
 done
 "$py" - "$out" "$mb" "$steps" <<'PY'
-import json, statistics, sys
+import json, sys
 out, mb, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rows = {m: json.load(open(f"{out}/report-{m}.json")) for m in ("plan", "native", "none")}
-# Step 0 warms up (allocator, gloo pairs); the median of the rest is reported.
-med = {m: statistics.median(r["step_time_s"][1:] or r["step_time_s"]) for m, r in rows.items()}
-print(f"ZBV, 2 ranks x {mb} microbatches (4 stages of 2 GPT blocks), {steps} steps, "
-      f"median step time of steps 2..{steps}, torch {rows['plan'].get('torch', '?')}")
-print("| checkpointing | step ms | vs none | vs native | block replays/step | plan sessions/step | grads_match | peak saved bytes (rank 0, 1) |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
-names = {"plan": "hp-recompute plan (sessions)", "native": "torch.utils.checkpoint per backward call", "none": "none"}
-for m, r in rows.items():
-    peaks = ", ".join(str(x["measured_peak_bytes"]) for x in r["ranks"]) if m != "native" else "n/a"
-    print(f"| {names[m]} | {med[m] * 1000:.1f} | {med[m] / med['none']:.2f} | {med[m] / med['native']:.2f} | "
-          f"{r['recomputes'] // r['steps']} | {r['sessions'] // r['steps']} | {str(r['grads_match']).lower()} | {peaks} |")
-plan = rows["plan"]
-blocks = plan["recomputes_expected"] // plan["sessions"]
-print(f"plan: {plan['plan_recomputes']} session recomputes/step ({blocks} checkpointed blocks each, so "
-      f"{plan['plan_recomputes'] * blocks} block replays); checkpointing once per backward call (torch >= 2.1) "
-      f"would replay {plan['plan_per_backward_recomputes'] * blocks}; planned peak bytes "
-      f"{[x['planned_peak_bytes'] for x in plan['ranks']]}")
+print(f"2 ranks x {mb} microbatches, bundled GPT (8 blocks), {steps} steps; step 0 measures memory "
+      f"(profiler), the median of steps 1..{steps - 1} is the step time")
+print("| schedule | checkpointing | step ms | simulated ms | measured / simulated | vs none | "
+      "block replays/step | peak bytes rank 0, 1 (allocator) | planned saved-activation peak | grads, buffers |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
+names = {"plan": "hp-recompute plan", "native": "torch.utils.checkpoint", "none": "none"}
+torch_version = None
+for sched in ("1f1b", "zb-h1", "zbv"):
+    rows = {"plan": f"{sched}-plan", "native": f"{sched}-native", "none": f"{sched}-none-run"}
+    reports = {m: json.load(open(f"{out}/{name}.json")) for m, name in rows.items()}
+    none_s = reports["none"]["median_step_time_s"]
+    for mode, r in reports.items():
+        torch_version = r["torch"]
+        sim = r["planned_step_time_us"] / 1000 if mode != "native" else None
+        step = r["median_step_time_s"] * 1000
+        peaks = ", ".join(str(x["measured_peak_bytes"]) for x in r["ranks"])
+        planned = ", ".join(str(x["planned_peak_bytes"]) for x in r["ranks"]) if mode != "native" else "n/a"
+        print(f"| {sched} | {names[mode]} | {step:.1f} | {f'{sim:.1f}' if sim else 'n/a'} | "
+              f"{f'{step / sim:.2f}' if sim else 'n/a'} | {r['median_step_time_s'] / none_s:.2f} | "
+              f"{r['recomputes'] // r['steps']} | {peaks} | {planned} | "
+              f"{str(r['grads_match']).lower()}, {str(r['buffers_match']).lower()} |")
+print(f"torch {torch_version}")
 PY

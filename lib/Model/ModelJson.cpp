@@ -133,7 +133,8 @@ public:
       return fail(path, "a region object", obj);
     if (auto err = checkKeys(obj, path,
                              {"name", "checkpoint", "checkpointable",
-                              "fwd_flops", "fwd_time_us", "saved_bytes",
+                              "fwd_flops", "fwd_time_us", "bwd_input_time_us",
+                              "bwd_weight_time_us", "saved_bytes",
                               "input_bytes", "param_bytes", "stage"}))
       return err;
     if (auto err = readString(obj, path, "name", region.name, true))
@@ -146,6 +147,12 @@ public:
       return err;
     if (auto err =
             readNumber(obj, path, "fwd_time_us", region.fwdTimeUs, false))
+      return err;
+    if (auto err = readNumber(obj, path, "bwd_input_time_us",
+                              region.bwdInputTimeUs, false))
+      return err;
+    if (auto err = readNumber(obj, path, "bwd_weight_time_us",
+                              region.bwdWeightTimeUs, false))
       return err;
     if (auto err = readBytes(obj, path, "saved_bytes", region.savedBytes, true))
       return err;
@@ -249,6 +256,10 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
     r["checkpointable"] = region.checkpointable;
     r["fwd_flops"] = number(region.fwdFlops);
     r["fwd_time_us"] = number(region.fwdTimeUs);
+    if (region.bwdInputTimeUs > 0)
+      r["bwd_input_time_us"] = number(region.bwdInputTimeUs);
+    if (region.bwdWeightTimeUs > 0)
+      r["bwd_weight_time_us"] = number(region.bwdWeightTimeUs);
     r["saved_bytes"] = region.savedBytes;
     r["input_bytes"] = region.inputBytes;
     r["param_bytes"] = region.paramBytes;

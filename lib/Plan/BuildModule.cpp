@@ -35,11 +35,16 @@ static void buildModel(OpBuilder &builder, Location loc,
     auto stageOp = builder.create<StageOp>(loc, stage.index);
     OpBuilder::InsertionGuard stageGuard(builder);
     builder.setInsertionPointToStart(&stageOp.getBody().emplaceBlock());
+    // Backward times are attributes only when profiled (absent = ratios).
+    auto profiled = [&](double timeUs) -> FloatAttr {
+      return timeUs > 0 ? builder.getF64FloatAttr(timeUs) : FloatAttr();
+    };
     for (const model::Region &region : stage.regions)
       builder.create<RegionOp>(
           loc, region.name, region.checkpoint, !region.checkpointable,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
-          region.savedBytes, region.inputBytes, region.paramBytes);
+          region.savedBytes, region.inputBytes, region.paramBytes,
+          profiled(region.bwdInputTimeUs), profiled(region.bwdWeightTimeUs));
   }
 }
 

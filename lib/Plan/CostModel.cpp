@@ -8,6 +8,14 @@ using namespace mlir::hpr;
 /// Assumed throughput for regions that were not profiled, in FLOP per us.
 static constexpr double kFlopsPerUs = 1e6;
 
+/// A measured backward time, or `ratio` times the region's forward.
+static double backwardUs(std::optional<llvm::APFloat> measured, double ratio,
+                         double forwardUs) {
+  if (measured && measured->convertToDouble() > 0)
+    return measured->convertToDouble();
+  return ratio * forwardUs;
+}
+
 std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
   std::vector<StageCost> costs;
   bool anyCost = false;
@@ -18,6 +26,10 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
       if (timeUs <= 0)
         timeUs = region.getFwdFlops().convertToDouble() / kFlopsPerUs;
       cost.forwardUs += timeUs;
+      cost.backwardInputUs +=
+          backwardUs(region.getBwdInputTimeUs(), kInputPerForward, timeUs);
+      cost.backwardWeightUs +=
+          backwardUs(region.getBwdWeightTimeUs(), kWeightPerForward, timeUs);
       if (region.getCheckpoint()) {
         cost.checkpointed = true;
         cost.recomputeUs += timeUs;
@@ -33,7 +45,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
   if (!anyCost)
     for (StageCost &cost : costs) {
       cost.recomputeUs = cost.checkpointed ? 1 : 0;
-      cost.forwardUs = 1;
+      cost.forwardUs = cost.backwardInputUs = cost.backwardWeightUs = 1;
     }
   return costs;
 }

@@ -64,12 +64,16 @@ static sched::Action toAction(Operation *op,
   const StageCost &cost = costs[action.stage];
   switch (action.kind) {
   case Kind::Forward:
-  case Kind::BackwardInput:
-  case Kind::BackwardWeight:
     action.durationUs = cost.forwardUs;
     break;
+  case Kind::BackwardInput:
+    action.durationUs = cost.backwardInputUs;
+    break;
+  case Kind::BackwardWeight:
+    action.durationUs = cost.backwardWeightUs;
+    break;
   case Kind::Backward:
-    action.durationUs = 2 * cost.forwardUs;
+    action.durationUs = cost.backwardInputUs + cost.backwardWeightUs;
     break;
   case Kind::Recompute:
     action.durationUs = cost.recomputeUs;
@@ -233,14 +237,20 @@ void mlir::hpr::printSummaryTable(const PlanSummary &summary,
 //===----------------------------------------------------------------------===//
 
 static json regionJson(RegionOp region) {
-  return {{"name", region.getName().str()},
-          {"checkpoint", region.getCheckpoint()},
-          {"checkpointable", !region.getNonCheckpointable()},
-          {"fwd_flops", region.getFwdFlops().convertToDouble()},
-          {"fwd_time_us", region.getFwdTimeUs().convertToDouble()},
-          {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
-          {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
-          {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
+  json entry = {
+      {"name", region.getName().str()},
+      {"checkpoint", region.getCheckpoint()},
+      {"checkpointable", !region.getNonCheckpointable()},
+      {"fwd_flops", region.getFwdFlops().convertToDouble()},
+      {"fwd_time_us", region.getFwdTimeUs().convertToDouble()},
+      {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
+      {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
+      {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
+  if (std::optional<llvm::APFloat> dx = region.getBwdInputTimeUs())
+    entry["bwd_input_time_us"] = dx->convertToDouble();
+  if (std::optional<llvm::APFloat> dw = region.getBwdWeightTimeUs())
+    entry["bwd_weight_time_us"] = dw->convertToDouble();
+  return entry;
 }
 
 static ordered_json actionJson(Operation *op) {

@@ -12,7 +12,9 @@ stages by region name, executes every rank's action list with the eager session 
   against ``recomputes_expected`` (one per checkpointed plan region of each session; equal
   to ``sessions`` when each session replays one region);
 * ``sessions_left``: ``len(live_sessions())`` after each step, must be 0;
-* per rank, the peak saved-activation bytes measured next to the plan's ``peak_bytes``.
+* ``buffers_match``: buffers a forward updates (BatchNorm statistics) equal the plain step's;
+* per rank (multi-process), the peak bytes measured at the allocator next to the plan's
+  ``peak_bytes``, and the measured step time next to the plan's simulated one.
 
 Exit 0 only when all of them hold. Multi-process mode spawns N processes (gloo, 127.0.0.1,
 free port, ``run_dist``); ``--single-process`` runs all ranks in this process with a
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -31,7 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from .run_check import compare, make_batches, reference_step, sgd_update, sum_losses
+from .run_check import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
+                        sgd_update, sum_losses, updated_buffers)
 from .run_exec import MODES, MemoryTransport, RankExecutor, clear_all_sessions
 from .run_model import StageSpec, load_model, split_stages, stage_names
 from .run_plan import Plan, RunError, load_plan
@@ -89,12 +93,16 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     order = plan.weight_grad_order()
     names = [n for s in specs for n in s.params]
     steps: List[Dict[str, Any]] = []
+    check_regions(model, make_batches(model, args.seed, 0, 1)[0])
     for step in range(args.steps):
+        seeds = microbatch_seeds(args.seed, step, plan.num_microbatches)
         batches = make_batches(model, args.seed, step, plan.num_microbatches)
         for p in model.module.parameters():
             p.grad = None
         for ex in execs:
-            ex.reset(batches)
+            ex.reset(batches, seeds)
+        buffers_before = buffer_snapshot(model.module)
+        ref_buffers = buffer_snapshot(ref.module)
         reset_stats()
         before = set(live_sessions())
         t0 = time.perf_counter()
@@ -122,12 +130,13 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
         losses: Dict[int, torch.Tensor] = {}
         for ex in execs:
             losses.update(ex.losses)
-        want, want_loss = reference_step(ref, batches, ref_specs, order)
-        check = compare(grads, want, sum_losses(losses), want_loss, exact=True)
+        want, want_loss = reference_step(ref, batches, seeds, ref_specs, order)
+        check = compare(grads, want, sum_losses(losses), want_loss, updated_buffers(model.module, buffers_before),
+                        updated_buffers(ref.module, ref_buffers), exact=True)
         steps.append({
             "step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
             "recomputes": st["replays"] + native, "sessions_left": len(left), "step_time_s": elapsed,
-            "ranks": [{"rank": ex.rank, "peak_bytes": ex.tracker.peak} for ex in execs],
+            "ranks": [{"rank": ex.rank, "peak_bytes": None} for ex in execs],
             "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
         })
         sgd_update(model.module, grads, names)
@@ -148,28 +157,35 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     expected = expected_recomputes(plan, specs) * n_steps if check_recomputes else None
     recomputes = sum(s["recomputes"] for s in steps)
     grads_match = all(s["grads_match"] for s in steps)
+    buffers_match = all(s["buffers_match"] for s in steps)
     sessions_left = max(s["sessions_left"] for s in steps)
     planned = plan.summary.get("peak_bytes", [])
     ranks = []
     for r in range(plan.num_ranks):
-        measured = max(s["ranks"][r]["peak_bytes"] for s in steps)
+        measured = max((s["ranks"][r]["peak_bytes"] for s in steps if s["ranks"][r]["peak_bytes"] is not None),
+                       default=None)
         want = planned[r] if r < len(planned) else None
         ranks.append({"rank": r, "stages": [s for s in range(plan.num_stages) if plan.stage_to_rank[s] == r],
                       "measured_peak_bytes": measured, "planned_peak_bytes": want,
-                      "measured_over_planned": (measured / want) if want else None,
+                      "measured_over_planned": (measured / want) if want and measured is not None else None,
                       **({"step_time_s": [s["ranks"][r]["step_time_s"] for s in steps]}
                          if "step_time_s" in steps[0]["ranks"][r] else {})})
-    ok = grads_match and sessions_left == 0 and (not check_recomputes or recomputes == expected)
+    ok = grads_match and buffers_match and sessions_left == 0 and (not check_recomputes or recomputes == expected)
     times = [s["step_time_s"] for s in steps]
+    # The step that measured memory ran under the profiler: time the others when there are any.
+    timed = [s["step_time_s"] for s in steps if not s.get("profiled")] or times
+    planned_us = plan.summary.get("step_time_us")
+    median_s = statistics.median(timed)
     return {
-        "format": REPORT_FORMAT, "version": 1, "ok": ok,
+        "format": REPORT_FORMAT, "version": 2, "ok": ok,
         "plan": os.path.abspath(plan.path), "model": model_name, "mode": result["mode"],
         "checkpoint_mode": args.checkpoint_mode, "world_size": plan.num_ranks, "steps": n_steps, "seed": args.seed,
         "torch": torch.__version__, "threads_per_rank": args.threads,
         "schedule": {"name": plan.name, "num_ranks": plan.num_ranks, "num_stages": plan.num_stages,
                      "num_microbatches": plan.num_microbatches},
         "stages": {str(k): v for k, v in stage_names(specs).items()},
-        "grads_match": grads_match, "comparison": "torch.equal" if result["exact"] else "allclose(rtol=1e-5, atol=1e-6)",
+        "grads_match": grads_match, "buffers_match": buffers_match,
+        "comparison": "torch.equal" if result["exact"] else "allclose(rtol=1e-5, atol=1e-6)",
         "max_abs_diff": max(s["max_abs_diff"] for s in steps),
         "mismatched": [m for s in steps for m in s["mismatched"]][:5],
         "loss": steps[-1]["loss"], "reference_loss": steps[-1]["reference_loss"],
@@ -179,7 +195,9 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
         "sessions_left": sessions_left,
         "counters": {k: sum(s["counters"].get(k, 0) for s in steps)
                      for k in ("session_replays", "plain_replays", "prefetches", "clears")},
-        "step_time_s": times, "mean_step_time_s": sum(times) / len(times),
+        "step_time_s": times, "profiled_steps": [s["step"] for s in steps if s.get("profiled")],
+        "median_step_time_s": median_s, "planned_step_time_us": planned_us,
+        "measured_over_planned_step_time": (median_s * 1e6 / planned_us) if planned_us else None,
         "ranks": ranks, "error": None,
     }
 
@@ -202,13 +220,17 @@ def _summary_lines(report: Dict[str, Any]) -> List[str]:
              f"grads_match {str(report['grads_match']).lower()} ({report['comparison']}, max_abs_diff "
              f"{report['max_abs_diff']:.3g}), loss {report['loss']:.6f}",
              f"sessions {report['sessions']}, recomputes {report['recomputes']} (expected "
-             f"{report['recomputes_expected']}), sessions_left {report['sessions_left']}, "
-             f"mean step {report['mean_step_time_s'] * 1000:.1f} ms"]
+             f"{report['recomputes_expected']}), sessions_left {report['sessions_left']}",
+             f"step time median {report['median_step_time_s'] * 1000:.1f} ms" + (
+                 f", simulated {report['planned_step_time_us'] / 1000:.1f} ms"
+                 if report["planned_step_time_us"] else "")]
     for r in report["ranks"]:
-        lines.append(f"rank {r['rank']} stages {r['stages']}: peak saved bytes measured {r['measured_peak_bytes']}, "
-                     f"planned {r['planned_peak_bytes']}")
+        if r["measured_peak_bytes"] is not None:
+            lines.append(f"rank {r['rank']} stages {r['stages']}: peak bytes at the allocator "
+                         f"{r['measured_peak_bytes']}, planned {r['planned_peak_bytes']}")
     lines.append("ok" if report["ok"] else "FAILED: " + ", ".join(
-        m for m, bad in (("grads differ " + "; ".join(report["mismatched"]), not report["grads_match"]),
+        m for m, bad in (("grads or buffers differ " + "; ".join(report["mismatched"]),
+                          not (report["grads_match"] and report["buffers_match"])),
                          ("recomputes != expected", report["recomputes_expected"] is not None
                           and report["recomputes"] != report["recomputes_expected"]),
                          ("sessions left", report["sessions_left"] != 0)) if bad))

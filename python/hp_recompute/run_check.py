@@ -1,11 +1,14 @@
-"""The reference step and the gradient comparison behind the report's ``grads_match``.
+"""The reference step and the comparisons behind the report's ``grads_match``.
 
 Why: a pipelined, checkpointed step is only correct if it computes what the plain model
-computes. The reference runs the whole model (``PipelineModel.reference_loss``, i.e. the
-module's own ``forward``) per microbatch with no pipeline and no checkpoint, takes each
-microbatch's parameter gradients with ``autograd.grad``, and sums them per parameter in
-the order the plan produces that stage's weight gradients (``Plan.weight_grad_order``),
-so that single-process runs can be compared bit for bit.
+computes. The reference runs every microbatch of the step through all regions in order
+(each from its own RNG stream, ``Unit``), with no pipeline and no checkpoint, takes each
+microbatch's parameter gradients with ``autograd.grad``, and sums them per parameter:
+first in the order the plan produces that stage's weight gradients
+(``Plan.weight_grad_order``, so single-process runs compare bit for bit), then every
+microbatch the plan never differentiates. A plan that drops an I, W or B therefore fails.
+That the regions compute the module's own ``forward`` is checked once, in eval mode
+(``check_regions``). Buffers a forward updates (BatchNorm statistics) are compared too.
 """
 
 from __future__ import annotations
@@ -15,21 +18,44 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from .run_model import PipelineModel, StageSpec
+from .run_model import PipelineModel, StageSpec, Unit
+from .run_plan import RunError
 
-__all__ = ["make_batches", "reference_step", "compare", "sgd_update", "sum_losses", "LR"]
+__all__ = ["microbatch_seeds", "make_batches", "reference_step", "check_regions", "compare",
+           "buffer_snapshot", "updated_buffers", "sgd_update", "sum_losses", "LR"]
 
 #: Learning rate of the plain SGD update between steps (``--steps K > 1``).
 LR = 0.05
 
 
+def microbatch_seeds(seed: int, step: int, num_mb: int) -> List[int]:
+    """One seed per microbatch of a step: its data and its regions' RNG streams derive from it."""
+    return [seed * 1_000_003 + step * 10_007 + mb for mb in range(num_mb)]
+
+
 def make_batches(model: PipelineModel, seed: int, step: int, num_mb: int) -> List[Any]:
     """Deterministic microbatches of one step: the same on every rank and in the reference."""
-    out = []
-    for mb in range(num_mb):
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step * 10_007 + mb)
-        out.append(model.make_batch(g))
-    return out
+    return [model.make_batch(torch.Generator().manual_seed(s)) for s in microbatch_seeds(seed, step, num_mb)]
+
+
+def check_regions(model: PipelineModel, batch: Any) -> None:
+    """Raises ``RunError`` unless the regions in order compute ``reference_loss`` (eval mode).
+
+    Eval mode switches dropout off and makes BatchNorm read its statistics without
+    updating them, so both sides are deterministic and the check leaves no trace.
+    """
+    training = model.module.training
+    model.module.eval()
+    try:
+        with torch.no_grad():
+            chained = Unit("reference", False, model.regions)(batch, batch)
+            own = model.reference_loss(batch)
+    finally:
+        model.module.train(training)
+    if not torch.allclose(chained, own, rtol=1e-5, atol=1e-6):
+        raise RunError(f"hp_recompute.run: model '{model.name}': its regions in order give loss "
+                       f"{chained.item():.6g} but reference_loss (the module's forward) gives {own.item():.6g} "
+                       f"(eval mode): the regions do not compute the model (docs/runner.md)")
 
 
 def sum_losses(losses: Dict[int, torch.Tensor]) -> torch.Tensor:
@@ -41,9 +67,9 @@ def sum_losses(losses: Dict[int, torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def reference_step(model: PipelineModel, batches: Sequence[Any], specs: Sequence[StageSpec],
+def reference_step(model: PipelineModel, batches: Sequence[Any], seeds: Sequence[int], specs: Sequence[StageSpec],
                    order: Dict[int, List[int]]) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
-    """Plain step: per-microbatch loss / M and its gradients, summed in the plan's order.
+    """Plain step: per-microbatch loss / M and its gradients, summed over every microbatch.
 
     Returns:
         (gradient per parameter name, step loss).
@@ -51,10 +77,11 @@ def reference_step(model: PipelineModel, batches: Sequence[Any], specs: Sequence
     names = [n for n, p in model.module.named_parameters() if p.requires_grad]
     params = dict(model.module.named_parameters())
     num_mb = len(batches)
+    chain = Unit("reference", False, model.regions)
     per_mb: Dict[int, Dict[str, torch.Tensor]] = {}
     losses: Dict[int, torch.Tensor] = {}
     for mb, batch in enumerate(batches):
-        loss = model.reference_loss(batch) / num_mb
+        loss = chain(batch, batch, seeds[mb]) / num_mb
         grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
         per_mb[mb] = {n: g for n, g in zip(names, grads) if g is not None}
         losses[mb] = loss.detach()
@@ -62,7 +89,8 @@ def reference_step(model: PipelineModel, batches: Sequence[Any], specs: Sequence
     out: Dict[str, torch.Tensor] = {}
     for name in names:
         acc = None
-        for mb in order[owner[name]]:
+        planned = order[owner[name]]
+        for mb in planned + [m for m in range(num_mb) if m not in planned]:
             g = per_mb[mb].get(name)
             if g is None:
                 continue
@@ -73,11 +101,12 @@ def reference_step(model: PipelineModel, batches: Sequence[Any], specs: Sequence
 
 
 def compare(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], got_loss: torch.Tensor,
-            want_loss: torch.Tensor, exact: bool, rtol: float = 1e-5, atol: float = 1e-6) -> Dict[str, Any]:
-    """Compares gradients and loss; ``exact`` means ``torch.equal``, else ``allclose``.
+            want_loss: torch.Tensor, got_buffers: Dict[str, torch.Tensor], want_buffers: Dict[str, torch.Tensor],
+            exact: bool, rtol: float = 1e-5, atol: float = 1e-6) -> Dict[str, Any]:
+    """Compares gradients, loss and updated buffers; ``exact`` means ``torch.equal``, else ``allclose``.
 
     Returns:
-        ``{"grads_match", "max_abs_diff", "mismatched"}`` (at most 5 mismatched names).
+        ``{"grads_match", "buffers_match", "max_abs_diff", "mismatched"}`` (at most 5 names).
     """
     mismatched: List[str] = []
     worst = 0.0
@@ -97,7 +126,29 @@ def compare(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], got_los
     loss_same = torch.equal(got_loss, want_loss) if exact else torch.allclose(got_loss, want_loss, rtol, atol)
     if not loss_same:
         mismatched.append(f"loss (abs diff {loss_diff:.3g})")
-    return {"grads_match": not mismatched, "max_abs_diff": worst, "mismatched": mismatched[:5]}
+    bad_buffers = []
+    for name in sorted(set(got_buffers) | set(want_buffers)):
+        a, b = got_buffers.get(name), want_buffers.get(name)
+        if a is None or b is None:
+            bad_buffers.append(f"buffer {name} (updated on one side only)")
+        elif not (torch.equal(a, b) if exact else torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)):
+            bad_buffers.append(f"buffer {name} (max abs diff {(a.double() - b.double()).abs().max().item():.3g})")
+    return {"grads_match": not mismatched, "buffers_match": not bad_buffers, "max_abs_diff": worst,
+            "mismatched": (mismatched + bad_buffers)[:5]}
+
+
+def buffer_snapshot(module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Copies of every buffer, for ``updated_buffers``."""
+    return {n: b.detach().clone() for n, b in module.named_buffers()}
+
+
+def updated_buffers(module: torch.nn.Module, before: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Buffers whose values differ from ``before`` (cloned).
+
+    Values, not version counters: ``native_batch_norm`` updates ``running_mean`` in place
+    without bumping its version.
+    """
+    return {n: b.detach().clone() for n, b in module.named_buffers() if n not in before or not torch.equal(b, before[n])}
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ Failure handling (no rank may hang, every rank exits non-zero):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import sys
@@ -36,7 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from .run_check import compare, make_batches, reference_step, sgd_update, sum_losses
+from .run_check import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
+                        sgd_update, sum_losses, updated_buffers)
+from .run_memory import AllocatorPeak
 from .run_exec import RankExecutor, Transport, clear_all_sessions
 from .run_model import load_model, split_stages
 from .run_plan import Plan, RunError, load_plan
@@ -55,7 +58,8 @@ class GlooTransport(Transport):
 
     The tag encodes (kind, sending stage, microbatch), so an out-of-order message can never
     be taken for another. Sends are waited for at ``flush`` (end of step): an early wait
-    could deadlock a plan that relies on asynchronous sends.
+    could deadlock a plan that relies on asynchronous sends. Each send drops the sends
+    that have completed, so their buffers are not held to the end of the step.
     """
 
     def __init__(self, num_mb: int, shapes: Dict[int, Tuple[torch.Size, torch.dtype]], timeout: float) -> None:
@@ -68,6 +72,7 @@ class GlooTransport(Transport):
 
     def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
         tensor = tensor.detach().contiguous()
+        self.pending = [(work, t) for work, t in self.pending if not work.is_completed()]
         self.pending.append((dist.isend(tensor, dst, tag=self._tag(kind, stage, mb)), tensor))
 
     def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
@@ -152,15 +157,19 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
         ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"])
         steps = []
         for step in range(cfg["steps"]):
+            seeds = microbatch_seeds(cfg["seed"], step, plan.num_microbatches)
             batches = make_batches(model, cfg["seed"], step, plan.num_microbatches)
             for p in model.module.parameters():
                 p.grad = None
-            ex.reset(batches)
+            ex.reset(batches, seeds)
+            buffers_before = buffer_snapshot(model.module)
             reset_stats()
             dist.barrier()
+            memory = AllocatorPeak() if step == 0 else contextlib.nullcontext()  # run_memory: profile one step
             t0 = time.perf_counter()
-            ex.run_all()
-            transport.flush()
+            with memory:
+                ex.run_all()
+                transport.flush()
             elapsed = time.perf_counter() - t0
             st = stats()
             left = len(live_sessions())
@@ -168,9 +177,11 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
             grads = {n: model.module.get_parameter(n).grad for n in ex.param_names
                      if model.module.get_parameter(n).grad is not None}
             steps.append({"grads": {n: g.clone() for n, g in grads.items()}, "losses": dict(ex.losses),
+                          "buffers": updated_buffers(model.module, buffers_before),
                           "replays": st["replays"] + ex.native_calls - ex.native_forwards,
                           "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
-                          "sessions_left": left, "peak_bytes": ex.tracker.peak,
+                          "sessions_left": left, "profiled": step == 0,
+                          "peak_bytes": memory.peak if isinstance(memory, AllocatorPeak) else None,
                           "step_time_s": elapsed})
             sgd_update(model.module, grads, ex.param_names)
         dist.barrier()
@@ -235,6 +246,7 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     """Spawns ``plan.num_ranks`` processes, runs, and compares with the reference step."""
     model = load_model(args.model)
     specs = split_stages(plan, model)
+    check_regions(model, make_batches(model, args.seed, 0, 1)[0])
     with tempfile.TemporaryDirectory(prefix="hpr-run-") as folder:
         torch.save(model.module.state_dict(), os.path.join(folder, "init.pt"))
         store = dist.TCPStore("127.0.0.1", 0, plan.num_ranks + 1, True, datetime.timedelta(seconds=args.timeout),
@@ -275,18 +287,23 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     for step in range(args.steps):
         grads: Dict[str, torch.Tensor] = {}
         losses: Dict[int, torch.Tensor] = {}
+        buffers: Dict[str, torch.Tensor] = {}
         for r in range(plan.num_ranks):
             grads.update(results[r]["steps"][step]["grads"])
             losses.update(results[r]["steps"][step]["losses"])
+            buffers.update(results[r]["steps"][step]["buffers"])
+        seeds = microbatch_seeds(args.seed, step, plan.num_microbatches)
         batches = make_batches(model, args.seed, step, plan.num_microbatches)
-        want, want_loss = reference_step(model, batches, specs, order)
-        check = compare(grads, want, sum_losses(losses), want_loss, exact=False)
+        buffers_before = buffer_snapshot(model.module)
+        want, want_loss = reference_step(model, batches, seeds, specs, order)
+        check = compare(grads, want, sum_losses(losses), want_loss, buffers,
+                        updated_buffers(model.module, buffers_before), exact=False)
         per = [results[r]["steps"][step] for r in range(plan.num_ranks)]
         counters = {k: sum(p["counters"][k] for p in per) for k in per[0]["counters"]}
         steps.append({"step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
                       "recomputes": sum(p["replays"] for p in per),
                       "sessions_left": max(p["sessions_left"] for p in per),
-                      "step_time_s": max(p["step_time_s"] for p in per),
+                      "step_time_s": max(p["step_time_s"] for p in per), "profiled": per[0]["profiled"],
                       "ranks": [{"rank": r, "peak_bytes": p["peak_bytes"], "step_time_s": p["step_time_s"]}
                                 for r, p in enumerate(per)],
                       "counters": counters})

@@ -8,9 +8,9 @@ forward; the actions map one to one onto the eager API (docs/runner.md):
 ``forward``           stage units in order under ``recompute_handle_collector_ctx``; plan
                       regions with ``checkpoint: true`` go through ``hp_recompute.checkpoint``
 ``recompute``         ``recompute_handle(h, session)`` for each handle of that (stage, mb)
-``backward_input``    ``autograd.grad(out, [x], g, retain_graph=True)`` in the session context
-``backward_weight``   ``autograd.grad(out, params, g)``, accumulated into ``.grad``
-``backward``          both in one call
+``backward_input``    ``backward_split.backward_input``: dx, and the gradients W needs
+``backward_weight``   ``backward_split.backward_weight``: dW from those, into ``.grad``
+``backward``          ``autograd.grad(out, [x] + params, g)``: both in one call
 ``clear``             ``clear_recompute_session``
 ``send_*``/``recv_*`` the transport (in memory, or torch.distributed point-to-point)
 others                no-op (``unshard``, ``reshard``, ``reduce_grad``: no data parallelism)
@@ -25,19 +25,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
+from .backward_split import WeightGradState, backward_input, backward_weight
 from .checkpoint import checkpoint as hr_checkpoint, recompute_handle_collector_ctx
 from .run_model import PipelineModel, StageSpec, Unit
 from .run_plan import CONSUMER_OPS, Action, Plan, RunError
-from .sessions import (clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx,
-                       session_stats)
-from .storage import storage_of
+from .sessions import clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx
 
-__all__ = ["Transport", "MemoryTransport", "MemoryTracker", "RankExecutor", "planted_failure", "clear_all_sessions",
+__all__ = ["Transport", "MemoryTransport", "RankExecutor", "planted_failure", "clear_all_sessions",
            "MODES"]
 
 #: Checkpoint modes: the plan's sessions, torch.utils.checkpoint per backward call, none.
@@ -101,89 +100,44 @@ class MemoryTransport(Transport):
         return self.box.pop((kind, stage, mb, src, dst))
 
 
-def _storage(t: torch.Tensor) -> Tuple[int, int]:
-    storage = storage_of(t)
-    return storage.data_ptr(), storage.nbytes()
+class _ReplayKeepsBuffers:
+    """A unit's function whose replays leave the module's buffers as the forward left them.
 
-
-class MemoryTracker:
-    """Saved-activation bytes of one rank, following the plan's cost model with measured sizes.
-
-    A forward adds what autograd keeps outside checkpoints (distinct storages seen by a
-    ``saved_tensors_hooks`` pack hook, parameters excluded) plus the inputs the checkpoints
-    keep; a recompute adds the session's recomputed bytes (``session_stats``); a clear
-    removes them; the last backward of a (stage, mb) frees its kept bytes. The peak is
-    taken after every action, before that last free, like ``summary.peak_bytes``.
+    Why: a region that updates buffers in forward (BatchNorm's running statistics) would
+    update them again in each replay, which a plain step never does. The first call (the
+    forward) notes which buffers it changed; every later call (a replay) saves those
+    buffers and restores them afterwards (docs/runner.md). A kernel that updates a buffer
+    in place does not always bump its version counter (``native_batch_norm`` leaves
+    ``running_mean``'s alone), so changes are found by comparing values.
     """
 
-    def __init__(self, param_storages: Set[int]) -> None:
-        self.param_storages = param_storages
-        self.kept: Dict[Key, int] = {}
-        self.recomputed: Dict[str, int] = {}
-        self.peak = 0
-        self._seen: Dict[int, int] = {}
+    def __init__(self, fn: Any, module: torch.nn.Module) -> None:
+        self.fn, self.module = fn, module
+        self.changed: Optional[List[torch.Tensor]] = None
 
-    @contextlib.contextmanager
-    def forward(self) -> Iterator[Dict[int, int]]:
-        """Records storages saved by autograd during a stage forward."""
-        seen: Dict[int, int] = {}
-        self._seen = seen
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            ptr, nbytes = _storage(t)
-            if ptr not in self.param_storages:
-                seen[ptr] = nbytes
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield seen
-
-    def note_kept_input(self, t: Any) -> None:
-        """A checkpoint keeps its input for the replay."""
-        if isinstance(t, torch.Tensor):
-            ptr, nbytes = _storage(t)
-            if ptr not in self.param_storages:
-                self._seen[ptr] = nbytes
-
-    def session_bytes(self, handles: Sequence[Any], session: str) -> int:
-        """Distinct non-parameter storages a session holds after its recompute.
-
-        ``session_stats()["retained_bytes"]`` adds up every held tensor, so views of one
-        storage (q, k, v split from one qkv output) count several times, and parameters
-        saved inside a checkpoint count too; the plan's ``saved_bytes`` counts distinct
-        storages without parameters. This reads the handles' holders (read-only) to match
-        that; if the eager API's internals change it falls back to ``session_stats``.
-        """
-        seen: Dict[int, int] = {}
+    def __call__(self, x: Any) -> Any:
+        if self.changed is None:
+            before = [(b, b.detach().clone()) for b in self.module.buffers()]
+            out = self.fn(x)
+            self.changed = [b for b, value in before if not torch.equal(b, value)]
+            return out
+        saved = [b.detach().clone() for b in self.changed]
         try:
-            for handle in handles:
-                frame = handle.frame()
-                for ref in frame.holders if frame is not None else ():
-                    holder = ref()
-                    value = getattr(holder, "value", None)
-                    if isinstance(value, torch.Tensor):
-                        ptr, nbytes = _storage(value)
-                        if ptr not in self.param_storages:
-                            seen[ptr] = nbytes
-        except AttributeError:
-            st = session_stats(session)
-            return st["retained_bytes"] if st else 0
-        return sum(seen.values())
-
-    def live(self) -> int:
-        return sum(self.kept.values()) + sum(self.recomputed.values())
-
-    def sample(self) -> None:
-        self.peak = max(self.peak, self.live())
+            return self.fn(x)
+        finally:  # also when the replay stops early (Rule 2 of NOTE [ Recompute sessions ])
+            with torch.no_grad():
+                for b, value in zip(self.changed, saved):
+                    b.copy_(value)
 
 
 class _Micro:
     """State of one (stage, microbatch) between its forward and its last backward."""
 
-    __slots__ = ("x", "out", "handles", "batch")
+    __slots__ = ("x", "out", "handles", "batch", "weights")
 
     def __init__(self, x: Any, out: torch.Tensor, handles: List[Any], batch: Any) -> None:
         self.x, self.out, self.handles, self.batch = x, out, handles, batch
+        self.weights: Optional[WeightGradState] = None  # between backward_input and backward_weight
 
 
 class RankExecutor:
@@ -208,15 +162,14 @@ class RankExecutor:
         named = dict(model.module.named_parameters())
         self.params = {s.stage: [named[n] for n in s.params] for s in specs if plan.stage_to_rank[s.stage] == rank}
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
-        self.tracker = MemoryTracker({storage_of(p).data_ptr() for p in model.module.parameters()})
         self.fail_at = planted_failure()
-        self.reset([])
+        self.reset([], [])
 
     # -- step state ----------------------------------------------------------------------
 
-    def reset(self, batches: List[Any]) -> None:
-        """Starts a step on ``batches`` (one per microbatch)."""
-        self.batches = batches
+    def reset(self, batches: List[Any], seeds: List[int]) -> None:
+        """Starts a step on ``batches`` with their seeds (``run_check.microbatch_seeds``)."""
+        self.batches, self.seeds = batches, seeds
         self.pc = 0
         self.micro: Dict[Key, _Micro] = {}
         self.inbox_f: Dict[Key, torch.Tensor] = {}
@@ -226,9 +179,6 @@ class RankExecutor:
         # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
         self.native_calls = 0
         self.native_forwards = 0
-        self.tracker.kept.clear()
-        self.tracker.recomputed.clear()
-        self.tracker.peak = 0
 
     @property
     def done(self) -> bool:
@@ -273,11 +223,9 @@ class RankExecutor:
             if self.mode == "plan":
                 for handle in self.micro[key].handles:
                     recompute_handle(handle, a.session)
-                self.tracker.recomputed[a.session] = self.tracker.session_bytes(self.micro[key].handles, a.session)
         elif op == "clear":
             if self.mode == "plan":
                 clear_recompute_session(a.session)
-                self.tracker.recomputed.pop(a.session, None)
         elif op in CONSUMER_OPS:
             self._backward(a)
         elif op == "send_f":
@@ -288,16 +236,14 @@ class RankExecutor:
             self.inbox_f[key] = self.transport.recv("f", a.stage - 1, a.microbatch, a.peer, self.rank)
         elif op == "recv_b":
             self.inbox_b[key] = self.transport.recv("b", a.stage + 1, a.microbatch, a.peer, self.rank)
-        self.tracker.sample()
         if op in CONSUMER_OPS and self.last.get(key) == self.pc:
-            self.tracker.kept.pop(key, None)
             self.micro.pop(key, None)
 
-    def _unit_call(self, unit: Unit, h: Any, batch: Any) -> Any:
-        fn = functools.partial(unit.__call__, batch=batch)
+    def _unit_call(self, unit: Unit, h: Any, batch: Any, seed: int) -> Any:
+        fn: Any = functools.partial(unit.__call__, batch=batch, seed=seed)
         if not unit.checkpoint or self.mode == "none":
             return fn(h)
-        self.tracker.note_kept_input(h)
+        fn = _ReplayKeepsBuffers(fn, self.model.module)
         if self.mode == "plan":
             return hr_checkpoint(fn, h)
 
@@ -318,13 +264,12 @@ class RankExecutor:
                 raise RunError(f"hp_recompute.run: rank {self.rank}: forward of stage {s} mb {mb} has no input "
                                f"(no recv_f and stage {s - 1} did not run here first)")
             x = self.inbox_f.pop((s, mb)).detach().requires_grad_(True)
-        with recompute_handle_collector_ctx() as handles, self.tracker.forward() as seen:
+        with recompute_handle_collector_ctx() as handles:
             h = x
             for unit in self.specs[s].units:
-                h = self._unit_call(unit, h, batch)
+                h = self._unit_call(unit, h, batch, self.seeds[mb])
             if s == self.plan.num_stages - 1:
                 h = h / self.plan.num_microbatches
-        self.tracker.kept[(s, mb)] = sum(seen.values())
         self.micro[(s, mb)] = _Micro(x, h, list(handles), batch)
         if s == self.plan.num_stages - 1:
             self.losses[mb] = h.detach()
@@ -344,25 +289,35 @@ class RankExecutor:
                                f"gradient (no recv_b and stage {s + 1} did not run its dx here first)")
             grad_out = self.inbox_b[(s, mb)]
         want_x = a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor) and m.x.requires_grad
-        want_w = a.op in ("backward_weight", "backward")
-        params = [p for p in self.params[s] if p.requires_grad] if want_w else []
-        inputs = ([m.x] if want_x else []) + params
+        params = [p for p in self.params[s] if p.requires_grad]
         last = self.last.get((s, mb)) == self.pc
-        if inputs:
-            ctx = (recompute_session_ctx(a.session, retain_on_unpack=a.retain_on_unpack)
-                   if a.session is not None and self.mode == "plan" else contextlib.nullcontext())
-            with ctx:
-                grads = torch.autograd.grad([m.out], inputs, None if grad_out is None else [grad_out],
-                                            retain_graph=not last, allow_unused=True)
-        else:
-            grads = ()
+        if a.op == "backward_weight" and m.weights is None:
+            raise RunError(f"hp_recompute.run: rank {self.rank}: backward_weight of stage {s} mb {mb} has no "
+                           f"backward_input before it")
+        ctx = (recompute_session_ctx(a.session, retain_on_unpack=a.retain_on_unpack)
+               if a.session is not None and self.mode == "plan" else contextlib.nullcontext())
+        dx: Optional[torch.Tensor] = None
+        wgrads: Sequence[Optional[torch.Tensor]] = ()
+        grads_out = None if grad_out is None else [grad_out]
+        with ctx:  # NOTE [ dx/dw split ] in backward_split.py
+            if a.op == "backward":
+                inputs = ([m.x] if want_x else []) + params
+                grads = torch.autograd.grad([m.out], inputs, grads_out, retain_graph=not last,
+                                            allow_unused=True) if inputs else ()
+                dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
+            elif a.op == "backward_input":
+                dxs, m.weights = backward_input([m.out], grads_out, [m.x] if want_x else [], params,
+                                                retain_graph=not last)
+                dx = dxs[0] if want_x else None
+            else:
+                wgrads = backward_weight(m.weights, retain_graph=not last)
+                m.weights = None
         if want_x:
-            dx = grads[0]
             if self.plan.stage_to_rank[s - 1] == self.rank:
                 self.inbox_b[(s - 1, mb)] = dx
             else:
                 self.dx_out[(s, mb)] = dx
-        for p, g in zip(params, grads[1 if want_x else 0:]):
+        for p, g in zip(params, wgrads):
             if g is None:
                 continue
             if p.grad is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -26,7 +27,7 @@ from .factory import call_factory
 from .run_plan import Plan, RunError
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
-           "DEFAULT_MODEL"]
+           "DEFAULT_MODEL", "region_seed"]
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "gpt", "model.py")
 
@@ -52,8 +53,9 @@ class PipelineModel:
         module: owns every parameter (``named_parameters`` names are the report's keys).
         regions: in execution order; together they compute ``reference_loss``.
         make_batch: ``make_batch(generator) -> batch`` (one microbatch, deterministic).
-        reference_loss: ``reference_loss(batch) -> loss``: the plain forward (no
-            pipeline, no checkpoint), e.g. ``module(batch)``.
+        reference_loss: ``reference_loss(batch) -> loss``: the module's own forward, e.g.
+            ``module(batch)``; the runner checks once, in eval mode, that the regions in
+            order compute the same loss (``run_check.check_regions``).
     """
 
     name: str
@@ -132,6 +134,11 @@ def load_model(spec: Optional[str]) -> PipelineModel:
     return adapt(call_factory(spec, "hp_recompute.run: --model", RunError))
 
 
+def region_seed(microbatch_seed: int, name: str) -> int:
+    """The RNG seed of region ``name`` for one microbatch (stable across processes)."""
+    return (microbatch_seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63)
+
+
 @dataclass
 class Unit:
     """A plan region as executed: one or more model regions, checkpointed as one call or not."""
@@ -140,8 +147,20 @@ class Unit:
     checkpoint: bool
     regions: List[Region]
 
-    def __call__(self, x: Any, batch: Any) -> Any:
+    def __call__(self, x: Any, batch: Any, seed: Optional[int] = None) -> Any:
+        """Runs the regions in order; with ``seed``, each region draws from its own RNG stream.
+
+        Why per region: the pipeline runs microbatches and replays in another order than a
+        plain step, so one global stream would give dropout other masks in each. Seeding
+        every region from (microbatch seed, region name) makes the masks a function of
+        the region and the microbatch only, in the pipeline, in its replays (the replay
+        seeds again) and in the reference step alike. Only the CPU generator is seeded
+        (the runner runs on CPU; ``torch.manual_seed`` also visits every other device's
+        generator and costs 100x more).
+        """
         for region in self.regions:
+            if seed is not None:
+                torch.default_generator.manual_seed(region_seed(seed, region.name))
             x = region.fn(x, batch)
         return x
 

@@ -24,6 +24,8 @@ struct Region {
   bool checkpointable = true; ///< false for code outside submodule calls
   double fwdFlops = 0;
   double fwdTimeUs = 0;      ///< 0 when not profiled
+  double bwdInputTimeUs = 0; ///< measured dx (I) time; 0 when not profiled
+  double bwdWeightTimeUs = 0; ///< measured dw (W) time; 0 when not profiled
   int64_t savedBytes = 0;    ///< activations autograd saves for backward
   int64_t inputBytes = 0;    ///< boundary input kept when checkpointed
   int64_t paramBytes = 0;

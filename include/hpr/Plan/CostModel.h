@@ -1,10 +1,14 @@
 //===- CostModel.h - Per-stage time and memory of a planned module -*- C++ -*-//
 //
-// The planner's cost model, read from the module's hpr.model:
+// The planner's cost model, read from the module's hpr.model (docs/models.md,
+// "Cost model"):
 //  - forward time of a stage: the sum of its regions' fwd_time_us; a region
 //    that was not profiled counts fwd_flops / 1e6 us (1 TFLOP/s); a model
 //    with neither counts 1 per stage (the unit-time model);
-//  - dx and dw each take a forward's time, a full backward two;
+//  - dx (I) and dw (W) of a region: its measured bwd_input_time_us and
+//    bwd_weight_time_us, else kInputPerForward and kWeightPerForward times
+//    its forward; a full backward (B) is I + W (the split does no extra
+//    work); the unit-time model has F = I = W = 1;
 //  - a recompute replays the checkpointed regions' forward;
 //  - memory kept from forward to backward: saved bytes of the regions that
 //    are not checkpointed plus the boundary input of those that are;
@@ -22,9 +26,17 @@
 
 namespace mlir::hpr {
 
+/// dx and dw time per forward time of a region whose backward was not
+/// profiled: the bundled GPT's blocks measured with `python -m
+/// hp_recompute.costs` (torch 2.13, CPU, one thread; docs/models.md).
+inline constexpr double kInputPerForward = 1.5;
+inline constexpr double kWeightPerForward = 1.1;
+
 struct StageCost {
   bool checkpointed = false; ///< has at least one checkpointed region
   double forwardUs = 0;
+  double backwardInputUs = 0;
+  double backwardWeightUs = 0;
   double recomputeUs = 0;
   int64_t keptBytes = 0;
   int64_t recomputedBytes = 0;

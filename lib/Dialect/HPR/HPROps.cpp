@@ -86,10 +86,14 @@ LogicalResult RegionOp::verify() {
     return emitOpError() << "region '" << getName()
                          << "' is marked both checkpoint and "
                             "non_checkpointable";
+  auto negative = [](std::optional<llvm::APFloat> value) {
+    return value && value->convertToDouble() < 0;
+  };
   if (getFwdFlops().convertToDouble() < 0 ||
-      getFwdTimeUs().convertToDouble() < 0)
+      getFwdTimeUs().convertToDouble() < 0 ||
+      negative(getBwdInputTimeUs()) || negative(getBwdWeightTimeUs()))
     return emitOpError() << "region '" << getName()
-                         << "' has a negative forward cost";
+                         << "' has a negative time or FLOP cost";
   for (auto [value, label] :
        {std::pair<uint64_t, StringRef>{getSavedBytes(), "saved"},
         {getInputBytes(), "input"},

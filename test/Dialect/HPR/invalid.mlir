@@ -36,8 +36,17 @@ hpr.model "m" {
 
 hpr.model "m" {
   hpr.stage 0 {
-    // expected-error @+1 {{region 'l0' has a negative forward cost}}
+    // expected-error @+1 {{region 'l0' has a negative time or FLOP cost}}
     hpr.region "l0" flops -1.0 time_us 0.0 saved 1 input 0 params 0
+  }
+}
+
+// -----
+
+hpr.model "m" {
+  hpr.stage 0 {
+    // expected-error @+1 {{region 'l0' has a negative time or FLOP cost}}
+    hpr.region "l0" flops 1.0 time_us 0.0 saved 1 input 0 params 0 {bwd_weight_time_us = -2.0 : f64}
   }
 }
 

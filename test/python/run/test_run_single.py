@@ -35,8 +35,8 @@ def test_uniform_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
     assert report["loss"] == report["reference_loss"]
 
 
-def test_gpt_model_plan_matches_cost_model(tmp_path: Path) -> None:
-    """Planned with the GPT's model JSON: region names map 1:1; measured peak = planned peak."""
+def test_gpt_model_plan_runs_bit_exact(tmp_path: Path) -> None:
+    """Planned with the GPT's model JSON: region names map 1:1, every region replays once."""
     plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--steps", "2",
                               "--report", str(tmp_path / "r.json"))
@@ -47,11 +47,8 @@ def test_gpt_model_plan_matches_cost_model(tmp_path: Path) -> None:
     assert report["recomputes"] == 2 * sum(len(s["regions"]) for s in raw["sessions"])
     assert report["recomputes"] == report["recomputes_expected"]
     assert report["stages"]["0"] == ["tok_emb", "blocks.0", "blocks.1"]
-    for rank in report["ranks"]:
-        planned = raw["summary"]["peak_bytes"][rank["rank"]]
-        assert rank["planned_peak_bytes"] == planned
-        # docs/models.md: the only known difference is 8 bytes per block (a 0-dim scale tensor).
-        assert abs(rank["measured_peak_bytes"] - planned) <= 0.01 * planned
+    # One process runs every rank: no per-rank allocator peak.
+    assert all(rank["measured_peak_bytes"] is None for rank in report["ranks"])
 
 
 def test_leaked_session_fails_the_run(tmp_path: Path) -> None:
@@ -93,7 +90,7 @@ def build_wrong():
 
 
 def test_custom_model_and_wrong_reference(tmp_path: Path) -> None:
-    """--model FILE.py:FACTORY returning a PipelineModel; a differing reference fails the check."""
+    """--model FILE.py:FACTORY returning a PipelineModel; regions that differ from it are refused."""
     (tmp_path / "tiny.py").write_text(MODEL_PY)
     plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build",
@@ -103,8 +100,8 @@ def test_custom_model_and_wrong_reference(tmp_path: Path) -> None:
     code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build_wrong",
                               "--report", str(tmp_path / "r2.json"))
     assert code == 1
-    assert report["grads_match"] is False and report["max_abs_diff"] > 0
-    assert report["mismatched"]
+    assert "model 'tiny': its regions in order give loss" in report["error"]
+    assert "the regions do not compute the model" in report["error"]
 
 
 def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:

@@ -82,4 +82,26 @@ TEST(CostModel, ModelWithoutCostsFallsBackToUnitTime) {
   EXPECT_DOUBLE_EQ(costs[1].recomputeUs, 0);
 }
 
+TEST(CostModel, MeasuredBackwardTimesWinOverRatios) {
+  model::StagedModel staged;
+  model::Region measured = region("layers.0", true, 0, 10, 8, 8);
+  measured.bwdInputTimeUs = 17;
+  measured.bwdWeightTimeUs = 4;
+  staged.stages.push_back(
+      {0, {measured, region("layers.1", false, 0, 20, 8, 8)}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 17 + kInputPerForward * 20);
+  EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 4 + kWeightPerForward * 20);
+}
+
+TEST(CostModel, UnitTimeModelHasEqualForwardAndBackwardHalves) {
+  model::StagedModel staged;
+  staged.stages.push_back({0, {region("a", true, 0, 0, 8, 8)}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 1);
+  EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 1);
+}
+
 } // namespace

@@ -1,0 +1,246 @@
+"""Split one backward into dx (``backward_input``) and dw (``backward_weight``).
+
+NOTE [ dx/dw split ]
+====================
+Zero-bubble schedules run a stage's backward as two calls: I computes the gradients of
+the stage inputs (so the previous stage can go on), W computes the weight gradients
+later, in a bubble. Calling ``autograd.grad(out, weights)`` for W re-walks the whole
+input path (for L Linear layers: I + W = 4L - 1 matmuls against 2L for one backward).
+The rules below keep Work(I) + Work(W) = Work(B); the code cites them as "Rule N".
+The algorithm is the one torch.distributed.pipelining's ``stage_backward_input`` /
+``stage_backward_weight`` follow; this is our own implementation of it.
+
+Rule 1 (input path). A node of the backward graph is on the *input path* when one of
+  the stage inputs' gradient edges is reachable from it. I runs exactly these nodes
+  (``autograd.grad(outputs, inputs)`` prunes every other edge), and each computes only
+  the outputs that lead towards an input.
+
+Rule 2 (split nodes). A node on the input path with a next edge that leaves the input
+  path towards a weight is a *split node*. During I a pre-hook records the gradient the
+  split node receives (its complete gradient: every node that feeds it is on the input
+  path, so it has run). An output root off the input path (stage 0, whose input is
+  integer tokens) is a split node whose gradient is the output gradient.
+
+Rule 3 (weights). A weight's *seeds* are the split nodes from which it is reached through
+  nodes off the input path only. W calls ``autograd.grad`` once per group of weights with
+  the same seeds, from the seeds' recorded gradient edges to the group's weights. The
+  engine re-enters each seed computing only its weight-bound outputs (the ``dW = x^T g``
+  half of a matmul) and runs the nodes below it that only weights reach. One call per
+  group, not one for all: from a seed, another seed further down the input path leads to
+  *its* weights, so a single call would walk the input path again and count the lower
+  seed's gradient twice. Groups share no work, so per-group calls add no FLOPs.
+
+Rule 4 (shared seeds on one path). Within a group, a seed reachable from another seed
+  along the input path (a weight used twice in a stage, e.g. tied) has the same hazard;
+  that group falls back to ``autograd.grad(outputs, weights)`` (the input path walked
+  again, gradients exact). A group has one seed in every bundled model.
+
+Rule 5 (torch without gradient edges). ``autograd.grad`` accepts graph edges since
+  torch 2.2 (``torch.autograd.graph.GradientEdge``). On older torch (Debian's 1.13),
+  W is ``autograd.grad(outputs, weights)``: correct gradients, the input path walked
+  twice.
+
+Checkpointed regions need nothing special: their saved tensors are unpacked through
+their frames in I and in W alike, so W reads what the session replayed (or replays
+again outside a session, as torch's own checkpoint does for each backward call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+__all__ = ["WeightGradState", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
+
+_graph = torch.autograd.graph
+#: Whether W can start at recorded graph edges (Rule 5).
+SPLIT_SUPPORTED = hasattr(_graph, "GradientEdge") and hasattr(_graph, "get_gradient_edge")
+
+Grads = Tuple[Optional[torch.Tensor], ...]
+
+
+@dataclass
+class _Group:
+    """Weights with the same seeds (Rule 3), or a fallback group (Rule 4)."""
+
+    weights: List[int]  # indices into WeightGradState.weights
+    seeds: List[Any]  # split nodes; empty: re-walk from the outputs
+
+
+@dataclass
+class WeightGradState:
+    """What W needs after I: the weight groups and their seeds' recorded gradients."""
+
+    weights: List[torch.Tensor]
+    outputs: List[torch.Tensor]
+    grad_outputs: List[Optional[torch.Tensor]]
+    groups: List[_Group] = field(default_factory=list)
+    recorded: Dict[Any, Grads] = field(default_factory=dict)
+
+
+def _edge_node(t: torch.Tensor) -> Any:
+    return _graph.get_gradient_edge(t).node
+
+
+class _Graph:
+    """The backward graph below the outputs: reachability and parents (Rules 1 and 3)."""
+
+    def __init__(self, roots: Sequence[Any]) -> None:
+        self.roots = roots
+        self.order: List[Any] = []  # children before parents
+        self.parents: Dict[Any, List[Any]] = {}
+        visited: Set[Any] = set()
+        stack: List[Tuple[Any, bool]] = [(root, False) for root in roots]
+        while stack:
+            node, children_done = stack.pop()
+            if children_done:
+                self.order.append(node)
+                continue
+            if node in visited:
+                continue
+            visited.add(node)
+            self.parents.setdefault(node, [])
+            stack.append((node, True))
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    self.parents.setdefault(nxt, []).append(node)
+                    if nxt not in visited:
+                        stack.append((nxt, False))
+
+    def reaching(self, targets: Set[Any]) -> Set[Any]:
+        """Nodes from which a target is reachable (targets included)."""
+        out: Set[Any] = set()
+        for node in self.order:
+            if node in targets or any(nxt in out for nxt, _ in node.next_functions if nxt is not None):
+                out.add(node)
+        return out
+
+    def seeds(self, weight: Any, on_input: Set[Any]) -> FrozenSet[Any]:
+        """Rule 3: split nodes (or off-path roots) above ``weight`` through off-path nodes."""
+        seeds: Set[Any] = set()
+        stack, seen = [weight], {weight}
+        while stack:
+            node = stack.pop()
+            parents = self.parents.get(node, [])
+            if not parents and node not in on_input:
+                seeds.add(node)  # an output root off the input path
+            for parent in parents:
+                if parent in on_input:
+                    seeds.add(parent)
+                elif parent not in seen:
+                    seen.add(parent)
+                    stack.append(parent)
+        return frozenset(seeds)
+
+    def chained(self, seeds: FrozenSet[Any], on_input: Set[Any]) -> bool:
+        """Rule 4: whether a seed is reachable from another one along the input path."""
+        for seed in seeds:
+            stack = [nxt for nxt, _ in seed.next_functions if nxt in on_input]
+            seen: Set[Any] = set(stack)
+            while stack:
+                node = stack.pop()
+                if node in seeds:
+                    return True
+                for nxt, _ in node.next_functions:
+                    if nxt in on_input and nxt not in seen:
+                        seen.add(nxt)
+                        stack.append(nxt)
+        return False
+
+
+def _record_roots(state: WeightGradState, on_input: Set[Any]) -> None:
+    """Rule 2: an output root off the input path is a seed whose gradient is the output's."""
+    for out, grad in zip(state.outputs, state.grad_outputs):
+        if out.grad_fn is None or out.grad_fn in on_input:
+            continue
+        edge = _graph.get_gradient_edge(out)
+        grads = list(state.recorded.get(edge.node, ()))
+        grads.extend([None] * (edge.output_nr + 1 - len(grads)))
+        grads[edge.output_nr] = torch.ones_like(out) if grad is None else grad
+        state.recorded[edge.node] = tuple(grads)
+
+
+def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Sequence[Optional[torch.Tensor]]],
+                   inputs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor],
+                   retain_graph: bool = True) -> Tuple[Grads, WeightGradState]:
+    """I: gradients of ``inputs``, and what ``backward_weight`` needs for ``weights``.
+
+    Args:
+        outputs: the stage outputs (or its loss).
+        grad_outputs: their gradients (None: the outputs are scalar losses).
+        inputs: tensors requiring grad whose gradients I returns (may be empty).
+        weights: parameters requiring grad that W will differentiate.
+        retain_graph: keep the graph (True whenever W or another backward follows).
+
+    Returns:
+        (one gradient per input, None where unused; the state for ``backward_weight``).
+    """
+    outputs = list(outputs)
+    grads_out = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
+    state = WeightGradState(list(weights), outputs, grads_out)
+    hooks = []
+    if SPLIT_SUPPORTED and state.weights and not inputs:  # no input path: W is the whole backward
+        roots = list(dict.fromkeys(o.grad_fn for o in outputs if o.grad_fn is not None))
+        state.groups.append(_Group(list(range(len(state.weights))), roots))
+        _record_roots(state, set())
+    elif SPLIT_SUPPORTED and state.weights:
+        graph = _Graph([o.grad_fn for o in outputs if o.grad_fn is not None])
+        on_input = graph.reaching({_edge_node(x) for x in inputs})
+        by_seeds: Dict[FrozenSet[Any], List[int]] = {}
+        for i, w in enumerate(state.weights):
+            by_seeds.setdefault(graph.seeds(_edge_node(w), on_input), []).append(i)
+        for seeds, members in by_seeds.items():
+            chained = len(seeds) > 1 and graph.chained(seeds, on_input)
+            state.groups.append(_Group(members, [] if chained else list(seeds)))
+        _record_roots(state, on_input)
+        wanted = {s for g in state.groups for s in g.seeds if s in on_input}
+
+        def record(node: Any) -> Any:
+            def hook(grads: Grads) -> None:
+                state.recorded[node] = grads
+            return hook
+
+        hooks = [node.register_prehook(record(node)) for node in wanted]
+    try:
+        dinputs = (torch.autograd.grad(outputs, list(inputs), grads_out, retain_graph=retain_graph,
+                                       allow_unused=True) if inputs else ())
+    finally:
+        for h in hooks:
+            h.remove()
+    return tuple(dinputs), state
+
+
+def backward_weight(state: WeightGradState, retain_graph: bool = False) -> Grads:
+    """W: gradients of ``state.weights`` from what ``backward_input`` recorded (Rule 3).
+
+    Returns one gradient per weight, None for a weight the outputs do not depend on. The
+    state is released: W runs once per I.
+    """
+    out: List[Optional[torch.Tensor]] = [None] * len(state.weights)
+    if not SPLIT_SUPPORTED:  # Rule 5
+        groups = [_Group(list(range(len(state.weights))), [])] if state.weights else []
+    else:
+        groups = state.groups
+    for k, group in enumerate(groups):
+        keep = retain_graph or k + 1 < len(groups)
+        targets = [state.weights[i] for i in group.weights]
+        if group.seeds:
+            edges, grads = [], []
+            for seed in group.seeds:
+                for nr, g in enumerate(state.recorded.get(seed, ())):
+                    if g is not None:
+                        edges.append(_graph.GradientEdge(seed, nr))
+                        grads.append(g)
+            if not edges:
+                continue
+            got = torch.autograd.grad(edges, [_graph.get_gradient_edge(t) for t in targets], grads,
+                                      retain_graph=keep, allow_unused=True)
+        else:  # Rules 4 and 5: re-walk from the outputs
+            got = torch.autograd.grad(state.outputs, targets, state.grad_outputs, retain_graph=keep,
+                                      allow_unused=True)
+        for i, g in zip(group.weights, got):
+            out[i] = g
+    state.groups, state.recorded, state.outputs, state.grad_outputs = [], {}, [], []
+    return tuple(out)

@@ -1,0 +1,48 @@
+"""``python -m hp_recompute.costs``: measured times reach the plan; bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, flags, make_plan
+
+TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
+
+
+def _costs(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    return subprocess.run([sys.executable, "-m", "hp_recompute.costs", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_measured_times_are_written_and_planned_with(tmp_path: Path) -> None:
+    out = tmp_path / "gpt.costed.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "3", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    graph = json.loads(out.read_text())
+    for region in graph["regions"]:
+        assert all(region[k] > 0 for k in TIMES), region
+    plan = json.loads(make_plan(tmp_path, "--model", str(out), *flags(("zb-h1", 2, 4))).read_text())
+    planned = {r["name"]: r for s in plan["model"]["stages"] for r in s["regions"]}
+    for region in graph["regions"]:
+        assert planned[region["name"]]["bwd_input_time_us"] == region["bwd_input_time_us"]
+        assert planned[region["name"]]["bwd_weight_time_us"] == region["bwd_weight_time_us"]
+    # The simulated step is at least the critical path of one microbatch: every forward and dx.
+    one_microbatch = sum(r["fwd_time_us"] + r["bwd_input_time_us"] for r in graph["regions"])
+    assert plan["summary"]["step_time_us"] >= one_microbatch
+
+
+def test_region_names_that_are_not_the_models_are_refused(tmp_path: Path) -> None:
+    graph = json.loads(GPT_MODEL_JSON.read_text())
+    graph["regions"][2]["name"] = "blocks.x"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(graph))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(bad), "-o", str(out), "--repeats", "2", "--warmup", "1")
+    assert proc.returncode == 1
+    assert f"hp_recompute.costs: {bad}: /regions: names [tok_emb, blocks.0, blocks.x" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()

@@ -1,0 +1,164 @@
+"""The runner's checks can fail: dropped backwards, dropout, buffers, the allocator meter.
+
+Each test either breaks a plan or the runtime on purpose and expects the report to say
+so, or runs a model that used to fail honestly-correct plans (dropout, BatchNorm).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpr_run_util import edit_plan, flags, make_plan, run_cli, run_inproc
+from hp_recompute import run_exec
+from hp_recompute.run_memory import AllocatorPeak
+
+# The bundled MLP adapter (inp, layers.N, head) with dropout and BatchNorm in every layer.
+NOISY_MLP = '''
+import torch, torch.nn as nn
+
+class Layer(nn.Module):
+    def __init__(self, width, p, batchnorm):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.norm = nn.BatchNorm1d(width) if batchnorm else nn.Identity()
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(torch.tanh(self.norm(self.fc(x))))
+
+class Net(nn.Module):
+    def __init__(self, p, batchnorm):
+        super().__init__()
+        self.inp = nn.Linear(12, 16)
+        self.layers = nn.ModuleList([Layer(16, p, batchnorm) for _ in range(4)])
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x))
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+def dropout():
+    torch.manual_seed(0)
+    return Net(0.3, False)
+
+def batchnorm():
+    torch.manual_seed(0)
+    return Net(0.0, True)
+'''
+
+
+def _drop_one_weight_backward(p) -> None:
+    actions = p["ranks"][0]["actions"]
+    actions.pop(next(i for i, a in enumerate(actions) if a["op"] == "backward_weight"))
+
+
+def _full_backward_to_input_only(p) -> None:
+    for rank in p["ranks"]:
+        for a in rank["actions"]:
+            if a["op"] == "backward" and a["stage"] == 0 and a["microbatch"] == 1:
+                a["op"] = "backward_input"
+                return
+    raise AssertionError("no full backward of stage 0 mb 1")
+
+
+@pytest.mark.parametrize("cfg,edit", [(("zbv", 2, 4), _drop_one_weight_backward),
+                                      (("1f1b", 2, 4), _full_backward_to_input_only)],
+                         ids=["zbv-drops-a-W", "1f1b-B-becomes-I"])
+def test_a_plan_that_drops_a_backward_fails(tmp_path: Path, cfg, edit) -> None:
+    plan = make_plan(tmp_path, *flags(cfg))
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "ok.json"))
+    assert code == 0, report
+    bad = edit_plan(plan, tmp_path / "bad.json", edit)
+    code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "bad-r.json"))
+    assert code == 1
+    assert report["grads_match"] is False and report["mismatched"]
+
+
+@pytest.mark.parametrize("mode", ["plan", "native", "none"])
+def test_dropout_model_passes_in_every_checkpoint_mode(tmp_path: Path, mode: str) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY_MLP)
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--checkpoint-mode", mode, "--steps", "2",
+                              "--model", f"{tmp_path}/noisy.py:dropout", "--report", str(tmp_path / "r.json"))
+    assert code == 0, report
+    assert report["grads_match"] is True and report["max_abs_diff"] == 0.0
+
+
+def test_dropout_model_passes_across_processes(tmp_path: Path) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY_MLP)
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    report_path = tmp_path / "r.json"
+    proc = run_cli("--plan", str(plan), "--model", f"{tmp_path}/noisy.py:dropout", "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report_path.read_text())["grads_match"] is True
+
+
+@pytest.mark.parametrize("mode", ["plan", "native"])
+def test_batchnorm_statistics_are_updated_once_per_microbatch(tmp_path: Path, mode: str, monkeypatch) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY_MLP)
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    args = ("--plan", str(plan), "--single-process", "--checkpoint-mode", mode,
+            "--model", f"{tmp_path}/noisy.py:batchnorm")
+    code, report = run_inproc(*args, "--report", str(tmp_path / "r.json"))
+    assert code == 0, report
+    assert report["buffers_match"] is True
+    # Without the save/restore around replays, each replay updates the statistics again.
+    monkeypatch.setattr(run_exec._ReplayKeepsBuffers, "__call__", lambda self, x: self.fn(x))
+    code, report = run_inproc(*args, "--report", str(tmp_path / "r2.json"))
+    assert code == 1
+    assert report["buffers_match"] is False
+    assert any("running_mean" in m for m in report["mismatched"])
+
+
+def test_regions_that_do_not_compute_the_module_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY_MLP + '''
+def skips_a_layer():
+    net = dropout()
+    forward = net.forward
+    def forward_without_layer_2(x):
+        h = torch.relu(net.inp(x))
+        for i, layer in enumerate(net.layers):
+            h = h if i == 2 else layer(h)
+        return net.head(h)
+    net.forward = forward_without_layer_2
+    return net
+''')
+    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--model",
+                              f"{tmp_path}/noisy.py:skips_a_layer", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "the regions do not compute the model" in report["error"]
+
+
+def test_allocator_peak_sees_a_transient_allocation() -> None:
+    keep = torch.ones(1000)
+    with AllocatorPeak() as meter:
+        big = torch.empty(1_000_000, dtype=torch.float32)  # 4 MB, freed below
+        del big
+        small = torch.empty(10_000, dtype=torch.float32)
+    assert 4_000_000 <= meter.peak < 4_100_000
+    del keep, small
+
+
+def test_multi_process_report_has_allocator_peaks_and_planned_time(tmp_path: Path) -> None:
+    from hpr_run_util import GPT_MODEL_JSON
+
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)))
+    raw = json.loads(plan.read_text())
+    report_path = tmp_path / "r.json"
+    proc = run_cli("--plan", str(plan), "--steps", "2", "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["planned_step_time_us"] == raw["summary"]["step_time_us"]
+    assert report["profiled_steps"] == [0] and len(report["step_time_s"]) == 2
+    for rank in report["ranks"]:
+        # The allocator sees at least the saved activations the planner predicts (it also
+        # sees outputs, received buffers, gradients and workspace).
+        assert rank["measured_peak_bytes"] >= rank["planned_peak_bytes"] > 0
+    assert "USDT" not in proc.stderr
