@@ -134,7 +134,8 @@ public:
     if (auto err = checkKeys(obj, path,
                              {"name", "checkpoint", "checkpointable",
                               "fwd_flops", "fwd_time_us", "bwd_input_time_us",
-                              "bwd_weight_time_us", "saved_bytes",
+                              "bwd_weight_time_us", "checkpoint_fwd_time_us",
+                              "replay_time_us", "saved_bytes",
                               "input_bytes", "param_bytes", "stage"}))
       return err;
     if (auto err = readString(obj, path, "name", region.name, true))
@@ -153,6 +154,12 @@ public:
       return err;
     if (auto err = readNumber(obj, path, "bwd_weight_time_us",
                               region.bwdWeightTimeUs, false))
+      return err;
+    if (auto err = readNumber(obj, path, "checkpoint_fwd_time_us",
+                              region.checkpointFwdTimeUs, false))
+      return err;
+    if (auto err = readNumber(obj, path, "replay_time_us", region.replayTimeUs,
+                              false))
       return err;
     if (auto err = readBytes(obj, path, "saved_bytes", region.savedBytes, true))
       return err;
@@ -260,6 +267,10 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
       r["bwd_input_time_us"] = number(region.bwdInputTimeUs);
     if (region.bwdWeightTimeUs > 0)
       r["bwd_weight_time_us"] = number(region.bwdWeightTimeUs);
+    if (region.checkpointFwdTimeUs > 0)
+      r["checkpoint_fwd_time_us"] = number(region.checkpointFwdTimeUs);
+    if (region.replayTimeUs > 0)
+      r["replay_time_us"] = number(region.replayTimeUs);
     r["saved_bytes"] = region.savedBytes;
     r["input_bytes"] = region.inputBytes;
     r["param_bytes"] = region.paramBytes;

@@ -44,7 +44,8 @@ static void buildModel(OpBuilder &builder, Location loc,
           loc, region.name, region.checkpoint, !region.checkpointable,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
           region.savedBytes, region.inputBytes, region.paramBytes,
-          profiled(region.bwdInputTimeUs), profiled(region.bwdWeightTimeUs));
+          profiled(region.bwdInputTimeUs), profiled(region.bwdWeightTimeUs),
+          profiled(region.checkpointFwdTimeUs), profiled(region.replayTimeUs));
   }
 }
 

@@ -8,12 +8,12 @@ using namespace mlir::hpr;
 /// Assumed throughput for regions that were not profiled, in FLOP per us.
 static constexpr double kFlopsPerUs = 1e6;
 
-/// A measured backward time, or `ratio` times the region's forward.
-static double backwardUs(std::optional<llvm::APFloat> measured, double ratio,
-                         double forwardUs) {
+/// A measured time, or `fallback` when the region was not profiled for it.
+static double measuredOr(std::optional<llvm::APFloat> measured,
+                         double fallback) {
   if (measured && measured->convertToDouble() > 0)
     return measured->convertToDouble();
-  return ratio * forwardUs;
+  return fallback;
 }
 
 std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
@@ -21,25 +21,36 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
   bool anyCost = false;
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
+    double firstInputUs = -1; // dx of the stage's first region
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
       double timeUs = region.getFwdTimeUs().convertToDouble();
       if (timeUs <= 0)
         timeUs = region.getFwdFlops().convertToDouble() / kFlopsPerUs;
-      cost.forwardUs += timeUs;
-      cost.backwardInputUs +=
-          backwardUs(region.getBwdInputTimeUs(), kInputPerForward, timeUs);
+      double inputUs =
+          measuredOr(region.getBwdInputTimeUs(), kInputPerForward * timeUs);
+      if (firstInputUs < 0)
+        firstInputUs = inputUs;
+      cost.backwardInputUs += inputUs;
       cost.backwardWeightUs +=
-          backwardUs(region.getBwdWeightTimeUs(), kWeightPerForward, timeUs);
+          measuredOr(region.getBwdWeightTimeUs(), kWeightPerForward * timeUs);
       if (region.getCheckpoint()) {
         cost.checkpointed = true;
-        cost.recomputeUs += timeUs;
+        cost.forwardUs += measuredOr(region.getCheckpointFwdTimeUs(), timeUs);
+        cost.recomputeUs += measuredOr(region.getReplayTimeUs(), timeUs);
         cost.keptBytes += region.getInputBytes();
         cost.recomputedBytes += region.getSavedBytes();
       } else {
+        cost.forwardUs += timeUs;
         cost.keptBytes += region.getSavedBytes();
       }
     }
     anyCost |= cost.forwardUs > 0;
+    // The model input needs no gradient: the first stage's I computes
+    // nothing, and its W is the whole backward but the first region's dx.
+    if (costs.empty() && firstInputUs >= 0) {
+      cost.backwardWeightUs += cost.backwardInputUs - firstInputUs;
+      cost.backwardInputUs = 0;
+    }
     costs.push_back(cost);
   }
   if (!anyCost)

@@ -211,6 +211,7 @@ llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
     return simulation.takeError();
   summary.stepTimeUs = simulation->makespan;
   summary.bubbleFraction = simulation->bubbleFraction;
+  summary.busyUs = simulation->busy;
   return summary;
 }
 
@@ -246,10 +247,13 @@ static json regionJson(RegionOp region) {
       {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
       {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
       {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
-  if (std::optional<llvm::APFloat> dx = region.getBwdInputTimeUs())
-    entry["bwd_input_time_us"] = dx->convertToDouble();
-  if (std::optional<llvm::APFloat> dw = region.getBwdWeightTimeUs())
-    entry["bwd_weight_time_us"] = dw->convertToDouble();
+  for (auto [key, value] :
+       {std::pair{"bwd_input_time_us", region.getBwdInputTimeUs()},
+        {"bwd_weight_time_us", region.getBwdWeightTimeUs()},
+        {"checkpoint_fwd_time_us", region.getCheckpointFwdTimeUs()},
+        {"replay_time_us", region.getReplayTimeUs()}})
+    if (value)
+      entry[key] = value->convertToDouble();
   return entry;
 }
 
@@ -340,6 +344,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"per_backward_recomputes", total.perBackwardRecomputes},
         {"step_time_us", summary.stepTimeUs},
         {"bubble_fraction", summary.bubbleFraction},
+        {"busy_us", summary.busyUs},
         {"peak_bytes", peakBytes},
         {"max_live_sessions", maxLive}}}};
   os << "{\n";

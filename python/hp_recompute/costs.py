@@ -8,8 +8,15 @@ one after another, each on a detached input, and times per region the forward, t
 the runner calls them, on this torch and with the runner's thread count. Each of
 ``--repeats`` rounds runs the whole chain forward then backward; the first ``--warmup``
 rounds are dropped and the median of the rest is written into a copy of the model JSON
-(``fwd_time_us``, ``bwd_input_time_us``, ``bwd_weight_time_us``). A replay runs the
-region's forward again, so the planner prices it as ``fwd_time_us``.
+(``fwd_time_us``, ``bwd_input_time_us``, ``bwd_weight_time_us``). Checkpointable regions
+are also run as the runner runs them when checkpointed: the forward under
+``hp_recompute.checkpoint`` (``checkpoint_fwd_time_us``: its saved tensors go to holders)
+and one replay through ``recompute_handle`` (``replay_time_us``).
+
+``--processes N`` measures in N processes at once and takes the median over all of them:
+ranks that share a machine slow each other down (caches, memory bandwidth, SMT siblings;
+on the 2-core VM of bench/run two processes run each op 1.5-1.8x slower than one), so
+costs for an N-rank run on one machine are measured N at a time.
 
     python -m hp_recompute.costs --model-json examples/gpt/gpt.model.json -o gpt.costed.json
 """
@@ -23,17 +30,21 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .backward_split import backward_input, backward_weight
+from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .run_model import PipelineModel, load_model
 from .run_plan import RunError
+from .sessions import clear_recompute_session, recompute_handle
 
-__all__ = ["measure_region_times", "main"]
+__all__ = ["measure_region_times", "measure_concurrently", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
+CHECKPOINT_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
+_SESSION = "hp_recompute.costs"
 
 
 def _leaf(x: Any) -> Any:
@@ -42,10 +53,25 @@ def _leaf(x: Any) -> Any:
     return x
 
 
+def _checkpointed_times(region: Any, inp: Any, batch: Any) -> Tuple[float, float]:
+    """(forward under checkpoint, one replay) of ``region`` on ``inp``, in seconds."""
+    t0 = time.perf_counter()
+    with recompute_handle_collector_ctx() as handles:
+        out = checkpoint(region.fn, inp, batch)
+    t1 = time.perf_counter()
+    for handle in handles:
+        recompute_handle(handle, _SESSION)
+    t2 = time.perf_counter()
+    clear_recompute_session(_SESSION)
+    del out
+    return t1 - t0, t2 - t1
+
+
 def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
-    """Median forward / dx / dw time of every region, in microseconds."""
+    """Median times of every region, in microseconds (TIME_KEYS; CHECKPOINT_KEYS if checkpointable)."""
     params = dict(model.module.named_parameters())
-    samples: Dict[str, Dict[str, List[float]]] = {r.name: {k: [] for k in TIME_KEYS} for r in model.regions}
+    samples: Dict[str, Dict[str, List[float]]] = {
+        r.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if r.checkpointable else ())} for r in model.regions}
     for round_ in range(repeats):
         chain = []
         x = batch
@@ -54,6 +80,9 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
             t0 = time.perf_counter()
             out = region.fn(inp, batch)
             chain.append((region, inp, out, time.perf_counter() - t0))
+            if region.checkpointable and round_ >= warmup:
+                for key, seconds in zip(CHECKPOINT_KEYS, _checkpointed_times(region, inp, batch)):
+                    samples[region.name][key].append(seconds * 1e6)
             x = out
         grad: Optional[torch.Tensor] = None
         for region, inp, out, fwd_s in reversed(chain):
@@ -69,6 +98,33 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
                 for key, seconds in zip(TIME_KEYS, (fwd_s, t1 - t0, t2 - t1)):
                     samples[region.name][key].append(seconds * 1e6)
     return {name: {k: statistics.median(v) for k, v in keys.items()} for name, keys in samples.items()}
+
+
+def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, repeats: int, warmup: int,
+                      threads: int) -> None:
+    torch.set_num_threads(threads)
+    model = load_model(spec)
+    batch = model.make_batch(torch.Generator().manual_seed(seed))
+    start.wait()  # every process measures at the same time
+    queue.put(measure_region_times(model, batch, repeats, warmup))
+
+
+def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: int, threads: int,
+                         processes: int) -> Dict[str, Dict[str, float]]:
+    """``measure_region_times`` in ``processes`` processes at once; the median over them."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue, start = ctx.Queue(), ctx.Barrier(processes)
+    procs = [ctx.Process(target=_measure_in_child, args=(queue, start, spec, seed, repeats, warmup, threads))
+             for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    results = [queue.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join()
+    return {name: {k: statistics.median(r[name][k] for r in results) for k in keys}
+            for name, keys in results[0].items()}
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -92,12 +148,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--repeats", type=int, default=12, help="rounds, default 12")
     p.add_argument("--warmup", type=int, default=2, help="rounds dropped first, default 2")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the runner's ranks)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="measure in this many processes at once, as many ranks share the machine (default 1)")
     p.add_argument("--seed", type=int, default=0, help="data seed of the measured microbatch")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.repeats <= args.warmup:
         p.error("--repeats must exceed --warmup >= 0")
-    if args.threads < 1:
-        p.error("--threads must be >= 1")
+    if args.threads < 1 or args.processes < 1:
+        p.error("--threads and --processes must be >= 1")
     try:
         try:
             with open(args.model_json) as f:
@@ -114,20 +172,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: names "
                            f"[{', '.join(str(r['name']) for r in regions)}] are not model '{model.name}''s regions "
                            f"[{', '.join(names)}]")
-        batch = model.make_batch(torch.Generator().manual_seed(args.seed))
-        times = measure_region_times(model, batch, args.repeats, args.warmup)
+        if args.processes == 1:
+            batch = model.make_batch(torch.Generator().manual_seed(args.seed))
+            times = measure_region_times(model, batch, args.repeats, args.warmup)
+        else:
+            times = measure_concurrently(args.model, args.seed, args.repeats, args.warmup, args.threads,
+                                         args.processes)
     except RunError as e:
         print(e, file=sys.stderr)
         return 1
     for region in regions:
         region.update({k: round(v, 3) for k, v in times[region["name"]].items()})
     graph["source"] = (f"{graph.get('source', '')}; times: python -m hp_recompute.costs, torch {torch.__version__}, "
-                       f"{args.threads} thread(s), median of {args.repeats - args.warmup}").lstrip("; ")
+                       f"{args.threads} thread(s) x {args.processes} process(es), median of {args.repeats - args.warmup}").lstrip("; ")
     _write_atomic(args.output, json.dumps(graph, indent=2) + "\n")
-    print(f"{'region':<12} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'dx/fwd':>7} {'dw/fwd':>7}")
+    print(f"{'region':<12} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'dx/fwd':>7} {'dw/fwd':>7} "
+          f"{'ckpt_fwd':>9} {'replay':>9}")
     for name, t in times.items():
         f, i, w = (t[k] for k in TIME_KEYS)
-        print(f"{name:<12} {f:9.1f} {i:9.1f} {w:9.1f} {i / f:7.2f} {w / f:7.2f}")
+        extra = " ".join(f"{t[k]:9.1f}" for k in CHECKPOINT_KEYS if k in t)
+        print(f"{name:<12} {f:9.1f} {i:9.1f} {w:9.1f} {i / f:7.2f} {w / f:7.2f} {extra}")
     return 0
 
 

@@ -160,22 +160,28 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     buffers_match = all(s["buffers_match"] for s in steps)
     sessions_left = max(s["sessions_left"] for s in steps)
     planned = plan.summary.get("peak_bytes", [])
+    planned_busy = plan.summary.get("busy_us", [])
+    timed = [s for s in steps if not s.get("profiled")] or steps
     ranks = []
     for r in range(plan.num_ranks):
         measured = max((s["ranks"][r]["peak_bytes"] for s in steps if s["ranks"][r]["peak_bytes"] is not None),
                        default=None)
         want = planned[r] if r < len(planned) else None
-        ranks.append({"rank": r, "stages": [s for s in range(plan.num_stages) if plan.stage_to_rank[s] == r],
-                      "measured_peak_bytes": measured, "planned_peak_bytes": want,
-                      "measured_over_planned": (measured / want) if want and measured is not None else None,
-                      **({"step_time_s": [s["ranks"][r]["step_time_s"] for s in steps]}
-                         if "step_time_s" in steps[0]["ranks"][r] else {})})
+        entry = {"rank": r, "stages": [s for s in range(plan.num_stages) if plan.stage_to_rank[s] == r],
+                 "measured_peak_bytes": measured, "planned_peak_bytes": want,
+                 "measured_over_planned": (measured / want) if want and measured is not None else None}
+        if "step_time_s" in steps[0]["ranks"][r]:  # multi-process: each rank timed itself
+            busy_us = statistics.median(s["ranks"][r]["busy_s"] for s in timed) * 1e6
+            want_busy = planned_busy[r] if r < len(planned_busy) else None
+            entry.update({"step_time_s": [s["ranks"][r]["step_time_s"] for s in steps],
+                          "busy_us": busy_us, "planned_busy_us": want_busy,
+                          "busy_over_planned": busy_us / want_busy if want_busy else None})
+        ranks.append(entry)
     ok = grads_match and buffers_match and sessions_left == 0 and (not check_recomputes or recomputes == expected)
     times = [s["step_time_s"] for s in steps]
     # The step that measured memory ran under the profiler: time the others when there are any.
-    timed = [s["step_time_s"] for s in steps if not s.get("profiled")] or times
     planned_us = plan.summary.get("step_time_us")
-    median_s = statistics.median(timed)
+    median_s = statistics.median(s["step_time_s"] for s in timed)
     return {
         "format": REPORT_FORMAT, "version": 2, "ok": ok,
         "plan": os.path.abspath(plan.path), "model": model_name, "mode": result["mode"],
@@ -226,8 +232,10 @@ def _summary_lines(report: Dict[str, Any]) -> List[str]:
                  if report["planned_step_time_us"] else "")]
     for r in report["ranks"]:
         if r["measured_peak_bytes"] is not None:
+            busy = (f"; busy {r['busy_us'] / 1000:.1f} ms, simulated {r['planned_busy_us'] / 1000:.1f} ms"
+                    if r.get("planned_busy_us") else "")
             lines.append(f"rank {r['rank']} stages {r['stages']}: peak bytes at the allocator "
-                         f"{r['measured_peak_bytes']}, planned {r['planned_peak_bytes']}")
+                         f"{r['measured_peak_bytes']}, planned {r['planned_peak_bytes']}{busy}")
     lines.append("ok" if report["ok"] else "FAILED: " + ", ".join(
         m for m, bad in (("grads or buffers differ " + "; ".join(report["mismatched"]),
                           not (report["grads_match"] and report["buffers_match"])),

@@ -182,7 +182,7 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
                           "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
                           "sessions_left": left, "profiled": step == 0,
                           "peak_bytes": memory.peak if isinstance(memory, AllocatorPeak) else None,
-                          "step_time_s": elapsed})
+                          "step_time_s": elapsed, "busy_s": ex.busy_s})
             sgd_update(model.module, grads, ex.param_names)
         dist.barrier()
         state["finished"] = True
@@ -304,8 +304,8 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                       "recomputes": sum(p["replays"] for p in per),
                       "sessions_left": max(p["sessions_left"] for p in per),
                       "step_time_s": max(p["step_time_s"] for p in per), "profiled": per[0]["profiled"],
-                      "ranks": [{"rank": r, "peak_bytes": p["peak_bytes"], "step_time_s": p["step_time_s"]}
-                                for r, p in enumerate(per)],
+                      "ranks": [{"rank": r, "peak_bytes": p["peak_bytes"], "step_time_s": p["step_time_s"],
+                                 "busy_s": p["busy_s"]} for r, p in enumerate(per)],
                       "counters": counters})
         sgd_update(model.module, want, names)
         for p in model.module.parameters():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,6 +42,8 @@ __all__ = ["Transport", "MemoryTransport", "RankExecutor", "planted_failure", "c
 
 #: Checkpoint modes: the plan's sessions, torch.utils.checkpoint per backward call, none.
 MODES = ("plan", "native", "none")
+#: Actions that compute (their time is the rank's busy time; receives wait, sends are async).
+COMPUTE_OPS = ("forward", "recompute", "backward_input", "backward_weight", "backward", "clear")
 
 Key = Tuple[int, int]
 
@@ -104,29 +107,33 @@ class _ReplayKeepsBuffers:
     """A unit's function whose replays leave the module's buffers as the forward left them.
 
     Why: a region that updates buffers in forward (BatchNorm's running statistics) would
-    update them again in each replay, which a plain step never does. The first call (the
-    forward) notes which buffers it changed; every later call (a replay) saves those
-    buffers and restores them afterwards (docs/runner.md). A kernel that updates a buffer
-    in place does not always bump its version counter (``native_batch_norm`` leaves
-    ``running_mean``'s alone), so changes are found by comparing values.
+    update them again in each replay, which a plain step never does. The unit's first
+    forward on this rank finds which buffers it changes, by value: a kernel that updates
+    a buffer in place does not always bump its version counter (``native_batch_norm``
+    leaves ``running_mean``'s alone). Every replay saves those buffers and restores them
+    afterwards (docs/runner.md). ``changed`` is shared by all calls of one unit.
     """
 
-    def __init__(self, fn: Any, module: torch.nn.Module) -> None:
-        self.fn, self.module = fn, module
-        self.changed: Optional[List[torch.Tensor]] = None
+    def __init__(self, fn: Any, module: torch.nn.Module, changed: Dict[str, List[torch.Tensor]], unit: str) -> None:
+        self.fn, self.module, self.known, self.unit = fn, module, changed, unit
+        self.forwarded = False
 
     def __call__(self, x: Any) -> Any:
-        if self.changed is None:
+        if not self.forwarded:
+            self.forwarded = True
+            if self.unit in self.known:
+                return self.fn(x)
             before = [(b, b.detach().clone()) for b in self.module.buffers()]
             out = self.fn(x)
-            self.changed = [b for b, value in before if not torch.equal(b, value)]
+            self.known[self.unit] = [b for b, value in before if not torch.equal(b, value)]
             return out
-        saved = [b.detach().clone() for b in self.changed]
+        changed = self.known[self.unit]
+        saved = [b.detach().clone() for b in changed]
         try:
             return self.fn(x)
         finally:  # also when the replay stops early (Rule 2 of NOTE [ Recompute sessions ])
             with torch.no_grad():
-                for b, value in zip(self.changed, saved):
+                for b, value in zip(changed, saved):
                     b.copy_(value)
 
 
@@ -163,6 +170,7 @@ class RankExecutor:
         self.params = {s.stage: [named[n] for n in s.params] for s in specs if plan.stage_to_rank[s.stage] == rank}
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
         self.fail_at = planted_failure()
+        self.buffers_changed_by: Dict[str, List[torch.Tensor]] = {}  # unit -> buffers its forward updates
         self.reset([], [])
 
     # -- step state ----------------------------------------------------------------------
@@ -176,6 +184,7 @@ class RankExecutor:
         self.inbox_b: Dict[Key, torch.Tensor] = {}
         self.dx_out: Dict[Key, torch.Tensor] = {}
         self.losses: Dict[int, torch.Tensor] = {}
+        self.busy_s = 0.0  # time in COMPUTE_OPS, this step
         # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
         self.native_calls = 0
         self.native_forwards = 0
@@ -204,7 +213,10 @@ class RankExecutor:
         try:
             if self.fail_at == (self.rank, index):
                 raise RuntimeError(f"planted failure (HPR_RUN_FAIL_AT={self.rank}:{index})")
+            start = time.perf_counter()
             self._run(action)
+            if action.op in COMPUTE_OPS:
+                self.busy_s += time.perf_counter() - start
         except RunError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with its location
@@ -243,7 +255,7 @@ class RankExecutor:
         fn: Any = functools.partial(unit.__call__, batch=batch, seed=seed)
         if not unit.checkpoint or self.mode == "none":
             return fn(h)
-        fn = _ReplayKeepsBuffers(fn, self.model.module)
+        fn = _ReplayKeepsBuffers(fn, self.model.module, self.buffers_changed_by, unit.name)
         if self.mode == "plan":
             return hr_checkpoint(fn, h)
 

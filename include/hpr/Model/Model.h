@@ -26,6 +26,8 @@ struct Region {
   double fwdTimeUs = 0;      ///< 0 when not profiled
   double bwdInputTimeUs = 0; ///< measured dx (I) time; 0 when not profiled
   double bwdWeightTimeUs = 0; ///< measured dw (W) time; 0 when not profiled
+  double checkpointFwdTimeUs = 0; ///< forward under checkpoint; 0 = fwdTimeUs
+  double replayTimeUs = 0;   ///< one replay (recompute); 0 = fwdTimeUs
   int64_t savedBytes = 0;    ///< activations autograd saves for backward
   int64_t inputBytes = 0;    ///< boundary input kept when checkpointed
   int64_t paramBytes = 0;

@@ -5,11 +5,15 @@
 //  - forward time of a stage: the sum of its regions' fwd_time_us; a region
 //    that was not profiled counts fwd_flops / 1e6 us (1 TFLOP/s); a model
 //    with neither counts 1 per stage (the unit-time model);
+//  - a checkpointed region's forward takes checkpoint_fwd_time_us and its
+//    replay replay_time_us when measured, else fwd_time_us;
 //  - dx (I) and dw (W) of a region: its measured bwd_input_time_us and
 //    bwd_weight_time_us, else kInputPerForward and kWeightPerForward times
 //    its forward; a full backward (B) is I + W (the split does no extra
-//    work); the unit-time model has F = I = W = 1;
-//  - a recompute replays the checkpointed regions' forward;
+//    work); the first stage's input needs no gradient, so its I is 0 and its
+//    W all the rest (the runtime's W is its whole backward); the unit-time
+//    model has F = I = W = 1;
+//  - a recompute replays the checkpointed regions;
 //  - memory kept from forward to backward: saved bytes of the regions that
 //    are not checkpointed plus the boundary input of those that are;
 //  - memory a recompute brings back: the checkpointed regions' saved bytes.

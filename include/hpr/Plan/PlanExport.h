@@ -41,6 +41,7 @@ struct PlanSummary {
   std::vector<RankSummary> ranks;
   double stepTimeUs = 0;
   double bubbleFraction = 0;
+  std::vector<double> busyUs; ///< simulated time each rank spends in actions
   RankSummary total() const;
 };
 

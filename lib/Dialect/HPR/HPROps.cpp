@@ -91,7 +91,8 @@ LogicalResult RegionOp::verify() {
   };
   if (getFwdFlops().convertToDouble() < 0 ||
       getFwdTimeUs().convertToDouble() < 0 ||
-      negative(getBwdInputTimeUs()) || negative(getBwdWeightTimeUs()))
+      negative(getBwdInputTimeUs()) || negative(getBwdWeightTimeUs()) ||
+      negative(getCheckpointFwdTimeUs()) || negative(getReplayTimeUs()))
     return emitOpError() << "region '" << getName()
                          << "' has a negative time or FLOP cost";
   for (auto [value, label] :

@@ -82,17 +82,40 @@ TEST(CostModel, ModelWithoutCostsFallsBackToUnitTime) {
   EXPECT_DOUBLE_EQ(costs[1].recomputeUs, 0);
 }
 
-TEST(CostModel, MeasuredBackwardTimesWinOverRatios) {
+TEST(CostModel, MeasuredTimesWinOverRatios) {
   model::StagedModel staged;
+  staged.stages.push_back({0, {region("embed", false, 0, 1, 8, 8)}});
   model::Region measured = region("layers.0", true, 0, 10, 8, 8);
   measured.bwdInputTimeUs = 17;
   measured.bwdWeightTimeUs = 4;
+  measured.checkpointFwdTimeUs = 12;
+  measured.replayTimeUs = 13;
   staged.stages.push_back(
-      {0, {measured, region("layers.1", false, 0, 20, 8, 8)}});
+      {1, {measured, region("layers.1", false, 0, 20, 8, 8)}});
   std::vector<StageCost> costs = costsOf(staged);
-  ASSERT_EQ(costs.size(), 1u);
-  EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 17 + kInputPerForward * 20);
-  EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 4 + kWeightPerForward * 20);
+  ASSERT_EQ(costs.size(), 2u);
+  EXPECT_DOUBLE_EQ(costs[1].forwardUs, 12 + 20);
+  EXPECT_DOUBLE_EQ(costs[1].recomputeUs, 13);
+  EXPECT_DOUBLE_EQ(costs[1].backwardInputUs, 17 + kInputPerForward * 20);
+  EXPECT_DOUBLE_EQ(costs[1].backwardWeightUs, 4 + kWeightPerForward * 20);
+}
+
+TEST(CostModel, FirstStageInputNeedsNoGradient) {
+  model::StagedModel staged;
+  model::Region embed = region("embed", false, 0, 2, 8, 8);
+  embed.bwdInputTimeUs = 1;
+  embed.bwdWeightTimeUs = 3;
+  model::Region layer = region("layers.0", false, 0, 10, 8, 8);
+  layer.bwdInputTimeUs = 11;
+  layer.bwdWeightTimeUs = 7;
+  staged.stages.push_back({0, {embed, layer}});
+  staged.stages.push_back({1, {layer}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 2u);
+  EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 0);
+  EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 3 + 11 + 7);
+  EXPECT_DOUBLE_EQ(costs[1].backwardInputUs, 11);
+  EXPECT_DOUBLE_EQ(costs[1].backwardWeightUs, 7);
 }
 
 TEST(CostModel, UnitTimeModelHasEqualForwardAndBackwardHalves) {

@@ -52,16 +52,19 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     (embedding, head, loss), which is always kept. Costs: forward FLOPs and
     measured time, bytes autograd saves inside the region (`saved`), the
     boundary input kept when the region is checkpointed (`input`) and its
-    parameter bytes (`params`). `bwd_input_time_us` and `bwd_weight_time_us`
-    (in the attribute dictionary, absent when not profiled) are the measured
-    dx and dw times.
+    parameter bytes (`params`). In the attribute dictionary, absent when not
+    profiled: the measured dx and dw times (`bwd_input_time_us`,
+    `bwd_weight_time_us`), the forward under checkpoint
+    (`checkpoint_fwd_time_us`) and one replay (`replay_time_us`).
   }];
   let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
                        UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
                        F64Attr:$fwd_time_us, I64Attr:$saved_bytes,
                        I64Attr:$input_bytes, I64Attr:$param_bytes,
                        OptionalAttr<F64Attr>:$bwd_input_time_us,
-                       OptionalAttr<F64Attr>:$bwd_weight_time_us);
+                       OptionalAttr<F64Attr>:$bwd_weight_time_us,
+                       OptionalAttr<F64Attr>:$checkpoint_fwd_time_us,
+                       OptionalAttr<F64Attr>:$replay_time_us);
   let assemblyFormat = [{
     $name (`checkpoint` $checkpoint^)?
     (`non_checkpointable` $non_checkpointable^)?
