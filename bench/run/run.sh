@@ -16,7 +16,8 @@ py="${PYTHON:-$repo/.venv/bin/python}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 export PYTHONPATH="$repo/python"
-"$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" -o "$out/gpt.costed.json" >/dev/null
+"$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --processes 2 \
+  -o "$out/gpt.costed.json" >/dev/null 2>&1
 for sched in 1f1b zb-h1 zbv; do
   "$tool" --model "$out/gpt.costed.json" --checkpoint all --schedule-gen "$sched" --ranks 2 \
     --microbatches "$mb" --emit json -o "$out/$sched-all.json"
@@ -35,8 +36,8 @@ out, mb, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 print(f"2 ranks x {mb} microbatches, bundled GPT (8 blocks), {steps} steps; step 0 measures memory "
       f"(profiler), the median of steps 1..{steps - 1} is the step time")
 print("| schedule | checkpointing | step ms | simulated ms | measured / simulated | vs none | "
-      "block replays/step | peak bytes rank 0, 1 (allocator) | planned saved-activation peak | grads, buffers |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |")
+      "block replays/step | peak bytes rank 0, 1 (allocator) | planned peak | measured / planned | grads, buffers |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- |")
 names = {"plan": "hp-recompute plan", "native": "torch.utils.checkpoint", "none": "none"}
 torch_version = None
 for sched in ("1f1b", "zb-h1", "zbv"):
@@ -49,9 +50,11 @@ for sched in ("1f1b", "zb-h1", "zbv"):
         step = r["median_step_time_s"] * 1000
         peaks = ", ".join(str(x["measured_peak_bytes"]) for x in r["ranks"])
         planned = ", ".join(str(x["planned_peak_bytes"]) for x in r["ranks"]) if mode != "native" else "n/a"
+        ratio = (", ".join(f"{x['measured_over_planned']:.2f}" for x in r["ranks"])
+                 if mode != "native" else "n/a")
         print(f"| {sched} | {names[mode]} | {step:.1f} | {f'{sim:.1f}' if sim else 'n/a'} | "
               f"{f'{step / sim:.2f}' if sim else 'n/a'} | {r['median_step_time_s'] / none_s:.2f} | "
-              f"{r['recomputes'] // r['steps']} | {peaks} | {planned} | "
+              f"{r['recomputes'] // r['steps']} | {peaks} | {planned} | {ratio} | "
               f"{str(r['grads_match']).lower()}, {str(r['buffers_match']).lower()} |")
 print(f"torch {torch_version}")
 PY

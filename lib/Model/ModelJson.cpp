@@ -135,7 +135,9 @@ public:
                              {"name", "checkpoint", "checkpointable",
                               "fwd_flops", "fwd_time_us", "bwd_input_time_us",
                               "bwd_weight_time_us", "checkpoint_fwd_time_us",
-                              "replay_time_us", "saved_bytes",
+                              "replay_time_us", "bwd_weight_input_bytes",
+                              "bwd_workspace_bytes",
+                              "saved_bytes",
                               "input_bytes", "param_bytes", "stage"}))
       return err;
     if (auto err = readString(obj, path, "name", region.name, true))
@@ -166,6 +168,12 @@ public:
     if (auto err = readBytes(obj, path, "input_bytes", region.inputBytes, true))
       return err;
     if (auto err = readBytes(obj, path, "param_bytes", region.paramBytes, true))
+      return err;
+    if (auto err = readBytes(obj, path, "bwd_weight_input_bytes",
+                             region.bwdWeightInputBytes, false))
+      return err;
+    if (auto err = readBytes(obj, path, "bwd_workspace_bytes",
+                             region.bwdWorkspaceBytes, false))
       return err;
     if (auto it = obj.find("stage"); it != obj.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
@@ -274,6 +282,10 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
     r["saved_bytes"] = region.savedBytes;
     r["input_bytes"] = region.inputBytes;
     r["param_bytes"] = region.paramBytes;
+    if (region.bwdWeightInputBytes > 0)
+      r["bwd_weight_input_bytes"] = region.bwdWeightInputBytes;
+    if (region.bwdWorkspaceBytes > 0)
+      r["bwd_workspace_bytes"] = region.bwdWorkspaceBytes;
     if (region.stage >= 0)
       r["stage"] = region.stage;
     regions.push_back(std::move(r));

@@ -39,13 +39,18 @@ static void buildModel(OpBuilder &builder, Location loc,
     auto profiled = [&](double timeUs) -> FloatAttr {
       return timeUs > 0 ? builder.getF64FloatAttr(timeUs) : FloatAttr();
     };
+    auto measuredBytes = [&](int64_t bytes) -> IntegerAttr {
+      return bytes > 0 ? builder.getI64IntegerAttr(bytes) : IntegerAttr();
+    };
     for (const model::Region &region : stage.regions)
       builder.create<RegionOp>(
           loc, region.name, region.checkpoint, !region.checkpointable,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
           region.savedBytes, region.inputBytes, region.paramBytes,
           profiled(region.bwdInputTimeUs), profiled(region.bwdWeightTimeUs),
-          profiled(region.checkpointFwdTimeUs), profiled(region.replayTimeUs));
+          profiled(region.checkpointFwdTimeUs), profiled(region.replayTimeUs),
+          measuredBytes(region.bwdWeightInputBytes),
+          measuredBytes(region.bwdWorkspaceBytes));
   }
 }
 

@@ -2,6 +2,8 @@
 
 #include "hpr/Plan/CostModel.h"
 
+#include "llvm/ADT/STLExtras.h"
+
 using namespace mlir;
 using namespace mlir::hpr;
 
@@ -33,6 +35,11 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
       cost.backwardInputUs += inputUs;
       cost.backwardWeightUs +=
           measuredOr(region.getBwdWeightTimeUs(), kWeightPerForward * timeUs);
+      cost.gradBytes += region.getParamBytes();
+      cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
+      cost.workspaceBytes =
+          std::max<int64_t>(cost.workspaceBytes,
+                            region.getBwdWorkspaceBytes().value_or(0));
       if (region.getCheckpoint()) {
         cost.checkpointed = true;
         cost.forwardUs += measuredOr(region.getCheckpointFwdTimeUs(), timeUs);
@@ -46,13 +53,22 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
     }
     anyCost |= cost.forwardUs > 0;
     // The model input needs no gradient: the first stage's I computes
-    // nothing, and its W is the whole backward but the first region's dx.
+    // nothing and keeps nothing, and its W is the whole backward but the
+    // first region's dx.
     if (costs.empty() && firstInputUs >= 0) {
       cost.backwardWeightUs += cost.backwardInputUs - firstInputUs;
       cost.backwardInputUs = 0;
+      cost.weightStateBytes = 0;
     }
     costs.push_back(cost);
   }
+  // A stage's output is the next stage's input.
+  for (auto [index, stage] : llvm::enumerate(model.getBody().getOps<StageOp>()))
+    if (index > 0)
+      for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+        costs[index - 1].outputBytes = region.getInputBytes();
+        break;
+      }
   if (!anyCost)
     for (StageCost &cost : costs) {
       cost.recomputeUs = cost.checkpointed ? 1 : 0;

@@ -10,6 +10,7 @@
 
 #include "mlir/IR/Threading.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Format.h"
 
@@ -134,6 +135,14 @@ sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
 // Summary
 //===----------------------------------------------------------------------===//
 
+/// Whether `program` runs `stage`.
+static bool isColocated(ProgramOp program, int64_t stage) {
+  auto schedule = program->getParentOfType<ScheduleOp>();
+  ArrayRef<int64_t> stageToRank = schedule.getStageToRank();
+  return stage >= 0 && stage < static_cast<int64_t>(stageToRank.size()) &&
+         stageToRank[stage] == static_cast<int64_t>(program.getRank());
+}
+
 /// Counts and the peak memory of one program under the cost model.
 static RankSummary summarizeProgram(ProgramOp program,
                                     const std::vector<StageCost> &costs) {
@@ -147,7 +156,13 @@ static RankSummary summarizeProgram(ProgramOp program,
       lastBackward[{action.getStageIndex(), action.getMicrobatchIndex()}] = &op;
     }
 
-  int64_t live = 0, liveSessions = 0;
+  // Beyond activations (CostModel.h, "step memory"): stage outputs and their
+  // gradients until the last backward, I's state until W, weight gradients
+  // from the stage's first W or B to the end of the step (and a second copy
+  // while a later W or B adds its gradients in).
+  int64_t live = 0, other = 0, liveSessions = 0;
+  llvm::DenseSet<int64_t> gradsAllocated;
+  int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
   for (Operation &op : program.getBody().getOps()) {
     if (auto session = dyn_cast<SessionOp>(op)) {
       ++summary.sessions;
@@ -160,6 +175,9 @@ static RankSummary summarizeProgram(ProgramOp program,
     int64_t stage = action.getStageIndex();
     if (isa<ForwardOp>(op)) {
       live += costs[stage].keptBytes;
+      other += costs[stage].outputBytes;
+    } else if (isa<RecvBOp>(op)) {
+      other += costs[stage].outputBytes;
     } else if (isa<RecomputeOp>(op)) {
       ++summary.recomputes;
       live += costs[stage].recomputedBytes;
@@ -170,10 +188,43 @@ static RankSummary summarizeProgram(ProgramOp program,
       live -= costs[stage].recomputedBytes;
       --liveSessions;
     }
+    if (isa<BackwardInputOp>(op))
+      other += costs[stage].weightStateBytes;
+    // dx handed to a co-located previous stage becomes its output gradient.
+    bool producesDx = isa<BackwardInputOp, BackwardOp>(op) && stage > 0;
+    if (producesDx && isColocated(program, stage - 1))
+      other += costs[stage - 1].outputBytes;
     summary.peakBytes = std::max(summary.peakBytes, live);
-    if (isa<ConsumerOpInterface>(op) &&
-        lastBackward.lookup({stage, action.getMicrobatchIndex()}) == &op)
+    summary.peakMemoryBytes = std::max(summary.peakMemoryBytes, live + other);
+    if (!isa<ConsumerOpInterface>(op))
+      continue;
+    summary.peakMemoryBytes =
+        std::max(summary.peakMemoryBytes,
+                 live + other + costs[stage].workspaceBytes);
+    // What the backward frees as it goes: I's state (W), and on the last
+    // consumer the microbatch's activations, the session's replayed tensors
+    // (read without retaining), its output and the output's gradient.
+    if (isa<BackwardWeightOp>(op))
+      other -= costs[stage].weightStateBytes;
+    int64_t consumedReplay = 0;
+    if (lastBackward.lookup({stage, action.getMicrobatchIndex()}) == &op) {
       live -= costs[stage].keptBytes;
+      other -= costs[stage].outputBytes * (stage == lastStage ? 0 : 2);
+      if (cast<ConsumerOpInterface>(op).getSessionValue())
+        consumedReplay = costs[stage].recomputedBytes;
+    }
+    // Weight gradients come last: the stage's first W or B allocates them
+    // for the rest of the step, each later one computes a fresh copy before
+    // adding it in.
+    int64_t transient = 0;
+    if (isa<BackwardWeightOp, BackwardOp>(op)) {
+      if (gradsAllocated.insert(stage).second)
+        other += costs[stage].gradBytes;
+      else
+        transient = costs[stage].gradBytes;
+    }
+    summary.peakMemoryBytes = std::max(summary.peakMemoryBytes,
+                                       live - consumedReplay + other + transient);
   }
   return summary;
 }
@@ -188,6 +239,7 @@ RankSummary PlanSummary::total() const {
     sum.perBackwardRecomputes += rank.perBackwardRecomputes;
     sum.maxLiveSessions = std::max(sum.maxLiveSessions, rank.maxLiveSessions);
     sum.peakBytes = std::max(sum.peakBytes, rank.peakBytes);
+    sum.peakMemoryBytes = std::max(sum.peakMemoryBytes, rank.peakMemoryBytes);
   }
   return sum;
 }
@@ -254,6 +306,11 @@ static json regionJson(RegionOp region) {
         {"replay_time_us", region.getReplayTimeUs()}})
     if (value)
       entry[key] = value->convertToDouble();
+  for (auto [key, value] :
+       {std::pair{"bwd_weight_input_bytes", region.getBwdWeightInputBytes()},
+        {"bwd_workspace_bytes", region.getBwdWorkspaceBytes()}})
+    if (value)
+      entry[key] = static_cast<int64_t>(*value);
   return entry;
 }
 
@@ -319,9 +376,11 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   }
 
   RankSummary total = summary.total();
-  json peakBytes = json::array(), maxLive = json::array();
+  json peakBytes = json::array(), peakMemory = json::array(),
+       maxLive = json::array();
   for (const RankSummary &rank : summary.ranks) {
     peakBytes.push_back(rank.peakBytes);
+    peakMemory.push_back(rank.peakMemoryBytes);
     maxLive.push_back(rank.maxLiveSessions);
   }
   // The small members, in the order DESIGN §4.3 lists them.
@@ -346,6 +405,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"bubble_fraction", summary.bubbleFraction},
         {"busy_us", summary.busyUs},
         {"peak_bytes", peakBytes},
+        {"peak_memory_bytes", peakMemory},
         {"max_live_sessions", maxLive}}}};
   os << "{\n";
   for (auto &[key, value] : head)

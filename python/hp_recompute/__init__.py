@@ -6,6 +6,7 @@ consumer. See NOTE [ Recompute sessions ] in ``hp_recompute/checkpoint.py`` and
 ``docs/python-api.md``.
 """
 
+from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .errors import CheckpointError
 from .frame import RecomputeHandle
@@ -23,6 +24,8 @@ from .wrapper import checkpoint_wrapper
 __all__ = [
     "CheckpointError",
     "RecomputeHandle",
+    "backward_input",
+    "backward_weight",
     "checkpoint",
     "checkpoint_wrapper",
     "clear_recompute_session",

@@ -5,7 +5,7 @@ NOTE [ dx/dw split ]
 Zero-bubble schedules run a stage's backward as two calls: I computes the gradients of
 the stage inputs (so the previous stage can go on), W computes the weight gradients
 later, in a bubble. Calling ``autograd.grad(out, weights)`` for W re-walks the whole
-input path (for L Linear layers: I + W = 4L - 1 matmuls against 2L for one backward).
+input path (for L Linear layers: I + W = 3L - 1 matmuls against 2L for one backward).
 The rules below keep Work(I) + Work(W) = Work(B); the code cites them as "Rule N".
 The algorithm is the one torch.distributed.pipelining's ``stage_backward_input`` /
 ``stage_backward_weight`` follow; this is our own implementation of it.

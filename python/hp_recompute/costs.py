@@ -8,7 +8,9 @@ one after another, each on a detached input, and times per region the forward, t
 the runner calls them, on this torch and with the runner's thread count. Each of
 ``--repeats`` rounds runs the whole chain forward then backward; the first ``--warmup``
 rounds are dropped and the median of the rest is written into a copy of the model JSON
-(``fwd_time_us``, ``bwd_input_time_us``, ``bwd_weight_time_us``). Checkpointable regions
+(``fwd_time_us``, ``bwd_input_time_us``, ``bwd_weight_time_us``, and the bytes of the
+gradients I keeps for W, ``bwd_weight_input_bytes``, and the transient bytes of its
+backward, ``bwd_workspace_bytes``, measured once at the allocator). Checkpointable regions
 are also run as the runner runs them when checkpointed: the forward under
 ``hp_recompute.checkpoint`` (``checkpoint_fwd_time_us``: its saved tensors go to holders)
 and one replay through ``recompute_handle`` (``replay_time_us``).
@@ -37,8 +39,10 @@ import torch
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .run_model import PipelineModel, load_model
+from .run_memory import AllocatorPeak
 from .run_plan import RunError
 from .sessions import clear_recompute_session, recompute_handle
+from .storage import storage_of
 
 __all__ = ["measure_region_times", "measure_concurrently", "main"]
 
@@ -51,6 +55,31 @@ def _leaf(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.is_floating_point():
         return x.detach().requires_grad_(True)
     return x
+
+
+def _distinct_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (None entries skipped)."""
+    seen: Dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            storage = storage_of(t)
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _backward_workspace(out: torch.Tensor, grads_out: Any, inputs: List[torch.Tensor],
+                        weights: List[torch.Tensor]) -> int:
+    """Transient bytes of a region's backward: the allocator peak above what it leaves behind,
+    the largest of I, W and one full backward (B)."""
+    meters = [AllocatorPeak() for _ in range(3)]
+    with meters[0]:
+        _, state = backward_input([out], grads_out, inputs, weights, retain_graph=True)
+    with meters[1]:
+        backward_weight(state, retain_graph=True)
+    if inputs or weights:
+        with meters[2]:
+            torch.autograd.grad([out], inputs + weights, grads_out, allow_unused=True)
+    return max((m.peak or 0) - max(m.net or 0, 0) for m in meters)
 
 
 def _checkpointed_times(region: Any, inp: Any, batch: Any) -> Tuple[float, float]:
@@ -70,6 +99,8 @@ def _checkpointed_times(region: Any, inp: Any, batch: Any) -> Tuple[float, float
 def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
     """Median times of every region, in microseconds (TIME_KEYS; CHECKPOINT_KEYS if checkpointable)."""
     params = dict(model.module.named_parameters())
+    state_bytes: Dict[str, int] = {}
+    workspace: Dict[str, int] = {}
     samples: Dict[str, Dict[str, List[float]]] = {
         r.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if r.checkpointable else ())} for r in model.regions}
     for round_ in range(repeats):
@@ -88,16 +119,27 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
         for region, inp, out, fwd_s in reversed(chain):
             weights = [params[n] for n in region.params if params[n].requires_grad]
             inputs = [inp] if isinstance(inp, torch.Tensor) and inp.requires_grad else []
+            grads_out = None if grad is None else [grad]
+            if round_ == warmup:  # once, under the allocator meter: not timed
+                workspace[region.name] = _backward_workspace(out, grads_out, inputs, weights)
+                out = region.fn(inp, batch)
             t0 = time.perf_counter()
-            dxs, state = backward_input([out], None if grad is None else [grad], inputs, weights)
+            dxs, state = backward_input([out], grads_out, inputs, weights)
             t1 = time.perf_counter()
+            kept = _distinct_bytes(g for grads in state.recorded.values() for g in grads)
             backward_weight(state)
             t2 = time.perf_counter()
             grad = dxs[0] if inputs else None
             if round_ >= warmup:
                 for key, seconds in zip(TIME_KEYS, (fwd_s, t1 - t0, t2 - t1)):
                     samples[region.name][key].append(seconds * 1e6)
-    return {name: {k: statistics.median(v) for k, v in keys.items()} for name, keys in samples.items()}
+                state_bytes[region.name] = kept
+    out: Dict[str, Dict[str, float]] = {}
+    for name, keys in samples.items():
+        out[name] = {k: statistics.median(v) for k, v in keys.items()}
+        out[name]["bwd_weight_input_bytes"] = state_bytes[name]
+        out[name]["bwd_workspace_bytes"] = workspace[name]
+    return out
 
 
 def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, repeats: int, warmup: int,
@@ -123,7 +165,8 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
     results = [queue.get(timeout=600) for _ in procs]
     for proc in procs:
         proc.join()
-    return {name: {k: statistics.median(r[name][k] for r in results) for k in keys}
+    return {name: {k: keys[k] if k.endswith("_bytes") else statistics.median(r[name][k] for r in results)
+                   for k in keys}  # bytes are the same in every process
             for name, keys in results[0].items()}
 
 
@@ -182,7 +225,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(e, file=sys.stderr)
         return 1
     for region in regions:
-        region.update({k: round(v, 3) for k, v in times[region["name"]].items()})
+        region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in times[region["name"]].items()})
     graph["source"] = (f"{graph.get('source', '')}; times: python -m hp_recompute.costs, torch {torch.__version__}, "
                        f"{args.threads} thread(s) x {args.processes} process(es), median of {args.repeats - args.warmup}").lstrip("; ")
     _write_atomic(args.output, json.dumps(graph, indent=2) + "\n")

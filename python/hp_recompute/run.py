@@ -159,7 +159,8 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     grads_match = all(s["grads_match"] for s in steps)
     buffers_match = all(s["buffers_match"] for s in steps)
     sessions_left = max(s["sessions_left"] for s in steps)
-    planned = plan.summary.get("peak_bytes", [])
+    planned = plan.summary.get("peak_memory_bytes", [])
+    planned_activations = plan.summary.get("peak_bytes", [])
     planned_busy = plan.summary.get("busy_us", [])
     timed = [s for s in steps if not s.get("profiled")] or steps
     ranks = []
@@ -169,6 +170,7 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
         want = planned[r] if r < len(planned) else None
         entry = {"rank": r, "stages": [s for s in range(plan.num_stages) if plan.stage_to_rank[s] == r],
                  "measured_peak_bytes": measured, "planned_peak_bytes": want,
+                 "planned_activation_peak_bytes": planned_activations[r] if r < len(planned_activations) else None,
                  "measured_over_planned": (measured / want) if want and measured is not None else None}
         if "step_time_s" in steps[0]["ranks"][r]:  # multi-process: each rank timed itself
             busy_us = statistics.median(s["ranks"][r]["busy_s"] for s in timed) * 1e6
@@ -228,6 +230,8 @@ def _summary_lines(report: Dict[str, Any]) -> List[str]:
              f"sessions {report['sessions']}, recomputes {report['recomputes']} (expected "
              f"{report['recomputes_expected']}), sessions_left {report['sessions_left']}",
              f"step time median {report['median_step_time_s'] * 1000:.1f} ms" + (
+                 " (only the profiled step 0: use --steps 2 or more to time)"
+                 if len(report["profiled_steps"]) == report["steps"] else "") + (
                  f", simulated {report['planned_step_time_us'] / 1000:.1f} ms"
                  if report["planned_step_time_us"] else "")]
     for r in report["ranks"]:

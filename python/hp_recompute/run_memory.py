@@ -27,10 +27,12 @@ def _start(event: Any) -> int:
 
 
 class AllocatorPeak:
-    """Context manager: ``peak`` is the most bytes allocated above the level at entry."""
+    """Context manager: ``peak`` is the most bytes allocated above the level at entry,
+    ``net`` the bytes still allocated at exit (negative when more was freed)."""
 
     def __init__(self) -> None:
         self.peak: Optional[int] = None
+        self.net: Optional[int] = None
         self._prof: Optional[profile] = None
 
     def __enter__(self) -> "AllocatorPeak":
@@ -50,5 +52,5 @@ class AllocatorPeak:
         for event in sorted(events, key=_start):
             live += event.nbytes()
             peak = max(peak, live)
-        self.peak = peak
+        self.peak, self.net = peak, live
         self._prof = None

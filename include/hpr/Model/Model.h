@@ -31,6 +31,8 @@ struct Region {
   int64_t savedBytes = 0;    ///< activations autograd saves for backward
   int64_t inputBytes = 0;    ///< boundary input kept when checkpointed
   int64_t paramBytes = 0;
+  int64_t bwdWeightInputBytes = 0; ///< gradients I keeps for W; 0 = unknown
+  int64_t bwdWorkspaceBytes = 0;   ///< transient bytes of its backward
   int stage = -1;            ///< fixed pipeline stage, -1 = chosen by partition
 };
 

@@ -10,13 +10,18 @@
 //  - dx (I) and dw (W) of a region: its measured bwd_input_time_us and
 //    bwd_weight_time_us, else kInputPerForward and kWeightPerForward times
 //    its forward; a full backward (B) is I + W (the split does no extra
-//    work); the first stage's input needs no gradient, so its I is 0 and its
-//    W all the rest (the runtime's W is its whole backward); the unit-time
+//    work); the first stage's input needs no gradient, so its I is 0 (and
+//    keeps nothing) and its W all the rest (the runtime's W is its whole
+//    backward); the unit-time
 //    model has F = I = W = 1;
 //  - a recompute replays the checkpointed regions;
 //  - memory kept from forward to backward: saved bytes of the regions that
 //    are not checkpointed plus the boundary input of those that are;
-//  - memory a recompute brings back: the checkpointed regions' saved bytes.
+//  - memory a recompute brings back: the checkpointed regions' saved bytes;
+//  - step memory beyond activations: the stage output (the next stage's
+//    first input_bytes) and its gradient, the weight gradients (param_bytes)
+//    and what I keeps for W (bwd_weight_input_bytes); a backward action
+//    transiently needs its largest region's bwd_workspace_bytes on top.
 //
 //===----------------------------------------------------------------------===//
 
@@ -44,6 +49,10 @@ struct StageCost {
   double recomputeUs = 0;
   int64_t keptBytes = 0;
   int64_t recomputedBytes = 0;
+  int64_t outputBytes = 0;      ///< the stage output (next stage's input)
+  int64_t gradBytes = 0;        ///< weight gradients (the regions' params)
+  int64_t weightStateBytes = 0; ///< what I keeps for W
+  int64_t workspaceBytes = 0;   ///< transient bytes of a backward action
 };
 
 /// Costs of every stage of `model`, indexed by stage.

@@ -35,6 +35,10 @@ struct RankSummary {
   int64_t maxLiveSessions = 0;
   /// Peak activation bytes under the cost model (see CostModel.h).
   int64_t peakBytes = 0;
+  /// Peak of everything the step allocates under the cost model: the
+  /// activations plus stage outputs, output gradients, the state I keeps for
+  /// W, and weight gradients (what the runner measures at the allocator).
+  int64_t peakMemoryBytes = 0;
 };
 
 struct PlanSummary {

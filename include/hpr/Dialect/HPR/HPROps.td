@@ -55,7 +55,9 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     parameter bytes (`params`). In the attribute dictionary, absent when not
     profiled: the measured dx and dw times (`bwd_input_time_us`,
     `bwd_weight_time_us`), the forward under checkpoint
-    (`checkpoint_fwd_time_us`) and one replay (`replay_time_us`).
+    (`checkpoint_fwd_time_us`), one replay (`replay_time_us`), the bytes of
+    the gradients dx keeps for dw (`bwd_weight_input_bytes`) and the
+    transient bytes of the backward (`bwd_workspace_bytes`).
   }];
   let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
                        UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
@@ -64,7 +66,9 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        OptionalAttr<F64Attr>:$bwd_input_time_us,
                        OptionalAttr<F64Attr>:$bwd_weight_time_us,
                        OptionalAttr<F64Attr>:$checkpoint_fwd_time_us,
-                       OptionalAttr<F64Attr>:$replay_time_us);
+                       OptionalAttr<F64Attr>:$replay_time_us,
+                       OptionalAttr<I64Attr>:$bwd_weight_input_bytes,
+                       OptionalAttr<I64Attr>:$bwd_workspace_bytes);
   let assemblyFormat = [{
     $name (`checkpoint` $checkpoint^)?
     (`non_checkpointable` $non_checkpointable^)?
