@@ -134,7 +134,8 @@ public:
     if (auto err = checkKeys(obj, path,
                              {"name", "checkpoint", "checkpointable",
                               "fwd_flops", "fwd_time_us", "bwd_input_time_us",
-                              "bwd_weight_time_us", "checkpoint_fwd_time_us",
+                              "bwd_weight_time_us", "bwd_time_us",
+                              "checkpoint_fwd_time_us",
                               "replay_time_us", "bwd_weight_input_bytes",
                               "bwd_workspace_bytes",
                               "saved_bytes",
@@ -156,6 +157,8 @@ public:
       return err;
     if (auto err = readNumber(obj, path, "bwd_weight_time_us",
                               region.bwdWeightTimeUs, false))
+      return err;
+    if (auto err = readNumber(obj, path, "bwd_time_us", region.bwdTimeUs, false))
       return err;
     if (auto err = readNumber(obj, path, "checkpoint_fwd_time_us",
                               region.checkpointFwdTimeUs, false))
@@ -275,6 +278,8 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
       r["bwd_input_time_us"] = number(region.bwdInputTimeUs);
     if (region.bwdWeightTimeUs > 0)
       r["bwd_weight_time_us"] = number(region.bwdWeightTimeUs);
+    if (region.bwdTimeUs > 0)
+      r["bwd_time_us"] = number(region.bwdTimeUs);
     if (region.checkpointFwdTimeUs > 0)
       r["checkpoint_fwd_time_us"] = number(region.checkpointFwdTimeUs);
     if (region.replayTimeUs > 0)

@@ -48,6 +48,7 @@ static void buildModel(OpBuilder &builder, Location loc,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
           region.savedBytes, region.inputBytes, region.paramBytes,
           profiled(region.bwdInputTimeUs), profiled(region.bwdWeightTimeUs),
+          profiled(region.bwdTimeUs),
           profiled(region.checkpointFwdTimeUs), profiled(region.replayTimeUs),
           measuredBytes(region.bwdWeightInputBytes),
           measuredBytes(region.bwdWorkspaceBytes));

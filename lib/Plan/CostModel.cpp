@@ -23,18 +23,17 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
   bool anyCost = false;
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
-    double firstInputUs = -1; // dx of the stage's first region
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
       double timeUs = region.getFwdTimeUs().convertToDouble();
       if (timeUs <= 0)
         timeUs = region.getFwdFlops().convertToDouble() / kFlopsPerUs;
       double inputUs =
           measuredOr(region.getBwdInputTimeUs(), kInputPerForward * timeUs);
-      if (firstInputUs < 0)
-        firstInputUs = inputUs;
-      cost.backwardInputUs += inputUs;
-      cost.backwardWeightUs +=
+      double weightUs =
           measuredOr(region.getBwdWeightTimeUs(), kWeightPerForward * timeUs);
+      cost.backwardInputUs += inputUs;
+      cost.backwardWeightUs += weightUs;
+      cost.backwardUs += measuredOr(region.getBwdTimeUs(), inputUs + weightUs);
       cost.gradBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
       cost.workspaceBytes =
@@ -53,10 +52,9 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
     }
     anyCost |= cost.forwardUs > 0;
     // The model input needs no gradient: the first stage's I computes
-    // nothing and keeps nothing, and its W is the whole backward but the
-    // first region's dx.
-    if (costs.empty() && firstInputUs >= 0) {
-      cost.backwardWeightUs += cost.backwardInputUs - firstInputUs;
+    // nothing and keeps nothing, and its W is one full backward.
+    if (costs.empty()) {
+      cost.backwardWeightUs = cost.backwardUs;
       cost.backwardInputUs = 0;
       cost.weightStateBytes = 0;
     }
@@ -73,6 +71,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
     for (StageCost &cost : costs) {
       cost.recomputeUs = cost.checkpointed ? 1 : 0;
       cost.forwardUs = cost.backwardInputUs = cost.backwardWeightUs = 1;
+      cost.backwardUs = 2;
     }
   return costs;
 }

@@ -74,7 +74,7 @@ static sched::Action toAction(Operation *op,
     action.durationUs = cost.backwardWeightUs;
     break;
   case Kind::Backward:
-    action.durationUs = cost.backwardInputUs + cost.backwardWeightUs;
+    action.durationUs = cost.backwardUs;
     break;
   case Kind::Recompute:
     action.durationUs = cost.recomputeUs;
@@ -302,6 +302,7 @@ static json regionJson(RegionOp region) {
   for (auto [key, value] :
        {std::pair{"bwd_input_time_us", region.getBwdInputTimeUs()},
         {"bwd_weight_time_us", region.getBwdWeightTimeUs()},
+        {"bwd_time_us", region.getBwdTimeUs()},
         {"checkpoint_fwd_time_us", region.getCheckpointFwdTimeUs()},
         {"replay_time_us", region.getReplayTimeUs()}})
     if (value)

@@ -111,11 +111,12 @@ class _ReplayKeepsBuffers:
     forward on this rank finds which buffers it changes, by value: a kernel that updates
     a buffer in place does not always bump its version counter (``native_batch_norm``
     leaves ``running_mean``'s alone). Every replay saves those buffers and restores them
-    afterwards (docs/runner.md). ``changed`` is shared by all calls of one unit.
+    afterwards (docs/runner.md). ``known`` (unit name -> the buffers its forward changes)
+    is the executor's, shared by every call of a unit across microbatches and steps.
     """
 
-    def __init__(self, fn: Any, module: torch.nn.Module, changed: Dict[str, List[torch.Tensor]], unit: str) -> None:
-        self.fn, self.module, self.known, self.unit = fn, module, changed, unit
+    def __init__(self, fn: Any, module: torch.nn.Module, known: Dict[str, List[torch.Tensor]], unit: str) -> None:
+        self.fn, self.module, self.known, self.unit = fn, module, known, unit
         self.forwarded = False
 
     def __call__(self, x: Any) -> Any:

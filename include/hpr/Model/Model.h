@@ -26,6 +26,7 @@ struct Region {
   double fwdTimeUs = 0;      ///< 0 when not profiled
   double bwdInputTimeUs = 0; ///< measured dx (I) time; 0 when not profiled
   double bwdWeightTimeUs = 0; ///< measured dw (W) time; 0 when not profiled
+  double bwdTimeUs = 0;      ///< one full backward (B); 0 = dx + dw
   double checkpointFwdTimeUs = 0; ///< forward under checkpoint; 0 = fwdTimeUs
   double replayTimeUs = 0;   ///< one replay (recompute); 0 = fwdTimeUs
   int64_t savedBytes = 0;    ///< activations autograd saves for backward

@@ -9,10 +9,11 @@
 //    replay replay_time_us when measured, else fwd_time_us;
 //  - dx (I) and dw (W) of a region: its measured bwd_input_time_us and
 //    bwd_weight_time_us, else kInputPerForward and kWeightPerForward times
-//    its forward; a full backward (B) is I + W (the split does no extra
-//    work); the first stage's input needs no gradient, so its I is 0 (and
-//    keeps nothing) and its W all the rest (the runtime's W is its whole
-//    backward); the unit-time
+//    its forward; a full backward (B, one autograd call): its measured
+//    bwd_time_us, else I + W (the split does no extra work, but it makes
+//    more calls); the first stage's input needs no gradient, so its I is 0
+//    (and keeps nothing) and its W is its full backward (the runtime's W
+//    there is one call from the output); the unit-time
 //    model has F = I = W = 1;
 //  - a recompute replays the checkpointed regions;
 //  - memory kept from forward to backward: saved bytes of the regions that
@@ -46,6 +47,7 @@ struct StageCost {
   double forwardUs = 0;
   double backwardInputUs = 0;
   double backwardWeightUs = 0;
+  double backwardUs = 0; ///< a full backward (B)
   double recomputeUs = 0;
   int64_t keptBytes = 0;
   int64_t recomputedBytes = 0;

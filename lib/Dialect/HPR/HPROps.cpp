@@ -92,6 +92,7 @@ LogicalResult RegionOp::verify() {
   if (getFwdFlops().convertToDouble() < 0 ||
       getFwdTimeUs().convertToDouble() < 0 ||
       negative(getBwdInputTimeUs()) || negative(getBwdWeightTimeUs()) ||
+      negative(getBwdTimeUs()) ||
       negative(getCheckpointFwdTimeUs()) || negative(getReplayTimeUs()))
     return emitOpError() << "region '" << getName()
                          << "' has a negative time or FLOP cost";

@@ -88,6 +88,7 @@ TEST(CostModel, MeasuredTimesWinOverRatios) {
   model::Region measured = region("layers.0", true, 0, 10, 8, 8);
   measured.bwdInputTimeUs = 17;
   measured.bwdWeightTimeUs = 4;
+  measured.bwdTimeUs = 19;
   measured.checkpointFwdTimeUs = 12;
   measured.replayTimeUs = 13;
   staged.stages.push_back(
@@ -98,6 +99,8 @@ TEST(CostModel, MeasuredTimesWinOverRatios) {
   EXPECT_DOUBLE_EQ(costs[1].recomputeUs, 13);
   EXPECT_DOUBLE_EQ(costs[1].backwardInputUs, 17 + kInputPerForward * 20);
   EXPECT_DOUBLE_EQ(costs[1].backwardWeightUs, 4 + kWeightPerForward * 20);
+  EXPECT_DOUBLE_EQ(costs[1].backwardUs,
+                   19 + (kInputPerForward + kWeightPerForward) * 20);
 }
 
 TEST(CostModel, FirstStageInputNeedsNoGradient) {
@@ -113,9 +116,10 @@ TEST(CostModel, FirstStageInputNeedsNoGradient) {
   std::vector<StageCost> costs = costsOf(staged);
   ASSERT_EQ(costs.size(), 2u);
   EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 0);
-  EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 3 + 11 + 7);
+  EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 1 + 3 + 11 + 7);
   EXPECT_DOUBLE_EQ(costs[1].backwardInputUs, 11);
   EXPECT_DOUBLE_EQ(costs[1].backwardWeightUs, 7);
+  EXPECT_DOUBLE_EQ(costs[1].backwardUs, 11 + 7);
 }
 
 TEST(CostModel, UnitTimeModelHasEqualForwardAndBackwardHalves) {
@@ -125,6 +129,7 @@ TEST(CostModel, UnitTimeModelHasEqualForwardAndBackwardHalves) {
   ASSERT_EQ(costs.size(), 1u);
   EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 1);
   EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 1);
+  EXPECT_DOUBLE_EQ(costs[0].backwardUs, 2);
 }
 
 } // namespace

@@ -53,8 +53,8 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     measured time, bytes autograd saves inside the region (`saved`), the
     boundary input kept when the region is checkpointed (`input`) and its
     parameter bytes (`params`). In the attribute dictionary, absent when not
-    profiled: the measured dx and dw times (`bwd_input_time_us`,
-    `bwd_weight_time_us`), the forward under checkpoint
+    profiled: the measured dx, dw and full backward times (`bwd_input_time_us`,
+    `bwd_weight_time_us`, `bwd_time_us`), the forward under checkpoint
     (`checkpoint_fwd_time_us`), one replay (`replay_time_us`), the bytes of
     the gradients dx keeps for dw (`bwd_weight_input_bytes`) and the
     transient bytes of the backward (`bwd_workspace_bytes`).
@@ -65,6 +65,7 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        I64Attr:$input_bytes, I64Attr:$param_bytes,
                        OptionalAttr<F64Attr>:$bwd_input_time_us,
                        OptionalAttr<F64Attr>:$bwd_weight_time_us,
+                       OptionalAttr<F64Attr>:$bwd_time_us,
                        OptionalAttr<F64Attr>:$checkpoint_fwd_time_us,
                        OptionalAttr<F64Attr>:$replay_time_us,
                        OptionalAttr<I64Attr>:$bwd_weight_input_bytes,
