@@ -152,32 +152,20 @@ public:
     if (auto err =
             readNumber(obj, path, "fwd_time_us", region.fwdTimeUs, false))
       return err;
-    if (auto err = readNumber(obj, path, "bwd_input_time_us",
-                              region.bwdInputTimeUs, false))
-      return err;
-    if (auto err = readNumber(obj, path, "bwd_weight_time_us",
-                              region.bwdWeightTimeUs, false))
-      return err;
-    if (auto err = readNumber(obj, path, "bwd_time_us", region.bwdTimeUs, false))
-      return err;
-    if (auto err = readNumber(obj, path, "checkpoint_fwd_time_us",
-                              region.checkpointFwdTimeUs, false))
-      return err;
-    if (auto err = readNumber(obj, path, "replay_time_us", region.replayTimeUs,
-                              false))
-      return err;
+    for (const MeasuredTime &time : kMeasuredTimes)
+      if (auto err =
+              readNumber(obj, path, time.key, region.*time.field, false))
+        return err;
     if (auto err = readBytes(obj, path, "saved_bytes", region.savedBytes, true))
       return err;
     if (auto err = readBytes(obj, path, "input_bytes", region.inputBytes, true))
       return err;
     if (auto err = readBytes(obj, path, "param_bytes", region.paramBytes, true))
       return err;
-    if (auto err = readBytes(obj, path, "bwd_weight_input_bytes",
-                             region.bwdWeightInputBytes, false))
-      return err;
-    if (auto err = readBytes(obj, path, "bwd_workspace_bytes",
-                             region.bwdWorkspaceBytes, false))
-      return err;
+    for (const MeasuredBytes &bytes : kMeasuredBytes)
+      if (auto err =
+              readBytes(obj, path, bytes.key, region.*bytes.field, false))
+        return err;
     if (auto it = obj.find("stage"); it != obj.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
           it->get<int64_t>() > 1000000)
@@ -274,23 +262,15 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
     r["checkpointable"] = region.checkpointable;
     r["fwd_flops"] = number(region.fwdFlops);
     r["fwd_time_us"] = number(region.fwdTimeUs);
-    if (region.bwdInputTimeUs > 0)
-      r["bwd_input_time_us"] = number(region.bwdInputTimeUs);
-    if (region.bwdWeightTimeUs > 0)
-      r["bwd_weight_time_us"] = number(region.bwdWeightTimeUs);
-    if (region.bwdTimeUs > 0)
-      r["bwd_time_us"] = number(region.bwdTimeUs);
-    if (region.checkpointFwdTimeUs > 0)
-      r["checkpoint_fwd_time_us"] = number(region.checkpointFwdTimeUs);
-    if (region.replayTimeUs > 0)
-      r["replay_time_us"] = number(region.replayTimeUs);
+    for (const MeasuredTime &time : kMeasuredTimes)
+      if (region.*time.field > 0)
+        r[time.key] = number(region.*time.field);
     r["saved_bytes"] = region.savedBytes;
     r["input_bytes"] = region.inputBytes;
     r["param_bytes"] = region.paramBytes;
-    if (region.bwdWeightInputBytes > 0)
-      r["bwd_weight_input_bytes"] = region.bwdWeightInputBytes;
-    if (region.bwdWorkspaceBytes > 0)
-      r["bwd_workspace_bytes"] = region.bwdWorkspaceBytes;
+    for (const MeasuredBytes &bytes : kMeasuredBytes)
+      if (region.*bytes.field > 0)
+        r[bytes.key] = region.*bytes.field;
     if (region.stage >= 0)
       r["stage"] = region.stage;
     regions.push_back(std::move(r));

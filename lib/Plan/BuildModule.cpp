@@ -35,23 +35,22 @@ static void buildModel(OpBuilder &builder, Location loc,
     auto stageOp = builder.create<StageOp>(loc, stage.index);
     OpBuilder::InsertionGuard stageGuard(builder);
     builder.setInsertionPointToStart(&stageOp.getBody().emplaceBlock());
-    // Backward times are attributes only when profiled (absent = ratios).
-    auto profiled = [&](double timeUs) -> FloatAttr {
-      return timeUs > 0 ? builder.getF64FloatAttr(timeUs) : FloatAttr();
-    };
-    auto measuredBytes = [&](int64_t bytes) -> IntegerAttr {
-      return bytes > 0 ? builder.getI64IntegerAttr(bytes) : IntegerAttr();
-    };
-    for (const model::Region &region : stage.regions)
-      builder.create<RegionOp>(
+    for (const model::Region &region : stage.regions) {
+      auto op = builder.create<RegionOp>(
           loc, region.name, region.checkpoint, !region.checkpointable,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
           region.savedBytes, region.inputBytes, region.paramBytes,
-          profiled(region.bwdInputTimeUs), profiled(region.bwdWeightTimeUs),
-          profiled(region.bwdTimeUs),
-          profiled(region.checkpointFwdTimeUs), profiled(region.replayTimeUs),
-          measuredBytes(region.bwdWeightInputBytes),
-          measuredBytes(region.bwdWorkspaceBytes));
+          /*measured costs, set below=*/FloatAttr(), FloatAttr(), FloatAttr(),
+          FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr());
+      // Measured costs are attributes only when measured (absent = the cost
+      // model's fallbacks).
+      for (const model::MeasuredTime &time : model::kMeasuredTimes)
+        if (region.*time.field > 0)
+          op->setAttr(time.key, builder.getF64FloatAttr(region.*time.field));
+      for (const model::MeasuredBytes &bytes : model::kMeasuredBytes)
+        if (region.*bytes.field > 0)
+          op->setAttr(bytes.key, builder.getI64IntegerAttr(region.*bytes.field));
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include "hpr/Plan/PlanExport.h"
 
 #include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Model/Model.h"
 #include "hpr/Plan/CostModel.h"
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/Simulate.h"
@@ -135,14 +136,6 @@ sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
 // Summary
 //===----------------------------------------------------------------------===//
 
-/// Whether `program` runs `stage`.
-static bool isColocated(ProgramOp program, int64_t stage) {
-  auto schedule = program->getParentOfType<ScheduleOp>();
-  ArrayRef<int64_t> stageToRank = schedule.getStageToRank();
-  return stage >= 0 && stage < static_cast<int64_t>(stageToRank.size()) &&
-         stageToRank[stage] == static_cast<int64_t>(program.getRank());
-}
-
 /// Counts and the peak memory of one program under the cost model.
 static RankSummary summarizeProgram(ProgramOp program,
                                     const std::vector<StageCost> &costs) {
@@ -163,6 +156,9 @@ static RankSummary summarizeProgram(ProgramOp program,
   int64_t live = 0, other = 0, liveSessions = 0;
   llvm::DenseSet<int64_t> gradsAllocated;
   int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
+  ArrayRef<int64_t> stageToRank =
+      program->getParentOfType<ScheduleOp>().getStageToRank();
+  auto rank = static_cast<int64_t>(program.getRank());
   for (Operation &op : program.getBody().getOps()) {
     if (auto session = dyn_cast<SessionOp>(op)) {
       ++summary.sessions;
@@ -192,7 +188,7 @@ static RankSummary summarizeProgram(ProgramOp program,
       other += costs[stage].weightStateBytes;
     // dx handed to a co-located previous stage becomes its output gradient.
     bool producesDx = isa<BackwardInputOp, BackwardOp>(op) && stage > 0;
-    if (producesDx && isColocated(program, stage - 1))
+    if (producesDx && stageToRank[stage - 1] == rank)
       other += costs[stage - 1].outputBytes;
     summary.peakBytes = std::max(summary.peakBytes, live);
     summary.peakMemoryBytes = std::max(summary.peakMemoryBytes, live + other);
@@ -299,19 +295,12 @@ static json regionJson(RegionOp region) {
       {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
       {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
       {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
-  for (auto [key, value] :
-       {std::pair{"bwd_input_time_us", region.getBwdInputTimeUs()},
-        {"bwd_weight_time_us", region.getBwdWeightTimeUs()},
-        {"bwd_time_us", region.getBwdTimeUs()},
-        {"checkpoint_fwd_time_us", region.getCheckpointFwdTimeUs()},
-        {"replay_time_us", region.getReplayTimeUs()}})
-    if (value)
-      entry[key] = value->convertToDouble();
-  for (auto [key, value] :
-       {std::pair{"bwd_weight_input_bytes", region.getBwdWeightInputBytes()},
-        {"bwd_workspace_bytes", region.getBwdWorkspaceBytes()}})
-    if (value)
-      entry[key] = static_cast<int64_t>(*value);
+  for (const ::hpr::model::MeasuredTime &time : ::hpr::model::kMeasuredTimes)
+    if (auto value = region->getAttrOfType<FloatAttr>(time.key))
+      entry[time.key] = value.getValueAsDouble();
+  for (const ::hpr::model::MeasuredBytes &bytes : ::hpr::model::kMeasuredBytes)
+    if (auto value = region->getAttrOfType<IntegerAttr>(bytes.key))
+      entry[bytes.key] = value.getInt();
   return entry;
 }
 

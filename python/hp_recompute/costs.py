@@ -150,11 +150,15 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
 
 def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, repeats: int, warmup: int,
                       threads: int) -> None:
-    torch.set_num_threads(threads)
-    model = load_model(spec)
-    batch = model.make_batch(torch.Generator().manual_seed(seed))
-    start.wait()  # every process measures at the same time
-    queue.put(measure_region_times(model, batch, repeats, warmup))
+    try:
+        torch.set_num_threads(threads)
+        model = load_model(spec)
+        batch = model.make_batch(torch.Generator().manual_seed(seed))
+        start.wait()  # every process measures at the same time
+        queue.put(("ok", measure_region_times(model, batch, repeats, warmup)))
+    except BaseException as e:  # noqa: BLE001 - reported by the parent
+        start.abort()
+        queue.put(("error", f"{type(e).__name__}: {e}"))
 
 
 def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: int, threads: int,
@@ -168,9 +172,24 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
              for _ in range(processes)]
     for proc in procs:
         proc.start()
-    results = [queue.get(timeout=600) for _ in procs]
-    for proc in procs:
-        proc.join()
+    results: List[Dict[str, Dict[str, float]]] = []
+    try:
+        while len(results) < processes:
+            try:
+                kind, value = queue.get(timeout=1)
+            except Exception:  # queue.Empty: is everyone still alive?
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RunError(f"hp_recompute.costs: a measuring process died (exit code {dead[0]})") from None
+                continue
+            if kind == "error":
+                raise RunError(f"hp_recompute.costs: measuring the model failed: {value}")
+            results.append(value)
+    finally:
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
     return {name: {k: keys[k] if k.endswith("_bytes") else statistics.median(r[name][k] for r in results)
                    for k in keys}  # bytes are the same in every process
             for name, keys in results[0].items()}
@@ -221,9 +240,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: names "
                            f"[{', '.join(str(r['name']) for r in regions)}] are not model '{model.name}''s regions "
                            f"[{', '.join(names)}]")
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(args.output):
+            raise RunError(f"hp_recompute.costs: -o {args.output}: expected a file path in a writable directory")
         if args.processes == 1:
             batch = model.make_batch(torch.Generator().manual_seed(args.seed))
-            times = measure_region_times(model, batch, args.repeats, args.warmup)
+            try:
+                times = measure_region_times(model, batch, args.repeats, args.warmup)
+            except Exception as e:  # noqa: BLE001 - the model's own failure, located
+                raise RunError(f"hp_recompute.costs: measuring model '{model.name}' failed: "
+                               f"{type(e).__name__}: {e}") from None
         else:
             times = measure_concurrently(args.model, args.seed, args.repeats, args.warmup, args.threads,
                                          args.processes)
@@ -234,7 +260,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in times[region["name"]].items()})
     graph["source"] = (f"{graph.get('source', '')}; times: python -m hp_recompute.costs, torch {torch.__version__}, "
                        f"{args.threads} thread(s) x {args.processes} process(es), median of {args.repeats - args.warmup}").lstrip("; ")
-    _write_atomic(args.output, json.dumps(graph, indent=2) + "\n")
+    try:
+        _write_atomic(args.output, json.dumps(graph, indent=2) + "\n")
+    except OSError as e:
+        print(f"hp_recompute.costs: -o {args.output}: cannot write: {e}", file=sys.stderr)
+        return 1
     print(f"{'region':<12} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'bwd_us':>9} {'dx/fwd':>7} {'dw/fwd':>7} "
           f"{'ckpt_fwd':>9} {'replay':>9}")
     for name, t in times.items():

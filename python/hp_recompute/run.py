@@ -14,7 +14,7 @@ stages by region name, executes every rank's action list with the eager session 
 * ``sessions_left``: ``len(live_sessions())`` after each step, must be 0;
 * ``buffers_match``: buffers a forward updates (BatchNorm statistics) equal the plain step's;
 * per rank (multi-process), the peak bytes measured at the allocator next to the plan's
-  ``peak_bytes``, and the measured step time next to the plan's simulated one.
+  ``peak_memory_bytes``, and the measured step and busy time next to the simulated ones.
 
 Exit 0 only when all of them hold. Multi-process mode spawns N processes (gloo, 127.0.0.1,
 free port, ``run_dist``); ``--single-process`` runs all ranks in this process with a

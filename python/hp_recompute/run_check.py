@@ -100,41 +100,37 @@ def reference_step(model: PipelineModel, batches: Sequence[Any], seeds: Sequence
     return out, sum_losses(losses)
 
 
+def _differences(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], label: str, exact: bool,
+                 rtol: float, atol: float) -> Tuple[List[str], float]:
+    """Names (prefixed by ``label``) whose tensors differ or exist on one side only, and the largest difference."""
+    bad: List[str] = []
+    worst = 0.0
+    for name in sorted(set(got) | set(want)):
+        a, b = got.get(name), want.get(name)
+        if a is None or b is None or a.shape != b.shape:
+            bad.append(f"{label}{name} ({'on one side only' if a is None or b is None else 'shape'})")
+            worst = math.inf
+            continue
+        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+        worst = max(worst, diff)
+        if not (torch.equal(a, b) if exact else torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)):
+            bad.append(f"{label}{name} (max abs diff {diff:.3g})")
+    return bad, worst
+
+
 def compare(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor], got_loss: torch.Tensor,
             want_loss: torch.Tensor, got_buffers: Dict[str, torch.Tensor], want_buffers: Dict[str, torch.Tensor],
             exact: bool, rtol: float = 1e-5, atol: float = 1e-6) -> Dict[str, Any]:
     """Compares gradients, loss and updated buffers; ``exact`` means ``torch.equal``, else ``allclose``.
 
     Returns:
-        ``{"grads_match", "buffers_match", "max_abs_diff", "mismatched"}`` (at most 5 names).
+        ``{"grads_match", "buffers_match", "max_abs_diff", "mismatched"}`` (at most 5 names;
+        ``max_abs_diff`` over gradients and loss).
     """
-    mismatched: List[str] = []
-    worst = 0.0
-    for name in sorted(set(got) | set(want)):
-        a, b = got.get(name), want.get(name)
-        if a is None or b is None or a.shape != b.shape:
-            mismatched.append(f"{name} (missing or shape)")
-            worst = math.inf
-            continue
-        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-        worst = max(worst, diff)
-        same = torch.equal(a, b) if exact else torch.allclose(a, b, rtol=rtol, atol=atol)
-        if not same:
-            mismatched.append(f"{name} (max abs diff {diff:.3g})")
-    loss_diff = abs(got_loss.double().item() - want_loss.double().item())
-    worst = max(worst, loss_diff)
-    loss_same = torch.equal(got_loss, want_loss) if exact else torch.allclose(got_loss, want_loss, rtol, atol)
-    if not loss_same:
-        mismatched.append(f"loss (abs diff {loss_diff:.3g})")
-    bad_buffers = []
-    for name in sorted(set(got_buffers) | set(want_buffers)):
-        a, b = got_buffers.get(name), want_buffers.get(name)
-        if a is None or b is None:
-            bad_buffers.append(f"buffer {name} (updated on one side only)")
-        elif not (torch.equal(a, b) if exact else torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)):
-            bad_buffers.append(f"buffer {name} (max abs diff {(a.double() - b.double()).abs().max().item():.3g})")
-    return {"grads_match": not mismatched, "buffers_match": not bad_buffers, "max_abs_diff": worst,
-            "mismatched": (mismatched + bad_buffers)[:5]}
+    grads, worst = _differences({**got, "(loss)": got_loss}, {**want, "(loss)": want_loss}, "", exact, rtol, atol)
+    buffers, _ = _differences(got_buffers, want_buffers, "buffer ", exact, rtol, atol)
+    return {"grads_match": not grads, "buffers_match": not buffers, "max_abs_diff": worst,
+            "mismatched": (grads + buffers)[:5]}
 
 
 def buffer_snapshot(module: torch.nn.Module) -> Dict[str, torch.Tensor]:

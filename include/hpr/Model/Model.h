@@ -37,6 +37,27 @@ struct Region {
   int stage = -1;            ///< fixed pipeline stage, -1 = chosen by partition
 };
 
+/// The measured costs a region may carry, each 0 when not measured. Their
+/// names are the model JSON keys and the `hpr.region` attribute names alike,
+/// so readers and writers of both walk these tables.
+struct MeasuredTime {
+  const char *key;
+  double Region::*field;
+};
+struct MeasuredBytes {
+  const char *key;
+  int64_t Region::*field;
+};
+inline constexpr MeasuredTime kMeasuredTimes[] = {
+    {"bwd_input_time_us", &Region::bwdInputTimeUs},
+    {"bwd_weight_time_us", &Region::bwdWeightTimeUs},
+    {"bwd_time_us", &Region::bwdTimeUs},
+    {"checkpoint_fwd_time_us", &Region::checkpointFwdTimeUs},
+    {"replay_time_us", &Region::replayTimeUs}};
+inline constexpr MeasuredBytes kMeasuredBytes[] = {
+    {"bwd_weight_input_bytes", &Region::bwdWeightInputBytes},
+    {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes}};
+
 /// A model as imported: regions in execution order.
 struct ModelGraph {
   std::string name;

@@ -99,7 +99,9 @@ LogicalResult RegionOp::verify() {
   for (auto [value, label] :
        {std::pair<uint64_t, StringRef>{getSavedBytes(), "saved"},
         {getInputBytes(), "input"},
-        {getParamBytes(), "params"}})
+        {getParamBytes(), "params"},
+        {getBwdWeightInputBytes().value_or(0), "bwd_weight_input_bytes"},
+        {getBwdWorkspaceBytes().value_or(0), "bwd_workspace_bytes"}})
     if (static_cast<int64_t>(value) < 0)
       return emitOpError() << "region '" << getName() << "' has negative '"
                            << label << "' bytes";

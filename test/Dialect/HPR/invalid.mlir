@@ -54,6 +54,15 @@ hpr.model "m" {
 
 hpr.model "m" {
   hpr.stage 0 {
+    // expected-error @+1 {{region 'l0' has negative 'bwd_workspace_bytes' bytes}}
+    hpr.region "l0" flops 1.0 time_us 0.0 saved 1 input 0 params 0 {bwd_workspace_bytes = -3 : i64}
+  }
+}
+
+// -----
+
+hpr.model "m" {
+  hpr.stage 0 {
     // expected-error @+1 {{region 'l0' has negative 'saved' bytes}}
     hpr.region "l0" flops 1.0 time_us 0.0 saved -4 input 0 params 0
   }

@@ -46,3 +46,36 @@ def test_region_names_that_are_not_the_models_are_refused(tmp_path: Path) -> Non
     assert proc.returncode == 1
     assert f"hp_recompute.costs: {bad}: /regions: names [tok_emb, blocks.0, blocks.x" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_an_unwritable_output_is_refused_before_measuring(tmp_path: Path) -> None:
+    out = tmp_path / "missing" / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "2", "--warmup", "1")
+    assert proc.returncode == 1
+    assert f"hp_recompute.costs: -o {out}: expected a file path in a writable directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+FAILING_MODEL = '''
+import torch
+from hp_recompute.run_model import PipelineModel, Region
+
+def build():
+    lin = torch.nn.Linear(4, 4)
+    def broken(x, b):
+        raise ValueError("region l1 cannot run")
+    regions = [Region("l0", lambda x, b: lin(x), ["weight", "bias"]), Region("l1", broken, [])]
+    return PipelineModel("broken", lin, regions, lambda g: torch.randn(2, 4, generator=g), lambda b: lin(b).sum())
+'''
+
+
+def test_a_failing_model_is_reported_in_every_process_mode(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(FAILING_MODEL)
+    graph = {"name": "broken", "regions": [{"name": "l0"}, {"name": "l1"}]}
+    (tmp_path / "m.json").write_text(json.dumps(graph))
+    for processes in ("1", "2"):
+        proc = _costs("--model-json", str(tmp_path / "m.json"), "--model", f"{tmp_path}/broken.py:build",
+                      "-o", str(tmp_path / "out.json"), "--repeats", "2", "--warmup", "1", "--processes", processes)
+        assert proc.returncode == 1, proc.stderr
+        assert "ValueError: region l1 cannot run" in proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "out.json").exists()

@@ -73,6 +73,37 @@ TEST(ModelJson, PrintRoundTrips) {
             std::string::npos);
 }
 
+TEST(ModelJson, MeasuredCostsRoundTrip) {
+  auto graph = parseModelJson(R"({"name": "m", "regions": [
+    {"name": "l0", "fwd_flops": 1, "saved_bytes": 8, "input_bytes": 8,
+     "param_bytes": 8, "bwd_input_time_us": 2.5, "bwd_weight_time_us": 3,
+     "bwd_time_us": 4.5, "checkpoint_fwd_time_us": 1.5,
+     "replay_time_us": 1.25, "bwd_weight_input_bytes": 96,
+     "bwd_workspace_bytes": 640},
+    {"name": "l1", "fwd_flops": 1, "saved_bytes": 8, "input_bytes": 8,
+     "param_bytes": 8}]})",
+                              "m.json");
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  const Region &measured = graph->regions[0];
+  EXPECT_DOUBLE_EQ(measured.bwdInputTimeUs, 2.5);
+  EXPECT_DOUBLE_EQ(measured.replayTimeUs, 1.25);
+  EXPECT_EQ(measured.bwdWorkspaceBytes, 640);
+  std::string printed = printModelJson(*graph);
+  auto again = parseModelJson(printed, "printed.json");
+  ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError());
+  for (size_t i = 0; i < 2; ++i) {
+    for (const MeasuredTime &time : kMeasuredTimes)
+      EXPECT_DOUBLE_EQ(graph->regions[i].*time.field,
+                       again->regions[i].*time.field)
+          << time.key;
+    for (const MeasuredBytes &bytes : kMeasuredBytes)
+      EXPECT_EQ(graph->regions[i].*bytes.field, again->regions[i].*bytes.field)
+          << bytes.key;
+  }
+  // Unmeasured costs stay out of the printed file.
+  EXPECT_EQ(printed.find("bwd_time_us"), printed.rfind("bwd_time_us"));
+}
+
 TEST(ModelJson, SyntaxErrorHasRowAndColumn) {
   std::string err = errorOf("{\n  \"name\": \"x\",\n  \"regions\": [}\n");
   EXPECT_EQ(err.rfind("m.json:3:", 0), 0u) << err;
