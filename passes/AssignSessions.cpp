@@ -55,7 +55,8 @@ LogicalResult AssignSessionsPass::assignInProgram(
       continue; // Inserted by this walk after an overlapped pair.
     if (auto forward = dyn_cast<ForwardOp>(op)) {
       Key key{forward.getStageIndex(), forward.getMicrobatchIndex()};
-      if (!checkpointed.contains(key.first) || !consumed.contains(key))
+      if (!checkpointed.contains(key.first) || forward.getNoCheckpoint() ||
+          !consumed.contains(key))
         continue;
       // After the whole overlapped pair, so the pair stays adjacent.
       builder.setInsertionPointAfter(getPairEnd(forward));

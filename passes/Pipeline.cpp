@@ -10,10 +10,17 @@ using namespace mlir::hpr;
 
 void mlir::hpr::buildRecomputePipeline(
     OpPassManager &pm, const RecomputePipelineOptions &options) {
+  if (options.select == CheckpointSelection::Auto) {
+    HPRSelectCheckpointsOptions select;
+    select.budget = options.budget;
+    pm.addPass(createHPRSelectCheckpoints(select));
+  }
   pm.addPass(createHPRAssignSessions());
   HPRInsertRecomputeOptions recompute;
   recompute.policy = options.policy;
   recompute.distance = options.distance;
+  if (options.policy == RecomputePolicy::Bubble)
+    recompute.budget = options.budget;
   pm.addPass(createHPRInsertRecompute(recompute));
   pm.addPass(createHPRInsertClear());
   pm.addPass(createHPRVerify());
@@ -22,7 +29,7 @@ void mlir::hpr::buildRecomputePipeline(
 void mlir::hpr::registerRecomputePipeline() {
   PassPipelineRegistration<RecomputePipelineOptions>(
       "hpr-recompute-pipeline",
-      "Plan recomputation: assign sessions, insert recompute and clear, "
-      "verify",
+      "Plan recomputation: (select checkpoints,) assign sessions, insert "
+      "recompute and clear, verify",
       buildRecomputePipeline);
 }

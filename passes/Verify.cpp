@@ -110,9 +110,20 @@ VerifyPass::verifyProgram(ProgramOp program,
                           const llvm::DenseSet<int64_t> *checkpointed) {
   unsigned violations = 0;
   llvm::DenseMap<std::pair<int64_t, int64_t>, SessionOp> sessions;
+  // (stage, mb)s whose forward runs plainly: their consumers read nothing.
+  llvm::DenseSet<std::pair<int64_t, int64_t>> plain;
   for (Operation &op : program.getBody().getOps()) {
+    if (auto forward = dyn_cast<ForwardOp>(op))
+      if (forward.getNoCheckpoint())
+        plain.insert({forward.getStageIndex(), forward.getMicrobatchIndex()});
     if (auto session = dyn_cast<SessionOp>(op)) {
       ForwardOp forward = session.getForward();
+      if (forward.getNoCheckpoint()) {
+        ++violations;
+        session.emitError() << describeAction(forward) << ": " << quote(session)
+                            << " replays a forward marked "
+                            << "no_checkpoint, which keeps its activations";
+      }
       auto [it, inserted] = sessions.insert(
           {{forward.getStageIndex(), forward.getMicrobatchIndex()}, session});
       if (!inserted) {
@@ -129,8 +140,10 @@ VerifyPass::verifyProgram(ProgramOp program,
     auto consumer = dyn_cast<ConsumerOpInterface>(op);
     if (!consumer || consumer.getSessionValue() || !checkpointed)
       continue;
-    int64_t stage = cast<ActionOpInterface>(op).getStageIndex();
-    if (checkpointed->contains(stage)) {
+    auto action = cast<ActionOpInterface>(op);
+    int64_t stage = action.getStageIndex();
+    if (checkpointed->contains(stage) &&
+        !plain.contains({stage, action.getMicrobatchIndex()})) {
       ++violations;
       op.emitError() << describeAction(&op) << ": reads no session, but stage "
                      << stage << " is checkpointed: it would recompute on "

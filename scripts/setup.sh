@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 packages=(
   cmake ninja-build g++ git
   llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
+  clang-format-19  # the C++ style check (ctest clang-format)
   libtorch-dev python3-torch
   nlohmann-json3-dev
   googletest libgtest-dev

@@ -27,8 +27,8 @@ importTorchScriptOnDemand(llvm::StringRef path,
   const char *override = std::getenv("HPR_TORCHSCRIPT_LIBRARY");
   std::string library = override ? override : HPR_TORCHSCRIPT_LIBRARY;
   std::string loadError;
-  auto handle = llvm::sys::DynamicLibrary::getPermanentLibrary(
-      library.c_str(), &loadError);
+  auto handle = llvm::sys::DynamicLibrary::getPermanentLibrary(library.c_str(),
+                                                               &loadError);
   void *symbol = handle.isValid()
                      ? handle.getAddressOfSymbol("hprImportTorchScript")
                      : nullptr;

@@ -131,15 +131,13 @@ public:
                          Region &region) {
     if (!obj.is_object())
       return fail(path, "a region object", obj);
-    if (auto err = checkKeys(obj, path,
-                             {"name", "checkpoint", "checkpointable",
-                              "fwd_flops", "fwd_time_us", "bwd_input_time_us",
-                              "bwd_weight_time_us", "bwd_time_us",
-                              "checkpoint_fwd_time_us",
-                              "replay_time_us", "bwd_weight_input_bytes",
-                              "bwd_workspace_bytes",
-                              "saved_bytes",
-                              "input_bytes", "param_bytes", "stage"}))
+    if (auto err = checkKeys(
+            obj, path,
+            {"name", "checkpoint", "checkpointable", "fwd_flops", "fwd_time_us",
+             "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us",
+             "checkpoint_fwd_time_us", "replay_time_us",
+             "bwd_weight_input_bytes", "bwd_workspace_bytes", "saved_bytes",
+             "input_bytes", "param_bytes", "stage"}))
       return err;
     if (auto err = readString(obj, path, "name", region.name, true))
       return err;
@@ -153,8 +151,7 @@ public:
             readNumber(obj, path, "fwd_time_us", region.fwdTimeUs, false))
       return err;
     for (const MeasuredTime &time : kMeasuredTimes)
-      if (auto err =
-              readNumber(obj, path, time.key, region.*time.field, false))
+      if (auto err = readNumber(obj, path, time.key, region.*time.field, false))
         return err;
     if (auto err = readBytes(obj, path, "saved_bytes", region.savedBytes, true))
       return err;

@@ -49,7 +49,8 @@ static void buildModel(OpBuilder &builder, Location loc,
           op->setAttr(time.key, builder.getF64FloatAttr(region.*time.field));
       for (const model::MeasuredBytes &bytes : model::kMeasuredBytes)
         if (region.*bytes.field > 0)
-          op->setAttr(bytes.key, builder.getI64IntegerAttr(region.*bytes.field));
+          op->setAttr(bytes.key,
+                      builder.getI64IntegerAttr(region.*bytes.field));
     }
   }
 }
@@ -107,7 +108,7 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     return llvm::Error::success();
   case Kind::Forward:
     builder.create<ForwardOp>(loc, builder.getType<HandleType>(), stage, mb,
-                              grouped);
+                              grouped, /*no_checkpoint=*/false);
     return llvm::Error::success();
   case Kind::BackwardInput:
     builder.create<BackwardInputOp>(loc, stage, mb, Value(), false, grouped);

@@ -2,9 +2,11 @@
 
 #include "hpr/Plan/PlanExport.h"
 
+#include "hpr/Analysis/ActivationModel.h"
+#include "hpr/Analysis/Timeline.h"
+
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/Model.h"
-#include "hpr/Plan/CostModel.h"
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/Simulate.h"
 #include "hpr/Support/Json.h"
@@ -34,105 +36,6 @@ static ModelOp getModel(ModuleOp module) {
 }
 
 //===----------------------------------------------------------------------===//
-// Schedule extraction
-//===----------------------------------------------------------------------===//
-
-/// The schedule action of one op, with its duration under `costs`.
-static sched::Action toAction(Operation *op,
-                              const std::vector<StageCost> &costs) {
-  using Kind = sched::ActionKind;
-  sched::Action action;
-  action.kind =
-      llvm::TypeSwitch<Operation *, Kind>(op)
-          .Case<ForwardOp>([](auto) { return Kind::Forward; })
-          .Case<BackwardInputOp>([](auto) { return Kind::BackwardInput; })
-          .Case<BackwardWeightOp>([](auto) { return Kind::BackwardWeight; })
-          .Case<BackwardOp>([](auto) { return Kind::Backward; })
-          .Case<SendFOp>([](auto) { return Kind::SendF; })
-          .Case<RecvFOp>([](auto) { return Kind::RecvF; })
-          .Case<SendBOp>([](auto) { return Kind::SendB; })
-          .Case<RecvBOp>([](auto) { return Kind::RecvB; })
-          .Case<UnshardOp>([](auto) { return Kind::Unshard; })
-          .Case<ReshardOp>([](auto) { return Kind::Reshard; })
-          .Case<ReduceGradOp>([](auto) { return Kind::ReduceGrad; })
-          .Case<RecomputeOp>([](auto) { return Kind::Recompute; })
-          .Case<ClearOp>([](auto) { return Kind::Clear; })
-          .Default([](Operation *) { return Kind::Idle; });
-  auto actionOp = cast<ActionOpInterface>(op);
-  action.stage = static_cast<int>(actionOp.getStageIndex());
-  action.microbatch = static_cast<int>(actionOp.getMicrobatchIndex());
-  if (action.stage < 0)
-    return action;
-  const StageCost &cost = costs[action.stage];
-  switch (action.kind) {
-  case Kind::Forward:
-    action.durationUs = cost.forwardUs;
-    break;
-  case Kind::BackwardInput:
-    action.durationUs = cost.backwardInputUs;
-    break;
-  case Kind::BackwardWeight:
-    action.durationUs = cost.backwardWeightUs;
-    break;
-  case Kind::Backward:
-    action.durationUs = cost.backwardUs;
-    break;
-  case Kind::Recompute:
-    action.durationUs = cost.recomputeUs;
-    break;
-  default:
-    break;
-  }
-  return action;
-}
-
-sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
-  ScheduleOp scheduleOp = getSchedule(module);
-  std::vector<StageCost> costs = computeStageCosts(getModel(module));
-  sched::Schedule schedule;
-  schedule.name = scheduleOp.getName().str();
-  schedule.numRanks = scheduleOp.getNumRanks();
-  schedule.numStages = scheduleOp.getNumStages();
-  schedule.numMicrobatches = scheduleOp.getNumMicrobatches();
-  schedule.stageToRank.assign(scheduleOp.getStageToRank().begin(),
-                              scheduleOp.getStageToRank().end());
-  for (ProgramOp program : scheduleOp.getBody().getOps<ProgramOp>()) {
-    std::vector<sched::Action> &actions = schedule.ranks.emplace_back();
-    // Overlapped pairs and batched transfers become one composite cell. A
-    // pair is a forward marked overlap and the action after it; a batch runs
-    // from a transfer marked batched to the first one that is not.
-    constexpr size_t kNone = ~size_t(0);
-    size_t open = kNone; // Index of the composite being filled.
-    for (Operation &op : program.getBody().getOps()) {
-      if (!isa<ActionOpInterface>(op))
-        continue;
-      sched::Action action = toAction(&op, costs);
-      if (open != kNone) {
-        sched::Action &group = actions[open];
-        group.parts.push_back(std::move(action));
-        bool more =
-            group.kind == sched::ActionKind::BatchedComm && isBatched(&op);
-        if (!more)
-          open = kNone;
-        continue;
-      }
-      bool pairStart = isOverlapped(&op) && isa<ForwardOp>(op);
-      if (pairStart || isBatched(&op)) {
-        sched::Action composite;
-        composite.kind = pairStart ? sched::ActionKind::OverlapFB
-                                   : sched::ActionKind::BatchedComm;
-        composite.parts.push_back(std::move(action));
-        actions.push_back(std::move(composite));
-        open = actions.size() - 1;
-        continue;
-      }
-      actions.push_back(std::move(action));
-    }
-  }
-  return schedule;
-}
-
-//===----------------------------------------------------------------------===//
 // Summary
 //===----------------------------------------------------------------------===//
 
@@ -140,26 +43,28 @@ sched::Schedule mlir::hpr::extractSchedule(ModuleOp module) {
 static RankSummary summarizeProgram(ProgramOp program,
                                     const std::vector<StageCost> &costs) {
   RankSummary summary;
-  using Key = std::pair<int64_t, int64_t>;
-  // Where each (stage, mb)'s kept activations die: its last backward action.
-  llvm::DenseMap<Key, Operation *> lastBackward;
-  for (Operation &op : program.getBody().getOps())
-    if (isa<ConsumerOpInterface>(op)) {
-      auto action = cast<ActionOpInterface>(op);
-      lastBackward[{action.getStageIndex(), action.getMicrobatchIndex()}] = &op;
-    }
+  ProgramActivations activations = collectActivationLifetimes(program);
+  ActivationProfile profile = computeActivationProfile(activations, costs);
+  summary.peakBytes = profile.peak();
+  // Where each (stage, mb)'s output and its gradient die: its last backward.
+  std::vector<char> isLastBackward(activations.numPositions, false);
+  for (const ActivationLifetime &lifetime : activations.lifetimes)
+    if (lifetime.hasConsumers)
+      isLastBackward[lifetime.lastConsumerPos] = true;
 
   // Beyond activations (CostModel.h, "step memory"): stage outputs and their
   // gradients until the last backward, I's state until W, weight gradients
   // from the stage's first W or B to the end of the step (and a second copy
   // while a later W or B adds its gradients in).
-  int64_t live = 0, other = 0, liveSessions = 0;
+  int64_t other = 0, liveSessions = 0;
   llvm::DenseSet<int64_t> gradsAllocated;
   int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
   ArrayRef<int64_t> stageToRank =
       program->getParentOfType<ScheduleOp>().getStageToRank();
   auto rank = static_cast<int64_t>(program.getRank());
+  unsigned pos = 0;
   for (Operation &op : program.getBody().getOps()) {
+    int64_t live = profile.live[pos++];
     if (auto session = dyn_cast<SessionOp>(op)) {
       ++summary.sessions;
       for (Operation *user : session.getSession().getUsers())
@@ -169,19 +74,14 @@ static RankSummary summarizeProgram(ProgramOp program,
     ++summary.actions;
     auto action = cast<ActionOpInterface>(op);
     int64_t stage = action.getStageIndex();
-    if (isa<ForwardOp>(op)) {
-      live += costs[stage].keptBytes;
-      other += costs[stage].outputBytes;
-    } else if (isa<RecvBOp>(op)) {
+    if (isa<ForwardOp, RecvBOp>(op)) {
       other += costs[stage].outputBytes;
     } else if (isa<RecomputeOp>(op)) {
       ++summary.recomputes;
-      live += costs[stage].recomputedBytes;
       summary.maxLiveSessions =
           std::max(summary.maxLiveSessions, ++liveSessions);
     } else if (isa<ClearOp>(op)) {
       ++summary.clears;
-      live -= costs[stage].recomputedBytes;
       --liveSessions;
     }
     if (isa<BackwardInputOp>(op))
@@ -190,25 +90,18 @@ static RankSummary summarizeProgram(ProgramOp program,
     bool producesDx = isa<BackwardInputOp, BackwardOp>(op) && stage > 0;
     if (producesDx && stageToRank[stage - 1] == rank)
       other += costs[stage - 1].outputBytes;
-    summary.peakBytes = std::max(summary.peakBytes, live);
     summary.peakMemoryBytes = std::max(summary.peakMemoryBytes, live + other);
     if (!isa<ConsumerOpInterface>(op))
       continue;
-    summary.peakMemoryBytes =
-        std::max(summary.peakMemoryBytes,
-                 live + other + costs[stage].workspaceBytes);
+    summary.peakMemoryBytes = std::max(
+        summary.peakMemoryBytes, live + other + costs[stage].workspaceBytes);
     // What the backward frees as it goes: I's state (W), and on the last
-    // consumer the microbatch's activations, the session's replayed tensors
-    // (read without retaining), its output and the output's gradient.
+    // consumer the microbatch's activations and replayed tensors (read
+    // without retaining), its output and the output's gradient.
     if (isa<BackwardWeightOp>(op))
       other -= costs[stage].weightStateBytes;
-    int64_t consumedReplay = 0;
-    if (lastBackward.lookup({stage, action.getMicrobatchIndex()}) == &op) {
-      live -= costs[stage].keptBytes;
+    if (isLastBackward[pos - 1])
       other -= costs[stage].outputBytes * (stage == lastStage ? 0 : 2);
-      if (cast<ConsumerOpInterface>(op).getSessionValue())
-        consumedReplay = costs[stage].recomputedBytes;
-    }
     // Weight gradients come last: the stage's first W or B allocates them
     // for the rest of the step, each later one computes a fresh copy before
     // adding it in.
@@ -219,8 +112,9 @@ static RankSummary summarizeProgram(ProgramOp program,
       else
         transient = costs[stage].gradBytes;
     }
-    summary.peakMemoryBytes = std::max(summary.peakMemoryBytes,
-                                       live - consumedReplay + other + transient);
+    summary.peakMemoryBytes =
+        std::max(summary.peakMemoryBytes,
+                 live - profile.endingAt[pos - 1] + other + transient);
   }
   return summary;
 }
@@ -236,16 +130,10 @@ RankSummary PlanSummary::total() const {
     sum.maxLiveSessions = std::max(sum.maxLiveSessions, rank.maxLiveSessions);
     sum.peakBytes = std::max(sum.peakBytes, rank.peakBytes);
     sum.peakMemoryBytes = std::max(sum.peakMemoryBytes, rank.peakMemoryBytes);
+    sum.hiddenRecomputeUs += rank.hiddenRecomputeUs;
+    sum.exposedRecomputeUs += rank.exposedRecomputeUs;
   }
   return sum;
-}
-
-/// Simulates `schedule` (from extractSchedule) with its actions' durations.
-static llvm::Expected<sched::SimulationResult>
-simulatePlanned(const sched::Schedule &schedule) {
-  sched::SimulationCosts costs;
-  costs.useActionDurations = true;
-  return sched::simulateSchedule(schedule, costs, "<plan>");
 }
 
 llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
@@ -253,13 +141,19 @@ llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
   PlanSummary summary;
   for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
     summary.ranks.push_back(summarizeProgram(program, costs));
+  ModuleSchedule timeline = extractSchedule(module, costs);
   llvm::Expected<sched::SimulationResult> simulation =
-      simulatePlanned(extractSchedule(module));
+      simulateTimeline(timeline.schedule);
   if (!simulation)
     return simulation.takeError();
   summary.stepTimeUs = simulation->makespan;
   summary.bubbleFraction = simulation->bubbleFraction;
   summary.busyUs = simulation->busy;
+  for (auto [rank, exposure] : llvm::enumerate(
+           measureRecomputeExposure(timeline.schedule, *simulation))) {
+    summary.ranks[rank].hiddenRecomputeUs = exposure.hiddenUs;
+    summary.ranks[rank].exposedRecomputeUs = exposure.exposedUs;
+  }
   return summary;
 }
 
@@ -267,13 +161,14 @@ void mlir::hpr::printSummaryTable(const PlanSummary &summary,
                                   llvm::raw_ostream &os) {
   auto row = [&os](llvm::StringRef label, const RankSummary &rank) {
     os << llvm::format(
-        "%-6s %8lld %8lld %10lld %12lld %9lld %14lld\n", label.str().c_str(),
-        (long long)rank.actions, (long long)rank.sessions,
+        "%-6s %8lld %8lld %10lld %12lld %9lld %14lld %12.1f %12.1f\n",
+        label.str().c_str(), (long long)rank.actions, (long long)rank.sessions,
         (long long)rank.recomputes, (long long)rank.perBackwardRecomputes,
-        (long long)rank.maxLiveSessions, (long long)rank.peakBytes);
+        (long long)rank.maxLiveSessions, (long long)rank.peakBytes,
+        rank.hiddenRecomputeUs, rank.exposedRecomputeUs);
   };
   os << "rank    actions sessions recomputes per-backward  max-live     "
-        "peak-bytes\n";
+        "peak-bytes    hidden-us   exposed-us\n";
   for (auto [index, rank] : llvm::enumerate(summary.ranks))
     row(std::to_string(index), rank);
   row("total", summary.total());
@@ -286,15 +181,14 @@ void mlir::hpr::printSummaryTable(const PlanSummary &summary,
 //===----------------------------------------------------------------------===//
 
 static json regionJson(RegionOp region) {
-  json entry = {
-      {"name", region.getName().str()},
-      {"checkpoint", region.getCheckpoint()},
-      {"checkpointable", !region.getNonCheckpointable()},
-      {"fwd_flops", region.getFwdFlops().convertToDouble()},
-      {"fwd_time_us", region.getFwdTimeUs().convertToDouble()},
-      {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
-      {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
-      {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
+  json entry = {{"name", region.getName().str()},
+                {"checkpoint", region.getCheckpoint()},
+                {"checkpointable", !region.getNonCheckpointable()},
+                {"fwd_flops", region.getFwdFlops().convertToDouble()},
+                {"fwd_time_us", region.getFwdTimeUs().convertToDouble()},
+                {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
+                {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
+                {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
   for (const ::hpr::model::MeasuredTime &time : ::hpr::model::kMeasuredTimes)
     if (auto value = region->getAttrOfType<FloatAttr>(time.key))
       entry[time.key] = value.getValueAsDouble();
@@ -327,6 +221,9 @@ static ordered_json actionJson(Operation *op) {
     }
   if (isOverlapped(op))
     entry["overlap"] = true;
+  if (auto forward = dyn_cast<ForwardOp>(op))
+    if (forward.getNoCheckpoint())
+      entry["checkpoint"] = false;
   return entry;
 }
 
@@ -367,11 +264,13 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
 
   RankSummary total = summary.total();
   json peakBytes = json::array(), peakMemory = json::array(),
-       maxLive = json::array();
+       maxLive = json::array(), hidden = json::array(), exposed = json::array();
   for (const RankSummary &rank : summary.ranks) {
     peakBytes.push_back(rank.peakBytes);
     peakMemory.push_back(rank.peakMemoryBytes);
     maxLive.push_back(rank.maxLiveSessions);
+    hidden.push_back(rank.hiddenRecomputeUs);
+    exposed.push_back(rank.exposedRecomputeUs);
   }
   // The small members, in the order DESIGN §4.3 lists them.
   std::pair<const char *, json> head[] = {
@@ -396,7 +295,9 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"busy_us", summary.busyUs},
         {"peak_bytes", peakBytes},
         {"peak_memory_bytes", peakMemory},
-        {"max_live_sessions", maxLive}}}};
+        {"max_live_sessions", maxLive},
+        {"recompute_hidden_us", hidden},
+        {"recompute_exposed_us", exposed}}}};
   os << "{\n";
   for (auto &[key, value] : head)
     os << " \"" << key << "\": " << ::hpr::dumpJson(value) << ",\n";
@@ -450,9 +351,9 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
 //===----------------------------------------------------------------------===//
 
 llvm::Error mlir::hpr::writeTraceJson(ModuleOp module, llvm::raw_ostream &os) {
-  sched::Schedule schedule = extractSchedule(module);
+  sched::Schedule schedule = extractSchedule(module).schedule;
   llvm::Expected<sched::SimulationResult> simulation =
-      simulatePlanned(schedule);
+      simulateTimeline(schedule);
   if (!simulation)
     return simulation.takeError();
   // Chrome's trace event format: one complete ("X") event per action, one

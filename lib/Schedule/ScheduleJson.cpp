@@ -6,8 +6,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Schedule/ScheduleJson.h"
-#include "hpr/Support/Json.h"
 #include "hpr/Schedule/ScheduleUtils.h"
+#include "hpr/Support/Json.h"
 
 #include "llvm/Support/Path.h"
 
@@ -36,8 +36,8 @@ struct Reader {
                       int &out) {
     if (!value.is_number_integer() ||
         (value.is_number_integer() && value.get<int64_t>() < 0))
-      return error(path,
-                   "expected a non-negative integer, got " + hpr::quoteJson(value));
+      return error(path, "expected a non-negative integer, got " +
+                             hpr::quoteJson(value));
     int64_t v = value.get<int64_t>();
     if (v > limit)
       return error(path, "expected at most " + llvm::Twine(limit) + ", got " +
@@ -49,12 +49,14 @@ struct Reader {
   llvm::Error readAction(const json &value, const std::string &path,
                          bool allowComposite, Action &out) {
     if (!value.is_object())
-      return error(path, "expected an action object, got " + hpr::quoteJson(value));
+      return error(path,
+                   "expected an action object, got " + hpr::quoteJson(value));
     auto opIt = value.find("op");
     if (opIt == value.end())
       return error(path, "expected a key 'op'");
     if (!opIt->is_string())
-      return error(path + "/op", "expected a string, got " + hpr::quoteJson(*opIt));
+      return error(path + "/op",
+                   "expected a string, got " + hpr::quoteJson(*opIt));
     std::string op = opIt->get<std::string>();
     static const ActionKind kinds[] = {
         ActionKind::Idle,          ActionKind::Forward,
@@ -97,8 +99,8 @@ struct Reader {
       } else if (key == "duration_us") {
         if (!it->is_number() || it->get<double>() < 0 ||
             !std::isfinite(it->get<double>()))
-          return error(sub,
-                       "expected a non-negative number, got " + hpr::quoteJson(*it));
+          return error(sub, "expected a non-negative number, got " +
+                                hpr::quoteJson(*it));
         out.durationUs = it->get<double>();
       } else if (key == "parts" && composite) {
         if (!allowComposite)
@@ -156,7 +158,8 @@ struct Reader {
     schedule.name = llvm::sys::path::stem(fileName).str();
     if (auto name = root.find("name"); name != root.end()) {
       if (!name->is_string())
-        return error("/name", "expected a string, got " + hpr::quoteJson(*name));
+        return error("/name",
+                     "expected a string, got " + hpr::quoteJson(*name));
       schedule.name = name->get<std::string>();
     }
     auto ranks = root.find("ranks");
@@ -173,7 +176,8 @@ struct Reader {
       if (auto idx = rank.find("rank"); idx != rank.end() && *idx != r)
         return error(rankPath + "/rank",
                      "expected " + std::to_string(r) +
-                         " (ranks are listed in order), got " + hpr::quoteJson(*idx));
+                         " (ranks are listed in order), got " +
+                         hpr::quoteJson(*idx));
       auto actions = rank.find("actions");
       if (actions == rank.end() || !actions->is_array())
         return error(rankPath + "/actions", "expected an array of actions");

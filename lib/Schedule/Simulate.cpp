@@ -191,7 +191,7 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
       forEachPrimitive(action, [&](const Action &p) {
         collectDeps(p, schedule.numStages, deps);
       });
-      double start = rankFree[r];
+      double ready = 0.0;
       bool blocked = false;
       for (const Dep &dep : deps) {
         if (!table.inRange(dep.stage, dep.mb))
@@ -209,12 +209,13 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
           blocked = true;
           break;
         }
-        start = std::max(start, result.timelines[q][idx].end);
+        ready = std::max(ready, result.timelines[q][idx].end);
       }
       if (blocked)
         break;
+      double start = std::max(rankFree[r], ready);
       double duration = actionDuration(action, costs);
-      result.timelines[r][pc[r]] = {start, start + duration};
+      result.timelines[r][pc[r]] = {ready, start, start + duration};
       result.busy[r] += duration;
       rankFree[r] = start + duration;
       ++pc[r];

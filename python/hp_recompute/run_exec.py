@@ -252,9 +252,9 @@ class RankExecutor:
         if op in CONSUMER_OPS and self.last.get(key) == self.pc:
             self.micro.pop(key, None)
 
-    def _unit_call(self, unit: Unit, h: Any, batch: Any, seed: int) -> Any:
+    def _unit_call(self, unit: Unit, h: Any, batch: Any, seed: int, plain: bool) -> Any:
         fn: Any = functools.partial(unit.__call__, batch=batch, seed=seed)
-        if not unit.checkpoint or self.mode == "none":
+        if not unit.checkpoint or plain or self.mode == "none":
             return fn(h)
         fn = _ReplayKeepsBuffers(fn, self.model.module, self.buffers_changed_by, unit.name)
         if self.mode == "plan":
@@ -280,7 +280,7 @@ class RankExecutor:
         with recompute_handle_collector_ctx() as handles:
             h = x
             for unit in self.specs[s].units:
-                h = self._unit_call(unit, h, batch, self.seeds[mb])
+                h = self._unit_call(unit, h, batch, self.seeds[mb], a.plain)
             if s == self.plan.num_stages - 1:
                 h = h / self.plan.num_microbatches
         self.micro[(s, mb)] = _Micro(x, h, list(handles), batch)

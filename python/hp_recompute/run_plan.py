@@ -36,6 +36,8 @@ class Action:
     retain_on_unpack: bool = False
     peer: int = -1
     overlap: bool = False
+    #: A forward of a checkpointed stage that runs plainly (plan ``"checkpoint": false``).
+    plain: bool = False
 
     def describe(self) -> str:
         """Short text such as ``backward_input stage 3 mb 0 session s3.mb0``."""
@@ -186,6 +188,10 @@ def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
                     raise _fail(path, f"{where}/stage", f"a stage on rank {r}", kw["stage"])
             if op in TRANSFER_OPS:
                 kw["peer"] = _int(path, a, "peer", where, 0, num_ranks)
+            if "checkpoint" in a:
+                if op != "forward" or a["checkpoint"] is not False:
+                    raise _fail(path, f"{where}/checkpoint", "false, on a forward", a["checkpoint"])
+                kw["plain"] = True
             sid = a.get("session")
             if op in ("recompute", "clear") and sid is None:
                 raise _fail(path, f"{where}/session", "a session id", sid)

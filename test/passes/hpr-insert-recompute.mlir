@@ -62,5 +62,5 @@ hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank 
 // LA9-NEXT: hpr.recompute %s0.mb1
 // LA9-NEXT: hpr.recv_b stage 0 mb 0
 
-// BAD-POLICY: error: hpr-insert-recompute: unknown policy 'soon'; expected jit or lookahead
+// BAD-POLICY: for the --policy option: Cannot find option named 'soon'!
 

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "hpr/Analysis/Timeline.h"
 #include "hpr/InitAll.h"
 #include "hpr/Model/ModelFile.h"
 #include "hpr/Model/ModelJson.h"
@@ -59,13 +60,17 @@ cl::opt<std::string>
                        "balanced)"),
               cl::cat(category));
 
-enum class CheckpointPolicy { All, Model };
+enum class CheckpointPolicy { All, Model, None, Auto };
 cl::opt<CheckpointPolicy> checkpointPolicy(
     "checkpoint", cl::desc("Which regions to checkpoint"),
     cl::values(clEnumValN(CheckpointPolicy::All, "all",
                           "every checkpointable region (one per block)"),
                clEnumValN(CheckpointPolicy::Model, "model",
-                          "the regions the model file marks checkpoint")),
+                          "the regions the model file marks checkpoint"),
+               clEnumValN(CheckpointPolicy::None, "none",
+                          "no region: keep every activation (the baseline)"),
+               clEnumValN(CheckpointPolicy::Auto, "auto",
+                          "the fastest choice within --memory-budget")),
     cl::init(CheckpointPolicy::All), cl::cat(category));
 
 cl::opt<std::string> scheduleFile("schedule",
@@ -94,13 +99,14 @@ cl::opt<sched::CsvDialect>
                cl::init(sched::CsvDialect::Current), cl::cat(category));
 
 cl::opt<std::string> prefetch("prefetch",
-                              cl::desc("Recompute placement: jit or "
-                                       "lookahead=K"),
+                              cl::desc("Recompute placement: jit, "
+                                       "lookahead=K or bubble"),
                               cl::init("jit"), cl::cat(category));
 cl::opt<std::string> memoryBudget(
     "memory-budget",
     cl::desc("Per-rank activation budget in bytes (suffixes KiB MiB GiB KB "
-             "MB GB)"),
+             "MB GB): what --checkpoint auto and --prefetch bubble fit "
+             "within; otherwise a check"),
     cl::cat(category));
 
 cl::opt<EmitKind>
@@ -206,9 +212,12 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
   }();
   if (!graph)
     return graph.takeError();
-  if (checkpointPolicy == CheckpointPolicy::All)
+  // `auto` starts from every candidate; hpr-select-checkpoints chooses.
+  bool everything = checkpointPolicy == CheckpointPolicy::All ||
+                    checkpointPolicy == CheckpointPolicy::Auto;
+  if (everything || checkpointPolicy == CheckpointPolicy::None)
     for (model::Region &region : graph->regions)
-      region.checkpoint = region.checkpointable;
+      region.checkpoint = everything && region.checkpointable;
   return model::partitionModel(*graph, numStages, stageSpec);
 }
 
@@ -220,9 +229,11 @@ static Error writeOutput(function_ref<Error(raw_ostream &)> write) {
 }
 
 /// Prints an MLIR diagnostic as `FILE:ROW:COL: error: message`, the form of
-/// every other error of the tool (locations are schedule cells).
+/// every other error of the tool (locations are schedule cells; the module
+/// itself, at row 0, is the whole schedule and prints as the tool).
 static void printDiagnostic(mlir::Diagnostic &diag, raw_ostream &os) {
-  if (auto loc = dyn_cast<mlir::FileLineColLoc>(diag.getLocation()))
+  auto loc = dyn_cast<mlir::FileLineColLoc>(diag.getLocation());
+  if (loc && loc.getLine() > 0)
     os << loc.getFilename().getValue() << ":" << loc.getLine() << ":"
        << loc.getColumn() << ": ";
   else
@@ -248,14 +259,16 @@ static void printDiagnostic(mlir::Diagnostic &diag, raw_ostream &os) {
 
 /// Parses `--prefetch` into `options`; false when malformed.
 static bool parsePrefetch(mlir::hpr::RecomputePipelineOptions &options) {
+  using mlir::hpr::RecomputePolicy;
   StringRef text = prefetch;
-  if (text == "jit") {
-    options.policy = "jit";
+  if (text == "jit" || text == "bubble") {
+    options.policy =
+        text == "jit" ? RecomputePolicy::Jit : RecomputePolicy::Bubble;
     return true;
   }
   unsigned distance;
   if (text.consume_front("lookahead=") && !text.getAsInteger(10, distance)) {
-    options.policy = "lookahead";
+    options.policy = RecomputePolicy::Lookahead;
     options.distance = distance;
     return true;
   }
@@ -286,8 +299,15 @@ int main(int argc, char **argv) {
                       memoryBudget + "'");
   mlir::hpr::RecomputePipelineOptions pipelineOptions;
   if (!parsePrefetch(pipelineOptions))
-    return usageError("--prefetch: expected jit or lookahead=K, got '" +
+    return usageError("--prefetch: expected jit, lookahead=K or bubble, got '" +
                       prefetch + "'");
+  if (checkpointPolicy == CheckpointPolicy::Auto) {
+    if (!budget)
+      return usageError("--checkpoint auto needs --memory-budget");
+    pipelineOptions.select = mlir::hpr::CheckpointSelection::Auto;
+  }
+  if (budget)
+    pipelineOptions.budget = *budget;
 
   // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
   bool useDefault = scheduleFile.empty() && scheduleGen.empty();
@@ -329,6 +349,9 @@ int main(int argc, char **argv) {
   // Import creates a location per schedule cell; uniquing a million of them
   // is cheaper without the context's locks. Passes and export use threads.
   context.disableMultithreading();
+  // Diagnostics name the action; the op's generic form would repeat it (or,
+  // for the module, print the whole plan).
+  context.printOpOnDiagnostic(false);
   mlir::ScopedDiagnosticHandler diagnostics(&context,
                                             [](mlir::Diagnostic &diag) {
                                               printDiagnostic(diag, errs());
@@ -388,8 +411,8 @@ int main(int argc, char **argv) {
       (*module)->print(os);
       break;
     case EmitKind::Csv:
-      os << sched::printScheduleCsv(mlir::hpr::extractSchedule(**module),
-                                    csvDialect);
+      os << sched::printScheduleCsv(
+          mlir::hpr::extractSchedule(**module).schedule, csvDialect);
       break;
     case EmitKind::Trace:
       return mlir::hpr::writeTraceJson(**module, os);

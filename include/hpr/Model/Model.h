@@ -20,21 +20,21 @@ namespace hpr::model {
 /// calls (embedding, head, loss), which is never checkpointable.
 struct Region {
   std::string name;
-  bool checkpoint = false;   ///< recomputed in backward instead of saved
+  bool checkpoint = false;    ///< recomputed in backward instead of saved
   bool checkpointable = true; ///< false for code outside submodule calls
   double fwdFlops = 0;
-  double fwdTimeUs = 0;      ///< 0 when not profiled
-  double bwdInputTimeUs = 0; ///< measured dx (I) time; 0 when not profiled
-  double bwdWeightTimeUs = 0; ///< measured dw (W) time; 0 when not profiled
-  double bwdTimeUs = 0;      ///< one full backward (B); 0 = dx + dw
+  double fwdTimeUs = 0;           ///< 0 when not profiled
+  double bwdInputTimeUs = 0;      ///< measured dx (I) time; 0 when not profiled
+  double bwdWeightTimeUs = 0;     ///< measured dw (W) time; 0 when not profiled
+  double bwdTimeUs = 0;           ///< one full backward (B); 0 = dx + dw
   double checkpointFwdTimeUs = 0; ///< forward under checkpoint; 0 = fwdTimeUs
-  double replayTimeUs = 0;   ///< one replay (recompute); 0 = fwdTimeUs
-  int64_t savedBytes = 0;    ///< activations autograd saves for backward
-  int64_t inputBytes = 0;    ///< boundary input kept when checkpointed
+  double replayTimeUs = 0;        ///< one replay (recompute); 0 = fwdTimeUs
+  int64_t savedBytes = 0;         ///< activations autograd saves for backward
+  int64_t inputBytes = 0;         ///< boundary input kept when checkpointed
   int64_t paramBytes = 0;
   int64_t bwdWeightInputBytes = 0; ///< gradients I keeps for W; 0 = unknown
   int64_t bwdWorkspaceBytes = 0;   ///< transient bytes of its backward
-  int stage = -1;            ///< fixed pipeline stage, -1 = chosen by partition
+  int stage = -1; ///< fixed pipeline stage, -1 = chosen by partition
 };
 
 /// The measured costs a region may carry, each 0 when not measured. Their

@@ -33,12 +33,16 @@ struct RankSummary {
   int64_t perBackwardRecomputes = 0;
   /// Most sessions recomputed and not yet cleared at one time.
   int64_t maxLiveSessions = 0;
-  /// Peak activation bytes under the cost model (see CostModel.h).
+  /// Peak activation bytes under the cost model (see ActivationModel.h).
   int64_t peakBytes = 0;
   /// Peak of everything the step allocates under the cost model: the
   /// activations plus stage outputs, output gradients, the state I keeps for
   /// W, and weight gradients (what the runner measures at the allocator).
   int64_t peakMemoryBytes = 0;
+  /// Simulated recompute time in time the rank would wait anyway, and the
+  /// rest (Timeline.h, measureRecomputeExposure).
+  double hiddenRecomputeUs = 0;
+  double exposedRecomputeUs = 0;
 };
 
 struct PlanSummary {
@@ -48,10 +52,6 @@ struct PlanSummary {
   std::vector<double> busyUs; ///< simulated time each rank spends in actions
   RankSummary total() const;
 };
-
-/// The planned programs as a schedule: RECOMPUTE and CLEAR included, each
-/// action carrying its duration under the cost model.
-::hpr::sched::Schedule extractSchedule(ModuleOp module);
 
 /// Counts, memory and a simulation of the planned module.
 llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);

@@ -42,14 +42,16 @@ enum class ActionKind {
 bool isCompute(ActionKind kind);
 /// True for SEND_F, RECV_F, SEND_B, RECV_B.
 bool isComm(ActionKind kind);
-/// True for UNSHARD, RESHARD, REDUCE_GRAD (they carry a stage but no microbatch).
+/// True for UNSHARD, RESHARD, REDUCE_GRAD (they carry a stage but no
+/// microbatch).
 bool hasNoMicrobatch(ActionKind kind);
 
 struct Action {
   ActionKind kind = ActionKind::Idle;
   int stage = -1;      ///< -1 for Idle and composites
   int microbatch = -1; ///< -1 for Idle, composites and hasNoMicrobatch kinds
-  /// Sub-actions of OverlapFB / BatchedComm, in execution order; empty otherwise.
+  /// Sub-actions of OverlapFB / BatchedComm, in execution order; empty
+  /// otherwise.
   std::vector<Action> parts;
   /// Optional duration in microseconds (JSON schedules may carry one).
   std::optional<double> durationUs;
@@ -66,7 +68,7 @@ struct Action {
 /// A whole schedule. `ranks[r]` is rank r's program in execution order; idle
 /// slots are kept so that a CSV round-trips cell for cell.
 struct Schedule {
-  std::string name;          ///< generator name or file stem
+  std::string name; ///< generator name or file stem
   int numRanks = 0;
   int numStages = 0;
   int numMicrobatches = 0;

@@ -47,8 +47,12 @@ struct SimulationCosts {
   bool useActionDurations = true;
 };
 
-/// Start and end time of one action.
+/// When one action could start, started and ended.
 struct ActionTiming {
+  /// The latest end of its dependencies (0 with none): start - ready is the
+  /// time the rank was still busy with earlier actions, ready - (end of the
+  /// previous action) the time it waited.
+  double ready = 0.0;
   double start = 0.0;
   double end = 0.0;
 };

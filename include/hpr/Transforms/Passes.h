@@ -13,20 +13,46 @@
 namespace mlir {
 namespace hpr {
 
+/// Where hpr-insert-recompute puts a session's replay (Passes.td).
+enum class RecomputePolicy { Jit, Lookahead, Bubble };
+
+/// Whether the pipeline keeps the model's checkpoint marks or chooses them
+/// (hpr-select-checkpoints).
+enum class CheckpointSelection { Model, Auto };
+
 #define GEN_PASS_DECL
 #include "hpr/Transforms/Passes.h.inc"
 
 /// Options of the recompute planning pipeline (`hpr-recompute-pipeline`).
 struct RecomputePipelineOptions
     : public PassPipelineOptions<RecomputePipelineOptions> {
-  Option<std::string> policy{*this, "policy",
-                             llvm::cl::desc("Recompute placement: jit or "
-                                            "lookahead"),
-                             llvm::cl::init("jit")};
+  Option<RecomputePolicy> policy{
+      *this, "policy", llvm::cl::desc("Recompute placement"),
+      llvm::cl::init(RecomputePolicy::Jit),
+      llvm::cl::values(
+          clEnumValN(RecomputePolicy::Jit, "jit",
+                     "right before the first consumer"),
+          clEnumValN(RecomputePolicy::Lookahead, "lookahead",
+                     "`distance` compute actions earlier"),
+          clEnumValN(RecomputePolicy::Bubble, "bubble",
+                     "into simulated idle time, within `budget`"))};
   Option<unsigned> distance{
       *this, "distance",
       llvm::cl::desc("With policy=lookahead: compute actions earlier"),
       llvm::cl::init(1)};
+  Option<int64_t> budget{
+      *this, "budget",
+      llvm::cl::desc("Per-rank activation budget in bytes: the checkpoint "
+                     "choice (select=auto) and bubble placement stay within "
+                     "it (0: none)"),
+      llvm::cl::init(0)};
+  Option<CheckpointSelection> select{
+      *this, "select", llvm::cl::desc("Which regions to checkpoint"),
+      llvm::cl::init(CheckpointSelection::Model),
+      llvm::cl::values(clEnumValN(CheckpointSelection::Model, "model",
+                                  "as the model marks them"),
+                       clEnumValN(CheckpointSelection::Auto, "auto",
+                                  "hpr-select-checkpoints within `budget`"))};
 };
 
 /// Appends the planning pipeline: assign sessions, insert recompute, insert

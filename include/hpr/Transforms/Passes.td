@@ -5,6 +5,48 @@
 
 include "mlir/Pass/PassBase.td"
 
+def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
+  let summary = "Choose what to checkpoint so that every rank fits a budget";
+  let description = [{
+    Chooses which regions of `hpr.model` are checkpointed (the same choice
+    for every microbatch of a stage, as Megatron and torchtitan make it) and
+    marks `no_checkpoint` the microbatches of checkpointed stages that may
+    keep all their activations, so that every rank's activation peak under
+    jit recompute stays within `budget` bytes and the simulated step time is
+    as short as that allows (ties: fewer recomputes). Runs before
+    `hpr-assign-sessions`.
+
+    1. Candidates: every region not marked `non_checkpointable` whose saved
+       bytes exceed its boundary input (checkpointing any other region only
+       costs time).
+    2. Checkpointing every candidate gives each rank its least activation
+       memory; if that exceeds the budget the pass fails and names that
+       smallest feasible budget. If checkpointing nothing fits, nothing is
+       checkpointed.
+    3. Otherwise, with at most 10 candidates (and a small enough program),
+       every subset is priced by simulation and the fastest that fits wins:
+       optimal among stage-uniform choices. Beyond that, a greedy sweep
+       stops checkpointing candidates in order of replay time saved per byte
+       brought back while the budget holds.
+    4. Then, per rank, microbatches of checkpointed stages are made plain,
+       shortest-lived first, where the peak still fits and the rank saves
+       time; kept only if the simulated step time does not grow.
+    Memory is the activation model of docs/planning.md; time is the
+    simulated timeline with a recompute before each first consumer.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let options = [
+    Option<"budget", "budget", "int64_t", /*default=*/"0",
+           "Per-rank activation budget in bytes (required, > 0)">,
+  ];
+  let statistics = [
+    Statistic<"numCheckpointedRegions", "num-checkpointed-regions",
+              "Regions left checkpointed">,
+    Statistic<"numPlainMicrobatches", "num-plain-microbatches",
+              "Microbatches of checkpointed stages marked no_checkpoint">,
+  ];
+}
+
 def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
   let summary = "Give every checkpointed (stage, microbatch) one recompute session";
   let description = [{
@@ -44,25 +86,50 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::ModuleOp"> {
       once) further up. It never moves above the session, which follows the
       forward and so the `recv_f` that fed it, and never into an overlapped
       F/B pair.
+    - `bubble`: by time. Places every recompute jit, simulates the programs
+      under the cost model, and moves each recompute, latest consumer
+      first, into the latest idle gap between its forward and its first
+      consumer (the wait before an action whose inputs are not ready) that
+      still has room for the whole replay, provided the replayed tensors,
+      held from there until the consumer, keep the rank's activation peak
+      within `budget` (0: the rank's peak under jit). A recompute that fits
+      nowhere stays jit. Every action then starts no later than under jit
+      (durations are fixed and the programs are monotone in their inputs'
+      end times), so bubble never loses to jit in simulated step time.
+      O(A + R * W) for A actions, R recomputes and windows of W actions
+      between a forward and its first consumer (docs/planning.md).
 
     Prefetching keeps recomputed tensors alive longer; the pass counts the
     largest number of sessions live at once on any rank
-    (`max-live-sessions`), the memory price of the chosen lookahead.
+    (`max-live-sessions`), the memory price of the chosen placement.
     `hp-recompute-plan --summary` reports the same figure per rank (Debian's
-    release MLIR compiles pass statistics out).
+    release MLIR compiles pass statistics out), and the recompute time each
+    rank hides in idle time.
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
   let options = [
-    Option<"policy", "policy", "std::string", /*default=*/"\"jit\"",
-           "Placement policy: jit or lookahead">,
+    Option<"policy", "policy", "::mlir::hpr::RecomputePolicy",
+           /*default=*/"::mlir::hpr::RecomputePolicy::Jit",
+           "Placement policy", [{::llvm::cl::values(
+             clEnumValN(::mlir::hpr::RecomputePolicy::Jit, "jit",
+                        "right before the first consumer"),
+             clEnumValN(::mlir::hpr::RecomputePolicy::Lookahead, "lookahead",
+                        "`distance` compute actions earlier"),
+             clEnumValN(::mlir::hpr::RecomputePolicy::Bubble, "bubble",
+                        "into simulated idle time, within `budget`"))}]>,
     Option<"distance", "distance", "unsigned", /*default=*/"1",
            "With policy=lookahead: how many compute actions earlier">,
+    Option<"budget", "budget", "int64_t", /*default=*/"0",
+           "With policy=bubble: per-rank activation bytes the prefetched "
+           "replays may fill (0: each rank's peak under jit)">,
   ];
   let statistics = [
     Statistic<"numRecomputeInserted", "num-recompute-inserted",
               "Number of hpr.recompute ops inserted">,
     Statistic<"numPrefetched", "num-prefetched",
               "Recomputes placed earlier than right before the consumer">,
+    Statistic<"numInBubbles", "num-in-bubbles",
+              "Recomputes moved into simulated idle time (policy=bubble)">,
     Statistic<"maxLiveSessions", "max-live-sessions",
               "Largest number of recomputed sessions live at once on a rank">,
   ];
@@ -100,7 +167,8 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
        the last;
     6. no session is left without a clear (leak) or without a recompute
        while it has consumers;
-    7. every consumer of a checkpointed stage reads a session;
+    7. every consumer of a checkpointed stage reads a session, unless its
+       forward is marked `no_checkpoint` (and such a forward has none);
     8. the compute order of each program equals the schedule's (checked
        against the `compute_digest` fingerprint recorded at import, when
        present).

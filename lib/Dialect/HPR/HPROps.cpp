@@ -90,9 +90,8 @@ LogicalResult RegionOp::verify() {
     return value && value->convertToDouble() < 0;
   };
   if (getFwdFlops().convertToDouble() < 0 ||
-      getFwdTimeUs().convertToDouble() < 0 ||
-      negative(getBwdInputTimeUs()) || negative(getBwdWeightTimeUs()) ||
-      negative(getBwdTimeUs()) ||
+      getFwdTimeUs().convertToDouble() < 0 || negative(getBwdInputTimeUs()) ||
+      negative(getBwdWeightTimeUs()) || negative(getBwdTimeUs()) ||
       negative(getCheckpointFwdTimeUs()) || negative(getReplayTimeUs()))
     return emitOpError() << "region '" << getName()
                          << "' has a negative time or FLOP cost";

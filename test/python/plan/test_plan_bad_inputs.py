@@ -51,7 +51,8 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--prefetch", "soon"], "--prefetch: expected jit or lookahead=K, got 'soon'"),
+        (["--prefetch", "soon"], "--prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
+        (["--checkpoint", "auto"], "--checkpoint auto needs --memory-budget"),
         (["--memory-budget", "lots"], "--memory-budget: expected bytes such as 24GiB"),
         (["--memory-budget", "8388608TiB"], "--memory-budget: expected bytes such as 24GiB"),
         (["--schedule", "a.csv", "--schedule-gen", "zbv"], "are exclusive"),

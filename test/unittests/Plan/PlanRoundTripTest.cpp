@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "hpr/Analysis/Timeline.h"
 #include "hpr/InitAll.h"
 #include "hpr/Plan/BuildModule.h"
 #include "hpr/Plan/PlanExport.h"
@@ -29,7 +30,7 @@ namespace {
 struct Case {
   const char *generator;
   int ranks, microbatches;
-  const char *policy;
+  RecomputePolicy policy;
 };
 
 class PlanRoundTrip : public ::testing::TestWithParam<Case> {};
@@ -68,11 +69,12 @@ TEST_P(PlanRoundTrip, PlannerOnlyAddsOneRecomputeAndOneClearPerSession) {
   PassManager pm(&context);
   RecomputePipelineOptions options;
   options.policy = c.policy;
-  options.distance = 2;
+  if (c.policy == RecomputePolicy::Lookahead)
+    options.distance = 2;
   buildRecomputePipeline(pm, options);
   ASSERT_TRUE(succeeded(pm.run(**module)));
 
-  sched::Schedule planned = extractSchedule(**module);
+  sched::Schedule planned = extractSchedule(**module).schedule;
   ASSERT_EQ(planned.ranks.size(), schedule->ranks.size());
   int64_t recomputes = 0;
   // How many recomputes do not sit right before their first reader: none
@@ -116,7 +118,7 @@ TEST_P(PlanRoundTrip, PlannerOnlyAddsOneRecomputeAndOneClearPerSession) {
     }
   }
 
-  if (std::string(c.policy) == "jit")
+  if (c.policy == RecomputePolicy::Jit)
     EXPECT_EQ(hoisted, 0);
   else
     EXPECT_GT(hoisted, 0);
@@ -133,10 +135,15 @@ TEST_P(PlanRoundTrip, PlannerOnlyAddsOneRecomputeAndOneClearPerSession) {
 
 INSTANTIATE_TEST_SUITE_P(
     Generators, PlanRoundTrip,
-    ::testing::Values(Case{"gpipe", 4, 8, "jit"}, Case{"1f1b", 4, 8, "jit"},
-                      Case{"interleaved-1f1b", 2, 4, "lookahead"},
-                      Case{"zb-h1", 4, 8, "jit"}, Case{"zbv", 4, 8, "jit"},
-                      Case{"zbv", 3, 9, "lookahead"},
-                      Case{"dualpipev", 4, 8, "lookahead"}));
+    ::testing::Values(Case{"gpipe", 4, 8, RecomputePolicy::Jit},
+                      Case{"1f1b", 4, 8, RecomputePolicy::Jit},
+                      Case{"1f1b", 4, 8, RecomputePolicy::Bubble},
+                      Case{"interleaved-1f1b", 2, 4,
+                           RecomputePolicy::Lookahead},
+                      Case{"zb-h1", 4, 8, RecomputePolicy::Jit},
+                      Case{"zbv", 4, 8, RecomputePolicy::Jit},
+                      Case{"zbv", 3, 9, RecomputePolicy::Lookahead},
+                      Case{"dualpipev", 4, 8, RecomputePolicy::Lookahead},
+                      Case{"dualpipev", 4, 8, RecomputePolicy::Bubble}));
 
 } // namespace

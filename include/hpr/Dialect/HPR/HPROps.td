@@ -153,12 +153,19 @@ def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
   let description = [{
     `overlap` marks the forward half of an `OVERLAP_F_B` pair: it runs
     together with the backward action right after it.
+
+    `no_checkpoint` marks a microbatch of a checkpointed stage that runs
+    plainly and keeps every activation for its backward (no session, no
+    replay), as `hpr-select-checkpoints` decides where that fits the memory
+    budget and saves time.
   }];
   let planName = [{"forward"}];
-  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, UnitAttr:$overlap);
+  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, UnitAttr:$overlap,
+                       UnitAttr:$no_checkpoint);
   let results = (outs HPR_HandleType:$handle);
   let assemblyFormat = [{
-    `stage` $stage `mb` $microbatch (`overlap` $overlap^)? attr-dict
+    `stage` $stage `mb` $microbatch (`overlap` $overlap^)?
+    (`no_checkpoint` $no_checkpoint^)? attr-dict
   }];
 }
 

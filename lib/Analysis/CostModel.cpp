@@ -1,6 +1,6 @@
-//===- CostModel.cpp - Per-stage time and memory of a planned module -----===//
+//===- CostModel.cpp - Per-stage time and memory of a module -------------===//
 
-#include "hpr/Plan/CostModel.h"
+#include "hpr/Analysis/CostModel.h"
 
 #include "llvm/ADT/STLExtras.h"
 
@@ -18,7 +18,8 @@ static double measuredOr(std::optional<llvm::APFloat> measured,
   return fallback;
 }
 
-std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
+std::vector<StageCost> mlir::hpr::computeStageCosts(
+    ModelOp model, llvm::function_ref<bool(RegionOp)> isCheckpointed) {
   std::vector<StageCost> costs;
   bool anyCost = false;
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
@@ -36,10 +37,11 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
       cost.backwardUs += measuredOr(region.getBwdTimeUs(), inputUs + weightUs);
       cost.gradBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
-      cost.workspaceBytes =
-          std::max<int64_t>(cost.workspaceBytes,
-                            region.getBwdWorkspaceBytes().value_or(0));
-      if (region.getCheckpoint()) {
+      cost.workspaceBytes = std::max<int64_t>(
+          cost.workspaceBytes, region.getBwdWorkspaceBytes().value_or(0));
+      cost.plainForwardUs += timeUs;
+      cost.plainKeptBytes += region.getSavedBytes();
+      if (isCheckpointed ? isCheckpointed(region) : region.getCheckpoint()) {
         cost.checkpointed = true;
         cost.forwardUs += measuredOr(region.getCheckpointFwdTimeUs(), timeUs);
         cost.recomputeUs += measuredOr(region.getReplayTimeUs(), timeUs);
@@ -50,7 +52,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
         cost.keptBytes += region.getSavedBytes();
       }
     }
-    anyCost |= cost.forwardUs > 0;
+    anyCost |= cost.plainForwardUs > 0;
     // The model input needs no gradient: the first stage's I computes
     // nothing and keeps nothing, and its W is one full backward.
     if (costs.empty()) {
@@ -70,8 +72,15 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(ModelOp model) {
   if (!anyCost)
     for (StageCost &cost : costs) {
       cost.recomputeUs = cost.checkpointed ? 1 : 0;
-      cost.forwardUs = cost.backwardInputUs = cost.backwardWeightUs = 1;
+      cost.forwardUs = cost.plainForwardUs = 1;
+      cost.backwardInputUs = cost.backwardWeightUs = 1;
       cost.backwardUs = 2;
     }
   return costs;
+}
+
+bool mlir::hpr::runsCheckpointed(ForwardOp forward,
+                                 const std::vector<StageCost> &costs) {
+  return costs[forward.getStageIndex()].checkpointed &&
+         !forward.getNoCheckpoint();
 }

@@ -1,6 +1,6 @@
 //===- CostModelTest.cpp - Per-stage time and memory of a model ----------===//
 
-#include "hpr/Plan/CostModel.h"
+#include "hpr/Analysis/CostModel.h"
 #include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
@@ -130,6 +130,40 @@ TEST(CostModel, UnitTimeModelHasEqualForwardAndBackwardHalves) {
   EXPECT_DOUBLE_EQ(costs[0].backwardInputUs, 1);
   EXPECT_DOUBLE_EQ(costs[0].backwardWeightUs, 1);
   EXPECT_DOUBLE_EQ(costs[0].backwardUs, 2);
+}
+
+TEST(CostModel, PlainCostsIgnoreTheCheckpointChoice) {
+  model::StagedModel staged;
+  model::Region measured = region("layers.0", true, 0, 10, 1000, 64);
+  measured.checkpointFwdTimeUs = 12;
+  staged.stages.push_back(
+      {0, {region("embed", false, 0, 5, 100, 10), measured}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_DOUBLE_EQ(costs[0].forwardUs, 5 + 12);
+  EXPECT_DOUBLE_EQ(costs[0].plainForwardUs, 5 + 10);
+  EXPECT_EQ(costs[0].keptBytes, 100 + 64);
+  EXPECT_EQ(costs[0].plainKeptBytes, 100 + 1000);
+}
+
+TEST(CostModel, ChoiceCanBePricedBeforeItIsMade) {
+  MLIRContext context;
+  model::StagedModel staged;
+  staged.stages.push_back({0,
+                           {region("layers.0", true, 0, 10, 1000, 64),
+                            region("layers.1", true, 0, 30, 2000, 64)}});
+  auto schedule = sched::generateSchedule("gpipe", {1, 1, 0});
+  ASSERT_TRUE(static_cast<bool>(schedule));
+  auto module = buildPlanModule(context, staged, *schedule, "test");
+  ASSERT_TRUE(static_cast<bool>(module));
+  ModelOp modelOp = *(*module)->getOps<ModelOp>().begin();
+  std::vector<StageCost> costs = computeStageCosts(
+      modelOp, [](RegionOp region) { return region.getName() == "layers.1"; });
+  EXPECT_EQ(costs[0].keptBytes, 1000 + 64);
+  EXPECT_EQ(costs[0].recomputedBytes, 2000);
+  EXPECT_DOUBLE_EQ(costs[0].recomputeUs, 30);
+  EXPECT_FALSE(computeStageCosts(modelOp, [](RegionOp) { return false; })[0]
+                   .checkpointed);
 }
 
 } // namespace

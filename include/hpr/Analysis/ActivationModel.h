@@ -1,0 +1,70 @@
+//===- ActivationModel.h - Activation bytes live on a rank ------*- C++ -*-===//
+//
+// The planner's memory model of activations, one definition for the summary
+// and for the passes that choose by memory (hpr-select-checkpoints,
+// hpr-insert-recompute with policy=bubble). Positions are the indices of
+// the ops of a program's block, session ops included. For each (stage,
+// microbatch) that a program runs the forward of:
+//  - what its forward keeps (CostModel.h: keptBytesOf) is live from the
+//    forward to its last backward action, inclusive (to the end of the
+//    program when it has none);
+//  - when the forward runs under checkpoint, what the replay brings back
+//    (recomputedBytes) is live from its hpr.recompute (before one is
+//    placed: its first backward action, where jit puts it) to its last
+//    backward action, or to the op before its hpr.clear.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_ANALYSIS_ACTIVATIONMODEL_H
+#define HPR_ANALYSIS_ACTIVATIONMODEL_H
+
+#include "hpr/Analysis/CostModel.h"
+
+#include "llvm/ADT/STLFunctionalExtras.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace mlir::hpr {
+
+/// Where one (stage, microbatch)'s activations live in its rank's program.
+struct ActivationLifetime {
+  ForwardOp forward;
+  int64_t stage = 0;
+  int64_t microbatch = 0;
+  unsigned forwardPos = 0;
+  /// Backward actions of the (stage, microbatch); both are the program's
+  /// last position when it has none.
+  unsigned firstConsumerPos = 0;
+  unsigned lastConsumerPos = 0;
+  bool hasConsumers = false;
+  /// The replayed tensors' span (see the file comment).
+  unsigned replayBeginPos = 0;
+  unsigned replayEndPos = 0;
+};
+
+/// The lifetimes of one program, in forward order.
+struct ProgramActivations {
+  std::vector<ActivationLifetime> lifetimes;
+  unsigned numPositions = 0;
+};
+
+ProgramActivations collectActivationLifetimes(ProgramOp program);
+
+/// Activation bytes live at each position, and the bytes whose lifetime
+/// ends there (freed by the op at that position).
+struct ActivationProfile {
+  std::vector<int64_t> live;
+  std::vector<int64_t> endingAt;
+  int64_t peak() const;
+};
+
+/// The profile under `costs`, with `checkpointed` saying which forwards run
+/// under checkpoint (default: runsCheckpointed).
+ActivationProfile computeActivationProfile(
+    const ProgramActivations &activations, const std::vector<StageCost> &costs,
+    llvm::function_ref<bool(const ActivationLifetime &)> checkpointed = {});
+
+} // namespace mlir::hpr
+
+#endif // HPR_ANALYSIS_ACTIVATIONMODEL_H

@@ -1,0 +1,97 @@
+//===- ActivationModel.cpp - Activation bytes live on a rank -------------===//
+
+#include "hpr/Analysis/ActivationModel.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/STLExtras.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
+  ProgramActivations result;
+  llvm::DenseMap<std::pair<int64_t, int64_t>, size_t> index;
+  // Whether a recompute / a clear fixed a lifetime's replay span.
+  std::vector<char> placed, cleared;
+  unsigned pos = 0;
+  for (Operation &op : program.getBody().getOps()) {
+    if (auto forward = dyn_cast<ForwardOp>(op)) {
+      index[{forward.getStageIndex(), forward.getMicrobatchIndex()}] =
+          result.lifetimes.size();
+      ActivationLifetime &lifetime = result.lifetimes.emplace_back();
+      placed.push_back(false);
+      cleared.push_back(false);
+      lifetime.forward = forward;
+      lifetime.stage = forward.getStageIndex();
+      lifetime.microbatch = forward.getMicrobatchIndex();
+      lifetime.forwardPos = pos;
+    } else if (isa<ConsumerOpInterface, RecomputeOp, ClearOp>(op)) {
+      auto action = cast<ActionOpInterface>(op);
+      auto it =
+          index.find({action.getStageIndex(), action.getMicrobatchIndex()});
+      if (it != index.end()) {
+        ActivationLifetime &lifetime = result.lifetimes[it->second];
+        if (isa<RecomputeOp>(op)) {
+          lifetime.replayBeginPos = pos;
+          placed[it->second] = true;
+        } else if (isa<ClearOp>(op)) {
+          lifetime.replayEndPos = pos - 1;
+          cleared[it->second] = true;
+        } else {
+          if (!lifetime.hasConsumers)
+            lifetime.firstConsumerPos = pos;
+          lifetime.lastConsumerPos = pos;
+          lifetime.hasConsumers = true;
+        }
+      }
+    }
+    ++pos;
+  }
+  result.numPositions = pos;
+  // Spans not fixed by a recompute or clear follow the consumers (jit).
+  for (auto [i, lifetime] : llvm::enumerate(result.lifetimes)) {
+    if (!lifetime.hasConsumers)
+      lifetime.firstConsumerPos = lifetime.lastConsumerPos = pos - 1;
+    if (!placed[i])
+      lifetime.replayBeginPos = lifetime.firstConsumerPos;
+    if (!cleared[i])
+      lifetime.replayEndPos = lifetime.lastConsumerPos;
+  }
+  return result;
+}
+
+int64_t ActivationProfile::peak() const {
+  return live.empty() ? 0 : *std::max_element(live.begin(), live.end());
+}
+
+ActivationProfile mlir::hpr::computeActivationProfile(
+    const ProgramActivations &activations, const std::vector<StageCost> &costs,
+    llvm::function_ref<bool(const ActivationLifetime &)> checkpointed) {
+  unsigned n = activations.numPositions;
+  ActivationProfile profile;
+  profile.live.assign(n + 1, 0);
+  profile.endingAt.assign(n, 0);
+  auto add = [&](unsigned begin, unsigned end, int64_t bytes) {
+    if (bytes == 0 || begin > end)
+      return;
+    profile.live[begin] += bytes;
+    profile.live[end + 1] -= bytes;
+    profile.endingAt[end] += bytes;
+  };
+  for (ActivationLifetime lifetime : activations.lifetimes) {
+    const StageCost &cost = costs[lifetime.stage];
+    bool underCheckpoint = checkpointed
+                               ? checkpointed(lifetime)
+                               : runsCheckpointed(lifetime.forward, costs);
+    add(lifetime.forwardPos, lifetime.lastConsumerPos,
+        keptBytesOf(cost, underCheckpoint));
+    if (underCheckpoint && lifetime.hasConsumers)
+      add(lifetime.replayBeginPos, lifetime.replayEndPos, cost.recomputedBytes);
+  }
+  for (unsigned k = 1; k <= n; ++k)
+    profile.live[k] += profile.live[k - 1];
+  profile.live.pop_back();
+  return profile;
+}

@@ -1,0 +1,414 @@
+//===- SelectCheckpoints.cpp - Choose what to checkpoint under a budget ---===//
+//
+// Decides, before sessions exist, which regions are checkpointed (the same
+// choice for every microbatch of a stage) and which microbatches of a
+// checkpointed stage run plainly (`no_checkpoint`), so that every rank's
+// activation peak under jit recompute (ActivationModel.h) stays within the
+// budget and the simulated step time is as short as that allows. The
+// algorithm is in Passes.td and docs/planning.md.
+//
+//===----------------------------------------------------------------------===//
+
+#include "SessionAnalysis.h"
+#include "hpr/Analysis/ActivationModel.h"
+#include "hpr/Analysis/Timeline.h"
+#include "hpr/Transforms/Passes.h"
+
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/Support/Debug.h"
+
+#include <numeric>
+
+#define DEBUG_TYPE "hpr-select-checkpoints"
+
+namespace mlir::hpr {
+#define GEN_PASS_DEF_HPRSELECTCHECKPOINTS
+#include "hpr/Transforms/Passes.h.inc"
+} // namespace mlir::hpr
+
+using namespace mlir;
+using namespace mlir::hpr;
+namespace sched = ::hpr::sched;
+
+namespace {
+
+using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
+
+/// Largest candidate count priced exhaustively, and the most simulated cells
+/// that may take in all.
+constexpr size_t kExhaustiveRegions = 10;
+constexpr size_t kExhaustiveCellSimulations = size_t(1) << 26;
+/// Rounds of the search for the least memory (each may lower a rank's peak).
+constexpr unsigned kLeastMemoryRounds = 4;
+
+/// A choice being priced: which candidate regions are checkpointed, and
+/// which (stage, microbatch)s of checkpointed stages run plainly.
+struct Choice {
+  llvm::SmallVector<bool> regions;
+  llvm::DenseSet<Key> plain;
+};
+
+/// What the search needs of the module, gathered once.
+class Problem {
+public:
+  Problem(ModelOp model, ScheduleOp schedule, ModuleSchedule cells)
+      : model(model), cells(std::move(cells)) {
+    for (StageOp stage : model.getBody().getOps<StageOp>())
+      for (RegionOp region : stage.getBody().getOps<RegionOp>())
+        if (!region.getNonCheckpointable() &&
+            region.getSavedBytes() > region.getInputBytes())
+          candidates.push_back(region);
+    for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
+      programs.push_back(collectActivationLifetimes(program));
+    buildTimelineTemplate();
+  }
+
+  llvm::SmallVector<RegionOp> candidates;
+  std::vector<ProgramActivations> programs;
+
+  std::vector<StageCost> costsOf(const Choice &choice) const {
+    return computeStageCosts(model, [&](RegionOp region) {
+      auto it = llvm::find(candidates, region);
+      return it != candidates.end() && choice.regions[it - candidates.begin()];
+    });
+  }
+
+  static bool runsCheckpointed(const ActivationLifetime &lifetime,
+                               const std::vector<StageCost> &costs,
+                               const Choice &choice) {
+    return costs[lifetime.stage].checkpointed &&
+           !choice.plain.contains({lifetime.stage, lifetime.microbatch});
+  }
+
+  /// Each rank's activation peak under `choice`.
+  std::vector<int64_t> peaks(const Choice &choice) const {
+    std::vector<StageCost> costs = costsOf(choice);
+    std::vector<int64_t> result;
+    for (const ProgramActivations &program : programs)
+      result.push_back(computeActivationProfile(
+                           program, costs,
+                           [&](const ActivationLifetime &lifetime) {
+                             return runsCheckpointed(lifetime, costs, choice);
+                           })
+                           .peak());
+    return result;
+  }
+
+  /// Simulated step time under `choice` with jit recompute, and how many
+  /// recomputes that runs.
+  std::pair<double, int64_t> stepTime(const Choice &choice) {
+    std::vector<StageCost> costs = costsOf(choice);
+    int64_t recomputes = 0;
+    auto isCheckpointed = [&](int stage, int mb) {
+      return costs[stage].checkpointed && !choice.plain.contains({stage, mb});
+    };
+    for (std::vector<sched::Action> &program : timeline.ranks)
+      for (sched::Action &cell : program) {
+        auto price = [&](sched::Action &action) {
+          if (action.stage < 0)
+            return;
+          bool checkpointed = isCheckpointed(action.stage, action.microbatch);
+          if (action.kind == sched::ActionKind::Recompute) {
+            action.durationUs =
+                checkpointed ? costs[action.stage].recomputeUs : 0.0;
+            recomputes += checkpointed;
+          } else {
+            action.durationUs = actionDurationUs(
+                action.kind, costs[action.stage], checkpointed);
+          }
+        };
+        price(cell);
+        for (sched::Action &part : cell.parts)
+          price(part);
+      }
+    llvm::Expected<sched::SimulationResult> result = simulateTimeline(timeline);
+    if (!result) {
+      llvm::consumeError(result.takeError());
+      return {std::numeric_limits<double>::infinity(), recomputes};
+    }
+    return {result->makespan, recomputes};
+  }
+
+  size_t numCells() const {
+    size_t n = 0;
+    for (const auto &program : timeline.ranks)
+      n += program.size();
+    return n;
+  }
+
+private:
+  /// The programs as cells with a recompute before each checkpointable
+  /// (stage, microbatch)'s first consumer (where jit puts it), so that one
+  /// simulation prices any choice.
+  void buildTimelineTemplate() {
+    timeline = cells.schedule;
+    for (auto [rank, program] : llvm::enumerate(programs)) {
+      // The cell of each op position.
+      std::vector<size_t> cellAt;
+      size_t cell = 0;
+      const std::vector<Operation *> &firsts = cells.cellOps[rank];
+      Operation *op = firsts.empty() ? nullptr : firsts.front();
+      for (Operation &each : *op->getBlock()) {
+        if (cell + 1 < firsts.size() && &each == firsts[cell + 1])
+          ++cell;
+        cellAt.push_back(cell);
+      }
+      std::vector<std::vector<sched::Action>> before(firsts.size());
+      for (const ActivationLifetime &lifetime : program.lifetimes) {
+        if (!lifetime.hasConsumers)
+          continue;
+        sched::Action recompute;
+        recompute.kind = sched::ActionKind::Recompute;
+        recompute.stage = static_cast<int>(lifetime.stage);
+        recompute.microbatch = static_cast<int>(lifetime.microbatch);
+        before[cellAt[lifetime.firstConsumerPos]].push_back(recompute);
+      }
+      std::vector<sched::Action> withRecomputes;
+      for (size_t k = 0; k < firsts.size(); ++k) {
+        for (sched::Action &recompute : before[k])
+          withRecomputes.push_back(std::move(recompute));
+        withRecomputes.push_back(std::move(timeline.ranks[rank][k]));
+      }
+      timeline.ranks[rank] = std::move(withRecomputes);
+    }
+  }
+
+  ModelOp model;
+  ModuleSchedule cells;
+  sched::Schedule timeline;
+};
+
+static int64_t maxOf(const std::vector<int64_t> &values) {
+  return values.empty() ? 0 : *std::max_element(values.begin(), values.end());
+}
+
+/// The bytes limit of a refinement: the budget, or each rank's own peak
+/// (never raise it: the search for the least memory).
+using Limit = std::optional<int64_t>;
+
+/// Makes microbatches of checkpointed stages plain, per rank and
+/// shortest-lived first (their kept activations occupy the least time),
+/// where every position they touch stays within `limit`; when `forTime`,
+/// only where that saves the rank time (a plain forward and no replay
+/// against a checkpointed forward). Durations only shrink, so the simulated
+/// step time never grows.
+static Choice refine(const Problem &problem, Choice choice, Limit limit,
+                     bool forTime) {
+  std::vector<StageCost> costs = problem.costsOf(choice);
+  for (const ProgramActivations &program : problem.programs) {
+    std::vector<int64_t> live =
+        computeActivationProfile(program, costs,
+                                 [&](const ActivationLifetime &lifetime) {
+                                   return Problem::runsCheckpointed(
+                                       lifetime, costs, choice);
+                                 })
+            .live;
+    int64_t rankLimit = limit ? *limit : maxOf(live);
+    std::vector<const ActivationLifetime *> order;
+    for (const ActivationLifetime &lifetime : program.lifetimes)
+      if (Problem::runsCheckpointed(lifetime, costs, choice) &&
+          lifetime.hasConsumers)
+        order.push_back(&lifetime);
+    llvm::stable_sort(
+        order, [](const ActivationLifetime *a, const ActivationLifetime *b) {
+          return a->lastConsumerPos - a->forwardPos <
+                 b->lastConsumerPos - b->forwardPos;
+        });
+    for (const ActivationLifetime *lifetime : order) {
+      const StageCost &cost = costs[lifetime->stage];
+      if (forTime &&
+          cost.recomputeUs + cost.forwardUs - cost.plainForwardUs <= 0)
+        continue;
+      int64_t extra = cost.plainKeptBytes - cost.keptBytes;
+      auto delta = [&](unsigned p) {
+        bool replaying =
+            p >= lifetime->replayBeginPos && p <= lifetime->replayEndPos;
+        return extra - (replaying ? cost.recomputedBytes : 0);
+      };
+      bool fits = true;
+      for (unsigned p = lifetime->forwardPos;
+           fits && p <= lifetime->lastConsumerPos; ++p)
+        fits = live[p] + delta(p) <= rankLimit;
+      if (!fits)
+        continue;
+      for (unsigned p = lifetime->forwardPos; p <= lifetime->lastConsumerPos;
+           ++p)
+        live[p] += delta(p);
+      choice.plain.insert({lifetime->stage, lifetime->microbatch});
+    }
+  }
+  return choice;
+}
+
+struct SelectCheckpointsPass
+    : public mlir::hpr::impl::HPRSelectCheckpointsBase<SelectCheckpointsPass> {
+  using HPRSelectCheckpointsBase::HPRSelectCheckpointsBase;
+  void runOnOperation() override;
+
+  bool fits(const Problem &problem, const Choice &choice) const {
+    return maxOf(problem.peaks(choice)) <= budget;
+  }
+  /// What the search found: the fastest choice within the budget, if any,
+  /// and the least memory it saw (per rank).
+  struct Found {
+    std::optional<Choice> best;
+    Choice least;
+    std::vector<int64_t> leastPeaks;
+  };
+  Found search(Problem &problem, const Choice &everything);
+};
+} // namespace
+
+/// The least memory refinement finds from `start`: microbatches whose replay
+/// on top of their kept input is where the rank peaks made plain, in rounds
+/// while the peak falls.
+static std::pair<Choice, std::vector<int64_t>>
+leastMemory(const Problem &problem, Choice start) {
+  Choice least = refine(problem, std::move(start), std::nullopt, false);
+  std::vector<int64_t> peaks = problem.peaks(least);
+  for (unsigned round = 1; round < kLeastMemoryRounds; ++round) {
+    Choice lower = refine(problem, least, std::nullopt, false);
+    std::vector<int64_t> lowerPeaks = problem.peaks(lower);
+    if (maxOf(lowerPeaks) >= maxOf(peaks))
+      break;
+    least = std::move(lower);
+    peaks = std::move(lowerPeaks);
+  }
+  return {std::move(least), std::move(peaks)};
+}
+
+/// The fastest choice within the budget: every subset of candidates, each
+/// refined, when small; else a greedy sweep.
+SelectCheckpointsPass::Found
+SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
+  Found found;
+  // Keeps the least memory seen, and falls back to it when nothing faster
+  // fits (the time-driven refinement skips drops that save no time).
+  auto considerLeast = [&](const Choice &subset) {
+    auto [least, peaks] = leastMemory(problem, subset);
+    if (found.leastPeaks.empty() || maxOf(peaks) < maxOf(found.leastPeaks)) {
+      found.least = std::move(least);
+      found.leastPeaks = std::move(peaks);
+    }
+  };
+  auto done = [&]() -> Found {
+    if (!found.best && maxOf(found.leastPeaks) <= budget)
+      found.best = found.least;
+    return std::move(found);
+  };
+  size_t k = problem.candidates.size();
+  if (k <= kExhaustiveRegions &&
+      (problem.numCells() << k) <= kExhaustiveCellSimulations) {
+    std::pair<double, int64_t> bestCost;
+    Choice subset = everything;
+    for (uint64_t mask = 0; mask < (uint64_t(1) << k); ++mask) {
+      for (size_t i = 0; i < k; ++i)
+        subset.regions[i] = (mask >> i) & 1;
+      considerLeast(subset);
+      Choice choice = refine(problem, subset, budget.getValue(), true);
+      if (!fits(problem, choice))
+        continue;
+      std::pair<double, int64_t> cost = problem.stepTime(choice);
+      if (!found.best || cost < bestCost) {
+        found.best = std::move(choice);
+        bestCost = cost;
+      }
+    }
+    return done();
+  }
+  // Greedy: stop checkpointing the region that saves the most replay time
+  // per byte it brings back first, as long as the budget holds.
+  considerLeast(everything);
+  std::vector<size_t> order(k);
+  std::iota(order.begin(), order.end(), 0);
+  auto gainPerByte = [&](size_t i) {
+    RegionOp region = problem.candidates[i];
+    double replay = region.getReplayTimeUs()
+                        ? region.getReplayTimeUs()->convertToDouble()
+                        : region.getFwdTimeUs().convertToDouble();
+    return replay /
+           static_cast<double>(region.getSavedBytes() - region.getInputBytes());
+  };
+  llvm::stable_sort(order, [&](size_t a, size_t b) {
+    return gainPerByte(a) > gainPerByte(b);
+  });
+  Choice regions = everything;
+  for (size_t i : order) {
+    regions.regions[i] = false;
+    if (!fits(problem, refine(problem, regions, budget.getValue(), true)))
+      regions.regions[i] = true;
+  }
+  Choice choice = refine(problem, regions, budget.getValue(), true);
+  if (fits(problem, choice))
+    found.best = std::move(choice);
+  return done();
+}
+
+void SelectCheckpointsPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto models = llvm::to_vector(module.getOps<ModelOp>());
+  auto schedules = llvm::to_vector(module.getOps<ScheduleOp>());
+  if (models.size() != 1 || schedules.size() != 1) {
+    emitError(module.getLoc())
+        << "hpr-select-checkpoints: expected one hpr.model "
+           "and one hpr.schedule";
+    return signalPassFailure();
+  }
+  if (budget <= 0) {
+    emitError(module.getLoc())
+        << "hpr-select-checkpoints: budget must be > 0 bytes, "
+           "got "
+        << static_cast<int64_t>(budget);
+    return signalPassFailure();
+  }
+  bool planned = false;
+  module.walk([&](Operation *op) {
+    planned |= isa<SessionOp>(op) ||
+               (isa<ForwardOp>(op) && cast<ForwardOp>(op).getNoCheckpoint());
+  });
+  if (planned) {
+    emitError(module.getLoc()) << "hpr-select-checkpoints: runs before "
+                                  "hpr-assign-sessions, once";
+    return signalPassFailure();
+  }
+  ModelOp model = models.front();
+  Problem problem(model, schedules.front(), extractSchedule(module));
+
+  Choice everything, nothing;
+  everything.regions.assign(problem.candidates.size(), true);
+  nothing.regions.assign(problem.candidates.size(), false);
+  Choice choice = nothing;
+  if (!fits(problem, nothing)) {
+    Found found = search(problem, everything);
+    if (!found.best) {
+      const std::vector<int64_t> &peaks = found.leastPeaks;
+      size_t rank =
+          std::max_element(peaks.begin(), peaks.end()) - peaks.begin();
+      emitError(module.getLoc())
+          << "hpr-select-checkpoints: no checkpoint choice fits budget "
+          << static_cast<int64_t>(budget)
+          << " bytes; the smallest feasible budget found is " << maxOf(peaks)
+          << " bytes (rank " << rank << ")";
+      return signalPassFailure();
+    }
+    choice = std::move(*found.best);
+  }
+
+  // Write the choice down.
+  for (StageOp stage : model.getBody().getOps<StageOp>())
+    for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+      auto it = llvm::find(problem.candidates, region);
+      bool on = it != problem.candidates.end() &&
+                choice.regions[it - problem.candidates.begin()];
+      region.setCheckpoint(on);
+      numCheckpointedRegions += on;
+    }
+  std::vector<StageCost> costs = problem.costsOf(choice);
+  module.walk([&](ForwardOp forward) {
+    Key key{forward.getStageIndex(), forward.getMicrobatchIndex()};
+    if (costs[key.first].checkpointed && choice.plain.contains(key)) {
+      forward.setNoCheckpoint(true);
+      ++numPlainMicrobatches;
+    }
+  });
+}

@@ -1,0 +1,69 @@
+// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=bubble' | FileCheck %s --check-prefix=PEAK
+// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=bubble budget=1000' | FileCheck %s --check-prefix=ROOMY
+// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=jit distance=2' 2>&1 | FileCheck %s --check-prefix=DISTANCE
+// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
+// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=bubble budget=-1' 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+
+// GPipe on two ranks, F = 10 us, B = 26 us (dx/dw ratios), replay 10 us.
+// Under jit, rank 0 idles from t=20 (its forwards done) to t=66, when the
+// gradient of mb 0 arrives; its replays keep 100 bytes each, the forwards 1.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l1" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+}
+hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.recv_b stage 0 mb 1 peer 1
+    hpr.backward stage 0 mb 1 session(%s1)
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h2 = hpr.forward stage 1 mb 0
+    %s2 = hpr.session %h2 as "s1.mb0"
+    hpr.recv_f stage 1 mb 1 peer 0
+    %h3 = hpr.forward stage 1 mb 1
+    %s3 = hpr.session %h3 as "s1.mb1"
+    hpr.backward stage 1 mb 0 session(%s2)
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.backward stage 1 mb 1 session(%s3)
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// Within the jit peak (102 bytes on rank 0): mb 0 replays while rank 0
+// waits; mb 1 would hold 100 more bytes over B0 and stays jit. Rank 1
+// never waits between its forward and its backward.
+// PEAK:      hpr.send_f stage 0 mb 1
+// PEAK-NEXT: hpr.recompute %s0.mb0
+// PEAK-NEXT: hpr.recv_b stage 0 mb 0
+// PEAK-NEXT: hpr.backward stage 0 mb 0
+// PEAK-NEXT: hpr.recv_b stage 0 mb 1
+// PEAK-NEXT: hpr.recompute %s0.mb1
+// PEAK-NEXT: hpr.backward stage 0 mb 1
+// PEAK:      %s1.mb1 = hpr.session
+// PEAK-NEXT: hpr.recompute %s1.mb0
+// PEAK-NEXT: hpr.backward stage 1 mb 0
+
+// With room, both fit the 46 us gap; the later consumer is placed first,
+// and the earlier one after it, nearer its reader.
+// ROOMY:      hpr.send_f stage 0 mb 1
+// ROOMY-NEXT: hpr.recompute %s0.mb1
+// ROOMY-NEXT: hpr.recompute %s0.mb0
+// ROOMY-NEXT: hpr.recv_b stage 0 mb 0
+
+// DISTANCE: error: hpr-insert-recompute: distance applies to policy=lookahead only
+// DISTANCE-NOT: see current operation
+// BUDGET: error: hpr-insert-recompute: budget applies to policy=bubble only
+// NEGATIVE: error: hpr-insert-recompute: budget must be >= 0, got -1
