@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev
   googletest libgtest-dev
   python3-pytest python3-jsonschema python3-venv
+  librsvg2-bin python3-pil  # render --emit svg to PNG and check its pixels (lit)
   time  # /usr/bin/time, for the bench scripts
 )
 

@@ -13,6 +13,7 @@
 #include "hpr/Model/Partition.h"
 #include "hpr/Plan/BuildModule.h"
 #include "hpr/Plan/PlanExport.h"
+#include "hpr/Plan/TimelineSvg.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
 #include "hpr/Schedule/ScheduleCsv.h"
@@ -35,7 +36,7 @@ namespace sched = ::hpr::sched;
 namespace model = ::hpr::model;
 
 namespace {
-enum class EmitKind { Summary, Json, Mlir, Csv, Trace };
+enum class EmitKind { Summary, Json, Mlir, Csv, Trace, Svg };
 
 cl::OptionCategory category("hp-recompute-plan options");
 
@@ -117,7 +118,9 @@ cl::opt<EmitKind>
                     clEnumValN(EmitKind::Csv, "csv",
                                "schedule CSV with RECOMPUTE/CLEAR"),
                     clEnumValN(EmitKind::Trace, "trace",
-                               "simulated timeline (Chrome trace JSON)")),
+                               "simulated timeline (Chrome trace JSON)"),
+                    clEnumValN(EmitKind::Svg, "svg",
+                               "simulated timeline and memory (SVG picture)")),
          cl::init(EmitKind::Summary), cl::cat(category));
 cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
                                 cl::value_desc("file"), cl::init("-"),
@@ -416,6 +419,8 @@ int main(int argc, char **argv) {
       break;
     case EmitKind::Trace:
       return mlir::hpr::writeTraceJson(**module, os);
+    case EmitKind::Svg:
+      return mlir::hpr::writeTimelineSvg(**module, os);
     }
     return Error::success();
   };
