@@ -20,3 +20,23 @@ for mb in 74 740 7400; do
       'BEGIN { printf "| %d | %d | %s | %.2f | %.0f | %.2f |\n", mb, a, e, w, r / 1024, w * 1e6 / a }'
   done
 done
+
+# The planning choices by time and memory on a costed model at about 10^5 actions:
+# ZBV, 8 ranks, 740 microbatches, the bundled GPT's block repeated to 16 blocks
+# (two per stage). auto's budget: the activation peak of checkpointing every block.
+python3 "$(dirname "$0")/../prefetch/make_model.py" examples/gpt/gpt.model.json 16 "$out/gpt16.json"
+gen=(--model "$out/gpt16.json" --schedule-gen zbv --ranks 8 --microbatches 740)
+"$tool" "${gen[@]}" --emit json -o "$out/jit.json"
+budget=$(python3 -c "import json; print(max(json.load(open('$out/jit.json'))['summary']['peak_bytes']))")
+printf '\n| choice (GPT x16, ZBV 8 x 740) | actions | wall s | peak RSS MiB |\n'
+printf '| --- | ---: | ---: | ---: |\n'
+for choice in "--prefetch jit" "--prefetch bubble" "--checkpoint auto --memory-budget $budget" \
+              "--checkpoint auto --memory-budget $budget --prefetch bubble"; do
+  # shellcheck disable=SC2086
+  /usr/bin/time -f '%e %M' -o "$out/time" "$tool" "${gen[@]}" $choice --emit json -o "$out/plan.json"
+  read -r wall rss < "$out/time"
+  actions=$(python3 -c "import json; print(sum(len(r['actions']) for r in json.load(open('$out/plan.json'))['ranks']))")
+  label=${choice/--memory-budget $budget/--memory-budget B}
+  awk -v c="$label" -v a="$actions" -v w="$wall" -v r="$rss" \
+    'BEGIN { printf "| `%s` | %d | %.2f | %.0f |\n", c, a, w, r / 1024 }'
+done

@@ -135,6 +135,21 @@ const char *const kDefaultModelJson =
     ;
 } // namespace
 
+/// The `--checkpoint` spelling of `policy`, for the summary and the plan.
+static const char *checkpointPolicyName(CheckpointPolicy policy) {
+  switch (policy) {
+  case CheckpointPolicy::All:
+    return "all";
+  case CheckpointPolicy::Model:
+    return "model";
+  case CheckpointPolicy::None:
+    return "none";
+  case CheckpointPolicy::Auto:
+    return "auto";
+  }
+  return "all";
+}
+
 /// Reports `error` and returns exit code 1.
 static int fail(Error error) {
   handleAllErrors(std::move(error), [](const ErrorInfoBase &info) {
@@ -395,19 +410,24 @@ int main(int argc, char **argv) {
             rank, (long long)rankSummary.peakBytes, (long long)*budget));
 
   mlir::TimingScope exportTimer = rootTimer.nest("export");
+  const char *checkpointName = checkpointPolicyName(checkpointPolicy);
   auto write = [&](raw_ostream &os) -> Error {
     switch (emit) {
     case EmitKind::Summary:
       os << "plan: model '" << staged->name << "', schedule '" << schedule->name
          << "' (" << schedule->numRanks << " ranks, " << schedule->numStages
          << " stages, " << schedule->numMicrobatches
-         << " microbatches), prefetch " << prefetch << "\n";
+         << " microbatches), prefetch " << prefetch << ", checkpoint "
+         << checkpointName << "\n";
       mlir::hpr::printSummaryTable(*summary, os);
       break;
     case EmitKind::Json:
       mlir::hpr::writePlanJson(
           **module, *summary,
-          {{"prefetch", prefetch.getValue()}, {"tool", "hp-recompute-plan"}},
+          {{"prefetch", prefetch.getValue()},
+           {"checkpoint", checkpointName},
+           {"memory_budget", budget ? nlohmann::json(*budget) : nullptr},
+           {"tool", "hp-recompute-plan"}},
           os);
       break;
     case EmitKind::Mlir:
