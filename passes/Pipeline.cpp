@@ -19,7 +19,10 @@ void mlir::hpr::buildRecomputePipeline(
   HPRInsertRecomputeOptions recompute;
   recompute.policy = options.policy;
   recompute.distance = options.distance;
-  if (options.policy == RecomputePolicy::Bubble)
+  // The budget is the selection's when it selects; otherwise it goes to the
+  // placement, which refuses it unless it places by time.
+  if (options.policy == RecomputePolicy::Bubble ||
+      options.select != CheckpointSelection::Auto)
     recompute.budget = options.budget;
   pm.addPass(createHPRInsertRecompute(recompute));
   pm.addPass(createHPRInsertClear());

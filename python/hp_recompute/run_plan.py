@@ -165,6 +165,7 @@ def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
         _int(path, sess, "stage", f"/sessions/{i}", 0, num_stages)
         _int(path, sess, "microbatch", f"/sessions/{i}", 0, num_mb)
         sessions[sess["id"]] = sess
+    session_of = {(sess["stage"], sess["microbatch"]): sid for sid, sess in sessions.items()}
 
     ranks_raw = raw.get("ranks")
     if not isinstance(ranks_raw, list) or len(ranks_raw) != num_ranks:
@@ -191,6 +192,9 @@ def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
             if "checkpoint" in a:
                 if op != "forward" or a["checkpoint"] is not False:
                     raise _fail(path, f"{where}/checkpoint", "false, on a forward", a["checkpoint"])
+                if (kw["stage"], kw["microbatch"]) in session_of:
+                    raise _fail(path, f"{where}/checkpoint", "no session for a plain forward",
+                                session_of[(kw["stage"], kw["microbatch"])])
                 kw["plain"] = True
             sid = a.get("session")
             if op in ("recompute", "clear") and sid is None:

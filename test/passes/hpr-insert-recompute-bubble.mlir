@@ -67,3 +67,4 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // DISTANCE-NOT: see current operation
 // BUDGET: error: hpr-insert-recompute: budget applies to policy=bubble only
 // NEGATIVE: error: hpr-insert-recompute: budget must be >= 0, got -1
+

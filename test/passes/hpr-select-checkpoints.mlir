@@ -4,6 +4,8 @@
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints='budget=100' 2>&1 | FileCheck %s --check-prefix=TIGHT
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints 2>&1 | FileCheck %s --check-prefix=NO-BUDGET
 // RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=150' -hpr-assign-sessions -hpr-insert-recompute -hpr-insert-clear -hpr-verify | FileCheck %s --check-prefix=PLANNED
+// RUN: hp-recompute-opt %s -hpr-recompute-pipeline='select=auto budget=150 policy=bubble' | FileCheck %s --check-prefix=PLANNED
+// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='budget=64' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 
 // GPipe on two ranks, two microbatches. A region keeps 1 byte under
 // checkpoint and 100 without (its replay brings the 100 back). Per rank:
@@ -72,3 +74,6 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // PLANNED:      hpr.backward stage 0 mb 0{{$}}
 // PLANNED:      hpr.recompute %s0.mb1
 // PLANNED-NEXT: hpr.backward stage 0 mb 1 session(%s0.mb1)
+
+// Without select=auto or policy=bubble nothing takes the budget: refused.
+// PIPELINE: error: hpr-insert-recompute: budget applies to policy=bubble only

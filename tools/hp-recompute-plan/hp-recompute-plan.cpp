@@ -324,7 +324,9 @@ int main(int argc, char **argv) {
       return usageError("--checkpoint auto needs --memory-budget");
     pipelineOptions.select = mlir::hpr::CheckpointSelection::Auto;
   }
-  if (budget)
+  // Otherwise the budget is a check of the finished plan.
+  if (budget && (checkpointPolicy == CheckpointPolicy::Auto ||
+                 pipelineOptions.policy == mlir::hpr::RecomputePolicy::Bubble))
     pipelineOptions.budget = *budget;
 
   // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.

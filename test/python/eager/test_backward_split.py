@@ -135,6 +135,25 @@ def test_split_inside_a_session_replays_once() -> None:
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "GraphExecGroup"),
+                    reason="torch.utils.checkpoint.GraphExecGroup is torch >= 2.9")
+def test_torch_graph_exec_group_cannot_share_one_replay_between_dx_and_dw() -> None:
+    """Why the split needs sessions: torch's own one-replay-per-group context refuses
+    I and W of one checkpointed block (they read the same saved activations)."""
+    import torch.utils.checkpoint as torch_checkpoint
+
+    net = _gpt_blocks(1)
+    x = torch.randn(2, 40, 48, requires_grad=True)
+    out = torch_checkpoint.checkpoint(net, x, use_reentrant=False)
+    group = torch_checkpoint.GraphExecGroup()
+    with pytest.raises(torch_checkpoint.CheckpointError, match="two backward calls that overlap"):
+        with group:
+            _, state = backward_input([out], [torch.ones_like(out)], [x], list(net.parameters()),
+                                      retain_graph=True)
+        with group:
+            backward_weight(state)
+
+
 def test_weight_state_is_released_after_w() -> None:
     net, x, g = _stage("linear-chain")
     _, state = backward_input([net(x)], [g], [x], list(net.parameters()))

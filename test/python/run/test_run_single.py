@@ -16,7 +16,7 @@ from hpr_run_util import GPT_MODEL_JSON, count_plan, edit_plan, flags, make_plan
 CONFIGS = [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)]
 
 
-@pytest.mark.parametrize("prefetch", ["jit", "lookahead=2"])
+@pytest.mark.parametrize("prefetch", ["jit", "lookahead=2", "bubble"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")
 def test_uniform_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
     plan = make_plan(tmp_path, *flags(cfg), "--prefetch", prefetch)
@@ -49,6 +49,38 @@ def test_gpt_model_plan_runs_bit_exact(tmp_path: Path) -> None:
     assert report["stages"]["0"] == ["tok_emb", "blocks.0", "blocks.1"]
     # One process runs every rank: no per-rank allocator peak.
     assert all(rank["measured_peak_bytes"] is None for rank in report["ranks"])
+
+
+@pytest.mark.parametrize("mode", ["plan", "native"])
+def test_auto_plan_runs_plain_microbatches_bit_exact(tmp_path: Path, mode: str) -> None:
+    """--checkpoint auto keeps some microbatches plain: those forwards checkpoint nothing."""
+    every = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)), name="all.json")
+    budget = max(json.loads(every.read_text())["summary"]["peak_bytes"])
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)),
+                     "--checkpoint", "auto", "--memory-budget", str(budget), "--prefetch", "bubble")
+    raw = json.loads(plan.read_text())
+    plain = [a for r in raw["ranks"] for a in r["actions"] if a.get("checkpoint") is False]
+    assert plain, "the budget leaves room for plain microbatches"
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--checkpoint-mode", mode,
+                              "--report", str(tmp_path / "r.json"))
+    assert code == 0, report
+    assert report["grads_match"] is True and report["max_abs_diff"] == 0.0
+    if mode == "plan":
+        # Only the sessions replay: plain microbatches were never checkpointed.
+        assert report["recomputes"] == sum(len(s["regions"]) for s in raw["sessions"])
+        assert report["counters"]["plain_replays"] == 0
+    else:
+        # torch.utils.checkpoint replays in every backward call that reads a checkpointed
+        # microbatch (W makes one call per weight group): at least once per such call, and
+        # less often than when every microbatch is checkpointed.
+        sessions = {(s["stage"], s["microbatch"]): len(s["regions"]) for s in raw["sessions"]}
+        calls = sum(sessions.get((a["stage"], a["microbatch"]), 0) for r in raw["ranks"] for a in r["actions"]
+                    if a["op"] in ("backward_input", "backward_weight", "backward"))
+        assert report["recomputes"] >= calls
+        code, all_report = run_inproc("--plan", str(every), "--single-process", "--checkpoint-mode", mode,
+                                      "--report", str(tmp_path / "all.json"))
+        assert code == 0
+        assert report["recomputes"] < all_report["recomputes"]
 
 
 def test_leaked_session_fails_the_run(tmp_path: Path) -> None:
@@ -122,6 +154,18 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
     assert code == 1
     assert "/model/stages/1/regions/0/name: region 'blocks.99' is not in model 'gpt'" in report["error"]
     assert "hp_recompute.run:" in capsys.readouterr().err
+
+    # checkpoint: only false, only on a forward (actions 0, 2: forwards; 1: send_f), and
+    # never on one whose microbatch has a session.
+    for index, value, expected in ((0, True, "expected false, on a forward, got 'true'"),
+                                   (1, False, "expected false, on a forward, got 'false'"),
+                                   (2, False, "expected no session for a plain forward, got '\"s0.mb1\"'")):
+        def mark(p, index=index, value=value):
+            p["ranks"][0]["actions"][index]["checkpoint"] = value
+        marked = edit_plan(plan, tmp_path / "marked.json", mark)
+        code, report = run_inproc("--plan", str(marked), "--single-process", "--report", str(tmp_path / "r.json"))
+        assert code == 1
+        assert f"/ranks/0/actions/{index}/checkpoint: {expected}" in report["error"]
 
 
 def test_deadlocked_plan_is_reported(tmp_path: Path) -> None:
