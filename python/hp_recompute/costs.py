@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -156,6 +157,8 @@ def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, re
         batch = model.make_batch(torch.Generator().manual_seed(seed))
         start.wait()  # every process measures at the same time
         queue.put(("ok", measure_region_times(model, batch, repeats, warmup)))
+    except threading.BrokenBarrierError:  # another process failed first and says why
+        queue.put(("aborted", None))
     except BaseException as e:  # noqa: BLE001 - reported by the parent
         start.abort()
         queue.put(("error", f"{type(e).__name__}: {e}"))
@@ -173,8 +176,9 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
     for proc in procs:
         proc.start()
     results: List[Dict[str, Dict[str, float]]] = []
+    aborted = 0
     try:
-        while len(results) < processes:
+        while len(results) + aborted < processes:
             try:
                 kind, value = queue.get(timeout=1)
             except Exception:  # queue.Empty: is everyone still alive?
@@ -184,7 +188,12 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
                 continue
             if kind == "error":
                 raise RunError(f"hp_recompute.costs: measuring the model failed: {value}")
+            if kind == "aborted":
+                aborted += 1
+                continue
             results.append(value)
+        if aborted:
+            raise RunError("hp_recompute.costs: measuring the model failed: the processes' start barrier broke")
     finally:
         for proc in procs:
             proc.join(5)
