@@ -20,6 +20,10 @@ using json = nlohmann::json;
 
 namespace {
 
+/// Bounds of region costs (see readNumber and readBytes).
+constexpr double kMaxTimeUs = 1e12;
+constexpr double kMaxFlops = 1e21;
+
 /// Collects the first schema violation with its path.
 class Reader {
 public:
@@ -75,15 +79,20 @@ public:
     return llvm::Error::success();
   }
 
+  /// A non-negative number up to `max`: the bounds keep every sum the
+  /// simulator forms over a million actions finite (the largest time, 10^12
+  /// us, is 11 days per region).
   llvm::Error readNumber(const json &obj, const std::string &path,
-                         const char *key, double &out, bool required) {
+                         const char *key, double &out, bool required,
+                         double max, const char *maxText) {
     llvm::Expected<const json *> value = find(obj, path, key, required);
     if (!value || !*value)
       return value.takeError();
     const json &number = **value;
     if (!number.is_number() || !std::isfinite(number.get<double>()) ||
-        number.get<double>() < 0)
-      return fail(path + "/" + key, "a non-negative number", number);
+        number.get<double>() < 0 || number.get<double>() > max)
+      return fail(path + "/" + key,
+                  std::string("a number between 0 and ") + maxText, number);
     out = number.get<double>();
     return llvm::Error::success();
   }
@@ -94,9 +103,10 @@ public:
     if (!value || !*value)
       return value.takeError();
     const json &bytes = **value;
-    // 1 PiB per region is far beyond any real activation and keeps every
-    // per-rank sum of the cost model far from int64 overflow.
-    constexpr int64_t kMaxBytes = int64_t(1) << 50;
+    // 1 TiB per region is far beyond any real activation and keeps every
+    // per-rank sum of the cost model (up to 2^22 lifetimes live at once) from
+    // int64 overflow.
+    constexpr int64_t kMaxBytes = int64_t(1) << 40;
     if (bytes.is_number_integer() &&
         !(bytes.is_number_unsigned() &&
           bytes.get<uint64_t>() > uint64_t(kMaxBytes))) {
@@ -106,7 +116,7 @@ public:
         return llvm::Error::success();
       }
     }
-    return fail(path + "/" + key, "an integer between 0 and 2^50 (1 PiB)",
+    return fail(path + "/" + key, "an integer between 0 and 2^40 (1 TiB)",
                 bytes);
   }
 
@@ -145,13 +155,15 @@ public:
       return err;
     if (auto err = readBool(obj, path, "checkpointable", region.checkpointable))
       return err;
-    if (auto err = readNumber(obj, path, "fwd_flops", region.fwdFlops, true))
+    if (auto err = readNumber(obj, path, "fwd_flops", region.fwdFlops, true,
+                              kMaxFlops, "1e21"))
       return err;
-    if (auto err =
-            readNumber(obj, path, "fwd_time_us", region.fwdTimeUs, false))
+    if (auto err = readNumber(obj, path, "fwd_time_us", region.fwdTimeUs, false,
+                              kMaxTimeUs, "1e12 us"))
       return err;
     for (const MeasuredTime &time : kMeasuredTimes)
-      if (auto err = readNumber(obj, path, time.key, region.*time.field, false))
+      if (auto err = readNumber(obj, path, time.key, region.*time.field, false,
+                                kMaxTimeUs, "1e12 us"))
         return err;
     if (auto err = readBytes(obj, path, "saved_bytes", region.savedBytes, true))
       return err;

@@ -364,6 +364,9 @@ llvm::Expected<Schedule> generateSchedule(llvm::StringRef name,
   if (twoPerRank && v != 2)
     return refuse(name, "runs exactly 2 stages per rank (a V), got " +
                             llvm::Twine(v));
+  if (p > kMaxGeneratedRanks)
+    return refuse(name, "at most " + llvm::Twine(kMaxGeneratedRanks) +
+                            " ranks are generated, got " + llvm::Twine(p));
   if (static_cast<int64_t>(p) * v > kMaxStage + 1 || m > kMaxMicrobatch + 1)
     return refuse(name, "too many stages or microbatches");
   // Every (stage, microbatch) has up to three compute actions (F, I, W).

@@ -25,7 +25,9 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/Timing.h"
+#include "llvm/Config/llvm-config.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/WithColor.h"
 
@@ -239,11 +241,47 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
   return model::partitionModel(*graph, numStages, stageSpec);
 }
 
-/// Runs `write` on the output: stdout for `-`, else a temporary file beside
-/// the target renamed over it once complete (llvm::writeToOutput, which also
-/// leaves /dev/null and other special files alone).
+/// Runs `write` on the output. Stdout for `-`. A FIFO, a character device or
+/// a socket (also behind a symlink, e.g. /dev/stdout) is streamed into as it
+/// is. A regular file is written to a temporary file beside it and renamed
+/// over it once complete (llvm::writeToOutput), so a failure leaves the old
+/// one; through a symlink the target is replaced, not the link, and an
+/// existing file keeps its permission bits.
 static Error writeOutput(function_ref<Error(raw_ostream &)> write) {
-  return writeToOutput(outputFile, [&](raw_ostream &os) { return write(os); });
+  auto run = [&](raw_ostream &os) { return write(os); };
+  if (outputFile == "-")
+    return writeToOutput("-", run);
+  namespace fs = sys::fs;
+  fs::file_status status; // of what the path leads to
+  bool exists = !fs::status(outputFile, status) && fs::exists(status);
+  if (exists && status.type() == fs::file_type::directory_file)
+    return createStringError(inconvertibleErrorCode(),
+                             "-o " + outputFile + ": is a directory");
+  if (exists && status.type() != fs::file_type::regular_file) {
+    std::error_code ec;
+    raw_fd_ostream os(outputFile, ec, fs::CD_OpenExisting, fs::FA_Write,
+                      fs::OF_None);
+    if (ec)
+      return createStringError(ec, "-o " + outputFile + ": " + ec.message());
+    Error error = write(os);
+    os.flush();
+    std::error_code written = os.error();
+    os.clear_error(); // reported here, not by the stream's destructor
+    if (error)
+      return error;
+    if (written)
+      return createStringError(written,
+                               "-o " + outputFile + ": " + written.message());
+    return Error::success();
+  }
+  SmallString<256> target(outputFile);
+  if (exists)
+    (void)fs::real_path(outputFile, target); // through symlinks
+  if (Error error = writeToOutput(target, run))
+    return error;
+  if (exists)
+    (void)fs::setPermissions(target, status.permissions());
+  return Error::success();
 }
 
 /// Prints an MLIR diagnostic as `FILE:ROW:COL: error: message`, the form of
@@ -298,6 +336,10 @@ int main(int argc, char **argv) {
   // `--mlir-timing` reports where the time goes, phase by phase.
   mlir::registerDefaultTimingManagerCLOptions();
   cl::HideUnrelatedOptions(category);
+  cl::SetVersionPrinter([](raw_ostream &os) {
+    os << "hp-recompute-plan (hp-recompute " HPR_VERSION "), LLVM/MLIR "
+       << LLVM_VERSION_STRING << "\n";
+  });
   std::string parseErrors;
   raw_string_ostream parseErrorStream(parseErrors);
   if (!cl::ParseCommandLineOptions(
@@ -342,6 +384,40 @@ int main(int argc, char **argv) {
                           " shapes a model; give one with --model (with a "
                           "schedule alone, every stage is one unit-cost "
                           "checkpointed region)");
+  // Options the chosen inputs do not read are refused rather than ignored.
+  using Options = std::initializer_list<const cl::Option *>;
+  auto refuseGiven = [&](Options options,
+                         const Twine &why) -> std::optional<int> {
+    for (const cl::Option *option : options)
+      if (option->getNumOccurrences())
+        return usageError("--" + option->ArgStr + " " + why);
+    return std::nullopt;
+  };
+  if (!scheduleFile.empty())
+    if (auto code = refuseGiven({&ranks, &microbatches, &stagesPerRank},
+                                "sizes a generated schedule; --schedule " +
+                                    scheduleFile + " has its own"))
+      return *code;
+  bool csvSchedule = !scheduleFile.empty() &&
+                     !StringRef(scheduleFile).ends_with_insensitive(".json");
+  if (!csvSchedule && emit != EmitKind::Csv)
+    if (auto code = refuseGiven({&csvDialect}, "spells CSV schedules: read "
+                                               "with --schedule FILE.csv or "
+                                               "written with --emit csv"))
+      return *code;
+  if (StringRef(modelFile).ends_with_insensitive(".json"))
+    if (auto code =
+            refuseGiven({&regionDepth, &inputShape, &inputDtype, &profile},
+                        "applies to TorchScript models; " + modelFile +
+                            " is a JSON graph with its own sizes and "
+                            "costs"))
+      return *code;
+  for (const auto &entry : cl::getRegisteredOptions())
+    if (entry.second->getNumOccurrences() > 1 &&
+        llvm::is_contained(entry.second->Categories, &category))
+      return usageError("--" + entry.second->ArgStr + " is given " +
+                        Twine(entry.second->getNumOccurrences()) +
+                        " times; give it once");
   if (useDefault)
     scheduleGen = "zbv";
 

@@ -20,10 +20,16 @@ namespace hpr::sched {
 constexpr int kMaxStage = 65535;
 /// Largest microbatch number the readers accept.
 constexpr int kMaxMicrobatch = (1 << 24) - 1;
-/// Largest schedule a generator writes: 3 x 10^7 compute actions, about
-/// 30x the planner's benchmark, before the memory of a 2-core machine runs
-/// out.
-constexpr int64_t kMaxGeneratedActions = 30'000'000;
+/// Largest schedule a generator writes: 3 x 10^6 compute actions (about 10^7
+/// planned actions, 10x the planner's benchmark), checked before anything is
+/// allocated, so a mistyped size is refused at once rather than planned for
+/// minutes.
+constexpr int64_t kMaxGeneratedActions = 3'000'000;
+/// Most ranks a generator writes. PyTorch's generators pad every rank's
+/// program with idle cells whose number grows with the rank count, so a
+/// schedule's size grows with the square of it (512 ranks with one
+/// microbatch: 8.5 s, 1 GB).
+constexpr int kMaxGeneratedRanks = 512;
 
 /// Makes a primitive action.
 Action makeAction(ActionKind kind, int stage, int microbatch = -1);

@@ -8,10 +8,12 @@ import json
 import os
 import re
 import subprocess
+import threading
+import time
 
 import pytest
 
-from plan_cli import PLAN_TOOL, SCHEDULES, run_plan
+from plan_cli import PLAN_TOOL, REPO, SCHEDULES, run_plan
 
 BAD = SCHEDULES / "bad"
 
@@ -39,8 +41,8 @@ def test_catalogue_is_large_and_complete():
 def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
     out = tmp_path / "plan.json"
     path = BAD / file
-    proc = run_plan("--schedule", str(path), "--schedule-dialect", dialect,
-                    "--emit", "json", "-o", str(out), check=False)
+    spelling = ["--schedule-dialect", dialect] if path.suffix == ".csv" else []
+    proc = run_plan("--schedule", str(path), *spelling, "--emit", "json", "-o", str(out), check=False)
     assert proc.returncode == 1, proc.stderr
     assert expected in proc.stderr
     prefix = f"{path}:{location}:" if re.fullmatch(r"\d+:\d+", location) else str(path)
@@ -53,6 +55,14 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
     [
         (["--prefetch", "soon"], "--prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
         (["--checkpoint", "auto"], "--checkpoint auto needs --memory-budget"),
+        (["--emit", "json", "--emit", "summary"], "--emit is given 2 times; give it once"),
+        (["--schedule", str(SCHEDULES / "pytorch-zbv-5x11.csv"), "--ranks", "2"],
+         "--ranks sizes a generated schedule; --schedule"),
+        (["--schedule-gen", "1f1b", "--schedule-dialect", "legacy"], "--schedule-dialect spells CSV schedules"),
+        (["--model", "examples/gpt/gpt.model.json", "--schedule-gen", "1f1b", "--profile"],
+         "--profile applies to TorchScript models"),
+        (["--model", "examples/gpt/gpt.model.json", "--schedule-gen", "1f1b", "--input-shape", "4x40"],
+         "--input-shape applies to TorchScript models"),
         (["--memory-budget", "lots"], "--memory-budget: expected bytes such as 24GiB"),
         (["--memory-budget", "8388608TiB"], "--memory-budget: expected bytes such as 24GiB"),
         (["--schedule", "a.csv", "--schedule-gen", "zbv"], "are exclusive"),
@@ -128,8 +138,84 @@ def test_adjacent_legacy_combined_cells_stay_apart(tmp_path):
     assert "(0F2;0BW0)OVERLAP_F_B" in cells
 
 
-def test_generated_schedules_are_capped():
-    proc = run_plan("--schedule-gen", "1f1b", "--ranks", "4096", "--microbatches", "100000",
-                    check=False)
+@pytest.mark.parametrize("name,ranks,mbs,message", [
+    ("1f1b", 512, 100000, "compute actions; at most 3000000 are generated"),
+    ("zbv", 2, 1000000, "compute actions; at most 3000000 are generated"),
+    ("zbv", 2048, 1, "at most 512 ranks are generated, got 2048"),
+    ("zbv", 32767, 1, "at most 512 ranks are generated, got 32767"),
+])
+def test_generated_schedules_are_capped_before_allocating(name, ranks, mbs, message):
+    started = time.monotonic()
+    proc = run_plan("--schedule-gen", name, "--ranks", str(ranks), "--microbatches", str(mbs), check=False)
     assert proc.returncode == 1
-    assert "compute actions; at most 30000000 are generated" in proc.stderr
+    assert message in proc.stderr
+    assert time.monotonic() - started < 5  # refused, not attempted
+
+
+# -o onto what is not a plain new file (issue: it used to be replaced by a regular file).
+def test_output_through_a_symlink_replaces_the_target_and_keeps_the_link(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    run_plan("--emit", "json", "-o", str(link))
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["format"] == "hp-recompute-plan"
+    assert oct(target.stat().st_mode & 0o777) == oct(0o640), "an existing file keeps its mode"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+def test_output_into_a_fifo_streams_and_keeps_the_fifo(tmp_path):
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([str(PLAN_TOOL), "--emit", "json", "-o", str(fifo)], stderr=subprocess.PIPE)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    if reader.is_alive():  # the tool never opened the FIFO: unblock the reader, then fail
+        open(fifo, "w").close()
+        reader.join()
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert fifo.is_fifo(), "the FIFO was replaced by a file"
+    assert got and json.loads(got[0])["format"] == "hp-recompute-plan"
+
+
+def test_output_to_dev_stdout_streams_without_replacing_it():
+    proc = run_plan("--emit", "json", "-o", "/dev/stdout")
+    assert json.loads(proc.stdout)["format"] == "hp-recompute-plan"
+    assert os.path.islink("/dev/stdout") or not os.path.isfile("/dev/stdout")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_to_a_full_device_is_an_error_not_a_crash():
+    proc = run_plan("--emit", "json", "-o", "/dev/full", check=False)
+    assert proc.returncode == 1
+    assert "-o /dev/full: No space left on device" in proc.stderr
+    assert os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
+
+
+def test_output_onto_a_directory_is_refused(tmp_path):
+    proc = run_plan("--emit", "json", "-o", str(tmp_path), check=False)
+    assert proc.returncode == 1
+    assert f"-o {tmp_path}: is a directory" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_absurd_region_time_is_a_located_error(tmp_path):
+    model = json.loads((REPO / "examples" / "gpt" / "gpt.model.json").read_text())
+    model["regions"][1]["fwd_time_us"] = 1.7e308
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(model))
+    out = tmp_path / "p.json"
+    proc = run_plan("--model", str(path), "--schedule-gen", "1f1b", "--ranks", "2", "--emit", "json",
+                    "-o", str(out), check=False)
+    assert proc.returncode == 1
+    assert f"{path}: /regions/1/fwd_time_us: expected a number between 0 and 1e12 us" in proc.stderr
+    assert not out.exists()
+
+
+def test_version_names_hp_recompute():
+    proc = run_plan("--version")
+    assert re.match(r"hp-recompute-plan \(hp-recompute \d+\.\d+\.\d+\), LLVM/MLIR 19\.", proc.stdout)

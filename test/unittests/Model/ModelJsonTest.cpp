@@ -152,21 +152,28 @@ INSTANTIATE_TEST_SUITE_P(
                   "/regions/0: missing required key 'saved_bytes'"},
         Violation{REGION(", \"saved_bytes\": -5"),
                   "/regions/0/saved_bytes: expected an integer between 0 and "
-                  "2^50 (1 PiB), got '-5'"},
+                  "2^40 (1 TiB), got '-5'"},
         Violation{REGION(", \"saved_bytes\": 9223372036854775807"),
                   "/regions/0/saved_bytes: expected an integer between 0 and "
-                  "2^50 (1 PiB), got '9223372036854775807'"},
+                  "2^40 (1 TiB), got '9223372036854775807'"},
         Violation{REGION(", \"input_bytes\": 1.5"),
                   "/regions/0/input_bytes: expected an integer between 0 and "
-                  "2^50"},
+                  "2^40"},
         Violation{REGION(", \"param_bytes\": \"7\""),
                   "/regions/0/param_bytes: expected an integer between 0 and "
-                  "2^50"},
+                  "2^40"},
         Violation{REGION(", \"fwd_flops\": \"big\""),
-                  "/regions/0/fwd_flops: expected a non-negative number, got "
-                  "'\"big\"'"},
+                  "/regions/0/fwd_flops: expected a number between 0 and "
+                  "1e21, got '\"big\"'"},
         Violation{REGION(", \"fwd_time_us\": -1"),
-                  "/regions/0/fwd_time_us: expected a non-negative number"},
+                  "/regions/0/fwd_time_us: expected a number between 0 and "
+                  "1e12 us"},
+        Violation{REGION(", \"fwd_time_us\": 1.7e308"),
+                  "/regions/0/fwd_time_us: expected a number between 0 and "
+                  "1e12 us, got '1.7e+308'"},
+        Violation{REGION(", \"replay_time_us\": 2e12"),
+                  "/regions/0/replay_time_us: expected a number between 0 "
+                  "and 1e12 us"},
         Violation{REGION(", \"checkpoint\": 1"),
                   "/regions/0/checkpoint: expected true or false, got '1'"},
         Violation{REGION(", \"checkpointable\": \"no\""),
