@@ -69,6 +69,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         p.error("--timeout must be > 0")
     if args.world_size is not None and args.world_size < 1:
         p.error("--world-size must be >= 1")
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
     return args
 
 
@@ -210,15 +212,44 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     }
 
 
-def _write(path: Optional[str], report: Dict[str, Any]) -> None:
+def _check_report_path(path: Optional[str]) -> None:
+    """Refuses a --report the run could not write, before the run (not after it)."""
     if not path:
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".hpr-report-", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        json.dump(report, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise RunError(f"hp_recompute.run: --report {path}: is a directory")
+    if not os.path.isdir(folder):
+        raise RunError(f"hp_recompute.run: --report {path}: no directory {folder}")
+    if not os.access(folder, os.W_OK):
+        raise RunError(f"hp_recompute.run: --report {path}: {folder} is not writable")
+
+
+def _write(path: Optional[str], report: Dict[str, Any]) -> None:
+    """Writes the report atomically (through a symlink, to its target), with the mode an
+    existing file had, else the umask's; raises RunError, leaving no temporary file."""
+    if not path:
+        return
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".hpr-report-", dir=os.path.dirname(target))
+        with os.fdopen(fd, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+            f.write("\n")
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except OSError as e:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise RunError(f"hp_recompute.run: --report {path}: {e.strerror or e}") from None
 
 
 def _summary_lines(report: Dict[str, Any]) -> List[str]:
@@ -268,6 +299,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 check failed or error, 2 usage)."""
     args = _parse(argv)
     try:
+        _check_report_path(args.report)
+    except RunError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    try:
         report = run(args)
     except RunError as e:
         print(str(e), file=sys.stderr)
@@ -275,9 +311,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "error": str(e), "failed_rank": getattr(e, "rank", None)}
         if getattr(e, "ranks", None) is not None:  # multi-process: how each rank ended
             failure["rank_results"] = e.ranks  # type: ignore[attr-defined]
-        _write(args.report, failure)
+        try:
+            _write(args.report, failure)
+        except RunError as write_error:
+            print(str(write_error), file=sys.stderr)
         return 1
-    _write(args.report, report)
+    try:
+        _write(args.report, report)
+    except RunError as e:
+        print(str(e), file=sys.stderr)
+        return 1
     out = sys.stdout if report["ok"] else sys.stderr
     for line in _summary_lines(report) if not args.quiet or not report["ok"] else []:
         print(line, file=out)

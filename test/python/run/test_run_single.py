@@ -194,3 +194,36 @@ def test_native_mode_counts_replays_per_step(tmp_path: Path) -> None:
     # (a count carried over between steps would give 1 + 2 + 3 = 6 times it).
     assert totals[1] > 0
     assert totals[3] == 3 * totals[1]
+
+
+def test_unusable_report_paths_are_refused_before_the_run(tmp_path: Path, capsys) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    from hp_recompute import run as runner
+
+    for report, message in ((tmp_path / "missing" / "r.json", "no directory"), (tmp_path, "is a directory")):
+        assert runner.main(["--plan", str(plan), "--single-process", "--report", str(report)]) == 1
+        assert f"hp_recompute.run: --report {report}: {message}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"], "no stray temporary file"
+
+
+def test_report_goes_through_a_symlink_and_keeps_the_mode(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    target = tmp_path / "kept.json"
+    target.write_text("{}")
+    target.chmod(0o644)
+    link = tmp_path / "r.json"
+    link.symlink_to(target)
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(link))
+    assert code == 0 and report["ok"] is True
+    assert link.is_symlink() and json.loads(target.read_text())["ok"] is True
+    assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_zero_threads_is_a_usage_error(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    from hp_recompute import run as runner
+
+    with pytest.raises(SystemExit) as exit_info:
+        runner.main(["--plan", str(plan), "--single-process", "--threads", "0"])
+    assert exit_info.value.code == 2
+
