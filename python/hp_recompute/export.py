@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
-from typing import List, Optional, Sequence, Tuple
+import tempfile
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -118,15 +120,76 @@ def _segment_json(seg: Segment) -> dict:
     }
 
 
+#: Largest example input the exporter builds (elements over all inputs): 2^31.
+MAX_INPUT_ELEMENTS = 1 << 31
+
+
+def check_outputs(outputs: Sequence[Tuple[str, str]]) -> None:
+    """Refuses, before any work, outputs that could not be written or that name one file
+    twice (e.g. ``--model-json`` equal to the sidecar): ``outputs`` are (option, path)."""
+    seen = {}
+    for option, path in outputs:
+        target = os.path.realpath(path)
+        if target in seen:
+            raise ExportError(f"hp_recompute: {option} {path} is the same file as {seen[target]}")
+        seen[target] = f"{option} {path}"
+        folder = os.path.dirname(target)
+        if os.path.isdir(target):
+            raise ExportError(f"hp_recompute: {option} {path}: is a directory")
+        if not os.path.isdir(folder):
+            raise ExportError(f"hp_recompute: {option} {path}: no directory {folder}")
+        if not os.access(folder, os.W_OK):
+            raise ExportError(f"hp_recompute: {option} {path}: {folder} is not writable")
+
+
+def _write_all(files: Sequence[Tuple[str, Any]]) -> None:
+    """Writes every (path, write(file_path)) to a temporary file beside it, then renames them
+    all: a failure leaves none of the outputs, old or partial, replaced."""
+    done: List[Tuple[str, str]] = []
+    try:
+        for path, write in files:
+            target = os.path.realpath(path)
+            fd, tmp = tempfile.mkstemp(prefix=".hpr-export-", suffix=os.path.splitext(target)[1],
+                                       dir=os.path.dirname(target))
+            os.close(fd)
+            done.append((tmp, target))
+            write(tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+    except Exception:
+        for tmp, _ in done:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    for tmp, target in done:
+        os.replace(tmp, target)
+
+
 def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
            out: str, region_depth: int = 1, ir: Optional[str] = None,
            model_json: Optional[str] = None, name: Optional[str] = None,
            source: str = "") -> dict:
     """Traces ``model`` and writes ``out`` (.pt) plus its sidecar; returns the sidecar dict."""
+    sidecar_path = os.path.splitext(out)[0] + ".json"
+    check_outputs([("-o", out), ("the sidecar", sidecar_path)] + ([("--ir", ir)] if ir else [])
+                  + ([("--model-json", model_json)] if model_json else []))
+    elements = sum(math.prod(shape) for shape in shapes)
+    if elements > MAX_INPUT_ELEMENTS:
+        raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
+                          f"{MAX_INPUT_ELEMENTS} are built")
     model.train()
-    inputs = make_inputs(shapes, dtypes)
-    traced = torch.jit.trace(model, inputs, check_trace=False)
-    segments = measure_regions(model, inputs, region_depth)
+    described = ", ".join("x".join(map(str, s)) + f" {str(d).replace('torch.', '')}"
+                          for s, d in zip(shapes, dtypes))
+    try:
+        inputs = make_inputs(shapes, dtypes)
+        traced = torch.jit.trace(model, inputs, check_trace=False)
+        segments = measure_regions(model, inputs, region_depth)
+    except ExportError:
+        raise
+    except Exception as e:  # the model's own error for these inputs
+        raise ExportError(f"hp_recompute: the model fails on inputs {described} (--input-shape, "
+                          f"--input-dtype): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     if not any(s.checkpointable for s in segments):
         raise ExportError(f"hp_recompute: no regions at --region-depth {region_depth}: "
                           "the model calls no element of a ModuleList/Sequential that deep")
@@ -141,23 +204,32 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
                    for s, d in zip(shapes, dtypes)],
         "regions": [_segment_json(s) for s in segments],
     }
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    traced.save(out)
-    with open(os.path.splitext(out)[0] + ".json", "w") as f:
-        json.dump(sidecar, f, indent=2)
-        f.write("\n")
+    def write_json(value: Any) -> Any:
+        def write(path: str) -> None:
+            with open(path, "w") as f:
+                json.dump(value, f, indent=2)
+                f.write("\n")
+        return write
+
+    files: List[Tuple[str, Any]] = [(out, traced.save), (sidecar_path, write_json(sidecar))]
     if ir:
-        with open(ir, "w") as f:
-            f.write(module_to_ir(traced, model))
+        text = module_to_ir(traced, model)
+
+        def write_ir(path: str) -> None:
+            with open(path, "w") as f:
+                f.write(text)
+        files.append((ir, write_ir))
     if model_json:
         graph = {"format": MODEL_FORMAT, "version": 1, "name": name, "regions": [
             {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
              "fwd_flops": int(r["fwd_flops"]), "fwd_time_us": 0,
              "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
              "param_bytes": r["param_bytes"]} for r in sidecar["regions"]]}
-        with open(model_json, "w") as f:
-            json.dump(graph, f, indent=2)
-            f.write("\n")
+        files.append((model_json, write_json(graph)))
+    try:
+        _write_all(files)
+    except OSError as e:
+        raise ExportError(f"hp_recompute: writing the outputs failed: {e}") from None
     return sidecar
 
 

@@ -109,16 +109,26 @@ def test_cli_writes_pt_sidecar_ir_and_model_json(tmp_path):
     (["--input-shape", "8x32", "--module", "nofile.py:build"], "no such file 'nofile.py'"),
     (["--input-shape", "8x32", "--module", "MLP"], "expected FILE.py:FACTORY"),
     (["--input-shape", "8x32", "--region-depth", "2"], "no regions at --region-depth 2"),
+    (["--input-shape", "8x33"], "the model fails on inputs 8x33 float32 (--input-shape, --input-dtype): "
+                                "RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    (["--input-shape", "8x32,8x32"], "the model fails on inputs 8x32 float32, 8x32 float32"),
+    (["--input-shape", "8x32", "--input-dtype", "int64"], "the model fails on inputs 8x32 int64"),
+    (["--input-shape", "99999999x99999999"], "elements in all; at most 2147483648 are built"),
+    (["--input-shape", "8x32", "--ir", "/nonexistent-dir/m.ir"], "--ir /nonexistent-dir/m.ir: no directory"),
+    (["--input-shape", "8x32", "--model-json", "{tmp}/m.json"], "is the same file as the sidecar"),
+    (["--input-shape", "8x32", "--model-json", "{tmp}"], "is a directory"),
 ])
 def test_cli_bad_input(tmp_path, argv, message):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     base = ["--module", os.path.join(ROOT, "examples", "mlp", "model.py") + ":build",
             "-o", str(tmp_path / "m.pt")]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     proc = subprocess.run([sys.executable, "-m", "hp_recompute.export"] + base + argv,
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("hp_recompute:")
+    assert proc.stderr.startswith("hp_recompute:") and "Traceback" not in proc.stderr
     assert message in proc.stderr
+    assert list(tmp_path.iterdir()) == [], "no output, not even part of one"
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp", "cnn"])
