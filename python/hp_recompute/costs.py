@@ -31,7 +31,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -40,6 +39,7 @@ import torch
 
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
+from .output_files import output_problem, write_text
 from .run_model import PipelineModel, load_model
 from .run_memory import AllocatorPeak
 from .run_plan import RunError
@@ -204,21 +204,6 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
             for name, keys in results[0].items()}
 
 
-def _write_atomic(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".hpr-costs-", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)  # mkstemp's 0600 would hide the file from other users
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 bad input, 2 usage)."""
     p = argparse.ArgumentParser(prog="python -m hp_recompute.costs", description=__doc__.split("\n\n")[0])
@@ -252,9 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: names "
                            f"[{', '.join(str(r['name']) for r in regions)}] are not model '{model.name}''s regions "
                            f"[{', '.join(names)}]")
-        folder = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(args.output):
-            raise RunError(f"hp_recompute.costs: -o {args.output}: expected a file path in a writable directory")
+        problem = output_problem(args.output)
+        if problem:
+            raise RunError(f"hp_recompute.costs: -o {args.output}: {problem}")
         if args.processes == 1:
             batch = model.make_batch(torch.Generator().manual_seed(args.seed))
             try:
@@ -273,7 +258,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     graph["source"] = (f"{graph.get('source', '')}; times: python -m hp_recompute.costs, torch {torch.__version__}, "
                        f"{args.threads} thread(s) x {args.processes} process(es), median of {args.repeats - args.warmup}").lstrip("; ")
     try:
-        _write_atomic(args.output, json.dumps(graph, indent=2) + "\n")
+        write_text(args.output, json.dumps(graph, indent=2) + "\n")
     except OSError as e:
         print(f"hp_recompute.costs: -o {args.output}: cannot write: {e}", file=sys.stderr)
         return 1

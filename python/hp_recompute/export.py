@@ -25,11 +25,12 @@ import math
 import os
 import re
 import sys
-import tempfile
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+
+from .output_files import output_problem, write_files
 
 try:  # run as ``python3 -m hp_recompute.export``
     from .export_ir import module_to_ir
@@ -133,37 +134,9 @@ def check_outputs(outputs: Sequence[Tuple[str, str]]) -> None:
         if target in seen:
             raise ExportError(f"hp_recompute: {option} {path} is the same file as {seen[target]}")
         seen[target] = f"{option} {path}"
-        folder = os.path.dirname(target)
-        if os.path.isdir(target):
-            raise ExportError(f"hp_recompute: {option} {path}: is a directory")
-        if not os.path.isdir(folder):
-            raise ExportError(f"hp_recompute: {option} {path}: no directory {folder}")
-        if not os.access(folder, os.W_OK):
-            raise ExportError(f"hp_recompute: {option} {path}: {folder} is not writable")
-
-
-def _write_all(files: Sequence[Tuple[str, Any]]) -> None:
-    """Writes every (path, write(file_path)) to a temporary file beside it, then renames them
-    all: a failure leaves none of the outputs, old or partial, replaced."""
-    done: List[Tuple[str, str]] = []
-    try:
-        for path, write in files:
-            target = os.path.realpath(path)
-            fd, tmp = tempfile.mkstemp(prefix=".hpr-export-", suffix=os.path.splitext(target)[1],
-                                       dir=os.path.dirname(target))
-            os.close(fd)
-            done.append((tmp, target))
-            write(tmp)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-    except Exception:
-        for tmp, _ in done:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        raise
-    for tmp, target in done:
-        os.replace(tmp, target)
+        problem = output_problem(path)
+        if problem:
+            raise ExportError(f"hp_recompute: {option} {path}: {problem}")
 
 
 def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
@@ -227,7 +200,7 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
              "param_bytes": r["param_bytes"]} for r in sidecar["regions"]]}
         files.append((model_json, write_json(graph)))
     try:
-        _write_all(files)
+        write_files(files)
     except OSError as e:
         raise ExportError(f"hp_recompute: writing the outputs failed: {e}") from None
     return sidecar

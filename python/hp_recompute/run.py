@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -39,6 +38,7 @@ from .run_check import (buffer_snapshot, check_regions, compare, make_batches, m
 from .run_exec import MODES, MemoryTransport, RankExecutor, clear_all_sessions
 from .run_model import StageSpec, load_model, split_stages, stage_names
 from .run_plan import Plan, RunError, load_plan
+from .output_files import output_problem, write_text
 from .sessions import clear_recompute_session, live_sessions, reset_stats, stats
 
 __all__ = ["main", "run", "REPORT_FORMAT"]
@@ -214,41 +214,18 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
 
 def _check_report_path(path: Optional[str]) -> None:
     """Refuses a --report the run could not write, before the run (not after it)."""
-    if not path:
-        return
-    target = os.path.realpath(path)
-    folder = os.path.dirname(target)
-    if os.path.isdir(target):
-        raise RunError(f"hp_recompute.run: --report {path}: is a directory")
-    if not os.path.isdir(folder):
-        raise RunError(f"hp_recompute.run: --report {path}: no directory {folder}")
-    if not os.access(folder, os.W_OK):
-        raise RunError(f"hp_recompute.run: --report {path}: {folder} is not writable")
+    problem = output_problem(path) if path else None
+    if problem:
+        raise RunError(f"hp_recompute.run: --report {path}: {problem}")
 
 
 def _write(path: Optional[str], report: Dict[str, Any]) -> None:
-    """Writes the report atomically (through a symlink, to its target), with the mode an
-    existing file had, else the umask's; raises RunError, leaving no temporary file."""
+    """Writes the report (NOTE in output_files.py); raises RunError."""
     if not path:
         return
-    target = os.path.realpath(path)
     try:
-        mode = os.stat(target).st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".hpr-report-", dir=os.path.dirname(target))
-        with os.fdopen(fd, "w") as f:
-            json.dump(report, f, indent=2, default=str)
-            f.write("\n")
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        write_text(path, json.dumps(report, indent=2, default=str) + "\n")
     except OSError as e:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
         raise RunError(f"hp_recompute.run: --report {path}: {e.strerror or e}") from None
 
 
