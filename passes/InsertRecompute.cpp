@@ -71,23 +71,6 @@ Operation *InsertRecomputePass::findInsertionPoint(SessionOp session,
   return point;
 }
 
-/// The largest number of sessions whose recompute has run and whose last
-/// consumer has not, at any point of `program`.
-static unsigned countMaxLiveSessions(ProgramOp program) {
-  unsigned live = 0, peak = 0;
-  for (Operation &op : program.getBody().getOps()) {
-    if (isa<RecomputeOp>(op))
-      peak = std::max(peak, ++live);
-    auto consumer = dyn_cast<ConsumerOpInterface>(op);
-    if (!consumer || !consumer.getSessionValue())
-      continue;
-    auto session = consumer.getSessionValue().getDefiningOp<SessionOp>();
-    if (getConsumers(session).back() == consumer && live > 0)
-      --live;
-  }
-  return peak;
-}
-
 /// Options that the chosen policy does not read are refused rather than
 /// ignored.
 LogicalResult InsertRecomputePass::checkOptions() {
@@ -264,7 +247,8 @@ void InsertRecomputePass::runOnOperation() {
     return signalPassFailure();
   unsigned peak = 0;
   getOperation().walk([&](ProgramOp program) {
-    peak = std::max(peak, countMaxLiveSessions(program));
+    peak = std::max(peak,
+                    countMaxLiveReplays(collectActivationLifetimes(program)));
   });
   maxLiveSessions = peak;
 }

@@ -54,6 +54,7 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
   for (auto [i, lifetime] : llvm::enumerate(result.lifetimes)) {
     if (!lifetime.hasConsumers)
       lifetime.firstConsumerPos = lifetime.lastConsumerPos = pos - 1;
+    lifetime.replayPlaced = placed[i];
     if (!placed[i])
       lifetime.replayBeginPos = lifetime.firstConsumerPos;
     if (!cleared[i])
@@ -94,4 +95,18 @@ ActivationProfile mlir::hpr::computeActivationProfile(
     profile.live[k] += profile.live[k - 1];
   profile.live.pop_back();
   return profile;
+}
+
+unsigned mlir::hpr::countMaxLiveReplays(const ProgramActivations &activations) {
+  std::vector<int> change(activations.numPositions + 1, 0);
+  for (const ActivationLifetime &lifetime : activations.lifetimes)
+    if (lifetime.replayPlaced &&
+        lifetime.replayBeginPos <= lifetime.replayEndPos) {
+      ++change[lifetime.replayBeginPos];
+      --change[lifetime.replayEndPos + 1];
+    }
+  int live = 0, peak = 0;
+  for (int delta : change)
+    peak = std::max(peak, live += delta);
+  return static_cast<unsigned>(peak);
 }

@@ -46,6 +46,7 @@ static RankSummary summarizeProgram(ProgramOp program,
   ProgramActivations activations = collectActivationLifetimes(program);
   ActivationProfile profile = computeActivationProfile(activations, costs);
   summary.peakBytes = profile.peak();
+  summary.maxLiveSessions = countMaxLiveReplays(activations);
   // Where each (stage, mb)'s output and its gradient die: its last backward.
   std::vector<char> isLastBackward(activations.numPositions, false);
   for (const ActivationLifetime &lifetime : activations.lifetimes)
@@ -56,7 +57,7 @@ static RankSummary summarizeProgram(ProgramOp program,
   // gradients until the last backward, I's state until W, weight gradients
   // from the stage's first W or B to the end of the step (and a second copy
   // while a later W or B adds its gradients in).
-  int64_t other = 0, liveSessions = 0;
+  int64_t other = 0;
   llvm::DenseSet<int64_t> gradsAllocated;
   int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
   ArrayRef<int64_t> stageToRank =
@@ -78,11 +79,8 @@ static RankSummary summarizeProgram(ProgramOp program,
       other += costs[stage].outputBytes;
     } else if (isa<RecomputeOp>(op)) {
       ++summary.recomputes;
-      summary.maxLiveSessions =
-          std::max(summary.maxLiveSessions, ++liveSessions);
     } else if (isa<ClearOp>(op)) {
       ++summary.clears;
-      --liveSessions;
     }
     if (isa<BackwardInputOp>(op))
       other += costs[stage].weightStateBytes;

@@ -41,6 +41,8 @@ struct ActivationLifetime {
   /// The replayed tensors' span (see the file comment).
   unsigned replayBeginPos = 0;
   unsigned replayEndPos = 0;
+  /// Whether an hpr.recompute of it is in the program.
+  bool replayPlaced = false;
 };
 
 /// The lifetimes of one program, in forward order.
@@ -61,6 +63,12 @@ struct ActivationProfile {
 
 /// The profile under `costs`, with `checkpointed` saying which forwards run
 /// under checkpoint (default: runsCheckpointed).
+/// The most recomputed (stage, microbatch)s whose replayed tensors are live
+/// at one position: placed recomputes, each from its recompute to its clear
+/// (or last consumer while none is inserted). The summary's `max-live` and
+/// hpr-insert-recompute's statistic.
+unsigned countMaxLiveReplays(const ProgramActivations &activations);
+
 ActivationProfile computeActivationProfile(
     const ProgramActivations &activations, const std::vector<StageCost> &costs,
     llvm::function_ref<bool(const ActivationLifetime &)> checkpointed = {});

@@ -91,6 +91,25 @@ TEST(ActivationModel, PlannedSpansFollowRecomputeAndClear) {
       computeActivationProfile(activations, fixture.costs());
   EXPECT_EQ(profile.live, (std::vector<int64_t>{64, 64, 128, 128, 1128, 1128,
                                                 64, 1064, 1064, 0}));
+  // One replay at a time: mb 0's is cleared before mb 1's recompute.
+  EXPECT_EQ(countMaxLiveReplays(activations), 1u);
+}
+
+TEST(ActivationModel, ReplaysPlacedEarlyOverlap) {
+  OneRank fixture;
+  PassManager pm(&fixture.context);
+  RecomputePipelineOptions options;
+  options.policy = RecomputePolicy::Lookahead;
+  options.distance = 9;
+  buildRecomputePipeline(pm, options);
+  ASSERT_TRUE(succeeded(pm.run(*fixture.module)));
+  // Both recomputes right after their sessions: live together from mb 1's.
+  EXPECT_EQ(countMaxLiveReplays(collectActivationLifetimes(fixture.program())),
+            2u);
+  // Before planning nothing is placed.
+  OneRank unplanned;
+  EXPECT_EQ(
+      countMaxLiveReplays(collectActivationLifetimes(unplanned.program())), 0u);
 }
 
 } // namespace
