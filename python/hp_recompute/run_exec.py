@@ -234,7 +234,7 @@ class RankExecutor:
             self._forward(a)
         elif op == "recompute":
             if self.mode == "plan":
-                for handle in self.micro[key].handles:
+                for handle in self._forward_of(a).handles:
                     recompute_handle(handle, a.session)
         elif op == "clear":
             if self.mode == "plan":
@@ -242,8 +242,11 @@ class RankExecutor:
         elif op in CONSUMER_OPS:
             self._backward(a)
         elif op == "send_f":
-            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self.micro[key].out.detach())
+            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self._forward_of(a).out.detach())
         elif op == "send_b":
+            if key not in self.dx_out:
+                raise RunError(f"hp_recompute.run: rank {self.rank}: send_b of stage {a.stage} mb {a.microbatch} "
+                               f"before its dx (backward_input or backward of that stage and microbatch)")
             self.transport.send("b", a.stage, a.microbatch, self.rank, a.peer, self.dx_out.pop(key))
         elif op == "recv_f":
             self.inbox_f[key] = self.transport.recv("f", a.stage - 1, a.microbatch, a.peer, self.rank)
@@ -251,6 +254,14 @@ class RankExecutor:
             self.inbox_b[key] = self.transport.recv("b", a.stage + 1, a.microbatch, a.peer, self.rank)
         if op in CONSUMER_OPS and self.last.get(key) == self.pc:
             self.micro.pop(key, None)
+
+    def _forward_of(self, a: Action) -> "_Micro":
+        """The state a forward left for ``a``'s (stage, mb); a plan ordered wrongly is named."""
+        m = self.micro.get((a.stage, a.microbatch))
+        if m is None:
+            raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {a.stage} mb {a.microbatch} "
+                           f"before its forward or after its last backward")
+        return m
 
     def _unit_call(self, unit: Unit, h: Any, batch: Any, seed: int, plain: bool) -> Any:
         fn: Any = functools.partial(unit.__call__, batch=batch, seed=seed)

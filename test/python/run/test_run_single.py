@@ -151,6 +151,15 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
     assert "/model/stages/1/regions/0/name: region 'blocks.99' is not in model 'gpt'" in report["error"]
     assert "hp_recompute.run:" in capsys.readouterr().err
 
+    # A plan ordered wrongly is named, not a bare KeyError.
+    def send_before_forward(p):
+        actions = p["ranks"][0]["actions"]
+        actions[0], actions[1] = actions[1], actions[0]
+    swapped = edit_plan(plan, tmp_path / "swapped.json", send_before_forward)
+    code, report = run_inproc("--plan", str(swapped), "--single-process", "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "rank 0: send_f of stage 0 mb 0 before its forward or after its last backward" in report["error"]
+
     # checkpoint: only false, only on a forward (actions 0, 2: forwards; 1: send_f), and
     # never on one whose microbatch has a session.
     for index, value, expected in ((0, True, "expected false, on a forward, got 'true'"),
