@@ -139,16 +139,14 @@ llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
   PlanSummary summary;
   for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
     summary.ranks.push_back(summarizeProgram(program, costs));
-  ModuleSchedule timeline = extractSchedule(module, costs);
+  summary.timeline = extractSchedule(module, costs);
   llvm::Expected<sched::SimulationResult> simulation =
-      simulateTimeline(timeline.schedule);
+      simulateTimeline(summary.timeline.schedule);
   if (!simulation)
     return simulation.takeError();
-  summary.stepTimeUs = simulation->makespan;
-  summary.bubbleFraction = simulation->bubbleFraction;
-  summary.busyUs = simulation->busy;
-  for (auto [rank, exposure] : llvm::enumerate(
-           measureRecomputeExposure(timeline.schedule, *simulation))) {
+  summary.simulation = std::move(*simulation);
+  for (auto [rank, exposure] : llvm::enumerate(measureRecomputeExposure(
+           summary.timeline.schedule, summary.simulation))) {
     summary.ranks[rank].hiddenRecomputeUs = exposure.hiddenUs;
     summary.ranks[rank].exposedRecomputeUs = exposure.exposedUs;
   }
@@ -171,7 +169,8 @@ void mlir::hpr::printSummaryTable(const PlanSummary &summary,
     row(std::to_string(index), rank);
   row("total", summary.total());
   os << llvm::format("step time %.1f us, bubble fraction %.3f\n",
-                     summary.stepTimeUs, summary.bubbleFraction);
+                     summary.simulation.makespan,
+                     summary.simulation.bubbleFraction);
 }
 
 //===----------------------------------------------------------------------===//
@@ -288,9 +287,9 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"recomputes", total.recomputes},
         {"clears", total.clears},
         {"per_backward_recomputes", total.perBackwardRecomputes},
-        {"step_time_us", summary.stepTimeUs},
-        {"bubble_fraction", summary.bubbleFraction},
-        {"busy_us", summary.busyUs},
+        {"step_time_us", summary.simulation.makespan},
+        {"bubble_fraction", summary.simulation.bubbleFraction},
+        {"busy_us", summary.simulation.busy},
         {"peak_bytes", peakBytes},
         {"peak_memory_bytes", peakMemory},
         {"max_live_sessions", maxLive},
@@ -348,12 +347,9 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
 // Trace
 //===----------------------------------------------------------------------===//
 
-llvm::Error mlir::hpr::writeTraceJson(ModuleOp module, llvm::raw_ostream &os) {
-  sched::Schedule schedule = extractSchedule(module).schedule;
-  llvm::Expected<sched::SimulationResult> simulation =
-      simulateTimeline(schedule);
-  if (!simulation)
-    return simulation.takeError();
+void mlir::hpr::writeTraceJson(const PlanSummary &summary,
+                               llvm::raw_ostream &os) {
+  const sched::Schedule &schedule = summary.timeline.schedule;
   // Chrome's trace event format: one complete ("X") event per action, one
   // thread per rank; chrome://tracing and Perfetto open it.
   os << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
@@ -368,7 +364,8 @@ llvm::Error mlir::hpr::writeTraceJson(ModuleOp module, llvm::raw_ostream &os) {
               {"args", {{"name", "rank " + std::to_string(rank)}}}});
     first = false;
     for (auto [index, action] : llvm::enumerate(program)) {
-      const sched::ActionTiming &timing = simulation->timelines[rank][index];
+      const sched::ActionTiming &timing =
+          summary.simulation.timelines[rank][index];
       if (action.kind == sched::ActionKind::Idle || timing.end <= timing.start)
         continue;
       os << ",\n"
@@ -381,5 +378,4 @@ llvm::Error mlir::hpr::writeTraceJson(ModuleOp module, llvm::raw_ostream &os) {
     }
   }
   os << "\n]}\n";
-  return llvm::Error::success();
 }

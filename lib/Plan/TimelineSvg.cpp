@@ -92,17 +92,14 @@ void legendItem(llvm::raw_ostream &os, double x, const char *fill,
 
 } // namespace
 
-llvm::Error mlir::hpr::writeTimelineSvg(ModuleOp module,
-                                        llvm::raw_ostream &os) {
+void mlir::hpr::writeTimelineSvg(ModuleOp module, const PlanSummary &summary,
+                                 llvm::raw_ostream &os) {
   ModelOp model = *module.getOps<ModelOp>().begin();
   ScheduleOp scheduleOp = *module.getOps<ScheduleOp>().begin();
   std::vector<StageCost> costs = computeStageCosts(model);
-  ModuleSchedule cells = extractSchedule(module, costs);
-  llvm::Expected<sched::SimulationResult> simulation =
-      simulateTimeline(cells.schedule);
-  if (!simulation)
-    return simulation.takeError();
-  double makespan = std::max(simulation->makespan, 1e-9);
+  const ModuleSchedule &cells = summary.timeline;
+  const sched::SimulationResult &simulation = summary.simulation;
+  double makespan = std::max(simulation.makespan, 1e-9);
   double pxPerUs = kPlotWidth / makespan;
   auto xOf = [&](double us) { return kLeft + us * pxPerUs; };
 
@@ -131,8 +128,8 @@ llvm::Error mlir::hpr::writeTimelineSvg(ModuleOp module,
                       "'{1}': {2} ranks, {3} microbatches; step {4:f1} us, "
                       "bubble fraction {5:f3}</text>\n",
                       kLeft, scheduleOp.getName(), numRanks,
-                      scheduleOp.getNumMicrobatches(), simulation->makespan,
-                      simulation->bubbleFraction);
+                      scheduleOp.getNumMicrobatches(), simulation.makespan,
+                      simulation.bubbleFraction);
   using Kind = sched::ActionKind;
   static const std::pair<Kind, const char *> legend[] = {
       {Kind::Forward, "forward (F)"},   {Kind::BackwardInput, "dx (I)"},
@@ -155,7 +152,7 @@ llvm::Error mlir::hpr::writeTimelineSvg(ModuleOp module,
     double top = kTop + rank * rankHeight;
     const std::vector<sched::Action> &actions = cells.schedule.ranks[rank];
     const std::vector<sched::ActionTiming> &timeline =
-        simulation->timelines[rank];
+        simulation.timelines[rank];
     os << llvm::format("<g data-rank=\"%zu\" data-lane-top=\"%.1f\" "
                        "data-lane-height=\"%.1f\">\n",
                        rank, top, kLaneHeight);
@@ -266,5 +263,4 @@ llvm::Error mlir::hpr::writeTimelineSvg(ModuleOp module,
                      "(us, simulated)</text>\n",
                      kLeft + kPlotWidth, axisY + 30);
   os << "</svg>\n";
-  return llvm::Error::success();
 }

@@ -516,9 +516,11 @@ int main(int argc, char **argv) {
           mlir::hpr::extractSchedule(**module).schedule, csvDialect);
       break;
     case EmitKind::Trace:
-      return mlir::hpr::writeTraceJson(**module, os);
+      mlir::hpr::writeTraceJson(*summary, os);
+      break;
     case EmitKind::Svg:
-      return mlir::hpr::writeTimelineSvg(**module, os);
+      mlir::hpr::writeTimelineSvg(**module, *summary, os);
+      break;
     }
     return Error::success();
   };

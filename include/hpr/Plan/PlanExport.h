@@ -9,6 +9,7 @@
 #ifndef HPR_PLAN_PLANEXPORT_H
 #define HPR_PLAN_PLANEXPORT_H
 
+#include "hpr/Analysis/Timeline.h"
 #include "hpr/Schedule/Schedule.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -47,9 +48,10 @@ struct RankSummary {
 
 struct PlanSummary {
   std::vector<RankSummary> ranks;
-  double stepTimeUs = 0;
-  double bubbleFraction = 0;
-  std::vector<double> busyUs; ///< simulated time each rank spends in actions
+  /// The planned programs as cells and their simulation (Timeline.h), which
+  /// the trace and the SVG draw.
+  ModuleSchedule timeline;
+  ::hpr::sched::SimulationResult simulation;
   RankSummary total() const;
 };
 
@@ -61,10 +63,10 @@ llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
 void writePlanJson(ModuleOp module, const PlanSummary &summary,
                    const nlohmann::json &planner, llvm::raw_ostream &os);
 
-/// Writes the simulated timeline of the planned module as a Chrome trace
-/// (trace event JSON: one thread per rank, one complete event per action,
-/// times in microseconds), for chrome://tracing or Perfetto.
-llvm::Error writeTraceJson(ModuleOp module, llvm::raw_ostream &os);
+/// Writes the summary's simulated timeline as a Chrome trace (trace event
+/// JSON: one thread per rank, one complete event per action, times in
+/// microseconds), for chrome://tracing or Perfetto.
+void writeTraceJson(const PlanSummary &summary, llvm::raw_ostream &os);
 
 /// A fixed-width table, one row per rank plus a total.
 void printSummaryTable(const PlanSummary &summary, llvm::raw_ostream &os);

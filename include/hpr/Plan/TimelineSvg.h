@@ -11,14 +11,17 @@
 #ifndef HPR_PLAN_TIMELINESVG_H
 #define HPR_PLAN_TIMELINESVG_H
 
+#include "hpr/Plan/PlanExport.h"
+
 #include "mlir/IR/BuiltinOps.h"
-#include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
 namespace mlir::hpr {
 
-/// Writes the SVG picture of the planned module's simulated step to `os`.
-llvm::Error writeTimelineSvg(ModuleOp module, llvm::raw_ostream &os);
+/// Writes the SVG picture of the planned module's simulated step (the
+/// summary's timeline) to `os`.
+void writeTimelineSvg(ModuleOp module, const PlanSummary &summary,
+                      llvm::raw_ostream &os);
 
 } // namespace mlir::hpr
 
