@@ -9,17 +9,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "SessionAnalysis.h"
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "llvm/ADT/DenseSet.h"
-#include "llvm/Support/Debug.h"
 
 #include <numeric>
-
-#define DEBUG_TYPE "hpr-select-checkpoints"
 
 namespace mlir::hpr {
 #define GEN_PASS_DEF_HPRSELECTCHECKPOINTS
