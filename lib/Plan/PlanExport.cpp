@@ -1,6 +1,7 @@
 //===- PlanExport.cpp - Planned hpr IR -> plan formats -------------------===//
 
 #include "hpr/Plan/PlanExport.h"
+#include "PlanJsonParts.h"
 
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"
@@ -28,10 +29,12 @@ using nlohmann::json;
 /// (`op` first), which also makes them cheaper to build than sorted maps.
 using ordered_json = nlohmann::ordered_json;
 
-static ScheduleOp getSchedule(ModuleOp module) {
+using namespace mlir::hpr::plan_json;
+
+ScheduleOp mlir::hpr::plan_json::getSchedule(ModuleOp module) {
   return *module.getOps<ScheduleOp>().begin();
 }
-static ModelOp getModel(ModuleOp module) {
+ModelOp mlir::hpr::plan_json::getModel(ModuleOp module) {
   return *module.getOps<ModelOp>().begin();
 }
 
@@ -195,7 +198,7 @@ static json regionJson(RegionOp region) {
   return entry;
 }
 
-static ordered_json actionJson(Operation *op) {
+ordered_json mlir::hpr::plan_json::actionJson(Operation *op) {
   auto action = cast<ActionOpInterface>(op);
   ordered_json entry = {{"op", action.getPlanName().str()}};
   if (action.getStageIndex() >= 0)
@@ -241,23 +244,51 @@ static void writeArrayLines(llvm::raw_ostream &os, const Range &items,
   os << "\n" << indent.drop_back() << "]";
 }
 
-void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
-                              const json &planner, llvm::raw_ostream &os) {
-  ScheduleOp schedule = getSchedule(module);
-  ModelOp model = getModel(module);
+json mlir::hpr::plan_json::scheduleJson(ScheduleOp schedule) {
+  return {
+      {"name", schedule.getName().str()},
+      {"num_ranks", static_cast<int64_t>(schedule.getNumRanks())},
+      {"num_stages", static_cast<int64_t>(schedule.getNumStages())},
+      {"num_microbatches", static_cast<int64_t>(schedule.getNumMicrobatches())},
+      {"stage_to_rank", std::vector<int64_t>(schedule.getStageToRank())}};
+}
 
+json mlir::hpr::plan_json::modelJson(ModelOp model,
+                                     CheckpointedRegions &checkpointed) {
   json stages = json::array();
-  llvm::DenseMap<int64_t, std::vector<std::string>> checkpointedRegions;
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     json regions = json::array();
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
       regions.push_back(regionJson(region));
       if (region.getCheckpoint())
-        checkpointedRegions[stage.getIndex()].push_back(region.getName().str());
+        checkpointed[stage.getIndex()].push_back(region.getName().str());
     }
     stages.push_back({{"stage", static_cast<int64_t>(stage.getIndex())},
                       {"regions", std::move(regions)}});
   }
+  return {{"name", model.getName().str()}, {"stages", std::move(stages)}};
+}
+
+ordered_json
+mlir::hpr::plan_json::sessionJson(SessionOp session,
+                                  const CheckpointedRegions &checkpointed) {
+  ForwardOp forward = session.getForward();
+  auto regions = checkpointed.find(forward.getStageIndex());
+  return ordered_json{
+      {"id", session.getSid().str()},
+      {"stage", forward.getStageIndex()},
+      {"microbatch", forward.getMicrobatchIndex()},
+      {"rank",
+       static_cast<int64_t>(session->getParentOfType<ProgramOp>().getRank())},
+      {"regions", regions == checkpointed.end() ? std::vector<std::string>()
+                                                : regions->second}};
+}
+
+void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
+                              const json &planner, llvm::raw_ostream &os) {
+  ScheduleOp schedule = getSchedule(module);
+  CheckpointedRegions checkpointedRegions;
+  json model = modelJson(getModel(module), checkpointedRegions);
 
   RankSummary total = summary.total();
   json peakBytes = json::array(), peakMemory = json::array(),
@@ -274,14 +305,8 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
       {"format", "hp-recompute-plan"},
       {"version", 1},
       {"planner", planner},
-      {"schedule",
-       {{"name", schedule.getName().str()},
-        {"num_ranks", static_cast<int64_t>(schedule.getNumRanks())},
-        {"num_stages", static_cast<int64_t>(schedule.getNumStages())},
-        {"num_microbatches",
-         static_cast<int64_t>(schedule.getNumMicrobatches())},
-        {"stage_to_rank", std::vector<int64_t>(schedule.getStageToRank())}}},
-      {"model", {{"name", model.getName().str()}, {"stages", stages}}},
+      {"schedule", scheduleJson(schedule)},
+      {"model", model},
       {"summary",
        {{"sessions", total.sessions},
         {"recomputes", total.recomputes},
@@ -308,15 +333,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   writeArrayLines(
       os, sessionOps,
       [&](Operation *op) -> std::optional<ordered_json> {
-        auto session = cast<SessionOp>(op);
-        ForwardOp forward = session.getForward();
-        return ordered_json{
-            {"id", session.getSid().str()},
-            {"stage", forward.getStageIndex()},
-            {"microbatch", forward.getMicrobatchIndex()},
-            {"rank", static_cast<int64_t>(
-                         session->getParentOfType<ProgramOp>().getRank())},
-            {"regions", checkpointedRegions[forward.getStageIndex()]}};
+        return sessionJson(cast<SessionOp>(op), checkpointedRegions);
       },
       "  ");
   // Ranks are independent: serialize them on all threads, write in order.

@@ -185,8 +185,10 @@ def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
             if op not in NOOP_OPS:
                 kw["stage"] = _int(path, a, "stage", where, 0, num_stages)
                 kw["microbatch"] = _int(path, a, "microbatch", where, 0, num_mb)
-                if s2r[kw["stage"]] != r:
-                    raise _fail(path, f"{where}/stage", f"a stage on rank {r}", kw["stage"])
+            elif "stage" in a:  # unshard, reshard, reduce_grad: per stage, no microbatch
+                kw["stage"] = _int(path, a, "stage", where, 0, num_stages)
+            if kw.get("stage", -1) >= 0 and s2r[kw["stage"]] != r:
+                raise _fail(path, f"{where}/stage", f"a stage on rank {r}", kw["stage"])
             if op in TRANSFER_OPS:
                 kw["peer"] = _int(path, a, "peer", where, 0, num_ranks)
             if "checkpoint" in a:

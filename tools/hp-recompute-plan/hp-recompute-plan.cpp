@@ -14,6 +14,7 @@
 #include "hpr/Plan/BuildModule.h"
 #include "hpr/Plan/PlanExport.h"
 #include "hpr/Plan/TimelineSvg.h"
+#include "hpr/Plan/TorchCsv.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
 #include "hpr/Schedule/ScheduleCsv.h"
@@ -29,6 +30,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/WithColor.h"
 
 #include <optional>
@@ -38,7 +40,7 @@ namespace sched = ::hpr::sched;
 namespace model = ::hpr::model;
 
 namespace {
-enum class EmitKind { Summary, Json, Mlir, Csv, Trace, Svg };
+enum class EmitKind { Summary, Json, Mlir, Csv, TorchCsv, Trace, Svg };
 
 cl::OptionCategory category("hp-recompute-plan options");
 
@@ -119,6 +121,9 @@ cl::opt<EmitKind>
                     clEnumValN(EmitKind::Mlir, "mlir", "planned hpr IR"),
                     clEnumValN(EmitKind::Csv, "csv",
                                "schedule CSV with RECOMPUTE/CLEAR"),
+                    clEnumValN(EmitKind::TorchCsv, "torch-csv",
+                               "torch.distributed.pipelining CSV (-o "
+                               "FILE.csv) and its FILE.hpr.json sidecar"),
                     clEnumValN(EmitKind::Trace, "trace",
                                "simulated timeline (Chrome trace JSON)"),
                     clEnumValN(EmitKind::Svg, "svg",
@@ -241,13 +246,21 @@ static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
   return model::partitionModel(*graph, numStages, stageSpec);
 }
 
+/// FILE.hpr.json beside `-o FILE.csv` (--emit torch-csv).
+static std::string torchCsvSidecarPath() {
+  SmallString<256> path(outputFile.getValue());
+  sys::path::replace_extension(path, ".hpr.json");
+  return std::string(path);
+}
+
 /// Runs `write` on the output. Stdout for `-`. A FIFO, a character device or
 /// a socket (also behind a symlink, e.g. /dev/stdout) is streamed into as it
 /// is. A regular file is written to a temporary file beside it and renamed
 /// over it once complete (llvm::writeToOutput), so a failure leaves the old
 /// one; through a symlink the target is replaced, not the link, and an
 /// existing file keeps its permission bits.
-static Error writeOutput(function_ref<Error(raw_ostream &)> write) {
+static Error writeOutput(const std::string &outputFile,
+                         function_ref<Error(raw_ostream &)> write) {
   auto run = [&](raw_ostream &os) { return write(os); };
   if (outputFile == "-")
     return writeToOutput("-", run);
@@ -412,6 +425,10 @@ int main(int argc, char **argv) {
                             " is a JSON graph with its own sizes and "
                             "costs"))
       return *code;
+  if (emit == EmitKind::TorchCsv &&
+      (outputFile == "-" || !StringRef(outputFile).ends_with(".csv")))
+    return usageError("--emit torch-csv writes two files, FILE.csv and its "
+                      "sidecar FILE.hpr.json; give -o FILE.csv");
   for (const auto &entry : cl::getRegisteredOptions())
     if (entry.second->getNumOccurrences() > 1 &&
         llvm::is_contained(entry.second->Categories, &category))
@@ -521,11 +538,27 @@ int main(int argc, char **argv) {
     case EmitKind::Svg:
       mlir::hpr::writeTimelineSvg(**module, *summary, os);
       break;
+    case EmitKind::TorchCsv:
+      llvm_unreachable("two files, written below");
     }
     return Error::success();
   };
-  if (Error error = writeOutput(write))
+  if (emit == EmitKind::TorchCsv) {
+    // Both files are complete in memory before either is written.
+    std::string csv, sidecar;
+    raw_string_ostream csvOs(csv), sidecarOs(sidecar);
+    mlir::hpr::writeTorchCsv(**module, sys::path::filename(outputFile), csvOs,
+                             sidecarOs);
+    for (auto [path, text] : {std::pair(torchCsvSidecarPath(), &sidecar),
+                              std::pair(outputFile.getValue(), &csv)})
+      if (Error error = writeOutput(path, [&](raw_ostream &os) {
+            os << *text;
+            return Error::success();
+          }))
+        return fail(std::move(error));
+  } else if (Error error = writeOutput(outputFile, write)) {
     return fail(std::move(error));
+  }
   exportTimer.stop();
   if (printSummary && emit != EmitKind::Summary)
     mlir::hpr::printSummaryTable(*summary, outputFile == "-" ? errs() : outs());

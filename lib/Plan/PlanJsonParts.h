@@ -1,0 +1,42 @@
+//===- PlanJsonParts.h - Pieces of the plan JSON shared by writers -*- C++ -*-//
+//
+// The members of the plan JSON that other plan formats repeat (the torch CSV's
+// sidecar): the schedule, the model's stages, one session, one action. Private
+// to lib/Plan.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_LIB_PLAN_PLANJSONPARTS_H
+#define HPR_LIB_PLAN_PLANJSONPARTS_H
+
+#include "hpr/Dialect/HPR/HPROps.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mlir::hpr::plan_json {
+
+/// Stage index -> the names of its checkpointed regions.
+using CheckpointedRegions = std::map<int64_t, std::vector<std::string>>;
+
+ScheduleOp getSchedule(ModuleOp module);
+ModelOp getModel(ModuleOp module);
+
+/// `/schedule`: name, sizes, stage_to_rank.
+nlohmann::json scheduleJson(ScheduleOp schedule);
+/// `/model`: its name and per stage its regions; fills `checkpointed`.
+nlohmann::json modelJson(ModelOp model, CheckpointedRegions &checkpointed);
+/// One element of `/sessions`.
+nlohmann::ordered_json sessionJson(SessionOp session,
+                                   const CheckpointedRegions &checkpointed);
+/// One element of `/ranks/R/actions`.
+nlohmann::ordered_json actionJson(Operation *op);
+
+} // namespace mlir::hpr::plan_json
+
+#endif // HPR_LIB_PLAN_PLANJSONPARTS_H

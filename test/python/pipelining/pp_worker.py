@@ -1,0 +1,178 @@
+"""One rank of a PlannedSchedule-versus-torch comparison (spawned by test_planned_schedule.py).
+
+Each rank builds the same model from one seed, keeps the stages the plan puts on it
+(torchtitan style: a copy of the whole model with the other stages' layers deleted, so
+FQNs are the full model's), and runs one step twice on copies of those stages:
+
+* reference: torch's own schedule class, the plan's checkpointed regions wrapped with
+  torch's ``checkpoint_wrapper`` (``torch.utils.checkpoint``, non-reentrant);
+* planned: ``hp_recompute.pipelining.PlannedSchedule`` with the plan.
+
+It writes losses, gradients and per-block forward calls of both runs to ``out/rank{R}.pt``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections import Counter
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+CALLS: Counter = Counter()  # block FQN -> forward calls (forwards and replays)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, name: str, dropout: float) -> None:
+        super().__init__()
+        self.name = name
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CALLS[self.name] += 1
+        return x + self.fc2(self.drop(torch.tanh(self.fc1(x))))
+
+
+class Net(nn.Module):
+    """``layers.0 .. layers.{n-1}`` then ``head``; a stage keeps a subset (the rest deleted)."""
+
+    def __init__(self, dim: int, n: int, dropout: float) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): Block(dim, f"layers.{i}", dropout) for i in range(n)})
+        self.head = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return self.head(x) if self.head is not None else x
+
+
+def stage_module(full: Net, regions: List[str]) -> Net:
+    module = copy.deepcopy(full)
+    for name in list(module.layers.keys()):
+        if f"layers.{name}" not in regions:
+            del module.layers[name]
+    if "head" not in regions:
+        module.head = None
+    return module
+
+
+def torch_schedule(name: str):
+    from torch.distributed.pipelining import schedules as S
+
+    return {"zbv": S.ScheduleZBVZeroBubble, "izb": S.ScheduleInterleavedZeroBubble, "1f1b": S.Schedule1F1B,
+            "dpv": getattr(S, "ScheduleDualPipeV", None), "i1f1b": S.ScheduleInterleaved1F1B}[name]
+
+
+def run_one(cls: Any, stages: List[Any], cfg: Dict[str, Any], x: torch.Tensor, y: torch.Tensor, **kw: Any):
+    from torch.distributed.pipelining import PipelineStage  # noqa: F401
+
+    loss_fn = lambda out, target: ((out - target) ** 2).mean()  # noqa: E731
+    csv_path = kw.pop("load_csv", None)
+    if cls.__name__ == "Schedule1F1B" or cls.__name__ == "ScheduleGPipe":
+        schedule = cls(stages[0], cfg["microbatches"], loss_fn=loss_fn, **kw)
+    else:
+        schedule = cls(stages, cfg["microbatches"], loss_fn=loss_fn, **kw)
+    if csv_path is not None:  # torch's own loader and runtime on our --emit torch-csv
+        schedule._load_csv(csv_path, format="compute_comms")
+    first = any(s.is_first for s in stages)
+    last = any(s.is_last for s in stages)
+    args = (x,) if first else ()
+    # The first step also infers the stages' metadata (extra forwards); the second is measured.
+    for _ in range(2):
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+        losses: List[torch.Tensor] = []
+        CALLS.clear()
+        torch.manual_seed(1234 + dist.get_rank())
+        schedule.step(*args, target=y if last else None, losses=losses if last else None)
+    return schedule, [l.detach() for l in losses], dict(CALLS)
+
+
+def stage_split(cfg: Dict[str, Any]) -> Dict[int, List[str]]:
+    """Stage -> its regions: consecutive layers, the head on the last stage (as the plan's --stages)."""
+    per = cfg["layers"] // cfg["stages"]
+    split = {s: [f"layers.{i}" for i in range(s * per, (s + 1) * per)] for s in range(cfg["stages"])}
+    split[cfg["stages"] - 1].append("head")
+    return split
+
+
+def stages_of_rank(cfg: Dict[str, Any], rank: int) -> List[int]:
+    """torch's placement: V (ZBV, DualPipeV) or looped (interleaved), one stage per rank otherwise."""
+    ranks, stages = cfg["ranks"], cfg["stages"]
+    if stages == ranks:
+        return [rank]
+    if cfg["torch_schedule"] in ("zbv", "dpv"):
+        return [rank, 2 * ranks - 1 - rank]
+    return list(range(rank, stages, ranks))
+
+
+def main(rank: int, cfg: Dict[str, Any]) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.pipelining import PipelineStage
+
+    sys.path.insert(0, cfg["python"])
+    from hp_recompute.pipelining import PlannedSchedule
+
+    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=cfg["ranks"])
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        full = Net(cfg["dim"], cfg["layers"], cfg["dropout"])
+        split, mine = stage_split(cfg), stages_of_rank(cfg, rank)
+        ckpt = {s: [f for f in split[s] if f.startswith("layers.")] for s in mine}
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(cfg["batch"], cfg["dim"], generator=g)
+        y = torch.randn(cfg["batch"], cfg["dim"], generator=g)
+
+        def make_stages(wrap: bool) -> List[Any]:
+            out = []
+            for s in mine:
+                module = stage_module(full, split[s])
+                if wrap:
+                    for fqn in ckpt[s]:
+                        module.layers[fqn.split(".")[1]] = checkpoint_wrapper(module.get_submodule(fqn))
+                out.append(PipelineStage(module, s, cfg["stages"], torch.device("cpu")))
+            return out
+
+        def grads(stages: List[Any]) -> Dict[str, torch.Tensor]:
+            out = {}
+            for st in stages:
+                for name, p in st.submod.named_parameters():
+                    out[name.replace("_checkpoint_wrapped_module.", "")] = p.grad.detach().clone()
+            return out
+
+        ref_stages = make_stages(wrap=True)
+        ref, ref_losses, ref_calls = run_one(torch_schedule(cfg["torch_schedule"]), ref_stages, cfg, x, y)
+        if rank == 0 and cfg.get("dump_csv"):
+            ref._dump_csv(cfg["dump_csv"], format="compute_only")  # torch's own order, for the planner
+        dist.barrier()
+        if rank == 0:
+            import subprocess
+
+            done = subprocess.run(cfg["plan_cmd"], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"planner failed: {done.stderr}")
+        dist.barrier()
+        plan_stages = make_stages(wrap=False)
+        _, plan_losses, plan_calls = run_one(PlannedSchedule, plan_stages, cfg, x, y, plan=cfg["plan"])
+
+        extra: Dict[str, Any] = {}
+        if cfg["plan"].endswith(".csv"):
+            from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+            rt_stages = make_stages(wrap=True)
+            rt, rt_losses, _ = run_one(_PipelineScheduleRuntime, rt_stages, cfg, x, y, load_csv=cfg["plan"])
+            extra = {"rt_losses": rt_losses, "rt_grads": grads(rt_stages),
+                     "rt_row": [str(a) for a in rt.pipeline_order_with_comms[rank]]}
+        torch.save({**extra, "ref_losses": ref_losses, "plan_losses": plan_losses, "ref_grads": grads(ref_stages),
+                    "plan_grads": grads(plan_stages), "ref_calls": ref_calls, "plan_calls": plan_calls,
+                    "checkpointed": sorted(f for s in mine for f in ckpt[s])},
+                   os.path.join(cfg["out"], f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
