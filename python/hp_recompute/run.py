@@ -37,8 +37,9 @@ from .run_check import (buffer_snapshot, check_regions, compare, make_batches, m
                         sgd_update, sum_losses, updated_buffers)
 from .run_exec import MODES, MemoryTransport, RankExecutor, clear_all_sessions
 from .run_model import StageSpec, load_model, split_stages, stage_names
-from .run_plan import Plan, RunError, load_plan
 from .output_files import output_problem, write_text
+from .plan_check import validate_plan
+from .run_plan import Plan, RunError, load_plan
 from .sessions import clear_recompute_session, live_sessions, reset_stats, stats
 
 __all__ = ["main", "run", "REPORT_FORMAT"]
@@ -257,9 +258,22 @@ def _summary_lines(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def run(args: argparse.Namespace) -> Dict[str, Any]:
-    """Runs the plan as ``args`` say and returns the report (raises ``RunError`` on failure)."""
+def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """Runs the plan as ``args`` say and returns the report (raises ``RunError`` on failure).
+
+    Under torchrun only rank 0 has the report; the other ranks return None."""
     plan = load_plan(args.plan)
+    validate_plan(plan)  # before any rank runs
+    from .run_torchrun import run_torchrun, torchrun_rank  # imports torch.distributed only when needed
+
+    if torchrun_rank() is not None:
+        if args.single_process or args.world_size is not None:
+            raise RunError("hp_recompute.run: under torchrun the processes are torchrun's: drop "
+                           "--single-process and --world-size (use torchrun --nproc-per-node)")
+        result = run_torchrun(plan, args)
+        if result is None:  # not rank 0: it reported to rank 0
+            return None
+        return build_report(plan, args, result["model_name"], result["specs"], result)
     world = args.world_size if args.world_size is not None else plan.num_ranks
     if world != plan.num_ranks:
         raise RunError(f"hp_recompute.run: --world-size {world} does not match the plan's {plan.num_ranks} ranks "
@@ -293,6 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except RunError as write_error:
             print(str(write_error), file=sys.stderr)
         return 1
+    if report is None:
+        return 0
     try:
         _write(args.report, report)
     except RunError as e:

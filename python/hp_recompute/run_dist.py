@@ -135,6 +135,45 @@ def _watchdog(rank: int, port: int, timeout: float, state: Dict[str, Any], resul
         time.sleep(0.05)
 
 
+def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """This rank's program for every step (the process group is up): per step its gradients,
+    losses, updated buffers, counters, peak bytes and times, for ``compare_steps``."""
+    specs = split_stages(plan, model)
+    shapes = _boundary_shapes(model, specs, make_batches(model, cfg["seed"], 0, 1)[0])
+    transport = GlooTransport(plan.num_microbatches, shapes, cfg["timeout"])
+    ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"])
+    steps = []
+    for step in range(cfg["steps"]):
+        seeds = microbatch_seeds(cfg["seed"], step, plan.num_microbatches)
+        batches = make_batches(model, cfg["seed"], step, plan.num_microbatches)
+        for p in model.module.parameters():
+            p.grad = None
+        ex.reset(batches, seeds)
+        buffers_before = buffer_snapshot(model.module)
+        reset_stats()
+        dist.barrier()
+        memory = AllocatorPeak() if step == 0 else contextlib.nullcontext()  # run_memory: profile one step
+        t0 = time.perf_counter()
+        with memory:
+            ex.run_all()
+            transport.flush()
+        elapsed = time.perf_counter() - t0
+        st = stats()
+        left = len(live_sessions())
+        clear_all_sessions()  # counted as a failure by the parent; do not leak into the next step
+        grads = {n: model.module.get_parameter(n).grad for n in ex.param_names
+                 if model.module.get_parameter(n).grad is not None}
+        steps.append({"grads": {n: g.clone() for n, g in grads.items()}, "losses": dict(ex.losses),
+                      "buffers": updated_buffers(model.module, buffers_before),
+                      "replays": st["replays"] + ex.native_calls - ex.native_forwards,
+                      "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+                      "sessions_left": left, "profiled": step == 0,
+                      "peak_bytes": memory.peak if isinstance(memory, AllocatorPeak) else None,
+                      "step_time_s": elapsed, "busy_s": ex.busy_s})
+        sgd_update(model.module, grads, ex.param_names)
+    return steps
+
+
 def _worker(rank: int, cfg: Dict[str, Any]) -> None:
     """One rank: join the group, run every step, write ``rank{R}.pt``; never return on failure."""
     result_path = os.path.join(cfg["dir"], f"rank{rank}.pt")
@@ -151,39 +190,7 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
         plan = load_plan(cfg["plan"])
         model = load_model(cfg["model"])
         model.module.load_state_dict(torch.load(os.path.join(cfg["dir"], "init.pt")))
-        specs = split_stages(plan, model)
-        shapes = _boundary_shapes(model, specs, make_batches(model, cfg["seed"], 0, 1)[0])
-        transport = GlooTransport(plan.num_microbatches, shapes, cfg["timeout"])
-        ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"])
-        steps = []
-        for step in range(cfg["steps"]):
-            seeds = microbatch_seeds(cfg["seed"], step, plan.num_microbatches)
-            batches = make_batches(model, cfg["seed"], step, plan.num_microbatches)
-            for p in model.module.parameters():
-                p.grad = None
-            ex.reset(batches, seeds)
-            buffers_before = buffer_snapshot(model.module)
-            reset_stats()
-            dist.barrier()
-            memory = AllocatorPeak() if step == 0 else contextlib.nullcontext()  # run_memory: profile one step
-            t0 = time.perf_counter()
-            with memory:
-                ex.run_all()
-                transport.flush()
-            elapsed = time.perf_counter() - t0
-            st = stats()
-            left = len(live_sessions())
-            clear_all_sessions()  # counted as a failure by the parent; do not leak into the next step
-            grads = {n: model.module.get_parameter(n).grad for n in ex.param_names
-                     if model.module.get_parameter(n).grad is not None}
-            steps.append({"grads": {n: g.clone() for n, g in grads.items()}, "losses": dict(ex.losses),
-                          "buffers": updated_buffers(model.module, buffers_before),
-                          "replays": st["replays"] + ex.native_calls - ex.native_forwards,
-                          "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
-                          "sessions_left": left, "profiled": step == 0,
-                          "peak_bytes": memory.peak if isinstance(memory, AllocatorPeak) else None,
-                          "step_time_s": elapsed, "busy_s": ex.busy_s})
-            sgd_update(model.module, grads, ex.param_names)
+        steps = run_rank_steps(rank, plan, model, cfg)
         dist.barrier()
         state["finished"] = True
         torch.save({"rank": rank, "steps": steps, "error": None}, result_path)
@@ -281,6 +288,12 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                   "sessions_left": _sessions_left(res)} for r, res in results.items()]
         err.ranks = ranks  # type: ignore[attr-defined]
         raise err
+    return compare_steps(plan, model, specs, results, args)
+
+
+def compare_steps(plan: Plan, model: Any, specs: Any, results: Dict[int, Dict[str, Any]],
+                  args: argparse.Namespace) -> Dict[str, Any]:
+    """Every step of every rank against the reference step on ``model`` (at the initial weights)."""
     order = plan.weight_grad_order()
     names = [n for s in specs for n in s.params]
     steps = []

@@ -80,7 +80,9 @@ def test_a_plan_that_drops_a_backward_fails(tmp_path: Path, cfg, edit) -> None:
     bad = edit_plan(plan, tmp_path / "bad.json", edit)
     code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "bad-r.json"))
     assert code == 1
-    assert report["grads_match"] is False and report["mismatched"]
+    # Refused by the admission check (plan_check) before any rank runs, naming the gap.
+    assert report["ok"] is False and "hp_recompute: plan" in report["error"]
+    assert "before its last backward" in report["error"] or "no complete backward" in report["error"]
 
 
 @pytest.mark.parametrize("mode", ["plan", "native", "none"])
