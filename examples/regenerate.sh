@@ -19,6 +19,14 @@ cd "$root"
   --input-shape 8x32 -o examples/mlp/mlp.pt \
   --ir examples/mlp/mlp.ir --model-json examples/mlp/mlp.model.json --name mlp
 
+# torchtitan-style decoder for the torch.distributed.pipelining example
+# (examples/pipelining/train.py): only its model JSON is kept.
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+"$py" -m hp_recompute.export --module examples/pipelining/model.py:build \
+  --input-shape 8x16 --input-dtype int64 -o "$tmp/decoder.pt" \
+  --model-json examples/pipelining/decoder.model.json --name decoder
+
 # Small residual CNN: images [4, 3, 16, 16] -> logits.
 "$py" -m hp_recompute.export --module examples/cnn/model.py:build \
   --input-shape 4x3x16x16 -o examples/cnn/cnn.pt \
