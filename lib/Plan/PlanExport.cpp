@@ -198,7 +198,35 @@ static json regionJson(RegionOp region) {
   return entry;
 }
 
-ordered_json mlir::hpr::plan_json::actionJson(Operation *op) {
+llvm::DenseSet<Operation *>
+mlir::hpr::plan_json::lastConsumers(ProgramOp program) {
+  llvm::DenseMap<std::pair<int64_t, int64_t>, Operation *> last;
+  for (Operation &op : program.getBody().getOps())
+    if (isa<ConsumerOpInterface>(op)) {
+      auto action = cast<ActionOpInterface>(op);
+      last[{action.getStageIndex(), action.getMicrobatchIndex()}] = &op;
+    }
+  llvm::DenseSet<Operation *> ops;
+  for (auto &entry : last)
+    ops.insert(entry.second);
+  return ops;
+}
+
+/// The message tag of a transfer: (sending stage, microbatch, direction),
+/// the same number at both ends.
+static int64_t messageTag(Operation *op, int64_t stage, int64_t microbatch) {
+  bool forward = isa<SendFOp, RecvFOp>(op);
+  int64_t sender = stage;
+  if (isa<RecvFOp>(op))
+    sender = stage - 1;
+  if (isa<RecvBOp>(op))
+    sender = stage + 1;
+  int64_t microbatches = op->getParentOfType<ScheduleOp>().getNumMicrobatches();
+  return (sender * microbatches + microbatch) * 2 + (forward ? 0 : 1);
+}
+
+ordered_json mlir::hpr::plan_json::actionJson(
+    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers) {
   auto action = cast<ActionOpInterface>(op);
   ordered_json entry = {{"op", action.getPlanName().str()}};
   if (action.getStageIndex() >= 0)
@@ -211,6 +239,8 @@ ordered_json mlir::hpr::plan_json::actionJson(Operation *op) {
       })
       .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>([&](auto comm) {
         entry["peer"] = static_cast<int64_t>(comm.getPeer());
+        entry["tag"] =
+            messageTag(op, action.getStageIndex(), action.getMicrobatchIndex());
         if (comm.getBatched())
           entry["batched"] = true;
       });
@@ -219,6 +249,8 @@ ordered_json mlir::hpr::plan_json::actionJson(Operation *op) {
       entry["session"] = session.getDefiningOp<SessionOp>().getSid().str();
       entry["retain_on_unpack"] = consumer.getRetainOnUnpackFlag();
     }
+  if (lastConsumers.contains(op))
+    entry["frees_graph"] = true;
   if (isOverlapped(op))
     entry["overlap"] = true;
   if (auto forward = dyn_cast<ForwardOp>(op))
@@ -339,21 +371,22 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   // Ranks are independent: serialize them on all threads, write in order.
   auto programList = llvm::to_vector(programs);
   std::vector<std::string> rankTexts(programList.size());
-  mlir::parallelFor(module.getContext(), 0, programList.size(),
-                    [&](size_t index) {
-                      llvm::raw_string_ostream rankOs(rankTexts[index]);
-                      rankOs << "  {\"rank\": " << programList[index].getRank()
-                             << ", \"actions\": ";
-                      writeArrayLines(
-                          rankOs, programList[index].getBody().getOps(),
-                          [](Operation &op) -> std::optional<ordered_json> {
-                            if (!isa<ActionOpInterface>(op))
-                              return std::nullopt;
-                            return actionJson(&op);
-                          },
-                          "   ");
-                      rankOs << "}";
-                    });
+  mlir::parallelFor(
+      module.getContext(), 0, programList.size(), [&](size_t index) {
+        llvm::raw_string_ostream rankOs(rankTexts[index]);
+        rankOs << "  {\"rank\": " << programList[index].getRank()
+               << ", \"actions\": ";
+        llvm::DenseSet<Operation *> last = lastConsumers(programList[index]);
+        writeArrayLines(
+            rankOs, programList[index].getBody().getOps(),
+            [&](Operation &op) -> std::optional<ordered_json> {
+              if (!isa<ActionOpInterface>(op))
+                return std::nullopt;
+              return actionJson(&op, last);
+            },
+            "   ");
+        rankOs << "}";
+      });
   os << ",\n \"ranks\": [";
   for (auto [index, text] : llvm::enumerate(rankTexts))
     os << (index ? ",\n" : "\n") << text;

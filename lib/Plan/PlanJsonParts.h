@@ -12,6 +12,7 @@
 #include "hpr/Dialect/HPR/HPROps.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/DenseSet.h"
 
 #include <nlohmann/json.hpp>
 
@@ -34,8 +35,12 @@ nlohmann::json modelJson(ModelOp model, CheckpointedRegions &checkpointed);
 /// One element of `/sessions`.
 nlohmann::ordered_json sessionJson(SessionOp session,
                                    const CheckpointedRegions &checkpointed);
-/// One element of `/ranks/R/actions`.
-nlohmann::ordered_json actionJson(Operation *op);
+/// The last backward of each (stage, microbatch) of `program`: where its
+/// autograd graph is freed (`frees_graph` in the plan JSON).
+llvm::DenseSet<Operation *> lastConsumers(ProgramOp program);
+/// One element of `/ranks/R/actions`; `lastConsumers` marks `frees_graph`.
+nlohmann::ordered_json
+actionJson(Operation *op, const llvm::DenseSet<Operation *> &lastConsumers);
 
 } // namespace mlir::hpr::plan_json
 

@@ -101,6 +101,7 @@ static llvm::DenseSet<Operation *> reduceGradPoints(ProgramOp program) {
 
 static RankRow collectRow(ProgramOp program) {
   RankRow row;
+  llvm::DenseSet<Operation *> last = lastConsumers(program);
   // torch's lowering (`_add_reduce_grad`) puts REDUCE_GRAD (gradient scaling,
   // FSDP's post-backward) after a stage's last W or B; its compute+comms
   // format expects it in the CSV.
@@ -120,13 +121,13 @@ static RankRow collectRow(ProgramOp program) {
       continue;
     if (isa<RecomputeOp, ClearOp>(op)) {
       RowItem item;
-      item.insert = actionJson(&op);
+      item.insert = actionJson(&op, last);
       row.items.push_back(std::move(item));
       continue;
     }
     if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
       if (consumer.getSessionValue()) {
-        ordered_json entry = actionJson(&op);
+        ordered_json entry = actionJson(&op, last);
         entry.erase("overlap");
         row.consumers.push_back(std::move(entry));
       }

@@ -11,7 +11,8 @@ The contract (docs/runner.md, "What a runtime refuses"):
 
 1. Every (stage, microbatch) has exactly one forward, and either one ``backward`` or
    one ``backward_input`` followed by one ``backward_weight``, on the stage's rank,
-   after the forward. No microbatch of any stage is missing.
+   after the forward. No microbatch of any stage is missing. Its last backward, and
+   no other, frees the autograd graph (``frees_graph``).
 2. A stage that checkpoints regions has a session for each microbatch whose forward is
    not plain; the session lives on that rank; its ``recompute`` runs once, after the
    forward and before the first backward; every backward of that (stage, microbatch)
@@ -19,7 +20,8 @@ The contract (docs/runner.md, "What a runtime refuses"):
    name a session of another (stage, microbatch).
 3. Transfers: ``send_f`` of stage s goes to the rank of s + 1 and ``send_b`` to the rank
    of s - 1, never to the sender itself; each has exactly one matching receive there,
-   and each receive one matching send. Neighbours on one rank exchange nothing.
+   and each receive one matching send, with the same message tag. Neighbours on one
+   rank exchange nothing.
 4. No deadlock: running every rank's program with blocking receives and buffered sends
    reaches the end on every rank.
 """
@@ -82,6 +84,11 @@ def _check_compute(plan: Plan) -> None:
                         raise _refuse(plan, rank, index, a, f"consumes session {want} after its clear")
                 if a.op == "clear" and not any(o in ops for o in ("backward_weight", "backward")):
                     raise _refuse(plan, rank, index, a, "clears the session before its last backward")
+                if a.op in ("backward_input", "backward_weight", "backward"):
+                    last_ops = ("backward_weight", "backward")
+                    if a.frees_graph != (a.op in last_ops):
+                        raise _refuse(plan, rank, index, a, "frees_graph must mark the last backward of a stage "
+                                                            "and microbatch, and only it")
                 if a.op == "forward":
                     plain[key] = a.plain
                 ops[a.op] = index
@@ -105,8 +112,8 @@ def _check_compute(plan: Plan) -> None:
 
 def _check_transfers(plan: Plan) -> None:
     """Rule 3."""
-    sends: Dict[Tuple[str, int, int, int, int], Tuple[int, int]] = {}
-    recvs: Dict[Tuple[str, int, int, int, int], Tuple[int, int]] = {}
+    sends: Dict[Tuple[str, int, int, int, int, int], Tuple[int, int]] = {}
+    recvs: Dict[Tuple[str, int, int, int, int, int], Tuple[int, int]] = {}
     s2r = plan.stage_to_rank
     for rank, actions in enumerate(plan.ranks):
         for index, a in enumerate(actions):
@@ -123,17 +130,19 @@ def _check_transfers(plan: Plan) -> None:
             if a.peer != s2r[other]:
                 raise _refuse(plan, rank, index, a, f"stage {other} runs on rank {s2r[other]}, not {a.peer}")
             src, dst = (rank, a.peer) if is_send else (a.peer, rank)
-            key = (kind, sender, a.microbatch, src, dst)
+            key = (kind, sender, a.microbatch, src, dst, a.tag)
             table = sends if is_send else recvs
             if key in table:
                 raise _refuse(plan, rank, index, a, f"a second {a.op} (the first is action {table[key][1]})")
             table[key] = (rank, index)
     for key, (rank, index) in sends.items():
         if key not in recvs:
-            raise _refuse(plan, rank, index, plan.ranks[rank][index], f"no rank {key[4]} receives it")
+            raise _refuse(plan, rank, index, plan.ranks[rank][index], f"no rank {key[4]} receives it (with tag "
+                                                                      f"{key[5]})")
     for key, (rank, index) in recvs.items():
         if key not in sends:
-            raise _refuse(plan, rank, index, plan.ranks[rank][index], f"rank {key[3]} never sends it")
+            raise _refuse(plan, rank, index, plan.ranks[rank][index], f"rank {key[3]} never sends it (with tag "
+                                                                      f"{key[5]})")
 
 
 def _check_deadlock(plan: Plan) -> None:

@@ -56,8 +56,8 @@ GRACE_S = 5.0
 class GlooTransport(Transport):
     """``isend``/``irecv`` on the default gloo group; receives wait at most ``timeout`` seconds.
 
-    The tag encodes (kind, sending stage, microbatch), so an out-of-order message can never
-    be taken for another. Sends are waited for at ``flush`` (end of step): an early wait
+    Each message carries the plan's tag (it encodes direction, sending stage and
+    microbatch), so an out-of-order message can never be taken for another. Sends are waited for at ``flush`` (end of step): an early wait
     could deadlock a plan that relies on asynchronous sends. Each send drops the sends
     that have completed, so their buffers are not held to the end of the step.
     """
@@ -67,20 +67,20 @@ class GlooTransport(Transport):
         self.timeout = datetime.timedelta(seconds=timeout)
         self.pending: List[Tuple[Any, torch.Tensor]] = []
 
-    def _tag(self, kind: str, stage: int, mb: int) -> int:
-        return (stage * self.num_mb + mb) * 2 + (0 if kind == "f" else 1)
-
-    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
+    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor, tag: int) -> None:
+        if tag < 0:
+            raise RunError(f"hp_recompute.run: the send_{kind} of stage {stage} mb {mb} has no message tag; "
+                           f"write the plan with hp-recompute-plan --emit json")
         tensor = tensor.detach().contiguous()
         self.pending = [(work, t) for work, t in self.pending if not work.is_completed()]
-        self.pending.append((dist.isend(tensor, dst, tag=self._tag(kind, stage, mb)), tensor))
+        self.pending.append((dist.isend(tensor, dst, tag=tag), tensor))
 
-    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> torch.Tensor:
         # The activation of stage s and the gradient w.r.t. it have the same shape.
         shape, dtype = self.shapes[stage if kind == "f" else stage - 1]
         buf = torch.empty(shape, dtype=dtype)
         try:
-            dist.irecv(buf, src, tag=self._tag(kind, stage, mb)).wait(self.timeout)
+            dist.irecv(buf, src, tag=tag).wait(self.timeout)
         except RuntimeError as e:
             raise ConnectionError(f"receiving the {'activation' if kind == 'f' else 'gradient'} of stage {stage} "
                                   f"mb {mb} from rank {src} failed (timeout {self.timeout.total_seconds():g} s): "

@@ -74,10 +74,11 @@ class Transport:
         """Whether a receive can complete now without waiting (in-memory scheduling)."""
         return True
 
-    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
+    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor, tag: int) -> None:
+        """``tag`` is the plan's message tag (the same at both ends)."""
         raise NotImplementedError
 
-    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> torch.Tensor:
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -93,13 +94,13 @@ class MemoryTransport(Transport):
     def ready(self, kind: str, stage: int, mb: int, src: int, dst: int) -> bool:
         return (kind, stage, mb, src, dst) in self.box
 
-    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor) -> None:
+    def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor, tag: int) -> None:
         key = (kind, stage, mb, src, dst)
         if key in self.box:
             raise RunError(f"hp_recompute.run: rank {src} sends {kind} of stage {stage} mb {mb} twice")
         self.box[key] = tensor.detach().clone()
 
-    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int) -> torch.Tensor:
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> torch.Tensor:
         return self.box.pop((kind, stage, mb, src, dst))
 
 
@@ -166,7 +167,6 @@ class RankExecutor:
             raise RunError(f"hp_recompute.run: unknown checkpoint mode '{mode}'; expected one of {', '.join(MODES)}")
         self.rank, self.plan, self.specs, self.model, self.transport, self.mode = rank, plan, specs, model, transport, mode
         self.actions = plan.ranks[rank]
-        self.last = plan.last_consumer(rank)
         named = dict(model.module.named_parameters())
         self.params = {s.stage: [named[n] for n in s.params] for s in specs if plan.stage_to_rank[s.stage] == rank}
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
@@ -242,17 +242,18 @@ class RankExecutor:
         elif op in CONSUMER_OPS:
             self._backward(a)
         elif op == "send_f":
-            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self._forward_of(a).out.detach())
+            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self._forward_of(a).out.detach(),
+                                a.tag)
         elif op == "send_b":
             if key not in self.dx_out:
                 raise RunError(f"hp_recompute.run: rank {self.rank}: send_b of stage {a.stage} mb {a.microbatch} "
                                f"before its dx (backward_input or backward of that stage and microbatch)")
-            self.transport.send("b", a.stage, a.microbatch, self.rank, a.peer, self.dx_out.pop(key))
+            self.transport.send("b", a.stage, a.microbatch, self.rank, a.peer, self.dx_out.pop(key), a.tag)
         elif op == "recv_f":
-            self.inbox_f[key] = self.transport.recv("f", a.stage - 1, a.microbatch, a.peer, self.rank)
+            self.inbox_f[key] = self.transport.recv("f", a.stage - 1, a.microbatch, a.peer, self.rank, a.tag)
         elif op == "recv_b":
-            self.inbox_b[key] = self.transport.recv("b", a.stage + 1, a.microbatch, a.peer, self.rank)
-        if op in CONSUMER_OPS and self.last.get(key) == self.pc:
+            self.inbox_b[key] = self.transport.recv("b", a.stage + 1, a.microbatch, a.peer, self.rank, a.tag)
+        if op in CONSUMER_OPS and a.frees_graph:
             self.micro.pop(key, None)
 
     def _forward_of(self, a: Action) -> "_Micro":
@@ -314,7 +315,7 @@ class RankExecutor:
             grad_out = self.inbox_b[(s, mb)]
         want_x = a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor) and m.x.requires_grad
         params = [p for p in self.params[s] if p.requires_grad]
-        last = self.last.get((s, mb)) == self.pc
+        last = a.frees_graph  # the plan's last backward of (stage, mb): its graph is freed
         if a.op == "backward_weight" and m.weights is None:
             raise RunError(f"hp_recompute.run: rank {self.rank}: backward_weight of stage {s} mb {mb} has no "
                            f"backward_input before it")

@@ -35,6 +35,10 @@ class Action:
     session: Optional[str] = None
     retain_on_unpack: bool = False
     peer: int = -1
+    #: A transfer's message tag (the same at both ends).
+    tag: int = -1
+    #: The last backward of its (stage, microbatch): the autograd graph is freed here.
+    frees_graph: bool = False
     overlap: bool = False
     #: A forward of a checkpointed stage that runs plainly (plan ``"checkpoint": false``).
     plain: bool = False
@@ -68,14 +72,6 @@ class Plan:
     sessions: Dict[str, Dict[str, Any]]
     ranks: List[List[Action]]
     summary: Dict[str, Any] = field(default_factory=dict)
-
-    def last_consumer(self, rank: int) -> Dict[Tuple[int, int], int]:
-        """(stage, mb) -> index of its last backward action on ``rank``: its graph dies there."""
-        last: Dict[Tuple[int, int], int] = {}
-        for index, action in enumerate(self.ranks[rank]):
-            if action.op in CONSUMER_OPS:
-                last[(action.stage, action.microbatch)] = index
-        return last
 
     def weight_grad_order(self) -> Dict[int, List[int]]:
         """stage -> microbatches in the order their weight gradients are produced.
@@ -191,6 +187,12 @@ def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
                 raise _fail(path, f"{where}/stage", f"a stage on rank {r}", kw["stage"])
             if op in TRANSFER_OPS:
                 kw["peer"] = _int(path, a, "peer", where, 0, num_ranks)
+                if "tag" in a:  # the torch CSV has none: torch's ops are untagged
+                    kw["tag"] = _int(path, a, "tag", where, 0)
+            if "frees_graph" in a:
+                if op not in CONSUMER_OPS or a["frees_graph"] is not True:
+                    raise _fail(path, f"{where}/frees_graph", "true, on a backward", a["frees_graph"])
+                kw["frees_graph"] = True
             if "checkpoint" in a:
                 if op != "forward" or a["checkpoint"] is not False:
                     raise _fail(path, f"{where}/checkpoint", "false, on a forward", a["checkpoint"])

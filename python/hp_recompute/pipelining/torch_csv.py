@@ -5,7 +5,7 @@ format="compute_comms")`` loads it; its cells are parsed here with torch's own
 ``_Action.from_str``). Torch's action set has no recompute and no clear, so the sidecar
 ``FILE.hpr.json`` carries them (docs/plan-format.md, "torch CSV"): per rank, each
 recompute or clear with the index of the cell it runs before, the session and
-``retain_on_unpack`` of each backward, and the forwards that run without checkpointing.
+``retain_on_unpack`` of each backward and whether it frees the graph, and the forwards that run without checkpointing.
 The two together are turned into plan JSON and read by ``run_plan.parse_plan``, so
 both inputs are checked by the same code.
 """
@@ -108,8 +108,8 @@ def load_torch_csv(path: str) -> Plan:
             for a in _cell_actions(path, r, col, cell, s2r):
                 key = (a["op"], a["stage"], a.get("microbatch", -1))
                 if key in bound:
-                    a["session"] = bound[key]["session"]
-                    a["retain_on_unpack"] = bound[key].get("retain_on_unpack", False)
+                    a.update({k: v for k, v in bound[key].items() if k in ("session", "retain_on_unpack",
+                                                                            "frees_graph")})
                 if a["op"] == "forward" and (a["stage"], a.get("microbatch")) in plain:
                     a["checkpoint"] = False
                 actions.append(a)

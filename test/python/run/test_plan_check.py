@@ -72,7 +72,19 @@ def _weight_before_input(p: Plan) -> None:
     acts[i], acts[w] = acts[w], acts[i]
 
 
+def _graph_freed_by_dx(p: Plan) -> None:
+    acts = p["ranks"][0]["actions"]
+    acts[_index(acts, "backward_input")]["frees_graph"] = True
+
+
+def _tag_mismatch(p: Plan) -> None:
+    acts = p["ranks"][1]["actions"]
+    acts[_index(acts, "recv_f")]["tag"] += 1
+
+
 CATALOGUE = {
+    "graph freed by the dx": (_graph_freed_by_dx, "frees_graph must mark the last backward"),
+    "tags disagree": (_tag_mismatch, "no rank 1 receives it (with tag"),
     "missing recompute": (_drop("recompute"), "before its recompute"),
     "missing clear": (_drop("clear"), "has no clear of session"),
     "missing dw": (_drop("backward_weight", rank=1), "clears the session before its last backward"),
