@@ -2,7 +2,7 @@
 
 Why here, on the runner's regions: the planner's simulated step time is only worth
 comparing with a real run when its costs are those of the code that runs. This runs the
-model's regions (``run_model.PipelineModel``, the same functions the runner executes)
+model's regions (``runner.model.PipelineModel``, the same functions the runner executes)
 one after another, each on a detached input, and times per region the forward, the dx
 (``backward_split.backward_input``) and the dw (``backward_split.backward_weight``) as
 the runner calls them, on this torch and with the runner's thread count. Each of
@@ -40,9 +40,9 @@ import torch
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .output_files import output_problem, write_text
-from .run_model import PipelineModel, load_model
-from .run_memory import AllocatorPeak
-from .run_plan import RunError
+from .runner.model import PipelineModel, load_model
+from .runner.memory import AllocatorPeak
+from .plan.reader import RunError
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
 

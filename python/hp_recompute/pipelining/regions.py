@@ -23,7 +23,7 @@ from typing import Any, Iterator, List, Sequence
 import torch
 
 from ..checkpoint import checkpoint as hpr_checkpoint
-from ..run_plan import RunError
+from ..plan.reader import RunError
 
 __all__ = ["checkpoint_regions", "plain_forwards", "is_planned_checkpoint"]
 

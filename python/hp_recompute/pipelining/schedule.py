@@ -60,8 +60,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..checkpoint import recompute_handle_collector_ctx
-from ..run_plan import Action, Plan, RunError, load_plan, parse_plan
-from ..plan_check import validate_plan
+from ..plan.reader import Action, Plan, RunError, load_plan, parse_plan
+from ..plan.check import validate_plan
 from ..sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
 from .regions import checkpoint_regions, plain_forwards
 from .torch_csv import load_torch_csv

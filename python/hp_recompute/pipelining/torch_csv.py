@@ -6,7 +6,7 @@ format="compute_comms")`` loads it; its cells are parsed here with torch's own
 ``FILE.hpr.json`` carries them (docs/plan-format.md, "torch CSV"): per rank, each
 recompute or clear with the index of the cell it runs before, the session and
 ``retain_on_unpack`` of each backward and whether it frees the graph, and the forwards that run without checkpointing.
-The two together are turned into plan JSON and read by ``run_plan.parse_plan``, so
+The two together are turned into plan JSON and read by ``plan.reader.parse_plan``, so
 both inputs are checked by the same code.
 """
 
@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any, Dict, List, Tuple
 
-from ..run_plan import Plan, RunError, parse_plan
+from ..plan.reader import Plan, RunError, parse_plan
 
 __all__ = ["load_torch_csv", "sidecar_path"]
 
@@ -78,7 +78,7 @@ def _cell_actions(path: str, row: int, col: int, cell: str, s2r: List[int]) -> L
 
 
 def load_torch_csv(path: str) -> Plan:
-    """Reads ``path`` and its sidecar as a plan (``run_plan.Plan``)."""
+    """Reads ``path`` and its sidecar as a plan (``plan.Plan``)."""
     side_path = sidecar_path(path)
     side = _read_sidecar(side_path)
     try:

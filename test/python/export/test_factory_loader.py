@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from hp_recompute import export as hexport  # noqa: E402
 from hp_recompute.factory import call_factory  # noqa: E402
-from hp_recompute.run_model import PipelineModel, load_model  # noqa: E402
-from hp_recompute.run_plan import RunError  # noqa: E402
+from hp_recompute.runner.model import PipelineModel, load_model  # noqa: E402
+from hp_recompute.plan import RunError  # noqa: E402
 
 MARKER = "/hpr-test-entry-added-by-the-model-file"
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from hp_recompute.run_model import PipelineModel, Region
+from hp_recompute.runner import PipelineModel, Region
 
 sys.path.insert(0, {MARKER!r})  # a model file that edits sys.path while it is imported
 

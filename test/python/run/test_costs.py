@@ -58,7 +58,7 @@ def test_an_unwritable_output_is_refused_before_measuring(tmp_path: Path) -> Non
 
 FAILING_MODEL = '''
 import torch
-from hp_recompute.run_model import PipelineModel, Region
+from hp_recompute.runner import PipelineModel, Region
 
 def build():
     lin = torch.nn.Linear(4, 4)

@@ -1,4 +1,4 @@
-"""The runtimes' admission check (``hp_recompute.plan_check``) on a catalogue of hand-broken plans.
+"""The runtimes' admission check (``hp_recompute.plan.check``) on a catalogue of hand-broken plans.
 
 Each case edits a real plan (ZBV, 2 ranks, 4 microbatches, the bundled GPT's costs) the
 way a hand edit or a bad tool would, and must be refused naming what is wrong; the
@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from hp_recompute.plan_check import validate_plan
-from hp_recompute.run_plan import RunError, parse_plan
+from hp_recompute.plan import validate_plan
+from hp_recompute.plan import RunError, parse_plan
 from hpr_run_util import GPT_MODEL_JSON, make_plan, run_cli
 
 Plan = Dict[str, Any]

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, make_plan, run_cli, run_inproc
-from hp_recompute import run_exec
-from hp_recompute.run_memory import AllocatorPeak
+from hp_recompute.runner import executor as run_exec
+from hp_recompute.runner.memory import AllocatorPeak
 
 # The bundled MLP adapter (inp, layers.N, head) with dropout and BatchNorm in every layer.
 NOISY_MLP = '''
@@ -80,7 +80,7 @@ def test_a_plan_that_drops_a_backward_fails(tmp_path: Path, cfg, edit) -> None:
     bad = edit_plan(plan, tmp_path / "bad.json", edit)
     code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "bad-r.json"))
     assert code == 1
-    # Refused by the admission check (plan_check) before any rank runs, naming the gap.
+    # Refused by the admission check (plan.check) before any rank runs, naming the gap.
     assert report["ok"] is False and "hp_recompute: plan" in report["error"]
     assert any(m in report["error"] for m in ("before its last backward", "no complete backward",
                                               "frees_graph must mark the last backward"))

@@ -95,7 +95,7 @@ def test_leaked_session_is_refused(tmp_path: Path) -> None:
 
 MODEL_PY = '''
 import torch, torch.nn as nn
-from hp_recompute.run_model import PipelineModel, Region
+from hp_recompute.runner import PipelineModel, Region
 
 def build(scale=1.0):
     torch.manual_seed(0)

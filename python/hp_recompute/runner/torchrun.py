@@ -3,7 +3,7 @@
 Why: that is how torch users launch, on one node or several (``--nnodes``,
 ``--rdzv-endpoint``). torchrun starts one process per rank and sets ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; each process joins the gloo group
-with ``env://``, runs its rank's program (``run_dist.run_rank_steps``, the same code as
+with ``env://``, runs its rank's program (``multiprocess.run_rank_steps``, the same code as
 the self-spawning mode) and sends its results to rank 0 (``gather_object``), which
 compares them with the reference step and reports.
 
@@ -23,9 +23,9 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .run_dist import compare_steps, run_rank_steps
-from .run_model import load_model, split_stages
-from .run_plan import Plan, RunError
+from .multiprocess import compare_steps, run_rank_steps
+from .model import load_model, split_stages
+from ..plan.reader import Plan, RunError
 
 __all__ = ["torchrun_rank", "run_torchrun"]
 

@@ -23,13 +23,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .factory import call_factory
-from .run_plan import Plan, RunError
+from ..factory import call_factory
+from ..plan.reader import Plan, RunError
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
            "DEFAULT_MODEL", "region_seed"]
 
-DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "gpt", "model.py")
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DEFAULT_MODEL = os.path.join(_REPO, "examples", "gpt", "model.py")
 
 RegionFn = Callable[[Any, Any], Any]
 
@@ -55,7 +56,7 @@ class PipelineModel:
         make_batch: ``make_batch(generator) -> batch`` (one microbatch, deterministic).
         reference_loss: ``reference_loss(batch) -> loss``: the module's own forward, e.g.
             ``module(batch)``; the runner checks once, in eval mode, that the regions in
-            order compute the same loss (``run_check.check_regions``).
+            order compute the same loss (``reference.check_regions``).
     """
 
     name: str
@@ -125,7 +126,7 @@ def adapt(obj: Any) -> PipelineModel:
         if all(hasattr(obj, a) for a in ("inp", "layers", "head")):
             return _adapt_mlp(obj)
     raise RunError(f"hp_recompute.run: --model: no pipeline adapter for {type(obj).__name__}; return a "
-                   f"hp_recompute.run_model.PipelineModel from the factory (docs/runner.md)")
+                   f"hp_recompute.runner.model.PipelineModel from the factory (docs/runner.md)")
 
 
 def load_model(spec: Optional[str]) -> PipelineModel:

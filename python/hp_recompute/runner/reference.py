@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from .run_model import PipelineModel, StageSpec, Unit
-from .run_plan import RunError
+from .model import PipelineModel, StageSpec, Unit
+from ..plan.reader import RunError
 
 __all__ = ["microbatch_seeds", "make_batches", "reference_step", "check_regions", "compare",
            "buffer_snapshot", "updated_buffers", "sgd_update", "sum_losses", "LR"]

@@ -6,9 +6,9 @@ and writes
 
 * ``OUT.pt``    - the traced TorchScript archive (``torch.jit.save``);
 * ``OUT.json``  - the sidecar: inputs, region depth, and per region the shapes
-  and costs measured on the eager model (``export_measure``), notably
+  and costs measured on the eager model (``export/measure.py``), notably
   ``saved_bytes`` from ``torch.autograd.graph.saved_tensors_hooks``;
-* optionally ``--ir OUT.ir`` (IR text, ``export_ir``) and ``--model-json
+* optionally ``--ir OUT.ir`` (IR text, ``export/ir.py``) and ``--model-json
   FILE`` (the model JSON graph format, docs/models.md).
 
 Example::
@@ -30,16 +30,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .output_files import output_problem, write_files
-
-try:  # run as ``python3 -m hp_recompute.export``
-    from .export_ir import module_to_ir
-    from .export_measure import Segment, measure_regions
-    from .factory import call_factory
-except ImportError:  # pragma: no cover - run as a plain script
-    from export_ir import module_to_ir  # type: ignore
-    from export_measure import Segment, measure_regions  # type: ignore
-    from factory import call_factory  # type: ignore
+from ..factory import call_factory
+from ..output_files import output_problem, write_files
+from .ir import module_to_ir
+from .measure import Segment, measure_regions
 
 __all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "export", "main"]
 
@@ -232,7 +226,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(e, file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

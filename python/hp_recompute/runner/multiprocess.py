@@ -37,13 +37,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from .run_check import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
+from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
                         sgd_update, sum_losses, updated_buffers)
-from .run_memory import AllocatorPeak
-from .run_exec import RankExecutor, Transport, clear_all_sessions
-from .run_model import load_model, split_stages
-from .run_plan import Plan, RunError, load_plan
-from .sessions import live_sessions, reset_stats, stats
+from .memory import AllocatorPeak
+from .executor import RankExecutor, Transport, clear_all_sessions
+from .model import load_model, split_stages
+from ..plan.reader import Plan, RunError, load_plan
+from ..sessions import live_sessions, reset_stats, stats
 
 __all__ = ["GlooTransport", "run_multi"]
 
@@ -152,7 +152,7 @@ def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any]) -> Li
         buffers_before = buffer_snapshot(model.module)
         reset_stats()
         dist.barrier()
-        memory = AllocatorPeak() if step == 0 else contextlib.nullcontext()  # run_memory: profile one step
+        memory = AllocatorPeak() if step == 0 else contextlib.nullcontext()  # memory.py: profile one step
         t0 = time.perf_counter()
         with memory:
             ex.run_all()

@@ -31,11 +31,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from .backward_split import WeightGradState, backward_input, backward_weight
-from .checkpoint import checkpoint as hr_checkpoint, recompute_handle_collector_ctx
-from .run_model import PipelineModel, StageSpec, Unit
-from .run_plan import CONSUMER_OPS, Action, Plan, RunError
-from .sessions import clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx
+from ..backward_split import WeightGradState, backward_input, backward_weight
+from ..checkpoint import checkpoint as hr_checkpoint, recompute_handle_collector_ctx
+from .model import PipelineModel, StageSpec, Unit
+from ..plan.reader import CONSUMER_OPS, Action, Plan, RunError
+from ..sessions import clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx
 
 __all__ = ["Transport", "MemoryTransport", "RankExecutor", "planted_failure", "clear_all_sessions",
            "MODES"]
@@ -177,7 +177,7 @@ class RankExecutor:
     # -- step state ----------------------------------------------------------------------
 
     def reset(self, batches: List[Any], seeds: List[int]) -> None:
-        """Starts a step on ``batches`` with their seeds (``run_check.microbatch_seeds``)."""
+        """Starts a step on ``batches`` with their seeds (``reference.microbatch_seeds``)."""
         self.batches, self.seeds = batches, seeds
         self.pc = 0
         self.micro: Dict[Key, _Micro] = {}

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from .run_plan import Action, Plan, RunError
+from .reader import Action, Plan, RunError
 
 __all__ = ["validate_plan"]
 

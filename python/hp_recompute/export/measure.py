@@ -24,10 +24,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-try:  # imported as part of the package
-    from .storage import storage_of
-except ImportError:  # pragma: no cover - export.py run as a plain script
-    from storage import storage_of  # type: ignore
+from ..storage import storage_of
 
 __all__ = ["Segment", "region_of", "measure_regions", "op_flops"]
 

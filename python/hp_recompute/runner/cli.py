@@ -1,0 +1,320 @@
+"""Execute a plan for real: ``python3 -m hp_recompute.run --plan PLAN.json --world-size N``.
+
+Why: a plan is only worth what it does on a real model. This runner builds the model
+(default: the bundled GPT, ``examples/gpt/model.py:build``), splits it into the plan's
+stages by region name, executes every rank's action list with the eager session API
+(``executor``), and checks the result against a plain step (``reference``):
+
+* ``grads_match``: every parameter gradient and the loss equal the plain, non-pipelined,
+  non-checkpointed step on the same data and weights (bit-exact with ``--single-process``,
+  ``allclose`` across processes);
+* ``recomputes``: replays the runtime executed (``hp_recompute.stats()["replays"]``),
+  against ``recomputes_expected`` (one per checkpointed plan region of each session; equal
+  to ``sessions`` when each session replays one region);
+* ``sessions_left``: ``len(live_sessions())`` after each step, must be 0;
+* ``buffers_match``: buffers a forward updates (BatchNorm statistics) equal the plain step's;
+* per rank (multi-process), the peak bytes measured at the allocator next to the plan's
+  ``peak_memory_bytes``, and the measured step and busy time next to the simulated ones.
+
+Exit 0 only when all of them hold. Multi-process mode spawns N processes (gloo, 127.0.0.1,
+free port, ``multiprocess``); ``--single-process`` runs all ranks in this process with a
+ready-queue over ranks and in-memory transfers. See docs/runner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
+                        sgd_update, sum_losses, updated_buffers)
+from .executor import MODES, MemoryTransport, RankExecutor, clear_all_sessions
+from .model import StageSpec, load_model, split_stages, stage_names
+from ..output_files import output_problem, write_text
+from ..plan.check import validate_plan
+from ..plan.reader import Plan, RunError, load_plan
+from ..sessions import clear_recompute_session, live_sessions, reset_stats, stats
+
+__all__ = ["main", "run", "REPORT_FORMAT"]
+
+REPORT_FORMAT = "hp-recompute-run-report"
+
+
+def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python3 -m hp_recompute.run",
+                                description="Execute an hp-recompute plan and check it against a plain step.")
+    p.add_argument("--plan", required=True, help="plan JSON (hp-recompute-plan --emit json)")
+    p.add_argument("--model", default=None, help="FILE.py:FACTORY (default: the bundled GPT example)")
+    p.add_argument("--world-size", type=int, default=None, help="processes; must equal the plan's ranks")
+    p.add_argument("--report", default=None, help="write the JSON report here")
+    p.add_argument("--steps", type=int, default=1, help="training steps (SGD between steps), default 1")
+    p.add_argument("--single-process", action="store_true", help="run every rank in this process")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a transfer may wait (default 60)")
+    p.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
+    p.add_argument("--checkpoint-mode", choices=MODES, default="plan",
+                   help="plan: the plan's sessions (default); native: torch.utils.checkpoint; none: no checkpoint "
+                        "(for benchmarks: the last two do not check recomputes against the plan)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--quiet", action="store_true", help="print only errors")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.timeout <= 0:
+        p.error("--timeout must be > 0")
+    if args.world_size is not None and args.world_size < 1:
+        p.error("--world-size must be >= 1")
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    return args
+
+
+def expected_recomputes(plan: Plan, specs: Sequence[StageSpec]) -> int:
+    """Replays one step must run: each session replays its stage's checkpointed units once."""
+    return sum(specs[s["stage"]].checkpointed_units for s in plan.sessions.values())
+
+
+# -- single process --------------------------------------------------------------------------
+
+
+def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
+    """All ranks in this process: a ready-queue over ranks, transfers as in-memory handoffs."""
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    ref = load_model(args.model)
+    ref.module.load_state_dict(model.module.state_dict())
+    specs = split_stages(plan, model)
+    ref_specs = split_stages(plan, ref)
+    transport = MemoryTransport()
+    execs = [RankExecutor(r, plan, specs, model, transport, args.checkpoint_mode) for r in range(plan.num_ranks)]
+    order = plan.weight_grad_order()
+    names = [n for s in specs for n in s.params]
+    steps: List[Dict[str, Any]] = []
+    check_regions(model, make_batches(model, args.seed, 0, 1)[0])
+    for step in range(args.steps):
+        seeds = microbatch_seeds(args.seed, step, plan.num_microbatches)
+        batches = make_batches(model, args.seed, step, plan.num_microbatches)
+        for p in model.module.parameters():
+            p.grad = None
+        for ex in execs:
+            ex.reset(batches, seeds)
+        buffers_before = buffer_snapshot(model.module)
+        ref_buffers = buffer_snapshot(ref.module)
+        reset_stats()
+        before = set(live_sessions())
+        t0 = time.perf_counter()
+        try:
+            while not all(ex.done for ex in execs):
+                progressed = False
+                for ex in execs:
+                    while not ex.done and ex.ready():
+                        ex.step_one()
+                        progressed = True
+                if not progressed:
+                    blocked = "; ".join(f"rank {ex.rank} at action {ex.pc} ({ex.actions[ex.pc].describe()})"
+                                        for ex in execs if not ex.done)
+                    raise RunError(f"hp_recompute.run: deadlock: every rank waits for a transfer: {blocked}")
+        except BaseException:
+            clear_all_sessions()
+            raise
+        elapsed = time.perf_counter() - t0
+        st = stats()
+        left = [sid for sid in live_sessions() if sid not in before]
+        for sid in left:  # counted as a failure below; do not leak them into the next step
+            clear_recompute_session(sid)
+        native = sum(ex.native_calls - ex.native_forwards for ex in execs)
+        grads = {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}
+        losses: Dict[int, torch.Tensor] = {}
+        for ex in execs:
+            losses.update(ex.losses)
+        want, want_loss = reference_step(ref, batches, seeds, ref_specs, order)
+        check = compare(grads, want, sum_losses(losses), want_loss, updated_buffers(model.module, buffers_before),
+                        updated_buffers(ref.module, ref_buffers), exact=True)
+        steps.append({
+            "step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
+            "recomputes": st["replays"] + native, "sessions_left": len(left), "step_time_s": elapsed,
+            "ranks": [{"rank": ex.rank, "peak_bytes": None} for ex in execs],
+            "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+        })
+        sgd_update(model.module, grads, names)
+        sgd_update(ref.module, want, names)
+    return {"mode": "single-process", "exact": True, "specs": specs, "steps": steps, "model_name": model.name}
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: Sequence[StageSpec],
+                 result: Dict[str, Any]) -> Dict[str, Any]:
+    """The report JSON (docs/runner.md lists every field)."""
+    steps = result["steps"]
+    n_steps = len(steps)
+    sessions = len(plan.sessions) * n_steps
+    check_recomputes = args.checkpoint_mode == "plan"
+    expected = expected_recomputes(plan, specs) * n_steps if check_recomputes else None
+    recomputes = sum(s["recomputes"] for s in steps)
+    grads_match = all(s["grads_match"] for s in steps)
+    buffers_match = all(s["buffers_match"] for s in steps)
+    sessions_left = max(s["sessions_left"] for s in steps)
+    planned = plan.summary.get("peak_memory_bytes", [])
+    planned_activations = plan.summary.get("peak_bytes", [])
+    planned_busy = plan.summary.get("busy_us", [])
+    timed = [s for s in steps if not s.get("profiled")] or steps
+    ranks = []
+    for r in range(plan.num_ranks):
+        measured = max((s["ranks"][r]["peak_bytes"] for s in steps if s["ranks"][r]["peak_bytes"] is not None),
+                       default=None)
+        want = planned[r] if r < len(planned) else None
+        entry = {"rank": r, "stages": [s for s in range(plan.num_stages) if plan.stage_to_rank[s] == r],
+                 "measured_peak_bytes": measured, "planned_peak_bytes": want,
+                 "planned_activation_peak_bytes": planned_activations[r] if r < len(planned_activations) else None,
+                 "measured_over_planned": (measured / want) if want and measured is not None else None}
+        if "step_time_s" in steps[0]["ranks"][r]:  # multi-process: each rank timed itself
+            busy_us = statistics.median(s["ranks"][r]["busy_s"] for s in timed) * 1e6
+            want_busy = planned_busy[r] if r < len(planned_busy) else None
+            entry.update({"step_time_s": [s["ranks"][r]["step_time_s"] for s in steps],
+                          "busy_us": busy_us, "planned_busy_us": want_busy,
+                          "busy_over_planned": busy_us / want_busy if want_busy else None})
+        ranks.append(entry)
+    ok = grads_match and buffers_match and sessions_left == 0 and (not check_recomputes or recomputes == expected)
+    times = [s["step_time_s"] for s in steps]
+    # The step that measured memory ran under the profiler: time the others when there are any.
+    planned_us = plan.summary.get("step_time_us")
+    median_s = statistics.median(s["step_time_s"] for s in timed)
+    return {
+        "format": REPORT_FORMAT, "version": 2, "ok": ok,
+        "plan": os.path.abspath(plan.path), "model": model_name, "mode": result["mode"],
+        "checkpoint_mode": args.checkpoint_mode, "world_size": plan.num_ranks, "steps": n_steps, "seed": args.seed,
+        "torch": torch.__version__, "threads_per_rank": args.threads,
+        "schedule": {"name": plan.name, "num_ranks": plan.num_ranks, "num_stages": plan.num_stages,
+                     "num_microbatches": plan.num_microbatches},
+        "stages": {str(k): v for k, v in stage_names(specs).items()},
+        "grads_match": grads_match, "buffers_match": buffers_match,
+        "comparison": "torch.equal" if result["exact"] else "allclose(rtol=1e-5, atol=1e-6)",
+        "max_abs_diff": max(s["max_abs_diff"] for s in steps),
+        "mismatched": [m for s in steps for m in s["mismatched"]][:5],
+        "loss": steps[-1]["loss"], "reference_loss": steps[-1]["reference_loss"],
+        "sessions": sessions, "recomputes": recomputes, "recomputes_expected": expected,
+        "plan_recomputes": plan.summary.get("recomputes"),
+        "plan_per_backward_recomputes": plan.summary.get("per_backward_recomputes"),
+        "sessions_left": sessions_left,
+        "counters": {k: sum(s["counters"].get(k, 0) for s in steps)
+                     for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+        "step_time_s": times, "profiled_steps": [s["step"] for s in steps if s.get("profiled")],
+        "median_step_time_s": median_s, "planned_step_time_us": planned_us,
+        "measured_over_planned_step_time": (median_s * 1e6 / planned_us) if planned_us else None,
+        "ranks": ranks, "error": None,
+    }
+
+
+def _check_report_path(path: Optional[str]) -> None:
+    """Refuses a --report the run could not write, before the run (not after it)."""
+    problem = output_problem(path) if path else None
+    if problem:
+        raise RunError(f"hp_recompute.run: --report {path}: {problem}")
+
+
+def _write(path: Optional[str], report: Dict[str, Any]) -> None:
+    """Writes the report (NOTE in output_files.py); raises RunError."""
+    if not path:
+        return
+    try:
+        write_text(path, json.dumps(report, indent=2, default=str) + "\n")
+    except OSError as e:
+        raise RunError(f"hp_recompute.run: --report {path}: {e.strerror or e}") from None
+
+
+def _summary_lines(report: Dict[str, Any]) -> List[str]:
+    lines = [f"hp_recompute.run: {report['schedule']['name']} {report['world_size']} ranks x "
+             f"{report['schedule']['num_microbatches']} microbatches, {report['steps']} step(s), {report['mode']}, "
+             f"model {report['model']}, checkpoint {report['checkpoint_mode']}",
+             f"grads_match {str(report['grads_match']).lower()} ({report['comparison']}, max_abs_diff "
+             f"{report['max_abs_diff']:.3g}), loss {report['loss']:.6f}",
+             f"sessions {report['sessions']}, recomputes {report['recomputes']} (expected "
+             f"{report['recomputes_expected']}), sessions_left {report['sessions_left']}",
+             f"step time median {report['median_step_time_s'] * 1000:.1f} ms" + (
+                 " (only the profiled step 0: use --steps 2 or more to time)"
+                 if len(report["profiled_steps"]) == report["steps"] else "") + (
+                 f", simulated {report['planned_step_time_us'] / 1000:.1f} ms"
+                 if report["planned_step_time_us"] else "")]
+    for r in report["ranks"]:
+        if r["measured_peak_bytes"] is not None:
+            busy = (f"; busy {r['busy_us'] / 1000:.1f} ms, simulated {r['planned_busy_us'] / 1000:.1f} ms"
+                    if r.get("planned_busy_us") else "")
+            lines.append(f"rank {r['rank']} stages {r['stages']}: peak bytes at the allocator "
+                         f"{r['measured_peak_bytes']}, planned {r['planned_peak_bytes']}{busy}")
+    lines.append("ok" if report["ok"] else "FAILED: " + ", ".join(
+        m for m, bad in (("grads or buffers differ " + "; ".join(report["mismatched"]),
+                          not (report["grads_match"] and report["buffers_match"])),
+                         ("recomputes != expected", report["recomputes_expected"] is not None
+                          and report["recomputes"] != report["recomputes_expected"]),
+                         ("sessions left", report["sessions_left"] != 0)) if bad))
+    return lines
+
+
+def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """Runs the plan as ``args`` say and returns the report (raises ``RunError`` on failure).
+
+    Under torchrun only rank 0 has the report; the other ranks return None."""
+    plan = load_plan(args.plan)
+    validate_plan(plan)  # before any rank runs
+    from .torchrun import run_torchrun, torchrun_rank  # imports torch.distributed only when needed
+
+    if torchrun_rank() is not None:
+        if args.single_process or args.world_size is not None:
+            raise RunError("hp_recompute.run: under torchrun the processes are torchrun's: drop "
+                           "--single-process and --world-size (use torchrun --nproc-per-node)")
+        result = run_torchrun(plan, args)
+        if result is None:  # not rank 0: it reported to rank 0
+            return None
+        return build_report(plan, args, result["model_name"], result["specs"], result)
+    world = args.world_size if args.world_size is not None else plan.num_ranks
+    if world != plan.num_ranks:
+        raise RunError(f"hp_recompute.run: --world-size {world} does not match the plan's {plan.num_ranks} ranks "
+                       f"({args.plan}: /schedule/num_ranks)")
+    if args.single_process:
+        result = run_single(plan, args)
+    else:
+        from .multiprocess import run_multi  # imports torch.distributed only when needed
+        result = run_multi(plan, args)
+    return build_report(plan, args, result["model_name"], result["specs"], result)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI entry point; returns the exit status (0 ok, 1 check failed or error, 2 usage)."""
+    args = _parse(argv)
+    try:
+        _check_report_path(args.report)
+    except RunError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    try:
+        report = run(args)
+    except RunError as e:
+        print(str(e), file=sys.stderr)
+        failure = {"format": REPORT_FORMAT, "version": 1, "ok": False, "plan": args.plan,
+                   "error": str(e), "failed_rank": getattr(e, "rank", None)}
+        if getattr(e, "ranks", None) is not None:  # multi-process: how each rank ended
+            failure["rank_results"] = e.ranks  # type: ignore[attr-defined]
+        try:
+            _write(args.report, failure)
+        except RunError as write_error:
+            print(str(write_error), file=sys.stderr)
+        return 1
+    if report is None:
+        return 0
+    try:
+        _write(args.report, report)
+    except RunError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    out = sys.stdout if report["ok"] else sys.stderr
+    for line in _summary_lines(report) if not args.quiet or not report["ok"] else []:
+        print(line, file=out)
+    return 0 if report["ok"] else 1
