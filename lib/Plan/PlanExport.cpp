@@ -335,7 +335,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   // The small members, in the order DESIGN §4.3 lists them.
   std::pair<const char *, json> head[] = {
       {"format", "hp-recompute-plan"},
-      {"version", 1},
+      {"version", 2},
       {"planner", planner},
       {"schedule", scheduleJson(schedule)},
       {"model", model},

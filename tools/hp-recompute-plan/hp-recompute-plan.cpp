@@ -117,7 +117,7 @@ cl::opt<std::string> memoryBudget(
 cl::opt<EmitKind>
     emit("emit", cl::desc("Output format"),
          cl::values(clEnumValN(EmitKind::Summary, "summary", "per-rank table"),
-                    clEnumValN(EmitKind::Json, "json", "plan JSON (version 1)"),
+                    clEnumValN(EmitKind::Json, "json", "plan JSON (version 2)"),
                     clEnumValN(EmitKind::Mlir, "mlir", "planned hpr IR"),
                     clEnumValN(EmitKind::Csv, "csv",
                                "schedule CSV with RECOMPUTE/CLEAR"),

@@ -58,7 +58,7 @@ struct PlanSummary {
 /// Counts, memory and a simulation of the planned module.
 llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
 
-/// Writes the plan JSON, version 1, to `os`. `planner` records the options
+/// Writes the plan JSON, version 2, to `os`. `planner` records the options
 /// used. Actions and sessions are streamed one per line.
 void writePlanJson(ModuleOp module, const PlanSummary &summary,
                    const nlohmann::json &planner, llvm::raw_ostream &os);

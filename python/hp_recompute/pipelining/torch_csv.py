@@ -118,6 +118,6 @@ def load_torch_csv(path: str) -> Plan:
             raise RunError(f"hp_recompute: {side_path}: /ranks/{r}/inserts: positions {sorted(inserts, key=str)} "
                            f"are outside row {r + 1} of {path} ({len(row)} cells)")
         ranks.append({"rank": r, "actions": actions})
-    raw = {"format": "hp-recompute-plan", "version": 1, "schedule": sched, "model": side.get("model"),
+    raw = {"format": "hp-recompute-plan", "version": 2, "schedule": sched, "model": side.get("model"),
            "sessions": side.get("sessions", []), "ranks": ranks}
     return parse_plan(raw, path)

@@ -118,13 +118,16 @@ def load_plan(path: str) -> Plan:
 
 
 def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
-    """Checks the runner's subset of plan JSON version 1 and returns a ``Plan``."""
+    """Checks the runner's subset of plan JSON version 2 and returns a ``Plan``."""
     if not isinstance(raw, dict):
         raise _fail(path, "/", "a JSON object", raw)
     if raw.get("format") != "hp-recompute-plan":
         raise _fail(path, "/format", "'hp-recompute-plan'", raw.get("format"))
-    if raw.get("version") != 1:
-        raise _fail(path, "/version", "1", raw.get("version"))
+    if raw.get("version") == 1:
+        raise RunError(f"hp_recompute: {path}: /version: plan version 1 does not say where graphs are freed or "
+                       f"how messages are tagged; write the plan again with hp-recompute-plan --emit json")
+    if raw.get("version") != 2:
+        raise _fail(path, "/version", "2", raw.get("version"))
     sched = raw.get("schedule")
     if not isinstance(sched, dict):
         raise _fail(path, "/schedule", "an object", sched)
