@@ -11,10 +11,11 @@ packages=(
   cmake ninja-build g++ git
   llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
   clang-format-19  # the C++ style check (ctest clang-format)
+  clang-19 libclang-rt-19-dev  # the sanitizer and libFuzzer build (build-asan, fuzz/)
   libtorch-dev python3-torch
   nlohmann-json3-dev
   googletest libgtest-dev
-  python3-pytest python3-jsonschema python3-venv
+  python3-pytest python3-jsonschema python3-hypothesis python3-venv
   librsvg2-bin python3-pil  # render --emit svg to PNG and check its pixels (lit)
   time  # /usr/bin/time, for the bench scripts
 )

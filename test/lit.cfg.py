@@ -16,6 +16,12 @@ config.environment["PATH"] = os.pathsep.join(
 )
 config.environment["PYTHONPATH"] = os.path.join(config.hpr_src_root, "python")
 
+# Under ASan (-DHPR_SANITIZE=ON) the plugin cannot load into Debian's
+# uninstrumented mlir-opt-19 (the ASan runtime must come first); tests that
+# need that say `UNSUPPORTED: asan`.
+if config.hpr_sanitized:
+    config.available_features.add("asan")
+
 config.substitutions.append(("%hpr_plugin", config.hpr_plugin))
 config.substitutions.append(("%mlir-opt", os.path.join(config.llvm_tools_dir, "mlir-opt")))
 config.substitutions.append(("%python", config.python_executable))

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target of a -DHPR_FUZZ=ON build (default build-asan/) for a
+# bounded time each (HPR_FUZZ_SECONDS, default 30), from its seed corpus in
+# fuzz/corpus/ (copied: the repository's corpus is not changed) with its
+# dictionary, fixed seed. Prints one summary line per target; fails on any
+# crash, sanitizer report, leak or timeout (the reproducer is kept in
+# build-asan/fuzz-findings/ and its path printed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build-asan}"
+seconds="${HPR_FUZZ_SECONDS:-30}"
+findings="$build/fuzz-findings"
+mkdir -p "$findings"
+status=0
+# target:dictionary:extra libFuzzer flags
+for spec in schedule-csv:schedule-csv: schedule-json:json: model-json:json: \
+            mlir:mlir: torchscript-ir::-detect_leaks=0 torchscript-pt::-detect_leaks=0; do
+  IFS=: read -r target dict extra <<<"$spec"
+  bin="$build/bin/hpr-fuzz-$target"
+  work="$(mktemp -d)"
+  args=(-seed=1 -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1
+        -artifact_prefix="$findings/$target-")
+  [ -n "$dict" ] && args+=(-dict="fuzz/dict/$dict.dict")
+  [ -n "$extra" ] && args+=("$extra")
+  "$bin" "${args[@]}" "$work" "fuzz/corpus/$target" >"$work.log" 2>&1
+  code=$?
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work.log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work.log")
+  if [ $code -eq 0 ]; then
+    echo "fuzz: hpr-fuzz-$target: ${execs:-?} inputs in ${seconds} s (${rate:-?}/s), corpus $(ls "$work" | wc -l) new, no crash"
+  else
+    status=1
+    echo "fuzz: hpr-fuzz-$target: FAILED (exit $code); reproducer in $findings:"
+    grep -E "ERROR|SUMMARY|artifact|Test unit written" "$work.log" | head -10
+  fi
+  rm -rf "$work" "$work.log"
+done
+exit $status
