@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: gtest (through ctest), lit + FileCheck,
-# and pytest twice: under the venv's torch 2.x (.venv, the primary target) and under
-# Debian's python3-torch (/usr/bin/python3). Each runner prints its own summary; the
-# script fails if any did.
+# pytest twice: under the venv's torch 2.x (.venv, the primary target) and under
+# Debian's python3-torch (/usr/bin/python3), and the sanitizer leg (ctest and lit
+# again under ASan + UBSan in build-asan/, then bounded libFuzzer runs:
+# scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -17,4 +18,6 @@ for python in .venv/bin/python /usr/bin/python3; do
   echo "=== pytest (python/) on $("$python" -c 'import torch; print("torch", torch.__version__)') ($python)"
   PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider test/python || status=1
 done
+echo "=== sanitizers and fuzzing (scripts/sanitize.sh)"
+bash scripts/sanitize.sh || status=1
 exit $status

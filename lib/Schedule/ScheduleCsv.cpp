@@ -17,6 +17,7 @@
 #include "hpr/Schedule/ScheduleUtils.h"
 
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
 namespace hpr::sched {
@@ -333,15 +334,31 @@ void appendAction(std::string &out, const Action &action, CsvDialect dialect) {
     appendInt(action.microbatch);
 }
 
+/// `text` as an error message quotes it: control bytes as `\xNN`, and cut
+/// after `limit` characters with its length noted (a cell can be megabytes).
+std::string forMessage(llvm::StringRef text, size_t limit) {
+  std::string out;
+  for (char c : text.take_front(limit)) {
+    auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f)
+      out += llvm::formatv("\\x{0:x-2}", static_cast<unsigned>(byte)).str();
+    else
+      out += c;
+  }
+  if (text.size() > limit)
+    out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
 } // namespace
 
 llvm::Expected<Action> parseAction(llvm::StringRef cell, CsvDialect dialect) {
   Action action;
   std::string expected;
   if (!parseCell(cell, dialect, action, expected))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   "invalid action '%s': %s",
-                                   cell.str().c_str(), expected.c_str());
+    return llvm::createStringError(
+        llvm::inconvertibleErrorCode(), "invalid action '%s': %s",
+        forMessage(cell, 64).c_str(), forMessage(expected, 240).c_str());
   return action;
 }
 
@@ -375,10 +392,10 @@ llvm::Expected<Schedule> parseScheduleCsv(llvm::StringRef text,
       ++col;
       Action action;
       if (!parseCell(cell, dialect, action, expected))
-        return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                       "%s:%d:%d: invalid action '%s': %s",
-                                       fileName.str().c_str(), row, col,
-                                       cell.str().c_str(), expected.c_str());
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(), "%s:%d:%d: invalid action '%s': %s",
+            fileName.str().c_str(), row, col, forMessage(cell, 64).c_str(),
+            forMessage(expected, 240).c_str());
       action.sourceCell = col - 1;
       program.push_back(std::move(action));
       if (comma == llvm::StringRef::npos)

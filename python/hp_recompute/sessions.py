@@ -84,8 +84,10 @@ def recompute_handle(handle: RecomputeHandle, session_id: Hashable) -> None:
         >>> for h in handles:
         ...     recompute_handle(h, "s0.mb0")
     """
-    frame = _frame_of(handle)
+    # Arguments first, state after: a bad session id is reported as such even when the
+    # handle's graph is gone.
     _check_session_id(session_id, "recompute_handle")
+    frame = _frame_of(handle)
     with REGISTRY.lock:
         created = session_id not in REGISTRY.sessions
         session = REGISTRY.get_or_create(session_id)

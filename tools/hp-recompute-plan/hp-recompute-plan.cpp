@@ -549,10 +549,10 @@ int main(int argc, char **argv) {
     raw_string_ostream csvOs(csv), sidecarOs(sidecar);
     mlir::hpr::writeTorchCsv(**module, sys::path::filename(outputFile), csvOs,
                              sidecarOs);
-    for (auto [path, text] : {std::pair(torchCsvSidecarPath(), &sidecar),
-                              std::pair(outputFile.getValue(), &csv)})
-      if (Error error = writeOutput(path, [&](raw_ostream &os) {
-            os << *text;
+    for (const auto &file : {std::pair(torchCsvSidecarPath(), &sidecar),
+                             std::pair(outputFile.getValue(), &csv)})
+      if (Error error = writeOutput(file.first, [&](raw_ostream &os) {
+            os << *file.second;
             return Error::success();
           }))
         return fail(std::move(error));

@@ -218,4 +218,23 @@ def parse_plan(raw: Any, path: str = "<plan>") -> Plan:
         ranks.append(out)
     return Plan(path=path, raw=raw, name=str(sched.get("name", "?")), num_ranks=num_ranks, num_stages=num_stages,
                 num_microbatches=num_mb, stage_to_rank=list(s2r), stages=stages, sessions=sessions, ranks=ranks,
-                summary=dict(raw.get("summary", {})))
+                summary=_summary(path, raw.get("summary", {}), num_ranks))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
+
+
+def _summary(path: str, summary: Any, num_ranks: int) -> Dict[str, Any]:
+    """The summary fields the runner compares with: numbers, or one number per rank."""
+    if not isinstance(summary, dict):
+        raise _fail(path, "/summary", "an object", summary)
+    for key in ("step_time_us", "recomputes", "per_backward_recomputes"):
+        if key in summary and not _number(summary[key]):
+            raise _fail(path, f"/summary/{key}", "a finite number", summary[key])
+    for key in ("busy_us", "peak_bytes", "peak_memory_bytes"):
+        if key in summary:
+            values = summary[key]
+            if not isinstance(values, list) or len(values) != num_ranks or not all(map(_number, values)):
+                raise _fail(path, f"/summary/{key}", f"a list of {num_ranks} finite numbers", values)
+    return dict(summary)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -48,15 +49,17 @@ COMPUTE_OPS = ("forward", "recompute", "backward_input", "backward_weight", "bac
 Key = Tuple[int, int]
 
 
-def planted_failure() -> Optional[Tuple[int, int]]:
-    """``HPR_RUN_FAIL_AT="rank:action_index"``: the test hook that makes one action raise."""
+def planted_failure() -> Optional[Tuple[int, int, bool]]:
+    """The test hook ``HPR_RUN_FAIL_AT="RANK:ACTION_INDEX[:kill]"``: that action raises, or with
+    ``:kill`` the rank's process is killed with SIGKILL there (no cleanup, no result)."""
     text = os.environ.get("HPR_RUN_FAIL_AT", "").strip()
     if not text:
         return None
-    rank, sep, index = text.partition(":")
-    if not sep or not rank.isdigit() or not index.isdigit():
-        raise RunError(f"hp_recompute.run: HPR_RUN_FAIL_AT: expected 'RANK:ACTION_INDEX', got '{text}'")
-    return int(rank), int(index)
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or parts[2:] not in ([], ["kill"]):
+        raise RunError(f"hp_recompute.run: HPR_RUN_FAIL_AT: expected 'RANK:ACTION_INDEX' or 'RANK:ACTION_INDEX:kill', "
+                       f"got '{text}'")
+    return int(parts[0]), int(parts[1]), len(parts) == 3
 
 
 def clear_all_sessions() -> int:
@@ -212,7 +215,9 @@ class RankExecutor:
         """Runs the next action; errors name the rank, the action index and the action."""
         index, action = self.pc, self.actions[self.pc]
         try:
-            if self.fail_at == (self.rank, index):
+            if self.fail_at is not None and self.fail_at[:2] == (self.rank, index):
+                if self.fail_at[2]:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError(f"planted failure (HPR_RUN_FAIL_AT={self.rank}:{index})")
             start = time.perf_counter()
             self._run(action)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -42,7 +43,7 @@ from .reference import (buffer_snapshot, check_regions, compare, make_batches, m
 from .memory import AllocatorPeak
 from .executor import RankExecutor, Transport, clear_all_sessions
 from .model import load_model, split_stages
-from ..plan.reader import Plan, RunError, load_plan
+from ..plan.reader import Plan, RunError, parse_plan
 from ..sessions import live_sessions, reset_stats, stats
 
 __all__ = ["GlooTransport", "run_multi"]
@@ -187,7 +188,8 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
                          daemon=True).start()
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=cfg["world"], timeout=timeout)
-        plan = load_plan(cfg["plan"])
+        with open(os.path.join(cfg["dir"], "plan.json"), encoding="utf-8") as f:
+            plan = parse_plan(json.load(f), cfg["plan"])
         model = load_model(cfg["model"])
         model.module.load_state_dict(torch.load(os.path.join(cfg["dir"], "init.pt")))
         steps = run_rank_steps(rank, plan, model, cfg)
@@ -256,6 +258,9 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     check_regions(model, make_batches(model, args.seed, 0, 1)[0])
     with tempfile.TemporaryDirectory(prefix="hpr-run-") as folder:
         torch.save(model.module.state_dict(), os.path.join(folder, "init.pt"))
+        # The ranks read the plan the parent read (also when it came from a pipe such as /dev/stdin).
+        with open(os.path.join(folder, "plan.json"), "w", encoding="utf-8") as f:
+            json.dump(plan.raw, f)
         store = dist.TCPStore("127.0.0.1", 0, plan.num_ranks + 1, True, datetime.timedelta(seconds=args.timeout),
                               wait_for_workers=False)
         cfg = {"dir": folder, "port": store.port, "world": plan.num_ranks, "plan": os.path.abspath(plan.path),
@@ -269,18 +274,23 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
             results[r] = torch.load(path) if os.path.exists(path) else None
     if any(c != 0 for c in codes) or any(res is None or res.get("error") for res in results.values()):
         errors = {r: res for r, res in results.items() if res and res.get("error")}
+        # A rank that died without a word (SIGKILL, the OOM killer) comes first: the others'
+        # errors (a closed connection, an abort) follow from it.
+        dead = [r for r, res in results.items() if res is None]
         root = next((r for r, res in errors.items() if res.get("root")), None)
-        if root is None and errors:
+        if dead:
+            root = dead[0]
+        elif root is None and errors:
             root = min(errors)
         lines = [f"hp_recompute.run: the run failed (exit codes {codes})"]
-        if root is not None:
+        for r in dead:
+            how = f"killed by signal {-codes[r]}" if codes[r] is not None and codes[r] < 0 else f"exit code {codes[r]}"
+            lines.append(f"rank {r} died ({how}) and left no result")
+        if root is not None and root in errors:
             lines.append(f"rank {root} failed first: {errors[root]['error']}")
         for r in sorted(errors):
             if r != root:
                 lines.append(f"rank {r}: {errors[r]['error']} (sessions left {errors[r].get('sessions_left')})")
-        for r, res in results.items():
-            if res is None:
-                lines.append(f"rank {r}: no result (exit code {codes[r]})")
         err = RunError("\n".join(lines))
         err.rank = root  # type: ignore[attr-defined]
         # Per rank, for the failure report: how it ended and what it left behind.

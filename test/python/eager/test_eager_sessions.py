@@ -1,6 +1,7 @@
 """Recompute sessions: prefetch, dx/dw sharing, isolation, errors, threads, nesting, policies."""
 
 import contextvars
+import gc
 import os
 import subprocess
 import sys
@@ -459,6 +460,11 @@ def test_session_id_is_required_and_not_none(device):
     with pytest.raises(ValueError, match="session_id must not be None"):
         hr.recompute_handle(handles[0], None)
     del y
+    gc.collect()
+    # The graph behind the handle is gone now: the bad argument is still what is reported.
+    assert handles[0].frame() is None
+    with pytest.raises(ValueError, match="session_id must not be None"):
+        hr.recompute_handle(handles[0], None)
 
 
 def test_session_contexts_do_not_nest_on_one_thread():

@@ -219,3 +219,17 @@ def test_absurd_region_time_is_a_located_error(tmp_path):
 def test_version_names_hp_recompute():
     proc = run_plan("--version")
     assert re.match(r"hp-recompute-plan \(hp-recompute \d+\.\d+\.\d+\), LLVM/MLIR 19\.", proc.stdout)
+
+
+def test_a_huge_or_binary_cell_is_quoted_short_and_escaped(tmp_path: Path) -> None:
+    """A megabyte cell is cut in the message (not echoed in full, twice); control bytes are escaped."""
+    huge = tmp_path / "huge.csv"
+    huge.write_text("0F0," + "X" * 1_000_000 + ",0B0\n")
+    proc = run_plan("--schedule", str(huge), check=False)
+    assert proc.returncode == 1
+    assert len(proc.stderr) < 1000 and "... (1000000 bytes)" in proc.stderr, proc.stderr[:300]
+    binary = tmp_path / "nul.csv"
+    binary.write_bytes(b"0F0,0\x00B0\x1b\n")
+    proc = run_plan("--schedule", str(binary), check=False)
+    assert proc.returncode == 1
+    assert "invalid action '0\\x00B0\\x1b'" in proc.stderr and "\x00" not in proc.stderr

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from hpr_run_util import count_plan, edit_plan, flags, make_plan, run_cli
+from hpr_run_util import PYTHON_DIR, count_plan, edit_plan, flags, make_plan, run_cli
 
 
 @pytest.mark.parametrize("cfg", [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)],
@@ -72,3 +75,42 @@ def test_missing_send_is_refused_before_the_ranks_start(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert time.monotonic() - start < 20
     assert "rank 1 action 5 (recv_f stage 1 mb 1 peer 0): rank 0 never sends it" in proc.stderr
+
+
+def test_plan_from_a_pipe_runs_on_every_rank(tmp_path: Path) -> None:
+    """--plan /dev/stdin: the ranks run the plan the parent read, not the (drained) pipe."""
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    with open(plan) as stdin:
+        proc = subprocess.run([sys.executable, "-m", "hp_recompute.run", "--plan", "/dev/stdin"], stdin=stdin,
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "grads_match true" in proc.stdout
+
+
+def _processes_with(marker: str) -> list:
+    """PIDs whose environment holds ``marker`` (the run's own processes)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_rank_killed_mid_step_is_named_and_nothing_is_left_running(tmp_path: Path, ranks: int) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", ranks, 4)))
+    marker = f"HPR_TEST_RUN={os.getpid()}-{ranks}"
+    start = time.monotonic()
+    proc = run_cli("--plan", str(plan), "--timeout", "60", env={"HPR_RUN_FAIL_AT": "1:6:kill",
+                                                                  marker.split("=")[0]: marker.split("=")[1]})
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1
+    assert "rank 1 died (killed by signal 9) and left no result" in proc.stderr, proc.stderr
+    assert elapsed < 40  # the others stop within seconds (5 s grace), not after the 60 s timeout
+    time.sleep(0.5)
+    assert _processes_with(marker) == [], "a rank outlived the run"

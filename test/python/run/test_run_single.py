@@ -150,6 +150,16 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
     assert "/model/stages/1/regions/0/name: region 'blocks.99' is not in model 'gpt'" in report["error"]
     assert "hp_recompute.run:" in capsys.readouterr().err
 
+    # Summary fields the report compares with are numbers (one per rank for lists).
+    for key, value, expected in (("step_time_us", "fast", "expected a finite number, got '\"fast\"'"),
+                                 ("busy_us", [1.0], "expected a list of 2 finite numbers, got '[1.0]'")):
+        def summary(p, key=key, value=value):
+            p["summary"][key] = value
+        odd = edit_plan(plan, tmp_path / "summary.json", summary)
+        code, report = run_inproc("--plan", str(odd), "--single-process", "--report", str(tmp_path / "r.json"))
+        assert code == 1
+        assert f"{odd}: /summary/{key}: {expected}" in report["error"]
+
     # A plan ordered wrongly is named, not a bare KeyError.
     def send_before_forward(p):
         actions = p["ranks"][0]["actions"]
