@@ -25,9 +25,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   // Diagnostics are the expected outcome of bad input; keep them quiet.
   mlir::ScopedDiagnosticHandler quiet(
       &context, [](mlir::Diagnostic &) { return mlir::success(); });
+  // MLIR's lexer reads up to a terminating NUL (as file buffers have): the
+  // fuzzer's bytes have none, so they are copied into a std::string.
+  std::string text(hpr::fuzz::asText(data, size));
   mlir::OwningOpRef<mlir::ModuleOp> module =
-      mlir::parseSourceString<mlir::ModuleOp>(hpr::fuzz::asText(data, size),
-                                              &context);
+      mlir::parseSourceString<mlir::ModuleOp>(text, &context);
   if (!module || mlir::failed(mlir::verify(*module)))
     return 0;
   static const mlir::hpr::RecomputePipelineOptions options;

@@ -13,8 +13,9 @@ findings="$build/fuzz-findings"
 mkdir -p "$findings"
 status=0
 # target:dictionary:extra libFuzzer flags
+export LSAN_OPTIONS="suppressions=$PWD/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 for spec in schedule-csv:schedule-csv: schedule-json:json: model-json:json: \
-            mlir:mlir: torchscript-ir::-detect_leaks=0 torchscript-pt::-detect_leaks=0; do
+            mlir:mlir: torchscript-ir:: torchscript-pt::; do
   IFS=: read -r target dict extra <<<"$spec"
   bin="$build/bin/hpr-fuzz-$target"
   work="$(mktemp -d)"

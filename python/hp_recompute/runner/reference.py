@@ -48,7 +48,15 @@ def check_regions(model: PipelineModel, batch: Any) -> None:
     model.module.eval()
     try:
         with torch.no_grad():
-            chained = Unit("reference", False, model.regions)(batch, batch)
+            x = batch
+            for i, region in enumerate(model.regions[:-1]):
+                x = Unit(region.name, False, [region])(x, batch)
+                if not isinstance(x, torch.Tensor):
+                    # Stages pass one tensor; a tuple would be cut apart at a stage boundary.
+                    raise RunError(f"hp_recompute.run: model '{model.name}': region '{region.name}' returns "
+                                   f"{type(x).__name__}, but every region but the last must return one tensor "
+                                   f"(any region may end a stage); return a tensor, or merge the regions")
+            chained = Unit(model.regions[-1].name, False, [model.regions[-1]])(x, batch)
             own = model.reference_loss(batch)
     finally:
         model.module.train(training)

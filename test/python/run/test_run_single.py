@@ -113,7 +113,23 @@ def build(scale=1.0):
 
 def build_wrong():
     return build(scale=1.001)
+
+def build_tuple():
+    model = build()
+    first = model.regions[0]
+    model.regions[0] = Region("l0", lambda x, b: (first.fn(x, b), x), first.params)
+    model.regions[1] = Region("l1", lambda x, b, f=model.regions[1].fn: f(x[0], b), model.regions[1].params)
+    return model
 '''
+
+
+def test_tuple_stage_boundaries_are_refused_naming_the_region(tmp_path: Path) -> None:
+    (tmp_path / "tiny.py").write_text(MODEL_PY)
+    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build_tuple",
+                              "--report", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "region 'l0' returns tuple, but every region but the last must return one tensor" in report["error"]
 
 
 def test_custom_model_and_wrong_reference(tmp_path: Path) -> None:
