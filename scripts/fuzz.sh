@@ -25,8 +25,9 @@ for spec in schedule-csv:schedule-csv: schedule-json:json: model-json:json: \
   [ -n "$extra" ] && args+=("$extra")
   "$bin" "${args[@]}" "$work" "fuzz/corpus/$target" >"$work.log" 2>&1
   code=$?
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work.log")
-  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work.log")
+  # The last report is the target's own (forked importers of a .pt may print theirs).
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work.log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work.log" | tail -1)
   if [ $code -eq 0 ]; then
     echo "fuzz: hpr-fuzz-$target: ${execs:-?} inputs in ${seconds} s (${rate:-?}/s), corpus $(ls "$work" | wc -l) new, no crash"
   else

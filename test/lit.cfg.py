@@ -23,6 +23,7 @@ if config.hpr_sanitized:
     config.available_features.add("asan")
 
 config.substitutions.append(("%hpr_plugin", config.hpr_plugin))
+config.substitutions.append(("%crashing_importer", config.hpr_crashing_importer))
 config.substitutions.append(("%mlir-opt", os.path.join(config.llvm_tools_dir, "mlir-opt")))
 config.substitutions.append(("%python", config.python_executable))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "inputs")))

@@ -5,8 +5,16 @@
 
 #include "llvm/Support/DynamicLibrary.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Signals.h"
 
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace hpr::model;
 
@@ -47,12 +55,107 @@ importTorchScriptOnDemand(llvm::StringRef path,
   return graph;
 }
 
+static bool writeAll(int fd, const std::string &text) {
+  for (size_t done = 0; done < text.size();) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    done += n;
+  }
+  return true;
+}
+
+/// LibTorch's archive and IR parsers are not hardened against corrupt input:
+/// torch::jit::load of a damaged `.pt` can crash the process (found by
+/// hpr-fuzz-torchscript-pt on Debian's torch 1.13). So the import runs in a
+/// child process, which sends the graph back as model JSON (printModelJson;
+/// parseModelJson reads it back to an equal graph) with its warnings; a child
+/// that dies becomes an error naming the file and the signal.
+static llvm::Expected<ModelGraph>
+importTorchScriptIsolated(llvm::StringRef path,
+                          const TorchScriptOptions &options,
+                          std::vector<std::string> *warnings) {
+  auto fail = [&](const llvm::Twine &what) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   path + ": " + what);
+  };
+  int fds[2];
+  if (::pipe(fds) != 0)
+    return fail(llvm::Twine("cannot start the importer: ") +
+                std::strerror(errno));
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return fail(llvm::Twine("cannot start the importer: ") +
+                std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    // A crash here is reported by the parent; the tool's crash handler (stack
+    // dump, "PLEASE submit a bug report") would only add noise.
+    llvm::sys::unregisterHandlers();
+    std::vector<std::string> childWarnings;
+    nlohmann::json reply;
+    llvm::Expected<ModelGraph> graph =
+        importTorchScriptOnDemand(path, options, &childWarnings);
+    if (graph)
+      reply = {{"model", printModelJson(*graph)}, {"warnings", childWarnings}};
+    else
+      reply = {{"error", llvm::toString(graph.takeError())}};
+    bool sent =
+        writeAll(fds[1], reply.dump(-1, ' ', false,
+                                    nlohmann::json::error_handler_t::replace));
+    ::_exit(sent ? 0 : 1); // no atexit handlers: they belong to the parent
+  }
+  ::close(fds[1]);
+  std::string text;
+  char chunk[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fds[0], chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    text.append(chunk, n);
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  nlohmann::json reply =
+      nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  bool answered =
+      reply.is_object() && (reply.contains("error") || reply.contains("model"));
+  if (!answered) {
+    // Killed by a signal, or (under ASan, which catches the signal) exited
+    // without a reply.
+    std::string how =
+        WIFSIGNALED(status)
+            ? "signal " + std::to_string(WTERMSIG(status)) + ", " +
+                  strsignal(WTERMSIG(status))
+            : "exit status " + std::to_string(WEXITSTATUS(status));
+    return fail("LibTorch crashed reading this file (" + how +
+                "): it is damaged or not a TorchScript " +
+                (path.ends_with(".pt") ? "archive" : "IR text"));
+  }
+  if (reply.contains("error"))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   reply["error"].get<std::string>());
+  for (const auto &warning : reply["warnings"])
+    if (warnings)
+      warnings->push_back(warning.get<std::string>());
+  return parseModelJson(reply["model"].get<std::string>(), path);
+}
+
 llvm::Expected<ModelGraph>
 hpr::model::readModelFile(llvm::StringRef path,
                           const TorchScriptOptions &options,
                           std::vector<std::string> *warnings) {
   if (path.ends_with(".pt") || path.ends_with(".ir"))
-    return importTorchScriptOnDemand(path, options, warnings);
+    return importTorchScriptIsolated(path, options, warnings);
   if (path.ends_with(".json")) {
     auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
     if (!buffer)
