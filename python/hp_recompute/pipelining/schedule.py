@@ -169,10 +169,10 @@ class PlannedSchedule(PipelineScheduleMulti):
         for index, action in enumerate(self.program):
             try:
                 run.perform(action)
-            except RunError:
-                raise
             except Exception as e:  # noqa: BLE001 - re-raised with the action that failed
                 run.abandon()
+                if isinstance(e, RunError):
+                    raise
                 raise RunError(f"hp_recompute.pipelining: rank {self.rank} action {index} ({action.describe()}): "
                                f"{type(e).__name__}: {e}") from e
         run.finish()

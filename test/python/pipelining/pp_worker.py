@@ -176,3 +176,46 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                    os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def refusals(rank: int, cfg: Dict[str, Any]) -> None:
+    """Rule 1 of PlannedSchedule: stages that do not match the plan are refused, on every rank."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.pipelining import PipelineStage
+
+    sys.path.insert(0, cfg["python"])
+    from hp_recompute.pipelining import PlannedSchedule
+
+    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=cfg["ranks"])
+    messages: Dict[str, str] = {}
+    try:
+        torch.manual_seed(0)
+        full = Net(cfg["dim"], cfg["layers"], 0.0)
+        split, mine = stage_split(cfg), stages_of_rank(cfg, rank)
+        loss_fn = lambda out, target: ((out - target) ** 2).mean()  # noqa: E731
+
+        def attempt(name: str, stages: List[Any], n_mb: int) -> None:
+            try:
+                PlannedSchedule(stages, n_mb, loss_fn=loss_fn, plan=cfg["plan"])
+                messages[name] = "accepted"
+            except Exception as e:  # noqa: BLE001 - the message is the result
+                messages[name] = f"{type(e).__name__}: {e}"
+
+        def stages(modules: Dict[int, Any]) -> List[Any]:
+            return [PipelineStage(modules[s], s, cfg["stages"], torch.device("cpu")) for s in mine]
+
+        attempt("good", stages({s: stage_module(full, split[s]) for s in mine}), cfg["microbatches"])
+        attempt("microbatches", stages({s: stage_module(full, split[s]) for s in mine}), cfg["microbatches"] + 1)
+        missing = {s: stage_module(full, split[s]) for s in mine}
+        first = split[mine[0]][0].split(".")[1]
+        del missing[mine[0]].layers[first]
+        attempt("missing region", stages(missing), cfg["microbatches"])
+        wrapped = {s: stage_module(full, split[s]) for s in mine}
+        wrapped[mine[0]].layers[first] = checkpoint_wrapper(wrapped[mine[0]].layers[first])
+        attempt("torch-wrapped region", stages(wrapped), cfg["microbatches"])
+        attempt("stages of another rank", [PipelineStage(stage_module(full, split[s]), s, cfg["stages"],
+                                                         torch.device("cpu"))
+                                           for s in stages_of_rank(cfg, 1 - rank)], cfg["microbatches"])
+        torch.save(messages, os.path.join(cfg["out"], f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -118,3 +119,26 @@ def test_planned_schedule_from_torch_csv_with_bubble_prefetch_and_dropout(tmp_pa
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
         for name, want in res["ref_grads"].items():
             torch.testing.assert_close(res["rt_grads"][name], want, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
+    ranks, stages, microbatches = 2, 4, 4
+    layers = LAYERS_PER_STAGE * stages
+    model_json(tmp_path / "model.json", layers)
+    plan = tmp_path / "plan.json"
+    subprocess.run([str(PLAN_TOOL), "--schedule-gen", "zbv", "--ranks", str(ranks), "--microbatches",
+                    str(microbatches), "--model", str(tmp_path / "model.json"), "--stages", stage_spec(stages),
+                    "--emit", "json", "-o", str(plan)], check=True)
+    (tmp_path / "out").mkdir()
+    cfg = {"python": str(REPO / "python"), "store": str(tmp_path / "store"), "ranks": ranks, "stages": stages,
+           "layers": layers, "dim": DIM, "microbatches": microbatches, "torch_schedule": "zbv", "plan": str(plan),
+           "out": str(tmp_path / "out")}
+    mp.start_processes(pp_worker.refusals, args=(cfg,), nprocs=ranks, start_method="spawn", join=True)
+    for rank in range(ranks):
+        got = torch.load(tmp_path / "out" / f"rank{rank}.pt")
+        assert got["good"] == "accepted", got
+        assert "the plan has 4 microbatches, n_microbatches is 5" in got["microbatches"]
+        assert "the plan checkpoints region 'layers." in got["missing region"]
+        assert "has no submodule of that name" in got["missing region"]
+        assert "is already wrapped by torch's checkpoint" in got["torch-wrapped region"]
+        assert f"rank {rank} runs stages" in got["stages of another rank"]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -120,3 +122,31 @@ def test_torchrun_two_nodes_over_a_veth_link(tmp_path: Path, two_namespaces) -> 
     got = json.loads((tmp_path / "report0.json").read_text())  # node 0 holds global rank 0
     assert got["ok"] and got["grads_match"] and got["world_size"] == 2
     assert not (tmp_path / "report1.json").exists()
+
+
+def test_torchrun_a_rank_killed_mid_step_stops_the_run(tmp_path: Path) -> None:
+    """SIGKILL on rank 1: torchrun names it, stops rank 0, and nothing outlives the run."""
+    plan = _zbv_plan(tmp_path)
+    env = _env()
+    env["HPR_RUN_FAIL_AT"] = "1:6:kill"
+    marker = f"hpr-torchrun-kill-{os.getpid()}"
+    env["HPR_TEST_RUN"] = marker
+    start = time.monotonic()
+    proc = subprocess.run([*torchrun(tmp_path / "logs"), "--standalone", "--nproc_per_node", "2", "-m",
+                           "hp_recompute.run", "--plan", str(plan), "--timeout", "60"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 40  # not the 60 s receive timeout
+    # torchrun's failure report names the killed rank (as the root cause, or beside rank 0's
+    # closed-connection error when both end within its clock resolution).
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)\s+exitcode\s+: -9", proc.stderr), proc.stderr[-2000:]
+    time.sleep(0.5)
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    left.append(pid)
+        except OSError:
+            pass
+    assert left == [], "a rank outlived the run"
