@@ -17,8 +17,10 @@ stages by region name, executes every rank's action list with the eager session 
   ``peak_memory_bytes``, and the measured step and busy time next to the simulated ones.
 
 Exit 0 only when all of them hold. Multi-process mode spawns N processes (gloo, 127.0.0.1,
-free port, ``multiprocess``); ``--single-process`` runs all ranks in this process with a
-ready-queue over ranks and in-memory transfers. See docs/runner.md.
+free port, ``multiprocess``); under torchrun each process is one rank (``torchrun``);
+``--single-process`` runs all ranks in this process with a ready-queue over ranks and
+in-memory transfers. Every mode refuses a broken plan first (``plan.check``). See
+docs/runner.md.
 """
 
 from __future__ import annotations
