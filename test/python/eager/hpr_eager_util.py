@@ -53,6 +53,21 @@ def make_blocks(n: int, dim: int, hidden: int, device, p: float = 0.0, seed: int
     return [Block(dim, hidden, p).to(device) for _ in range(n)]
 
 
+def checkpointed_chain(fns: Sequence[Callable], x: torch.Tensor):
+    """``x`` as a leaf through ``hp_recompute.checkpoint`` of each of ``fns`` in turn, then
+    ``pow(2).sum()``, under a handle collector. Returns (leaf, loss, handles); only the loss
+    holds the graph."""
+    import hp_recompute as hr
+
+    leaf = x.clone().requires_grad_()
+    with hr.recompute_handle_collector_ctx() as handles:
+        h = leaf
+        for fn in fns:
+            h = hr.checkpoint(fn, h)
+        loss = h.pow(2).sum()
+    return leaf, loss, handles
+
+
 def params_of(blocks: Sequence[torch.nn.Module]) -> List[torch.nn.Parameter]:
     return [p for b in blocks for p in b.parameters()]
 

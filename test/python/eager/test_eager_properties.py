@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hp_recompute as hr
-from hpr_eager_util import Counted, assert_bit_equal, make_blocks, params_of
+from hpr_eager_util import Counted, assert_bit_equal, checkpointed_chain, make_blocks, params_of
 
 DIM, HIDDEN = 6, 10
 FATES = ("split", "full", "abandon")
@@ -100,13 +100,7 @@ def test_random_programs_keep_the_session_rules(program) -> None:
         consume = None
         if op == "F":
             torch.manual_seed(100 + mb)  # the reference draws the same dropout masks
-            xs[mb] = inputs[mb].clone().requires_grad_()
-            with hr.recompute_handle_collector_ctx() as handles[mb]:
-                h = xs[mb]
-                for fn in counted[mb]:
-                    h = hr.checkpoint(fn, h)
-                losses[mb] = h.pow(2).sum()
-            del h  # only the loss holds the graph
+            xs[mb], losses[mb], handles[mb] = checkpointed_chain(counted[mb], inputs[mb])
         elif op == "P":
             for handle in handles[mb]:
                 hr.recompute_handle(handle, sid)

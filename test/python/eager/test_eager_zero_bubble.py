@@ -3,7 +3,7 @@
 import torch
 
 import hp_recompute as hr
-from hpr_eager_util import Counted, assert_bit_equal, make_blocks, params_of
+from hpr_eager_util import Counted, assert_bit_equal, checkpointed_chain, make_blocks, params_of
 
 DIM, HIDDEN, BATCH, MICROBATCHES = 6, 12, 3, 4
 
@@ -43,12 +43,7 @@ def test_four_microbatches_zero_bubble_each_block_replays_once(device):
         kind, mb = action[0], int(action[1:])
         sid = f"s0.mb{mb}"
         if kind == "F":
-            xs[mb] = inputs[mb].clone().requires_grad_()
-            with hr.recompute_handle_collector_ctx() as handles[mb]:
-                h = xs[mb]
-                for fn in counted[mb]:
-                    h = hr.checkpoint(fn, h)
-                losses[mb] = h.pow(2).sum()
+            xs[mb], losses[mb], handles[mb] = checkpointed_chain(counted[mb], inputs[mb])
         elif kind == "P":
             for handle in handles[mb]:
                 hr.recompute_handle(handle, sid)
