@@ -202,13 +202,21 @@ static ordered_json writeRow(int64_t rank, const std::vector<RankRow> &rows,
       emit(item.cell);
       continue;
     }
-    const std::vector<MessageKey> &order = rows[item.recvPeer].sendsTo.at(rank);
+    // The verified plan pairs every receive with a send; a receive the peer
+    // does not send is still written, in its own place.
+    auto sends = rows[item.recvPeer].sendsTo.find(rank);
     size_t &next = nextFromPeer[item.recvPeer];
-    while (!posted.count(item.message) && next < order.size()) {
-      MessageKey message = order[next++];
+    while (sends != rows[item.recvPeer].sendsTo.end() &&
+           !posted.count(item.message) && next < sends->second.size()) {
+      MessageKey message = sends->second[next++];
+      auto recv = recvOf.find(message);
+      if (recv == recvOf.end())
+        continue;
       posted.insert(message);
-      emit(recvOf.at(message)->cell);
+      emit(recv->second->cell);
     }
+    if (posted.insert(item.message).second)
+      emit(item.cell);
   }
   csv << "\n";
   return ordered_json{{"rank", rank},

@@ -5,8 +5,16 @@ See NOTE [ Executing a plan with torch's stages ] in ``schedule.py`` and
 docs/pipelining.md. Needs torch >= 2.4 (``torch.distributed.pipelining``).
 """
 
-from .regions import checkpoint_regions
-from .schedule import PlannedSchedule
-from .torch_csv import load_torch_csv
+import torch
+
+try:
+    import torch.distributed.pipelining  # noqa: F401
+except ImportError as _error:  # torch 1.13 has none
+    raise ImportError(f"hp_recompute.pipelining needs torch.distributed.pipelining (torch >= 2.4); this torch is "
+                      f"{torch.__version__}") from _error
+
+from .regions import checkpoint_regions  # noqa: E402
+from .schedule import PlannedSchedule  # noqa: E402
+from .torch_csv import load_torch_csv  # noqa: E402
 
 __all__ = ["PlannedSchedule", "checkpoint_regions", "load_torch_csv"]

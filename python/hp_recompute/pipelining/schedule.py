@@ -58,6 +58,8 @@ from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch_p2p, _wait_batch_p2p
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from ..checkpoint import recompute_handle_collector_ctx
 from ..plan.reader import Action, Plan, RunError, load_plan, parse_plan
@@ -65,13 +67,6 @@ from ..plan.check import validate_plan
 from ..sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
 from .regions import checkpoint_regions, plain_forwards
 from .torch_csv import load_torch_csv
-
-try:
-    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch_p2p, _wait_batch_p2p
-    from torch.distributed.pipelining.stage import _PipelineStageBase
-except ImportError as _error:  # torch 1.13 has no torch.distributed.pipelining
-    raise ImportError(f"hp_recompute.pipelining needs torch.distributed.pipelining (torch >= 2.4); this torch is "
-                      f"{torch.__version__}") from _error
 
 __all__ = ["PlannedSchedule"]
 

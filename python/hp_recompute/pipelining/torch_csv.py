@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any, Dict, List, Tuple
 
+from torch.distributed.pipelining.schedules import _Action
+
 from ..plan.reader import Plan, RunError, parse_plan
 
 __all__ = ["load_torch_csv", "sidecar_path"]
@@ -49,8 +51,6 @@ def _read_sidecar(path: str) -> Dict[str, Any]:
 
 def _cell_actions(path: str, row: int, col: int, cell: str, s2r: List[int]) -> List[Dict[str, Any]]:
     """The plan actions of one CSV cell (an OVERLAP_F_B cell holds two)."""
-    from torch.distributed.pipelining.schedules import _Action
-
     try:
         action = _Action.from_str(cell)
     except RuntimeError as e:
