@@ -77,6 +77,21 @@ def _cell_actions(path: str, row: int, col: int, cell: str, s2r: List[int]) -> L
     return out
 
 
+def _rank_entry(side_path: str, r: int, entry: Any):
+    """One ``/ranks/R`` entry of the sidecar: (cells, inserts by cell, bound consumers, plain forwards)."""
+    try:
+        inserts: Dict[int, List[Dict[str, Any]]] = {}
+        for item in entry.get("inserts", []):
+            inserts.setdefault(item["before"], []).append({k: v for k, v in item.items() if k != "before"})
+        bound: Dict[Tuple[str, int, int], Dict[str, Any]] = {
+            (c["op"], c["stage"], c["microbatch"]): c for c in entry.get("consumers", [])}
+        plain = {(p["stage"], p["microbatch"]) for p in entry.get("plain_forwards", [])}
+        return entry["cells"], inserts, bound, plain
+    except (AttributeError, KeyError, TypeError) as e:
+        raise RunError(f"hp_recompute: {side_path}: /ranks/{r}: expected cells, and inserts, consumers and "
+                       f"plain_forwards as --emit torch-csv writes them ({type(e).__name__}: {e})") from None
+
+
 def load_torch_csv(path: str) -> Plan:
     """Reads ``path`` and its sidecar as a plan (``plan.Plan``)."""
     side_path = sidecar_path(path)
@@ -93,15 +108,10 @@ def load_torch_csv(path: str) -> Plan:
                        f"of {path} ({len(rows)} rows)")
     ranks = []
     for r, (row, rank_side) in enumerate(zip(rows, ranks_side)):
-        if rank_side.get("cells") != len(row):
+        cells, inserts, bound, plain = _rank_entry(side_path, r, rank_side)
+        if cells != len(row):
             raise RunError(f"hp_recompute: {path}:{r + 1}: {len(row)} cells, but the sidecar {side_path} was written "
-                           f"for {rank_side.get('cells')}; write both again with --emit torch-csv")
-        inserts: Dict[int, List[Dict[str, Any]]] = {}
-        for entry in rank_side.get("inserts", []):
-            inserts.setdefault(entry.get("before"), []).append({k: v for k, v in entry.items() if k != "before"})
-        bound: Dict[Tuple[str, int, int], Dict[str, Any]] = {
-            (c["op"], c["stage"], c["microbatch"]): c for c in rank_side.get("consumers", [])}
-        plain = {(p["stage"], p["microbatch"]) for p in rank_side.get("plain_forwards", [])}
+                           f"for {cells}; write both again with --emit torch-csv")
         actions: List[Dict[str, Any]] = []
         for col, cell in enumerate(row):
             actions.extend(inserts.pop(col, []))

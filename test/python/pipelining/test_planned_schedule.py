@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,25 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
         assert "has no submodule of that name" in got["missing region"]
         assert "is already wrapped by torch's checkpoint" in got["torch-wrapped region"]
         assert f"rank {rank} runs stages" in got["stages of another rank"]
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda side: side["ranks"][0].pop("cells"), "/ranks/0: expected cells, and inserts"),
+    (lambda side: side["ranks"][1]["inserts"][0].pop("before"), "/ranks/1: expected cells, and inserts"),
+    (lambda side: side["ranks"].__setitem__(0, 7), "/ranks/0: expected cells, and inserts"),
+    (lambda side: side["ranks"][0].__setitem__("cells", 3), "cells, but the sidecar"),
+])
+def test_a_damaged_sidecar_is_refused_naming_the_entry(tmp_path: Path, damage, message) -> None:
+    from hp_recompute.pipelining import load_torch_csv
+    from hp_recompute.plan import RunError
+
+    csv_path = tmp_path / "plan.csv"
+    subprocess.run([str(PLAN_TOOL), "--schedule-gen", "zbv", "--ranks", "2", "--microbatches", "2", "--emit",
+                    "torch-csv", "-o", str(csv_path)], check=True)
+    load_torch_csv(str(csv_path))  # the undamaged pair reads
+    side_path = tmp_path / "plan.hpr.json"
+    side = json.loads(side_path.read_text())
+    damage(side)
+    side_path.write_text(json.dumps(side))
+    with pytest.raises(RunError, match="hp_recompute: .*" + re.escape(message)):
+        load_torch_csv(str(csv_path))
