@@ -31,3 +31,10 @@ trap 'rm -rf "$tmp"' EXIT
 "$py" -m hp_recompute.export --module examples/cnn/model.py:build \
   --input-shape 4x3x16x16 -o examples/cnn/cnn.pt \
   --ir examples/cnn/cnn.ir --model-json examples/cnn/cnn.model.json --name cnn
+
+# The GPT with SDPA attention as a torch.export program (torch 2.x: the venv's
+# python): the planner reads gpt-sdpa.pt2 with no sidecar and no LibTorch.
+py2="${PYTHON2:-$root/.venv/bin/python}"
+"$py2" -m hp_recompute.export --module examples/gpt/model.py:build_sdpa \
+  --input-shape 4x40 --input-dtype int64 -o "$tmp/gpt-sdpa.pt2" --name gpt-sdpa
+cp "$tmp/gpt-sdpa.pt2" examples/gpt/gpt-sdpa.pt2

@@ -13,7 +13,7 @@ packages=(
   clang-format-19  # the C++ style check (ctest clang-format)
   clang-19 libclang-rt-19-dev  # the sanitizer and libFuzzer build (build-asan, fuzz/)
   libtorch-dev python3-torch
-  nlohmann-json3-dev
+  nlohmann-json3-dev libzip-dev pkgconf
   googletest libgtest-dev
   python3-pytest python3-jsonschema python3-hypothesis python3-venv
   librsvg2-bin python3-pil  # render --emit svg to PNG and check its pixels (lit)

@@ -1,5 +1,9 @@
 """A tiny GPT-style decoder (8 blocks) used as hp-recompute's bundled model.
 
+``build()`` writes attention with plain matmuls (it runs on torch 1.13 too);
+``build_sdpa()`` is the same model with ``F.scaled_dot_product_attention``, as
+torch 2.x models write it (gpt-sdpa.pt2 is its torch.export program).
+
 Why it exists: the CLI plans it by default (gpt.model.json) and runtimes build
 stage modules from ``build()``, so the factory is importable on its own and
 deterministic (fixed seed). Dimensions are tiny so CPU tests stay fast.
@@ -11,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["VOCAB", "DIM", "HEADS", "LAYERS", "SEQ", "BATCH", "Block", "GPT", "build"]
+__all__ = ["VOCAB", "DIM", "HEADS", "LAYERS", "SEQ", "BATCH", "Block", "GPT", "build",
+           "build_sdpa"]
 
 VOCAB = 64
 DIM = 48
@@ -22,11 +27,12 @@ BATCH = 4
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention written with plain matmuls (torch 1.13 has no SDPA)."""
+    """Causal multi-head self-attention: plain matmuls (torch 1.13 has no SDPA), or SDPA."""
 
-    def __init__(self, dim: int, heads: int, seq: int) -> None:
+    def __init__(self, dim: int, heads: int, seq: int, sdpa: bool = False) -> None:
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
         self.scale = 1.0 / math.sqrt(dim // heads)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -39,6 +45,9 @@ class Attention(nn.Module):
         q = q.view(b, t, self.heads, hd).transpose(1, 2)
         k = k.view(b, t, self.heads, hd).transpose(1, 2)
         v = v.view(b, t, self.heads, hd).transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(y.transpose(1, 2).reshape(b, t, d))
         att = (q @ k.transpose(-2, -1)) * self.scale
         att = att.masked_fill(self.mask[:t, :t] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
@@ -62,10 +71,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-norm transformer block: the unit hp-recompute checkpoints."""
 
-    def __init__(self, dim: int, heads: int, seq: int) -> None:
+    def __init__(self, dim: int, heads: int, seq: int, sdpa: bool = False) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, seq)
+        self.attn = Attention(dim, heads, seq, sdpa)
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = MLP(dim)
 
@@ -78,11 +87,11 @@ class GPT(nn.Module):
     """Token ids [batch, seq] (int64) -> next-token cross-entropy loss (a scalar)."""
 
     def __init__(self, vocab: int = VOCAB, dim: int = DIM, heads: int = HEADS,
-                 layers: int = LAYERS, seq: int = SEQ) -> None:
+                 layers: int = LAYERS, seq: int = SEQ, sdpa: bool = False) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, dim)
         self.pos_emb = nn.Parameter(torch.randn(seq, dim) * 0.02)
-        self.blocks = nn.ModuleList([Block(dim, heads, seq) for _ in range(layers)])
+        self.blocks = nn.ModuleList([Block(dim, heads, seq, sdpa) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
 
@@ -100,3 +109,9 @@ def build() -> GPT:
     """Returns the bundled GPT with deterministic weights (seed 0)."""
     torch.manual_seed(0)
     return GPT()
+
+
+def build_sdpa() -> GPT:
+    """The bundled GPT with SDPA attention (torch 2.x), deterministic weights (seed 0)."""
+    torch.manual_seed(0)
+    return GPT(sdpa=True)

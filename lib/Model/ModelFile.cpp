@@ -1,11 +1,13 @@
 //===- ModelFile.cpp - Read a model file of any supported format ----------===//
 
 #include "hpr/Model/ModelFile.h"
+#include "hpr/Model/ExportedProgramImport.h"
 #include "hpr/Model/ModelJson.h"
 
 #include "llvm/Support/DynamicLibrary.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Signals.h"
+#include "llvm/Support/raw_ostream.h"
 
 #include <nlohmann/json.hpp>
 
@@ -156,6 +158,20 @@ hpr::model::readModelFile(llvm::StringRef path,
                           std::vector<std::string> *warnings) {
   if (path.ends_with(".pt") || path.ends_with(".ir"))
     return importTorchScriptIsolated(path, options, warnings);
+  if (path.ends_with(".pt2")) {
+    if (options.profile)
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          "%s: --profile needs a TorchScript model (.pt or .ir): the .pt2 "
+          "importer reads no weights and runs nothing",
+          path.str().c_str());
+    std::vector<std::string> localWarnings;
+    auto graph = importExportedProgram(path, options.regionDepth,
+                                       warnings ? *warnings : localWarnings);
+    for (const std::string &w : localWarnings)
+      llvm::errs() << w << "\n";
+    return graph;
+  }
   if (path.ends_with(".json")) {
     auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
     if (!buffer)
@@ -166,7 +182,8 @@ hpr::model::readModelFile(llvm::StringRef path,
   }
   return llvm::createStringError(
       llvm::inconvertibleErrorCode(),
-      "%s: unknown model format; expected a file ending in .pt (TorchScript "
-      "archive), .ir (TorchScript IR text) or .json (model JSON graph)",
+      "%s: unknown model format; expected a file ending in .pt2 (torch.export "
+      "archive), .pt (TorchScript archive), .ir (TorchScript IR text) or "
+      ".json (model JSON graph)",
       path.str().c_str());
 }

@@ -4,14 +4,15 @@
 // runs the forward graph once, op by op, on CPU with dummy inputs of the given
 // shapes (this is the shape propagation: every op's real output shape, dtype
 // and storage aliasing), records each op with the module call stack it ran
-// in, then splits the ops into regions and applies the per-op cost rules of
-// TorchScriptCosts.cpp. See docs/models.md for the rules.
+// in, then describes each op by its tensors' facts (shapes, strides, storage)
+// for the region split and cost rules of RegionCosts.cpp. See docs/models.md.
 //
 //===----------------------------------------------------------------------===//
 
-#include "TorchScriptInternal.h"
+#include "RegionCosts.h"
 
 #include "hpr/Model/TorchScriptImport.h"
+#include "hpr/Support/ZipArchive.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -32,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -41,6 +43,114 @@ using namespace hpr::model::detail;
 namespace jit = torch::jit;
 
 namespace {
+
+/// One executed op (never prim::*) with the values it saw.
+struct OpRecord {
+  std::string kind;               ///< e.g. "aten::linear"
+  std::string where;              ///< FILE:ROW:COL for messages
+  std::vector<std::string> chain; ///< module call stack, outermost first
+  jit::Node *node = nullptr;
+  std::vector<c10::IValue> inputs;
+  std::vector<c10::IValue> outputs;
+};
+
+/// Storages of parameters and buffers (excluded from saved/input bytes).
+class ParamSet {
+public:
+  void add(const at::Tensor &t) {
+    if (t.defined() && t.has_storage())
+      storages.insert(storageKey(t));
+  }
+  static uint64_t storageKey(const at::Tensor &t) {
+    return reinterpret_cast<uintptr_t>(t.storage().unsafeGetStorageImpl());
+  }
+  const std::set<uint64_t> &keys() const { return storages; }
+
+private:
+  std::set<uint64_t> storages;
+};
+
+TensorFacts factsOf(const at::Tensor &t) {
+  TensorFacts facts;
+  facts.sizes = t.sizes().vec();
+  facts.strides = t.strides().vec();
+  facts.elementSize = int64_t(t.element_size());
+  facts.requiresGrad = t.requires_grad();
+  if (t.has_storage()) {
+    facts.storage = ParamSet::storageKey(t);
+    facts.storageBytes = int64_t(t.storage().nbytes());
+  }
+  return facts;
+}
+
+/// An op argument as the cost rules see it; tensors nested in lists and
+/// tuples are collected so that input bytes count them.
+OpArg argOf(const c10::IValue &value) {
+  OpArg arg;
+  std::function<void(const c10::IValue &)> collect = [&](const c10::IValue &v) {
+    if (v.isTensor() && v.toTensor().defined())
+      arg.tensors.push_back(factsOf(v.toTensor()));
+    else if (v.isList())
+      for (const c10::IValue &item : v.toListRef())
+        collect(item);
+    else if (v.isTuple())
+      for (const c10::IValue &item : v.toTupleRef().elements())
+        collect(item);
+  };
+  if (value.isTensor()) {
+    if (value.toTensor().defined())
+      arg.kind = OpArg::Kind::Tensor;
+  } else if (value.isTensorList()) {
+    arg.kind = OpArg::Kind::TensorList;
+  } else if (value.isIntList()) {
+    arg.kind = OpArg::Kind::IntList;
+    arg.ints = value.toIntVector();
+  } else if (value.isBool()) {
+    arg.kind = OpArg::Kind::Bool;
+    arg.boolValue = value.toBool();
+  } else if (value.isInt()) {
+    arg.kind = OpArg::Kind::Int;
+    arg.intValue = value.toInt();
+  } else if (value.isDouble()) {
+    arg.kind = OpArg::Kind::Double;
+    arg.doubleValue = value.toDouble();
+  }
+  collect(value);
+  return arg;
+}
+
+OpFacts factsOf(const OpRecord &record) {
+  OpFacts op;
+  op.kind = record.kind;
+  op.where = record.where;
+  op.chain = record.chain;
+  for (const c10::IValue &in : record.inputs)
+    op.inputs.push_back(argOf(in));
+  for (const c10::IValue &out : record.outputs)
+    op.outputs.push_back(argOf(out));
+  return op;
+}
+
+/// The median forward time (us) of \p ops replayed with their recorded
+/// inputs; the first of six runs warms caches and allocators and is dropped.
+double timeRecords(const std::vector<OpRecord> &records,
+                   llvm::ArrayRef<size_t> ops) {
+  std::vector<double> times;
+  for (int run = 0; run < 6; ++run) {
+    auto start = std::chrono::steady_clock::now();
+    for (size_t index : ops) {
+      const OpRecord &op = records[index];
+      torch::jit::Stack stack(op.inputs.begin(), op.inputs.end());
+      op.node->getOperation()(stack);
+    }
+    auto end = std::chrono::steady_clock::now();
+    if (run > 0)
+      times.push_back(
+          std::chrono::duration<double, std::micro>(end - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return std::max(times[times.size() / 2], 1e-3);
+}
 
 llvm::Error makeError(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
@@ -73,34 +183,16 @@ at::Tensor dummyTensor(llvm::ArrayRef<int64_t> shape, at::ScalarType type) {
 }
 
 //===----------------------------------------------------------------------===//
-// Zip pre-check: miniz must never see a truncated archive.
+// Zip pre-check: miniz (inside LibTorch) must never see a damaged archive.
 //===----------------------------------------------------------------------===//
 
 llvm::Error checkZip(llvm::StringRef path, llvm::StringRef data) {
-  auto bad = [&](const llvm::Twine &why) {
-    return makeError(path + ":1:1: not a valid TorchScript archive (" + why +
-                     "); expected a file written by torch.jit.save");
-  };
-  if (data.size() < 22 || !data.starts_with(llvm::StringRef("PK\x03\x04", 4)))
-    return bad("no zip header");
-  // The end-of-central-directory record sits in the last 64 KiB + 22 bytes.
-  size_t lo = data.size() > 65557 ? data.size() - 65557 : 0;
-  for (size_t pos = data.size() - 22 + 1; pos-- > lo;) {
-    if (data.substr(pos, 4) != llvm::StringRef("PK\x05\x06", 4))
-      continue;
-    auto u32 = [&](size_t at) {
-      return uint64_t(uint8_t(data[at])) |
-             uint64_t(uint8_t(data[at + 1])) << 8 |
-             uint64_t(uint8_t(data[at + 2])) << 16 |
-             uint64_t(uint8_t(data[at + 3])) << 24;
-    };
-    uint64_t size = u32(pos + 12), offset = u32(pos + 16);
-    // Zip64 archives store 0xffffffff here; let the reader check those.
-    if (offset != 0xffffffffu && offset + size > pos)
-      return bad("the central directory lies outside the file: truncated?");
-    return llvm::Error::success();
-  }
-  return bad("no end-of-central-directory record: truncated?");
+  auto archive =
+      hpr::ZipArchive::open(data, (path + ":1:1").str(), "TorchScript archive");
+  if (!archive)
+    return makeError(llvm::toString(archive.takeError()) +
+                     "; expected a file written by torch.jit.save");
+  return llvm::Error::success();
 }
 
 //===----------------------------------------------------------------------===//
@@ -652,8 +744,20 @@ hpr::model::importTorchScript(llvm::StringRef path,
     return makeError(file + ": LibTorch error: " + firstLine(e.what()));
   }
 
+  std::vector<OpFacts> ops;
+  ops.reserve(records.size());
+  for (const OpRecord &record : records)
+    ops.push_back(factsOf(record));
+  RegionOptions regionOptions;
+  regionOptions.regionDepth = options.regionDepth;
+  auto timeOps = [&](llvm::ArrayRef<size_t> indices) {
+    return timeRecords(records, indices);
+  };
+  if (options.profile)
+    regionOptions.timeOps = timeOps;
   std::vector<std::string> localWarnings;
-  auto graph = buildRegions(file, records, params, options, localWarnings);
+  auto graph =
+      buildRegions(file, ops, params.keys(), regionOptions, localWarnings);
   if (!graph)
     return graph.takeError();
   llvm::SmallString<64> stem(llvm::sys::path::stem(path));

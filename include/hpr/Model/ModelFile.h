@@ -1,7 +1,8 @@
 //===- ModelFile.h - Read a model file of any supported format -*- C++ -*-===//
 //
 // One entry point for the CLI: dispatches on the file extension to the
-// TorchScript importer (`.pt`, `.ir`) or the JSON graph reader (`.json`).
+// torch.export importer (`.pt2`), the TorchScript importer (`.pt`, `.ir`) or
+// the JSON graph reader (`.json`).
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,7 +20,8 @@
 
 namespace hpr::model {
 
-/// Reads \p path: `.pt` / `.ir` through importTorchScript (with \p options,
+/// Reads \p path: `.pt2` through importExportedProgram (in process: it needs
+/// no LibTorch), `.pt` / `.ir` through importTorchScript (with \p options,
 /// from libHPRTorchScript.so, loaded on first use),
 /// `.json` through parseModelJson. Any other extension is an error.
 llvm::Expected<ModelGraph>

@@ -4,7 +4,9 @@ Why: the planner (C++, LibTorch) reads TorchScript; it cannot run Python
 factories. This tool builds the module from ``FILE.py:FACTORY``, traces it,
 and writes
 
-* ``OUT.pt``    - the traced TorchScript archive (``torch.jit.save``);
+* ``OUT.pt``    - the traced TorchScript archive (``torch.jit.save``), or with
+  ``-o OUT.pt2`` (torch 2.x) the ``torch.export`` program (``torch.export.save``),
+  which the planner reads without LibTorch;
 * ``OUT.json``  - the sidecar: inputs, region depth, and per region the shapes
   and costs measured on the eager model (``export/measure.py``), notably
   ``saved_bytes`` from ``torch.autograd.graph.saved_tensors_hooks``;
@@ -137,7 +139,16 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
            out: str, region_depth: int = 1, ir: Optional[str] = None,
            model_json: Optional[str] = None, name: Optional[str] = None,
            source: str = "") -> dict:
-    """Traces ``model`` and writes ``out`` (.pt) plus its sidecar; returns the sidecar dict."""
+    """Traces ``model`` and writes ``out`` (.pt, or .pt2 on torch 2.x) plus its sidecar.
+
+    Returns the sidecar dict. A ``.pt2`` is ``torch.export.export`` of the model in
+    training mode (dropout and batch statistics stay in the program), saved with
+    ``torch.export.save``.
+    """
+    as_program = out.endswith(".pt2")
+    if as_program and not hasattr(torch, "export"):
+        raise ExportError(f"hp_recompute: -o {out}: writing .pt2 needs torch.export (torch 2.x); "
+                          f"this is torch {torch.__version__}; write a .pt instead")
     sidecar_path = os.path.splitext(out)[0] + ".json"
     check_outputs([("-o", out), ("the sidecar", sidecar_path)] + ([("--ir", ir)] if ir else [])
                   + ([("--model-json", model_json)] if model_json else []))
@@ -150,7 +161,8 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
                           for s, d in zip(shapes, dtypes))
     try:
         inputs = make_inputs(shapes, dtypes)
-        traced = torch.jit.trace(model, inputs, check_trace=False)
+        traced = torch.jit.trace(model, inputs, check_trace=False) if ir or not as_program else None
+        program = torch.export.export(model, tuple(inputs)) if as_program else None
         segments = measure_regions(model, inputs, region_depth)
     except ExportError:
         raise
@@ -178,7 +190,14 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
                 f.write("\n")
         return write
 
-    files: List[Tuple[str, Any]] = [(out, traced.save), (sidecar_path, write_json(sidecar))]
+    def save_program(path: str) -> None:
+        # Through a file object, the archive's root folder is "archive", not the
+        # name of write_files' temporary file.
+        with open(path, "wb") as f:
+            torch.export.save(program, f)
+
+    files: List[Tuple[str, Any]] = [(out, save_program if as_program else traced.save),
+                                    (sidecar_path, write_json(sidecar))]
     if ir:
         text = module_to_ir(traced, model)
 
@@ -208,14 +227,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--input-shape", required=True, help="e.g. 4x40x48 or 4x40x48,4x40")
     parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
     parser.add_argument("--region-depth", type=int, default=1)
-    parser.add_argument("-o", "--output", required=True, help="OUT.pt (sidecar: OUT.json)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="OUT.pt (TorchScript) or OUT.pt2 (torch.export, torch 2.x); "
+                             "sidecar: OUT.json")
     parser.add_argument("--ir", help="also write TorchScript IR text here")
     parser.add_argument("--model-json", help="also write the model JSON graph here")
     parser.add_argument("--name", help="model name (default: OUT's stem)")
     args = parser.parse_args(argv)
     try:
-        if not args.output.endswith(".pt"):
-            raise ExportError(f"hp_recompute: -o: expected a path ending in .pt, got "
+        if not args.output.endswith((".pt", ".pt2")):
+            raise ExportError(f"hp_recompute: -o: expected a path ending in .pt or .pt2, got "
                               f"'{args.output}'")
         shapes = parse_shapes(args.input_shape)
         dtypes = parse_dtypes(args.input_dtype, len(shapes))

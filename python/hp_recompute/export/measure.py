@@ -71,6 +71,13 @@ _VIEWS = {
     "expand", "slice", "select", "split", "split_with_sizes", "chunk", "unsqueeze",
     "squeeze", "detach", "alias", "as_strided", "flatten", "unbind",
 }
+# The kernels scaled_dot_product_attention dispatches to (the math fallback
+# decomposes into bmm/softmax, which the rules above count).
+_SDPA_KERNELS = {"_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention",
+                 "_scaled_dot_product_cudnn_attention"}
+
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "norm", "var", "std",
                "nll_loss_forward", "nll_loss", "nll_loss2d_forward", "logsumexp", "prod"}
 
@@ -92,6 +99,12 @@ def op_flops(name: str, args: Sequence[object], out: object) -> float:
     if name in ("bmm", "baddbmm"):
         a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
         return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if name in _SDPA_KERNELS:
+        # q @ k^T and attention @ v, as torch.utils.flop_counter's sdpa formula
+        # counts them: q [.., L, E], k [.., S, E], v [.., S, Ev].
+        q, k, v = args[0], args[1], args[2]
+        rows = _numel(q.shape[:-1])
+        return 2.0 * rows * k.shape[-2] * q.shape[-1] + 2.0 * rows * k.shape[-2] * v.shape[-1]
     if name == "mv":
         return 2.0 * args[0].shape[0] * args[0].shape[1]
     if name == "dot":

@@ -1,19 +1,19 @@
-//===- TorchScriptCosts.cpp - Regions and per-op cost rules ---------------===//
+//===- RegionCosts.cpp - Regions and per-op cost rules --------------------===//
 //
 // Splits the executed ops into regions (docs/models.md, "Region rules") and
 // sums their costs: FLOPs from a rule table, saved bytes from a table of what
 // autograd saves per op (PyTorch's derivatives.yaml), deduplicated by tensor
-// storage, parameters and buffers excluded.
+// storage, parameters and buffers excluded. Shared by the TorchScript and the
+// torch.export importers; nothing here depends on LibTorch.
 //
 //===----------------------------------------------------------------------===//
 
-#include "TorchScriptInternal.h"
+#include "RegionCosts.h"
 
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <set>
 
@@ -133,56 +133,50 @@ bool isConv(llvm::StringRef kind) {
          kind == "aten::conv3d" || kind == "aten::convolution" ||
          kind == "aten::_convolution";
 }
-
-const at::Tensor *tensorAt(const std::vector<c10::IValue> &values, size_t i) {
-  if (i < values.size() && values[i].isTensor() &&
-      values[i].toTensor().defined())
-    return &values[i].toTensor();
-  return nullptr;
-}
-
-bool needsGrad(const at::Tensor *t) { return t && t->requires_grad(); }
+bool needsGrad(const TensorFacts *t) { return t && t->requiresGrad; }
 
 //===----------------------------------------------------------------------===//
 // FLOPs
 //===----------------------------------------------------------------------===//
 
 /// Returns the op's forward FLOPs, or -1 when no rule covers it.
-double opFlops(const OpRecord &op) {
+double opFlops(const OpFacts &op) {
   llvm::StringRef kind = op.kind;
-  const at::Tensor *out = tensorAt(op.outputs, 0);
+  const TensorFacts *out = op.output();
   if (kViews.contains(kind) || kZeroFlop.contains(kind))
     return 0;
   if (kMatmuls.contains(kind)) {
     // 2 * (output elements) * (contracted length); the contracted length is
     // the last dim of the first matrix operand.
     size_t a = (kind == "aten::addmm" || kind == "aten::baddbmm") ? 1 : 0;
-    const at::Tensor *lhs = tensorAt(op.inputs, a);
+    const TensorFacts *lhs = op.input(a);
     if (!lhs || !out || lhs->dim() == 0)
       return -1;
     return 2.0 * double(out->numel()) * double(lhs->size(-1));
   }
   if (isConv(kind)) {
-    const at::Tensor *weight = tensorAt(op.inputs, 1);
-    if (!weight || !out || weight->size(0) == 0)
+    const TensorFacts *weight = op.input(1);
+    if (!weight || !out || weight->dim() == 0 || weight->size(0) == 0)
       return -1;
     // Each output element is a dot product over Cin/groups * prod(kernel).
     return 2.0 * double(out->numel()) *
            double(weight->numel() / weight->size(0));
   }
   if (kind == "aten::scaled_dot_product_attention") {
-    const at::Tensor *q = tensorAt(op.inputs, 0), *k = tensorAt(op.inputs, 1);
-    if (!q || !k || !out)
+    // q @ k^T and attention @ v, as torch.utils.flop_counter counts them
+    // (a causal mask does not halve the count).
+    const TensorFacts *q = op.input(0), *k = op.input(1);
+    if (!q || !k || !out || k->dim() < 2)
       return -1;
     double s = double(k->size(-2));
     return 2.0 * double(q->numel()) * s + 2.0 * double(out->numel()) * s;
   }
   if (kind == "aten::cross_entropy_loss") {
-    const at::Tensor *in = tensorAt(op.inputs, 0);
+    const TensorFacts *in = op.input(0);
     return in ? 2.0 * double(in->numel()) : -1; // log_softmax + nll_loss
   }
   if (kReductions.contains(kind)) {
-    const at::Tensor *in = tensorAt(op.inputs, 0);
+    const TensorFacts *in = op.input(0);
     return in ? double(in->numel()) : -1;
   }
   if (kElementwise.contains(kind))
@@ -197,38 +191,26 @@ double opFlops(const OpRecord &op) {
 /// What one op makes autograd keep: tensors of the graph (deduplicated by
 /// storage later) and bytes of op-internal buffers (always new storages).
 struct Saved {
-  std::vector<at::Tensor> tensors;
+  std::vector<TensorFacts> tensors;
   int64_t extraBytes = 0;
   bool known = true;
 };
 
-int64_t nbytes(const at::Tensor &t) {
-  return int64_t(t.numel()) * int64_t(t.element_size());
-}
-
-bool sameStorage(const at::Tensor &a, const at::Tensor &b) {
-  return a.has_storage() && b.has_storage() &&
-         a.storage().unsafeGetStorageImpl() ==
-             b.storage().unsafeGetStorageImpl();
-}
-
-/// Saves \p t as the operand of a matrix product: kept as is when \p
-/// folded (what the kernel really receives) is a view of it, else the copy.
-void saveOperand(Saved &saved, const at::Tensor &t, const at::Tensor &folded) {
-  if (sameStorage(t, folded))
-    saved.tensors.push_back(t);
-  else
-    saved.extraBytes += nbytes(folded);
-}
-
-/// aten::matmul as PyTorch 1.13 lowers it (LinearAlgebra.cpp): 1-D/2-D
-/// cases call dot/mv/mm on views; a >=3-D lhs with a <=2-D rhs folds the lhs
-/// batch into rows (contiguous copy if needed); otherwise both operands are
-/// broadcast and reshaped to 3-D for bmm (reshape copies non-viewable ones).
-void saveMatmul(Saved &saved, const at::Tensor &a, const at::Tensor &b) {
-  at::NoGradGuard noGrad;
-  bool keepA = b.requires_grad(), keepB = a.requires_grad();
+/// aten::matmul as ATen lowers it (LinearAlgebra.cpp): 1-D/2-D cases call
+/// dot/mv/mm on views; a >=3-D lhs with a <=2-D rhs folds the lhs batch into
+/// rows (a contiguous copy if needed); otherwise both operands are broadcast
+/// and reshaped to 3-D for bmm (reshape copies non-viewable ones). An operand
+/// is saved as it is when the kernel receives a view of it, else the copy's
+/// bytes count.
+void saveMatmul(Saved &saved, const TensorFacts &a, const TensorFacts &b) {
+  bool keepA = b.requiresGrad, keepB = a.requiresGrad;
   int64_t da = a.dim(), db = b.dim();
+  auto saveFolded = [&](const TensorFacts &t, bool isView) {
+    if (isView)
+      saved.tensors.push_back(t);
+    else
+      saved.extraBytes += t.nbytes();
+  };
   if (da <= 2 && db <= 2) {
     if (keepA)
       saved.tensors.push_back(a);
@@ -238,49 +220,78 @@ void saveMatmul(Saved &saved, const at::Tensor &a, const at::Tensor &b) {
   }
   if (da >= 3 && db <= 2) {
     if (keepA)
-      saveOperand(saved, a, a.contiguous());
+      saveFolded(a, a.isContiguous());
     if (keepB)
       saved.tensors.push_back(b);
     return;
   }
-  // Broadcast batch dims, then reshape to [batch, n, m].
-  std::vector<int64_t> batchA(a.sizes().begin(),
-                              a.sizes().end() - std::min<int64_t>(da, 2));
-  std::vector<int64_t> batchB(b.sizes().begin(),
-                              b.sizes().end() - std::min<int64_t>(db, 2));
-  std::vector<int64_t> batch = at::infer_size(batchA, batchB);
-  at::Tensor a2 = da == 1 ? a.unsqueeze(0) : a;
-  at::Tensor b2 = db == 1 ? b.unsqueeze(-1) : b;
-  std::vector<int64_t> sizeA = batch, sizeB = batch;
-  sizeA.push_back(a2.size(-2));
-  sizeA.push_back(a2.size(-1));
-  sizeB.push_back(b2.size(-2));
-  sizeB.push_back(b2.size(-1));
-  at::Tensor foldA = a2.expand(sizeA).reshape({-1, a2.size(-2), a2.size(-1)});
-  at::Tensor foldB = b2.expand(sizeB).reshape({-1, b2.size(-2), b2.size(-1)});
+  // Broadcast the batch dims, then reshape to [batch, n, m]; broadcast dims
+  // have stride 0, which reshape can fold only where sizes allow a view.
+  auto batchOf = [](const TensorFacts &t) {
+    return std::vector<int64_t>(t.sizes.begin(),
+                                t.sizes.end() - std::min<int64_t>(t.dim(), 2));
+  };
+  std::vector<int64_t> batchA = batchOf(a), batchB = batchOf(b);
+  size_t rank = std::max(batchA.size(), batchB.size());
+  std::vector<int64_t> batch(rank, 1);
+  for (size_t i = 0; i < rank; ++i) {
+    auto at = [&](const std::vector<int64_t> &v) -> int64_t {
+      size_t off = rank - v.size();
+      return i < off ? 1 : v[i - off];
+    };
+    batch[i] = std::max(at(batchA), at(batchB));
+  }
+  auto folds = [&](const TensorFacts &t, bool isLhs) {
+    // The operand as a matrix stack: a 1-D lhs is a row, a 1-D rhs a column.
+    std::vector<int64_t> sizes = t.sizes, strides = t.strides;
+    if (t.dim() == 1) {
+      sizes.insert(isLhs ? sizes.begin() : sizes.end(), 1);
+      strides.insert(isLhs ? strides.begin() : strides.end(), 1);
+    }
+    int64_t rows = sizes[sizes.size() - 2], cols = sizes.back();
+    std::vector<int64_t> expSizes = batch, expStrides(batch.size(), 0);
+    size_t own = sizes.size() - 2, off = batch.size() - own;
+    for (size_t i = 0; i < own; ++i)
+      if (sizes[i] == batch[off + i])
+        expStrides[off + i] = strides[i];
+    expSizes.push_back(rows);
+    expSizes.push_back(cols);
+    expStrides.push_back(strides[strides.size() - 2]);
+    expStrides.push_back(strides.back());
+    int64_t stack = 1;
+    for (int64_t s : batch)
+      stack *= s;
+    return isViewable(expSizes, expStrides, {stack, rows, cols});
+  };
   if (keepA)
-    saveOperand(saved, a, foldA);
+    saveFolded(a, folds(a, /*isLhs=*/true));
   if (keepB)
-    saveOperand(saved, b, foldB);
+    saveFolded(b, folds(b, /*isLhs=*/false));
 }
 
-Saved opSaved(const OpRecord &op) {
+Saved opSaved(const OpFacts &op) {
   Saved saved;
   llvm::StringRef kind = op.kind;
-  auto in = [&](size_t i) { return tensorAt(op.inputs, i); };
-  const at::Tensor *out = tensorAt(op.outputs, 0);
-  auto keep = [&](const at::Tensor *t) {
+  auto in = [&](size_t i) { return op.input(i); };
+  const TensorFacts *out = op.output();
+  auto keep = [&](const TensorFacts *t) {
     if (t)
       saved.tensors.push_back(*t);
+  };
+  auto arg = [&](size_t i, OpArg::Kind kind) -> const OpArg * {
+    return i < op.inputs.size() && op.inputs[i].kind == kind ? &op.inputs[i]
+                                                             : nullptr;
   };
   // Float32 statistics per normalized group (mean and rstd / invstd).
   auto stats = [&](int64_t groups) { saved.extraBytes += 2 * groups * 4; };
   if (kViews.contains(kind) || kZeroFlop.contains(kind)) {
-    if ((kind == "aten::dropout" || kind == "aten::feature_dropout") && out &&
-        op.inputs.size() >= 3 && op.inputs[1].isDouble() &&
-        op.inputs[1].toDouble() > 0 && op.inputs[2].isBool() &&
-        op.inputs[2].toBool() && out->requires_grad())
-      saved.extraBytes += out->numel(); // a bool mask (fused kernel)
+    if (kind == "aten::dropout" || kind == "aten::feature_dropout") {
+      const OpArg *p = arg(1, OpArg::Kind::Double);
+      const OpArg *train = arg(2, OpArg::Kind::Bool);
+      if (out && p && p->doubleValue > 0 && train && train->boolValue &&
+          out->requiresGrad)
+        saved.extraBytes += out->numel(); // a bool mask (fused kernel)
+    }
     if (kind == "aten::embedding" && needsGrad(in(0)))
       keep(in(1)); // the indices
     if ((kind == "aten::index_select" || kind == "aten::gather") &&
@@ -289,15 +300,15 @@ Saved opSaved(const OpRecord &op) {
     return saved;
   }
   if (kind == "aten::linear") {
-    const at::Tensor *x = in(0), *w = in(1);
+    const TensorFacts *x = in(0), *w = in(1);
     if (x && w) {
       if (needsGrad(w)) {
         // 2-D goes straight to addmm; N-D is folded to rows (a view when
         // contiguous, else a contiguous copy).
-        if (x->dim() <= 2)
+        if (x->dim() <= 2 || x->isContiguous())
           keep(x);
         else
-          saveOperand(saved, *x, x->contiguous());
+          saved.extraBytes += x->nbytes();
       }
       if (needsGrad(x))
         keep(w);
@@ -325,7 +336,7 @@ Saved opSaved(const OpRecord &op) {
       keep(in(1));
     return saved;
   }
-  if (out && !out->requires_grad())
+  if (out && !out->requiresGrad)
     return saved; // nothing to differentiate: autograd records nothing
   if (kind == "aten::relu" || kind == "aten::relu_" ||
       kind == "aten::sigmoid" || kind == "aten::tanh" || kind == "aten::exp" ||
@@ -345,7 +356,7 @@ Saved opSaved(const OpRecord &op) {
     return saved;
   }
   if (kind == "aten::adaptive_avg_pool2d") {
-    if (out && !(out->size(-1) == 1 && out->size(-2) == 1))
+    if (out && out->dim() >= 2 && !(out->size(-1) == 1 && out->size(-2) == 1))
       keep(in(0)); // a 1x1 output is computed by mean(), which saves nothing
     return saved;
   }
@@ -356,10 +367,10 @@ Saved opSaved(const OpRecord &op) {
     return saved;
   }
   if (kind == "aten::layer_norm") {
-    const at::Tensor *x = in(0);
-    if (x && op.inputs[1].isIntList()) {
+    const TensorFacts *x = in(0);
+    if (const OpArg *shape = arg(1, OpArg::Kind::IntList); x && shape) {
       int64_t norm = 1;
-      for (int64_t d : op.inputs[1].toIntVector())
+      for (int64_t d : shape->ints)
         norm *= d;
       keep(x);
       stats(norm ? x->numel() / norm : 0);
@@ -367,22 +378,22 @@ Saved opSaved(const OpRecord &op) {
     return saved;
   }
   if (kind == "aten::batch_norm") {
-    const at::Tensor *x = in(0);
+    const TensorFacts *x = in(0);
     keep(x);
-    if (x && x->dim() >= 2 && op.inputs.size() > 5 && op.inputs[5].isBool() &&
-        op.inputs[5].toBool())
+    const OpArg *training = arg(5, OpArg::Kind::Bool);
+    if (x && x->dim() >= 2 && training && training->boolValue)
       stats(x->size(1)); // save_mean / save_invstd per channel
     return saved;
   }
   if (kind == "aten::group_norm") {
-    const at::Tensor *x = in(0);
+    const TensorFacts *x = in(0);
     keep(x);
-    if (x && op.inputs[1].isInt())
-      stats(x->size(0) * op.inputs[1].toInt());
+    if (const OpArg *groups = arg(1, OpArg::Kind::Int); x && groups)
+      stats(x->size(0) * groups->intValue);
     return saved;
   }
   if (kind == "aten::mul" || kind == "aten::mul_") {
-    const at::Tensor *a = in(0), *b = in(1);
+    const TensorFacts *a = in(0), *b = in(1);
     if (a && b) {
       if (needsGrad(a))
         keep(b);
@@ -392,7 +403,7 @@ Saved opSaved(const OpRecord &op) {
     return saved;
   }
   if (kind == "aten::div" || kind == "aten::div_") {
-    const at::Tensor *a = in(0), *b = in(1);
+    const TensorFacts *a = in(0), *b = in(1);
     if (a && b) {
       if (needsGrad(a) || needsGrad(b))
         keep(b);
@@ -412,8 +423,8 @@ Saved opSaved(const OpRecord &op) {
   if (kind == "aten::cross_entropy_loss") {
     // log_softmax keeps its result (new, input-sized); nll_loss keeps that,
     // the target and a scalar total_weight.
-    if (const at::Tensor *x = in(0))
-      saved.extraBytes += nbytes(*x) + 4;
+    if (const TensorFacts *x = in(0))
+      saved.extraBytes += x->nbytes() + 4;
     keep(in(1));
     return saved;
   }
@@ -424,13 +435,13 @@ Saved opSaved(const OpRecord &op) {
     return saved;
   }
   if (kind == "aten::scaled_dot_product_attention") {
-    // Flash/efficient kernels keep q, k, v, the output and a float32
-    // logsumexp per query row.
+    // The flash kernels (CUDA, and CPU's _for_cpu) keep q, k, v, the output
+    // and a float32 logsumexp per query row.
     keep(in(0));
     keep(in(1));
     keep(in(2));
     keep(out);
-    if (const at::Tensor *q = in(0))
+    if (const TensorFacts *q = in(0); q && q->dim() >= 1 && q->size(-1))
       saved.extraBytes += (q->numel() / q->size(-1)) * 4;
     return saved;
   }
@@ -458,6 +469,77 @@ bool isIndex(llvm::StringRef part) {
 
 } // namespace
 
+int64_t TensorFacts::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes)
+    n *= s;
+  return n;
+}
+
+bool TensorFacts::isContiguous() const {
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] == 1)
+      continue; // any stride is fine for a size-1 dim
+    if (d < strides.size() && strides[d] != expected)
+      return numel() == 0;
+    expected *= sizes[d];
+  }
+  return true;
+}
+
+bool hpr::model::detail::isViewable(llvm::ArrayRef<int64_t> sizes,
+                                    llvm::ArrayRef<int64_t> strides,
+                                    llvm::ArrayRef<int64_t> shape) {
+  if (sizes.empty())
+    return true;
+  int64_t numel = 1;
+  for (int64_t s : sizes)
+    numel *= s;
+  if (numel == 0)
+    return true;
+  // Walk the old dims from the innermost, in chunks of dims that are
+  // contiguous with each other; each chunk must be covered exactly by a run
+  // of new dims.
+  int64_t viewD = int64_t(shape.size()) - 1;
+  int64_t chunkBaseStride = strides.back();
+  int64_t tensorNumel = 1, viewNumel = 1;
+  for (int64_t d = int64_t(sizes.size()) - 1; d >= 0; --d) {
+    tensorNumel *= sizes[d];
+    bool chunkEnds =
+        d == 0 ||
+        (sizes[d - 1] != 1 && strides[d - 1] != tensorNumel * chunkBaseStride);
+    if (!chunkEnds)
+      continue;
+    while (viewD >= 0 && (viewNumel < tensorNumel || shape[viewD] == 1))
+      viewNumel *= shape[viewD--];
+    if (viewNumel != tensorNumel)
+      return false;
+    if (d > 0) {
+      chunkBaseStride = strides[d - 1];
+      tensorNumel = 1;
+      viewNumel = 1;
+    }
+  }
+  return viewD == -1;
+}
+
+const TensorFacts *OpFacts::input(size_t i) const {
+  return i < inputs.size() && inputs[i].kind == OpArg::Kind::Tensor
+             ? &inputs[i].tensors.front()
+             : nullptr;
+}
+
+const TensorFacts *OpFacts::output() const {
+  return !outputs.empty() && outputs[0].kind == OpArg::Kind::Tensor
+             ? &outputs[0].tensors.front()
+             : nullptr;
+}
+
+bool hpr::model::detail::isViewOp(llvm::StringRef kind) {
+  return kViews.contains(kind);
+}
+
 std::string hpr::model::detail::regionOf(const std::vector<std::string> &chain,
                                          int depth) {
   if (depth == 0)
@@ -473,13 +555,13 @@ std::string hpr::model::detail::regionOf(const std::vector<std::string> &chain,
 }
 
 llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
-    const std::string &file, std::vector<OpRecord> &records,
-    const ParamSet &params, const TorchScriptOptions &options,
+    const std::string &file, const std::vector<OpFacts> &ops,
+    const std::set<uint64_t> &params, const RegionOptions &options,
     std::vector<std::string> &warnings) {
-  // 1. Segment the ops (mirrors python/hp_recompute/export_measure.py).
+  // 1. Segment the ops (mirrors python/hp_recompute/export/measure.py).
   std::vector<Segment> segments;
-  for (size_t i = 0; i < records.size(); ++i) {
-    const OpRecord &op = records[i];
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const OpFacts &op = ops[i];
     std::string region = regionOf(op.chain, options.regionDepth);
     if (region.empty() && kViews.contains(op.kind) && op.chain.empty() &&
         !segments.empty()) {
@@ -502,7 +584,7 @@ llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
   if (llvm::none_of(segments,
                     [](const Segment &s) { return s.checkpointable; })) {
     std::set<std::string> seen;
-    for (const OpRecord &op : records)
+    for (const OpFacts &op : ops)
       for (const std::string &path : op.chain)
         seen.insert(path);
     std::string list;
@@ -537,7 +619,7 @@ llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
   }
 
   // 2. Costs.
-  std::unordered_map<const void *, size_t> producer; // storage -> segment
+  std::map<uint64_t, size_t> producer; // storage -> segment
   std::set<std::string> warned;
   ModelGraph graph;
   for (size_t s = 0; s < segments.size(); ++s) {
@@ -545,9 +627,9 @@ llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
     Region region;
     region.name = seg.name;
     region.checkpointable = seg.checkpointable;
-    std::map<const void *, int64_t> saved, inputs, paramBytes;
+    std::map<uint64_t, int64_t> saved, inputs, paramBytes;
     for (size_t index : seg.ops) {
-      const OpRecord &op = records[index];
+      const OpFacts &op = ops[index];
       double flops = opFlops(op);
       Saved kept = opSaved(op);
       if (flops < 0 || !kept.known) {
@@ -560,37 +642,23 @@ llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
       }
       region.fwdFlops += flops;
       region.savedBytes += kept.extraBytes;
-      for (const at::Tensor &t : kept.tensors)
-        if (t.has_storage() && !params.contains(t))
-          saved[t.storage().unsafeGetStorageImpl()] = t.storage().nbytes();
-      auto visit = [&](const c10::IValue &value, auto &&self) -> void {
-        if (value.isTensor()) {
-          const at::Tensor &t = value.toTensor();
-          if (!t.defined() || !t.has_storage())
-            return;
-          const void *key = t.storage().unsafeGetStorageImpl();
-          if (params.contains(t))
-            paramBytes[key] = t.storage().nbytes();
-          else if (auto it = producer.find(key);
+      for (const TensorFacts &t : kept.tensors)
+        if (t.storage && !params.count(t.storage))
+          saved[t.storage] = t.storageBytes;
+      for (const OpArg &arg : op.inputs)
+        for (const TensorFacts &t : arg.tensors) {
+          if (!t.storage)
+            continue;
+          if (params.count(t.storage))
+            paramBytes[t.storage] = t.storageBytes;
+          else if (auto it = producer.find(t.storage);
                    it == producer.end() || it->second != s)
-            inputs[key] = t.storage().nbytes();
-        } else if (value.isTensorList()) {
-          for (const at::Tensor &t : value.toTensorVector())
-            self(c10::IValue(t), self);
-        } else if (value.isList()) {
-          for (const c10::IValue &item : value.toListRef())
-            self(item, self);
-        } else if (value.isTuple()) {
-          for (const c10::IValue &item : value.toTupleRef().elements())
-            self(item, self);
+            inputs[t.storage] = t.storageBytes;
         }
-      };
-      for (const c10::IValue &in : op.inputs)
-        visit(in, visit);
-      for (const c10::IValue &out : op.outputs)
-        if (out.isTensor() && out.toTensor().defined() &&
-            out.toTensor().has_storage())
-          producer.emplace(out.toTensor().storage().unsafeGetStorageImpl(), s);
+      for (const OpArg &out : op.outputs)
+        for (const TensorFacts &t : out.tensors)
+          if (t.storage)
+            producer.emplace(t.storage, s);
     }
     for (auto &[key, bytes] : saved)
       region.savedBytes += bytes;
@@ -598,25 +666,8 @@ llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
       region.inputBytes += bytes;
     for (auto &[key, bytes] : paramBytes)
       region.paramBytes += bytes;
-
-    // 3. Profile: replay the region's ops, median of a few runs.
-    if (options.profile) {
-      std::vector<double> times;
-      for (int run = 0; run < 6; ++run) {
-        auto start = std::chrono::steady_clock::now();
-        for (size_t index : seg.ops) {
-          const OpRecord &op = records[index];
-          torch::jit::Stack stack(op.inputs.begin(), op.inputs.end());
-          op.node->getOperation()(stack);
-        }
-        auto end = std::chrono::steady_clock::now();
-        if (run > 0) // the first run warms caches and allocators
-          times.push_back(
-              std::chrono::duration<double, std::micro>(end - start).count());
-      }
-      std::sort(times.begin(), times.end());
-      region.fwdTimeUs = std::max(times[times.size() / 2], 1e-3);
-    }
+    if (options.timeOps)
+      region.fwdTimeUs = options.timeOps(seg.ops);
     graph.regions.push_back(std::move(region));
   }
   return graph;
