@@ -8,8 +8,9 @@
 using namespace mlir;
 using namespace mlir::hpr;
 
-void mlir::hpr::buildRecomputePipeline(
-    OpPassManager &pm, const RecomputePipelineOptions &options) {
+void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
+                                    const RecomputePipelineOptions &options) {
+  pm.addPass(createHPRVerifyComm());
   if (options.select == CheckpointSelection::Auto) {
     HPRSelectCheckpointsOptions select;
     select.budget = options.budget;
@@ -26,13 +27,18 @@ void mlir::hpr::buildRecomputePipeline(
     recompute.budget = options.budget;
   pm.addPass(createHPRInsertRecompute(recompute));
   pm.addPass(createHPRInsertClear());
+}
+
+void mlir::hpr::buildRecomputePipeline(
+    OpPassManager &pm, const RecomputePipelineOptions &options) {
+  buildPlanningPasses(pm, options);
   pm.addPass(createHPRVerify());
 }
 
 void mlir::hpr::registerRecomputePipeline() {
   PassPipelineRegistration<RecomputePipelineOptions>(
       "hpr-recompute-pipeline",
-      "Plan recomputation: (select checkpoints,) assign sessions, insert "
-      "recompute and clear, verify",
+      "Plan recomputation: check the schedule, (select checkpoints,) assign "
+      "sessions, insert recompute and clear, verify",
       buildRecomputePipeline);
 }

@@ -22,6 +22,12 @@ config.environment["PYTHONPATH"] = os.path.join(config.hpr_src_root, "python")
 if config.hpr_sanitized:
     config.available_features.add("asan")
 
+# The LibTorch the TorchScript importer links (the venv wheel's, or Debian's):
+# what a TorchScript file saved by torch 2.x imports to depends on it.
+_torch_major = config.hpr_torch_version.split(".")[0]
+config.available_features.add(
+    "libtorch-2" if _torch_major.isdigit() and int(_torch_major) >= 2 else "libtorch-1")
+
 config.substitutions.append(("%hpr_plugin", config.hpr_plugin))
 config.substitutions.append(("%crashing_importer", config.hpr_crashing_importer))
 config.substitutions.append(("%mlir-opt", os.path.join(config.llvm_tools_dir, "mlir-opt")))

@@ -23,11 +23,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <caffe2/serialize/versions.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/frontend/error_report.h>
 #include <torch/csrc/jit/ir/irparser.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -156,10 +158,25 @@ llvm::Error makeError(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
 }
 
-/// First line of a (possibly multi-line) LibTorch message.
+/// First non-empty line of a (possibly multi-line) LibTorch message.
 std::string firstLine(const std::string &text) {
-  std::string line = text.substr(0, text.find('\n'));
-  return line.empty() ? text : line;
+  llvm::SmallVector<llvm::StringRef> lines;
+  llvm::StringRef(text).split(lines, '\n', -1, /*KeepEmpty=*/false);
+  for (llvm::StringRef line : lines)
+    if (!line.trim().empty())
+      return line.trim().str();
+  return text;
+}
+
+/// Says which LibTorch read a file it could not load, and what to do: a model
+/// saved by a newer torch can use ops or a format this LibTorch lacks.
+std::string newerTorchHint() {
+  return llvm::formatv("; this planner's TorchScript importer is built "
+                       "against LibTorch {0}: build it against the torch "
+                       "that saved the model (CMake takes the venv's torch "
+                       "wheel when there is one, docs/models.md)",
+                       TORCH_VERSION)
+      .str();
 }
 
 at::ScalarType dtypeOf(const std::string &name) {
@@ -186,12 +203,35 @@ at::Tensor dummyTensor(llvm::ArrayRef<int64_t> shape, at::ScalarType type) {
 // Zip pre-check: miniz (inside LibTorch) must never see a damaged archive.
 //===----------------------------------------------------------------------===//
 
+/// Also checks the archive's file format version (`<root>/.data/version` or
+/// `<root>/version`) against the newest this LibTorch reads, so that a file
+/// from a newer torch gets a message saying so.
 llvm::Error checkZip(llvm::StringRef path, llvm::StringRef data) {
   auto archive =
       hpr::ZipArchive::open(data, (path + ":1:1").str(), "TorchScript archive");
   if (!archive)
     return makeError(llvm::toString(archive.takeError()) +
                      "; expected a file written by torch.jit.save");
+  for (const std::string &name : archive->names()) {
+    llvm::StringRef record = llvm::StringRef(name).split('/').second;
+    if (record != "version" && record != ".data/version")
+      continue;
+    auto text = archive->read(name, /*maxBytes=*/64);
+    if (!text)
+      return text.takeError();
+    uint64_t version = 0;
+    if (llvm::StringRef(*text).trim().getAsInteger(10, version))
+      return makeError(path + ":1:1: the archive's '" + name +
+                       "' is not a file format version number");
+    if (version > caffe2::serialize::kMaxSupportedFileFormatVersion)
+      return makeError(
+          llvm::formatv("{0}:1:1: TorchScript file format version {1} is "
+                        "newer than this LibTorch reads (at most {2})",
+                        path, version,
+                        caffe2::serialize::kMaxSupportedFileFormatVersion)
+              .str() +
+          newerTorchHint());
+  }
   return llvm::Error::success();
 }
 
@@ -636,7 +676,7 @@ hpr::model::importTorchScript(llvm::StringRef path,
         module = jit::load(file);
       } catch (const std::exception &e) {
         return makeError(file + ":1:1: cannot load the TorchScript archive: " +
-                         firstLine(e.what()));
+                         firstLine(e.what()) + newerTorchHint());
       }
       module.train();
       keepModule = module;

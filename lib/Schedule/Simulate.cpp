@@ -23,6 +23,8 @@ namespace hpr::sched {
 
 using namespace detail;
 
+char DeadlockError::ID = 0;
+
 double actionDuration(const Action &action, const SimulationCosts &costs) {
   if (costs.useActionDurations && action.durationUs)
     return *action.durationUs;
@@ -124,9 +126,12 @@ std::string describeDep(const Dep &dep) {
 llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
                                                   const SimulationCosts &costs,
                                                   llvm::StringRef fileName) {
+  auto prefixed = [&](const llvm::Twine &message) {
+    return fileName.empty() ? message.str() : (fileName + ": " + message).str();
+  };
   auto fail = [&](const llvm::Twine &message) {
     return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                   fileName + ": " + message);
+                                   prefixed(message));
   };
   auto where = [&](int r, int k) {
     return "rank " + std::to_string(r) + ", action " + std::to_string(k) +
@@ -254,6 +259,7 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
       r = numbering.rankOf(waitingFor[r]);
     }
     std::string message = "deadlock: ";
+    std::vector<std::pair<int, int>> cycle;
     for (size_t i = seenAt[r]; i < path.size(); ++i) {
       int w = path[i];
       int64_t producer = waitingFor[w];
@@ -263,8 +269,9 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
         message += "; ";
       message += where(w, pc[w]) + " waits for " + describeDep(waitingDep[w]) +
                  " at " + where(q, idx);
+      cycle.emplace_back(w, pc[w]);
     }
-    return fail(message);
+    return llvm::make_error<DeadlockError>(prefixed(message), std::move(cycle));
   }
 
   for (int r = 0; r < numRanks; ++r) {

@@ -37,25 +37,26 @@ struct Loc {
 
 class Validator {
 public:
-  Validator(const Schedule &schedule, llvm::StringRef fileName)
-      : schedule(schedule), fileName(fileName.str()), numbering(schedule) {}
+  explicit Validator(const Schedule &schedule)
+      : schedule(schedule), numbering(schedule) {}
 
-  llvm::Error run();
+  Violations run();
 
 private:
   const Schedule &schedule;
-  std::string fileName;
   ActionNumbering numbering;
   ActionTable table;
   std::vector<uint8_t> dxIsFull; // per (stage, mb): the Dx slot holds a B
-  std::vector<std::string> messages;
-  size_t dropped = 0;
+  Violations found;
 
-  void report(const std::string &message) {
-    if (messages.size() < kMaxReported)
-      messages.push_back(fileName + ": " + message);
+  void report(Violation violation) {
+    if (found.list.size() < kMaxReported)
+      found.list.push_back(std::move(violation));
     else
-      ++dropped;
+      ++found.dropped;
+  }
+  void report(const std::string &message) {
+    report(Violation{-1, -1, message, {}});
   }
   const Action &primitiveAt(const Loc &loc) const {
     const Action &a = schedule.ranks[loc.rank][loc.index];
@@ -69,7 +70,7 @@ private:
     return s + " (" + formatAction(primitiveAt(loc)) + ")";
   }
   void reportAt(const Loc &loc, const std::string &message) {
-    report(where(loc) + ": " + message);
+    report(Violation{loc.rank, loc.index, where(loc) + ": " + message, {}});
   }
   Loc locate(int slot, int stage, int mb) const {
     size_t k = table.key(slot, stage, mb);
@@ -345,13 +346,17 @@ void Validator::checkComposites() {
                          a.parts[1].kind == ActionKind::BackwardWeight ||
                          a.parts[1].kind == ActionKind::Backward);
       if (!wellFormed)
-        report("rank " + std::to_string(r) + ", action " + std::to_string(k) +
-               " (" + formatAction(a) +
-               "): OVERLAP_F_B takes a forward then one backward (I, W or B)");
+        report(Violation{
+            r,
+            k,
+            "rank " + std::to_string(r) + ", action " + std::to_string(k) +
+                " (" + formatAction(a) +
+                "): OVERLAP_F_B takes a forward then one backward (I, W or B)",
+            {}});
     }
 }
 
-llvm::Error Validator::run() {
+Violations Validator::run() {
   if (checkShape()) {
     checkComposites();
     indexActions();
@@ -359,31 +364,48 @@ llvm::Error Validator::run() {
     checkOrder();
     if (hasCommunication(schedule))
       checkComms();
-    if (messages.empty()) {
-      auto sim = simulateSchedule(schedule, SimulationCosts(), fileName);
+    if (found.list.empty()) {
+      auto sim = simulateSchedule(schedule, SimulationCosts(), /*fileName=*/"");
       if (!sim)
-        return sim.takeError();
+        llvm::handleAllErrors(
+            sim.takeError(),
+            [&](const DeadlockError &deadlock) {
+              Violation v{deadlock.cycle.front().first,
+                          deadlock.cycle.front().second,
+                          deadlock.message,
+                          {}};
+              v.related.assign(deadlock.cycle.begin() + 1,
+                               deadlock.cycle.end());
+              report(std::move(v));
+            },
+            [&](const llvm::ErrorInfoBase &other) { report(other.message()); });
     }
   }
-  if (messages.empty())
-    return llvm::Error::success();
-  std::string joined;
-  for (const std::string &m : messages) {
-    if (!joined.empty())
-      joined += '\n';
-    joined += m;
-  }
-  if (dropped)
-    joined += "\n" + fileName + ": ... and " + std::to_string(dropped) +
-              " more violations";
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), joined);
+  return std::move(found);
 }
 
 } // namespace
 
+Violations findViolations(const Schedule &schedule) {
+  return Validator(schedule).run();
+}
+
 llvm::Error validateSchedule(const Schedule &schedule,
                              llvm::StringRef fileName) {
-  return Validator(schedule, fileName).run();
+  Violations found = findViolations(schedule);
+  if (found.list.empty())
+    return llvm::Error::success();
+  std::string joined;
+  for (const Violation &v : found.list) {
+    if (!joined.empty())
+      joined += '\n';
+    joined += (fileName + ": " + v.message).str();
+  }
+  if (found.dropped)
+    joined += ("\n" + fileName + ": ... and " + std::to_string(found.dropped) +
+               " more violations")
+                  .str();
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), joined);
 }
 
 } // namespace hpr::sched

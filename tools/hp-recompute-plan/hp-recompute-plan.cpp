@@ -480,15 +480,22 @@ int main(int argc, char **argv) {
 
   // The module is verified once, as planned, rather than after every pass
   // (a third of the run on large schedules); the importer builds from a
-  // validated schedule, and op verifiers still point at its cells.
-  mlir::PassManager pm(&context);
-  pm.enableVerifier(false);
+  // validated schedule, and op verifiers still point at its cells. The
+  // structural verifier runs before hpr-verify, which assumes its invariants.
   mlir::TimingScope passTimer = rootTimer.nest("passes");
-  pm.enableTiming(passTimer);
-  mlir::hpr::buildRecomputePipeline(pm, pipelineOptions);
-  if (mlir::failed(pm.run(**module)))
+  mlir::PassManager planning(&context);
+  planning.enableVerifier(false);
+  planning.enableTiming(passTimer);
+  mlir::hpr::buildPlanningPasses(planning, pipelineOptions);
+  if (mlir::failed(planning.run(**module)))
     return 1; // The passes have reported their diagnostics.
   if (mlir::failed(mlir::verify(**module)))
+    return 1;
+  mlir::PassManager checking(&context);
+  checking.enableVerifier(false);
+  checking.enableTiming(passTimer);
+  checking.addPass(mlir::hpr::createHPRVerify());
+  if (mlir::failed(checking.run(**module)))
     return 1;
   passTimer.stop();
 

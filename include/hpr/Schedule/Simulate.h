@@ -24,7 +24,10 @@
 
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
+#include "llvm/Support/raw_ostream.h"
 
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace hpr::sched {
@@ -78,11 +81,28 @@ struct SimulationResult {
 /// Duration of one action under `costs`.
 double actionDuration(const Action &action, const SimulationCosts &costs);
 
-/// Simulates `schedule`. Fails with `FILE: deadlock: ...` naming every rank in
-/// the waiting cycle, its stuck action (rank, 0-based action index and text)
-/// and the action it waits for; or with `FILE: rank R, action K (TEXT): needs
-/// X, which no rank runs` when a dependency is missing altogether. Stage and
-/// microbatch numbers must be within numStages / numMicrobatches.
+/// The error simulateSchedule fails with on a deadlock: the waiting cycle,
+/// each member as (rank, action index) in the order the message names them.
+class DeadlockError : public llvm::ErrorInfo<DeadlockError> {
+public:
+  static char ID;
+  DeadlockError(std::string message, std::vector<std::pair<int, int>> cycle)
+      : message(std::move(message)), cycle(std::move(cycle)) {}
+  void log(llvm::raw_ostream &os) const override { os << message; }
+  std::error_code convertToErrorCode() const override {
+    return llvm::inconvertibleErrorCode();
+  }
+  /// `FILE: deadlock: rank R, action K (TEXT) waits for ...; ...`.
+  std::string message;
+  std::vector<std::pair<int, int>> cycle;
+};
+
+/// Simulates `schedule`. Fails with a DeadlockError, `FILE: deadlock: ...`
+/// naming every rank in the waiting cycle, its stuck action (rank, 0-based
+/// action index and text) and the action it waits for; or with `FILE: rank R,
+/// action K (TEXT): needs X, which no rank runs` when a dependency is missing
+/// altogether. Stage and microbatch numbers must be within numStages /
+/// numMicrobatches. An empty `fileName` leaves out the `FILE: ` prefix.
 llvm::Expected<SimulationResult>
 simulateSchedule(const Schedule &schedule, const SimulationCosts &costs = {},
                  llvm::StringRef fileName = "<schedule>");

@@ -13,6 +13,10 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace hpr::sched {
 
 /// Validates `schedule` and reports every violation found (one per line,
@@ -33,6 +37,27 @@ namespace hpr::sched {
 ///     rules 1-5 hold.
 llvm::Error validateSchedule(const Schedule &schedule,
                              llvm::StringRef fileName);
+
+/// One violation of the rules above, for callers that report it at their own
+/// location of the action (the hpr IR's communication check).
+struct Violation {
+  /// The action it is about (rank, action index); -1 when it concerns the
+  /// schedule as a whole.
+  int rank = -1;
+  int index = -1;
+  /// `rank R, action K (TEXT): what is wrong`, or the schedule-wide message.
+  std::string message;
+  /// Further actions it involves: a deadlock's other waiting ranks.
+  std::vector<std::pair<int, int>> related;
+};
+
+/// The violations validateSchedule reports, at most 50; `dropped` counts the
+/// rest.
+struct Violations {
+  std::vector<Violation> list;
+  size_t dropped = 0;
+};
+Violations findViolations(const Schedule &schedule);
 
 } // namespace hpr::sched
 

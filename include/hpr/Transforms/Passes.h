@@ -55,9 +55,15 @@ struct RecomputePipelineOptions
                                   "hpr-select-checkpoints within `budget`"))};
 };
 
-/// Appends the planning pipeline: assign sessions, insert recompute, insert
-/// clear, verify. The CLI and `hpr-recompute-pipeline` both call this, so the
-/// order is written once.
+/// Appends the passes that build a plan: check the schedule
+/// (hpr-verify-comm), select checkpoints (with select=auto), assign sessions,
+/// insert recompute, insert clear.
+void buildPlanningPasses(OpPassManager &pm,
+                         const RecomputePipelineOptions &options);
+
+/// Appends the planning pipeline: buildPlanningPasses, then hpr-verify. The
+/// tests and `hpr-recompute-pipeline` call this, the CLI the two parts with
+/// the structural verifier in between, so the order is written once.
 void buildRecomputePipeline(OpPassManager &pm,
                             const RecomputePipelineOptions &options);
 

@@ -47,6 +47,33 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
   ];
 }
 
+def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
+  let summary = "Check the schedule: coverage, order, transfers, deadlock freedom";
+  let description = [{
+    The schedule rules of docs/schedules.md ("Validation"), on the programs
+    of the IR, so that IR that enters through `hp-recompute-opt` or
+    `mlir-opt-19` with the plugin is checked as a schedule file is:
+    1. each stage on one rank, stage and microbatch numbers in range;
+    2. every (stage, microbatch) forwarded exactly once;
+    3. backpropagated exactly once (one `hpr.backward`, or one
+       `hpr.backward_input` and one `hpr.backward_weight`);
+    4. dx and B after their forward, dw after its dx, a recompute after its
+       forward;
+    5. with communication: every cross-rank transfer has exactly one send
+       (after its producer) and one receive (before its consumer), and there
+       are no other transfers;
+    6. the programs finish when run against each other (sends buffered,
+       receives blocking): otherwise the deadlock is reported at the first
+       waiting op, naming the cycle of waiting ranks, with a note at each
+       other waiting op.
+    Each violation is an error at its op (rank, action index and action in
+    the message); the pass fails. It runs first in `hpr-recompute-pipeline`.
+    The checks are those of `hpr::sched::findViolations`, applied to the
+    programs read back from the IR.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+}
+
 def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
   let summary = "Give every checkpointed (stage, microbatch) one recompute session";
   let description = [{

@@ -1,0 +1,61 @@
+//===- VerifyComm.cpp - The schedule rules, checked on the IR -------------===//
+//
+// Reads each rank's program back from the IR as a schedule (the timeline
+// extraction every exporter uses) and applies the schedule validator to it,
+// so that IR from any driver gets the checks a schedule file gets. Each
+// violation is reported at the op of the action it names.
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/Analysis/Timeline.h"
+#include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Schedule/Validate.h"
+#include "hpr/Transforms/Passes.h"
+
+namespace mlir::hpr {
+#define GEN_PASS_DEF_HPRVERIFYCOMM
+#include "hpr/Transforms/Passes.h.inc"
+} // namespace mlir::hpr
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+namespace {
+struct VerifyCommPass
+    : public mlir::hpr::impl::HPRVerifyCommBase<VerifyCommPass> {
+  void runOnOperation() override;
+};
+} // namespace
+
+void VerifyCommPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto schedules = module.getOps<ScheduleOp>();
+  if (schedules.empty() || module.getOps<ModelOp>().empty()) {
+    module.emitError("expected an hpr.model and an hpr.schedule");
+    return signalPassFailure();
+  }
+  ScheduleOp scheduleOp = *schedules.begin();
+  ModuleSchedule extracted = extractSchedule(module);
+  auto opAt = [&](int rank, int index) -> Operation * {
+    if (rank < 0 || static_cast<size_t>(rank) >= extracted.cellOps.size())
+      return scheduleOp;
+    const auto &cells = extracted.cellOps[rank];
+    return index >= 0 && static_cast<size_t>(index) < cells.size()
+               ? cells[index]
+               : scheduleOp.getOperation();
+  };
+  ::hpr::sched::Violations found =
+      ::hpr::sched::findViolations(extracted.schedule);
+  for (const ::hpr::sched::Violation &violation : found.list) {
+    InFlightDiagnostic diag =
+        opAt(violation.rank, violation.index)->emitError(violation.message);
+    for (auto [rank, index] : violation.related)
+      diag.attachNote(opAt(rank, index)->getLoc())
+          << "rank " << rank << " waits here";
+  }
+  if (found.dropped)
+    scheduleOp.emitError() << "... and " << found.dropped << " more violations";
+  if (!found.list.empty())
+    return signalPassFailure();
+  markAllAnalysesPreserved();
+}

@@ -1,0 +1,137 @@
+// RUN: hp-recompute-opt %s -split-input-file -hpr-verify-comm -verify-diagnostics
+// The same cases through stock mlir-opt-19 with the plugin: test/tools/hpr-plugin/plugin.test.
+
+// One planted schedule bug per case, reported at the op of the action with
+// its rank, action index and action (as the CSV reader would name it).
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "correct_1f1b_passes" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "deleted_send_f" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    // expected-error @+1 {{rank 0, action 0 (0F0): no SEND_F after it (stage 1 is on rank 1)}}
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "receive_without_send" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    // expected-error @+1 {{rank 1, action 2 (1B0): no SEND_B after it (stage 0 is on rank 0)}}
+    hpr.backward stage 1 mb 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+// Rank 0 waits for the gradient before it sends the activation the gradient
+// needs: a cycle of two waiting ranks.
+hpr.schedule "deadlock" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    // expected-error @+1 {{deadlock: rank 0, action 1 (0RECV_B0) waits for 1SEND_B0 at rank 1, action 3 (1SEND_B0); rank 1, action 0 (1RECV_F0) waits for 0SEND_F0 at rank 0, action 2 (0SEND_F0)}}
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    // expected-note @+1 {{rank 1 waits here}}
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "one" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+// A rule about the schedule as a whole is reported at the hpr.schedule.
+// expected-error @+1 {{stage 0, microbatch 1: never backpropagated (no B, or I and W)}}
+hpr.schedule "dw_before_dx_and_a_missing_backward" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %h1 = hpr.forward stage 0 mb 1
+    // expected-error @+1 {{rank 0, action 2 (0W0): dw before its dx (rank 0, action 3 (0I0))}}
+    hpr.backward_weight stage 0 mb 0
+    hpr.backward_input stage 0 mb 0
+  }
+}
+
+// -----
+
+// expected-error @+1 {{expected an hpr.model and an hpr.schedule}}
+module {
+  hpr.model "empty" {
+    hpr.stage 0 {
+      hpr.region "layers.0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+    }
+  }
+}
