@@ -113,8 +113,6 @@ LogicalResult RegionOp::verify() {
 
 LogicalResult ScheduleOp::verifyRegions() {
   int64_t numRanks = getNumRanks();
-  if (numRanks <= 0)
-    return emitOpError() << "needs at least one rank";
   ArrayRef<int64_t> stageToRank = getStageToRank();
   if (static_cast<int64_t>(stageToRank.size()) !=
       static_cast<int64_t>(getNumStages()))
@@ -161,6 +159,13 @@ bool mlir::hpr::isOverlapped(Operation *op) {
 }
 
 LogicalResult ProgramOp::verifyRegions() {
+  // A program is a list of actions: the passes and exporters read every op
+  // of it as one, so anything else (another dialect's op) is refused here.
+  for (Operation &op : getBody().getOps())
+    if (!isa<ActionOpInterface, SessionOp>(op))
+      return op.emitOpError()
+             << "is not allowed in 'hpr.program'; expected hpr actions and "
+                "hpr.session";
   // Overlapped pairs: a forward marked `overlap` is immediately followed by
   // a backward marked `overlap`, and a marked backward immediately follows
   // such a forward.

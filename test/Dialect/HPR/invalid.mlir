@@ -70,8 +70,27 @@ hpr.model "m" {
 
 // -----
 
-// expected-error @+1 {{'hpr.schedule' op needs at least one rank}}
+// expected-error @+1 {{'hpr.schedule' op attribute 'num_ranks' failed to satisfy constraint: 64-bit signless integer attribute whose value is positive}}
 hpr.schedule "s" ranks 0 stages 1 microbatches 1 stage_to_rank [0] {
+}
+
+// -----
+
+hpr.schedule "s" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    // expected-error @+1 {{'hpr.forward' op attribute 'microbatch' failed to satisfy constraint: 64-bit signless integer attribute whose value is non-negative}}
+    %h = hpr.forward stage 0 mb -1
+  }
+}
+
+// -----
+
+hpr.schedule "s" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    // expected-error @+1 {{'func.call' op is not allowed in 'hpr.program'; expected hpr actions and hpr.session}}
+    func.call @f() : () -> ()
+  }
 }
 
 // -----

@@ -13,6 +13,11 @@ include "mlir/IR/SymbolInterfaces.td"
 // Model
 //===----------------------------------------------------------------------===//
 
+// Ranks, stages, microbatches and peers are indices; counts are positive.
+// The ODS verifier checks both, before any op verifier runs.
+def HPR_IndexAttr : ConfinedAttr<I64Attr, [IntNonNegative]>;
+def HPR_CountAttr : ConfinedAttr<I64Attr, [IntPositive]>;
+
 def HPR_ModelOp : HPR_Op<"model", [NoTerminator, SingleBlock,
                                    NoRegionArguments]> {
   let summary = "the model being trained: stages and their regions";
@@ -38,7 +43,7 @@ def HPR_StageOp : HPR_Op<"stage", [NoTerminator, SingleBlock,
                                    NoRegionArguments,
                                    HasParent<"ModelOp">]> {
   let summary = "one pipeline stage: a contiguous run of regions";
-  let arguments = (ins I64Attr:$index);
+  let arguments = (ins HPR_IndexAttr:$index);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$index attr-dict-with-keyword $body";
   let hasRegionVerifier = 1;
@@ -90,8 +95,9 @@ def HPR_ScheduleOp : HPR_Op<"schedule", [NoTerminator, SingleBlock,
     `stage_to_rank[s]` is the rank that runs stage `s`. Holds exactly one
     `hpr.program` per rank, in rank order.
   }];
-  let arguments = (ins StrAttr:$name, I64Attr:$num_ranks, I64Attr:$num_stages,
-                       I64Attr:$num_microbatches,
+  let arguments = (ins StrAttr:$name, HPR_CountAttr:$num_ranks,
+                       HPR_CountAttr:$num_stages,
+                       HPR_CountAttr:$num_microbatches,
                        DenseI64ArrayAttr:$stage_to_rank);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
@@ -115,7 +121,7 @@ def HPR_ProgramOp : HPR_Op<"program", [NoTerminator, SingleBlock,
     that produced it. `compute_digest`, when present, fingerprints the
     schedule's compute order (see `computeOrderDigest`).
   }];
-  let arguments = (ins I64Attr:$rank, OptionalAttr<I64Attr>:$compute_digest);
+  let arguments = (ins HPR_IndexAttr:$rank, OptionalAttr<I64Attr>:$compute_digest);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "`rank` $rank attr-dict-with-keyword $body";
   let extraClassDeclaration = [{
@@ -160,7 +166,7 @@ def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
     budget and saves time.
   }];
   let planName = [{"forward"}];
-  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, UnitAttr:$overlap,
+  let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch, UnitAttr:$overlap,
                        UnitAttr:$no_checkpoint);
   let results = (outs HPR_HandleType:$handle);
   let assemblyFormat = [{
@@ -173,7 +179,7 @@ def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
 class HPR_BackwardOpBase<string mnemonic, string plan>
     : HPR_StageMicrobatchOp<mnemonic, [HPR_ConsumerOpInterface]> {
   let planName = "\"" # plan # "\"";
-  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch,
+  let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
                        Optional<HPR_SessionType>:$session,
                        UnitAttr:$retain_on_unpack, UnitAttr:$overlap);
   let assemblyFormat = [{
@@ -212,7 +218,8 @@ class HPR_CommOp<string mnemonic>
     with the next one (the legacy `0SEND_F0_1RECV_B0` cells: every part but
     the last carries it).
   }];
-  let arguments = (ins I64Attr:$stage, I64Attr:$microbatch, I64Attr:$peer,
+  let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
+                       HPR_IndexAttr:$peer,
                        UnitAttr:$batched);
   let assemblyFormat = [{
     `stage` $stage `mb` $microbatch `peer` $peer (`batched` $batched^)?
@@ -236,7 +243,7 @@ def HPR_RecvBOp : HPR_CommOp<"recv_b"> {
 /// Stage-level actions carried through unchanged (FSDP and grad reduction).
 class HPR_PassthroughOp<string mnemonic>
     : HPR_Op<mnemonic, [HasParent<"ProgramOp">, HPR_ActionOpInterface]> {
-  let arguments = (ins I64Attr:$stage);
+  let arguments = (ins HPR_IndexAttr:$stage);
   let assemblyFormat = "`stage` $stage attr-dict";
   let extraClassDeclaration = [{
     int64_t getStageIndex() { return static_cast<int64_t>(getStage()); }
