@@ -3,7 +3,6 @@
 #include "SessionAnalysis.h"
 
 #include "llvm/ADT/STLExtras.h"
-#include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -55,27 +54,4 @@ Operation *mlir::hpr::getPairEnd(Operation *op) {
 
 bool mlir::hpr::isComputeAction(Operation *op) {
   return isa<ForwardOp, BackwardInputOp, BackwardWeightOp, BackwardOp>(op);
-}
-
-std::string mlir::hpr::describeAction(Operation *op) {
-  auto program = op->getParentOfType<ProgramOp>();
-  unsigned index = 0;
-  for (Operation &other : program.getBody().getOps()) {
-    if (&other == op)
-      break;
-    if (isa<ActionOpInterface>(other))
-      ++index;
-  }
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  os << "rank " << program.getRank() << ", action " << index << " ("
-     << op->getName().stripDialect();
-  if (auto action = dyn_cast<ActionOpInterface>(op)) {
-    if (action.getStageIndex() >= 0)
-      os << " stage " << action.getStageIndex();
-    if (action.getMicrobatchIndex() >= 0)
-      os << " mb " << action.getMicrobatchIndex();
-  }
-  os << ")";
-  return text;
 }

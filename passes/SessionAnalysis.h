@@ -3,7 +3,7 @@
 //
 // Read-only questions about programs and sessions that several passes ask:
 // which stages are checkpointed, who consumes a session, where an overlapped
-// pair starts and ends, and how to name an action in a diagnostic.
+// pair starts and ends. hpr-verify uses none of them: it checks these passes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -35,10 +35,6 @@ Operation *getPairEnd(Operation *op);
 
 /// True for forward, backward_input, backward_weight and backward.
 bool isComputeAction(Operation *op);
-
-/// "rank 1, action 7 (backward_weight stage 3 mb 0)": where an action stands
-/// in its program, counting actions as the plan JSON lists them.
-std::string describeAction(Operation *op);
 
 } // namespace mlir::hpr
 

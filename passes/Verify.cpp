@@ -1,16 +1,21 @@
 //===- Verify.cpp - Static check of every recompute session --------------===//
 //
 // Proves, from the IR alone, that each session is recomputed once before any
-// reader, cleared once after the last reader, and flagged right in between.
-// It shares no logic with the passes that build plans, so it also judges
-// plans written by hand or by other tools.
+// reader, cleared once after the last reader, and flagged right in between,
+// and that the compute order is the imported schedule's. It walks each
+// program once, in order, with its own bookkeeping: nothing here is shared
+// with the passes that build plans (SessionAnalysis), so it also judges plans
+// written by hand or by other tools, and a bug in those queries cannot hide
+// itself.
 //
 //===----------------------------------------------------------------------===//
 
-#include "SessionAnalysis.h"
+#include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Debug.h"
 
 #define DEBUG_TYPE "hpr-verify"
@@ -24,14 +29,22 @@ using namespace mlir;
 using namespace mlir::hpr;
 
 namespace {
-struct VerifyPass : public hpr::impl::HPRVerifyBase<VerifyPass> {
+/// What one program does with one session, in program order.
+struct SessionUses {
+  llvm::SmallVector<RecomputeOp, 1> recomputes;
+  llvm::SmallVector<ClearOp, 1> clears;
+  llvm::SmallVector<ConsumerOpInterface> consumers;
+};
+
+struct VerifyPass : public mlir::hpr::impl::HPRVerifyBase<VerifyPass> {
   void runOnOperation() override;
 
 private:
   /// Checks one session; returns the number of violations found.
-  unsigned verifySession(SessionOp session);
+  unsigned verifySession(SessionOp session, SessionUses &uses);
   unsigned verifyProgram(ProgramOp program,
                          const llvm::DenseSet<int64_t> *checkpointed);
+  unsigned verifyComputeOrder(ProgramOp program, ArrayRef<int64_t> recorded);
 };
 } // namespace
 
@@ -40,34 +53,30 @@ static std::string quote(SessionOp session) {
   return ("session \"" + session.getSid() + "\"").str();
 }
 
-unsigned VerifyPass::verifySession(SessionOp session) {
+/// The session a recompute, clear or consumer reads, if any.
+static SessionOp sessionOf(Value value) {
+  return value ? value.getDefiningOp<SessionOp>() : SessionOp();
+}
+
+unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses) {
   unsigned violations = 0;
   auto report = [&](Operation *at) -> InFlightDiagnostic {
     ++violations;
     return at->emitError() << describeAction(at) << ": ";
   };
-
-  // Keeps the earliest op of kind `Op` in `first`; reports each later one.
-  auto recordOnce = [&](auto op, auto &first, StringRef what) {
-    if (!first) {
-      first = op;
-      return;
-    }
-    if (op->isBeforeInBlock(first))
-      std::swap(op, first);
-    report(op) << quote(session) << " is " << what << " a second time "
-               << "(first at " << describeAction(first) << ")";
+  // Uses are in program order: the first is the one that counts.
+  auto once = [&](auto &ops, StringRef what) {
+    using Op = typename std::decay_t<decltype(ops)>::value_type;
+    if (ops.empty())
+      return Op();
+    for (Op op : llvm::drop_begin(ops))
+      report(op) << quote(session) << " is " << what << " a second time "
+                 << "(first at " << describeAction(ops.front()) << ")";
+    return ops.front();
   };
-  RecomputeOp recompute;
-  ClearOp clear;
-  for (Operation *user : session.getSession().getUsers()) {
-    if (auto op = dyn_cast<RecomputeOp>(user))
-      recordOnce(op, recompute, "recomputed");
-    else if (auto op = dyn_cast<ClearOp>(user))
-      recordOnce(op, clear, "cleared");
-  }
-
-  auto consumers = getConsumers(session);
+  RecomputeOp recompute = once(uses.recomputes, "recomputed");
+  ClearOp clear = once(uses.clears, "cleared");
+  auto &consumers = uses.consumers;
   if (consumers.empty() && !recompute)
     return violations; // Bound but never read nor replayed: holds nothing.
 
@@ -105,10 +114,57 @@ unsigned VerifyPass::verifySession(SessionOp session) {
   return violations;
 }
 
+/// Rule 8: the program's forward/backward actions, in order, are the ones the
+/// importer recorded from the schedule (`compute_order`).
+unsigned VerifyPass::verifyComputeOrder(ProgramOp program,
+                                        ArrayRef<int64_t> recorded) {
+  static constexpr const char *kNames[] = {"forward", "backward_input",
+                                           "backward_weight", "backward"};
+  size_t next = 0; // Index into `recorded` of the next expected triple.
+  for (Operation &op : program.getBody().getOps()) {
+    int64_t kind = llvm::TypeSwitch<Operation *, int64_t>(&op)
+                       .Case<ForwardOp>([](auto) { return 0; })
+                       .Case<BackwardInputOp>([](auto) { return 1; })
+                       .Case<BackwardWeightOp>([](auto) { return 2; })
+                       .Case<BackwardOp>([](auto) { return 3; })
+                       .Default([](auto) { return -1; });
+    if (kind < 0)
+      continue;
+    auto action = cast<ActionOpInterface>(op);
+    if (next >= recorded.size()) {
+      op.emitError() << describeAction(&op)
+                     << ": not in the imported schedule, whose compute order "
+                        "for this rank ends before it";
+      return 1;
+    }
+    ArrayRef<int64_t> expected = recorded.slice(next, 3);
+    if (expected[0] != kind || expected[1] != action.getStageIndex() ||
+        expected[2] != action.getMicrobatchIndex()) {
+      op.emitError() << describeAction(&op) << ": the imported schedule has "
+                     << kNames[expected[0]] << " stage " << expected[1]
+                     << " mb " << expected[2] << " here (compute action "
+                     << next / 3 << " of rank " << program.getRank() << ")";
+      return 1;
+    }
+    next += 3;
+  }
+  if (next != recorded.size()) {
+    program.emitError() << "rank " << program.getRank() << ": "
+                        << (recorded.size() - next) / 3
+                        << " compute actions of the imported schedule are "
+                           "missing, from "
+                        << kNames[recorded[next]] << " stage "
+                        << recorded[next + 1] << " mb " << recorded[next + 2];
+    return 1;
+  }
+  return 0;
+}
+
 unsigned
 VerifyPass::verifyProgram(ProgramOp program,
                           const llvm::DenseSet<int64_t> *checkpointed) {
   unsigned violations = 0;
+  llvm::MapVector<Operation *, SessionUses> uses; // by SessionOp, in order
   llvm::DenseMap<std::pair<int64_t, int64_t>, SessionOp> sessions;
   // (stage, mb)s whose forward runs plainly: their consumers read nothing.
   llvm::DenseSet<std::pair<int64_t, int64_t>> plain;
@@ -117,6 +173,7 @@ VerifyPass::verifyProgram(ProgramOp program,
       if (forward.getNoCheckpoint())
         plain.insert({forward.getStageIndex(), forward.getMicrobatchIndex()});
     if (auto session = dyn_cast<SessionOp>(op)) {
+      uses[session];
       ForwardOp forward = session.getForward();
       if (forward.getNoCheckpoint()) {
         ++violations;
@@ -134,11 +191,26 @@ VerifyPass::verifyProgram(ProgramOp program,
                             << forward.getMicrobatch()
                             << " (first: " << quote(it->second) << ")";
       }
-      violations += verifySession(session);
+      continue;
+    }
+    if (auto recompute = dyn_cast<RecomputeOp>(op)) {
+      if (SessionOp session = sessionOf(recompute.getSession()))
+        uses[session].recomputes.push_back(recompute);
+      continue;
+    }
+    if (auto clear = dyn_cast<ClearOp>(op)) {
+      if (SessionOp session = sessionOf(clear.getSession()))
+        uses[session].clears.push_back(clear);
       continue;
     }
     auto consumer = dyn_cast<ConsumerOpInterface>(op);
-    if (!consumer || consumer.getSessionValue() || !checkpointed)
+    if (!consumer)
+      continue;
+    if (SessionOp session = sessionOf(consumer.getSessionValue())) {
+      uses[session].consumers.push_back(consumer);
+      continue;
+    }
+    if (!checkpointed)
       continue;
     auto action = cast<ActionOpInterface>(op);
     int64_t stage = action.getStageIndex();
@@ -150,22 +222,26 @@ VerifyPass::verifyProgram(ProgramOp program,
                      << "its own, once per backward call";
     }
   }
-  if (std::optional<uint64_t> recorded = program.getComputeDigest())
-    if (*recorded != program.computeOrderDigest()) {
-      ++violations;
-      program.emitError() << "rank " << program.getRank()
-                          << ": the order of forward/backward actions differs "
-                             "from the imported schedule";
-    }
+  for (auto &[session, sessionUses] : uses)
+    violations += verifySession(cast<SessionOp>(session), sessionUses);
+  if (std::optional<ArrayRef<int64_t>> recorded = program.getComputeOrder())
+    violations += verifyComputeOrder(program, *recorded);
   return violations;
 }
 
 void VerifyPass::runOnOperation() {
   ModuleOp module = getOperation();
-  // Without a model, rule 7 cannot be checked; the rest still can.
+  // The checkpointed stages, read off the model; without a model, rule 7
+  // cannot be checked but the rest still can.
   std::optional<llvm::DenseSet<int64_t>> checkpointed;
-  if (llvm::hasSingleElement(module.getOps<ModelOp>()))
-    checkpointed = *getCheckpointedStages(module);
+  if (llvm::hasSingleElement(module.getOps<ModelOp>())) {
+    checkpointed.emplace();
+    module.walk([&](RegionOp region) {
+      if (region.getCheckpoint())
+        checkpointed->insert(static_cast<int64_t>(
+            region->getParentOfType<StageOp>().getIndex()));
+    });
+  }
   unsigned violations = 0;
   module.walk([&](ProgramOp program) {
     violations +=

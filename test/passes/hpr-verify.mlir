@@ -176,3 +176,25 @@ hpr.schedule "checkpointed_consumer_without_session" ranks 1 stages 1 microbatch
     hpr.backward stage 0 mb 0
   }
 }
+
+// -----
+
+// The compute order recorded at import (kind, stage, mb): here F0, then B0.
+hpr.schedule "compute_order_swapped" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 attributes {compute_order = array<i64: 0, 0, 0, 3, 0, 0, 0, 0, 1, 3, 0, 1>} {
+    %h0 = hpr.forward stage 0 mb 0
+    // expected-error @+1 {{rank 0, action 1 (forward stage 0 mb 1): the imported schedule has backward stage 0 mb 0 here (compute action 1 of rank 0)}}
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.backward stage 0 mb 0
+    hpr.backward stage 0 mb 1
+  }
+}
+
+// -----
+
+hpr.schedule "compute_action_missing" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  // expected-error @+1 {{rank 0: 1 compute actions of the imported schedule are missing, from backward stage 0 mb 0}}
+  hpr.program rank 0 attributes {compute_order = array<i64: 0, 0, 0, 3, 0, 0>} {
+    %h0 = hpr.forward stage 0 mb 0
+  }
+}

@@ -8,7 +8,7 @@ module {
     }
   }
   hpr.schedule "1f1b" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
-    hpr.program rank 0 attributes {compute_digest = -486575617733641723 : i64} {
+    hpr.program rank 0 attributes {compute_order = array<i64: 0, 0, 0, 0, 0, 1, 3, 0, 0, 3, 0, 1>} {
       %h0.mb0 = hpr.forward stage 0 mb 0
       %s0.mb0 = hpr.session %h0.mb0 as "s0.mb0"
       hpr.send_f stage 0 mb 0 peer 1
@@ -24,7 +24,7 @@ module {
       hpr.backward stage 0 mb 1 session(%s0.mb1)
       hpr.clear %s0.mb1
     }
-    hpr.program rank 1 attributes {compute_digest = 2692219720954114309 : i64} {
+    hpr.program rank 1 attributes {compute_order = array<i64: 0, 1, 0, 3, 1, 0, 0, 1, 1, 3, 1, 1>} {
       hpr.recv_f stage 1 mb 0 peer 0
       %h1.mb0 = hpr.forward stage 1 mb 0
       %s1.mb0 = hpr.session %h1.mb0 as "s1.mb0"

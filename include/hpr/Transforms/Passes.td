@@ -183,7 +183,8 @@ def HPRInsertClear : Pass<"hpr-insert-clear", "::mlir::ModuleOp"> {
 def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
   let summary = "Statically check every recompute session's lifecycle";
   let description = [{
-    Independent of the passes that build the plan: it also checks plans
+    Independent of the passes that build the plan: one walk per program with
+    its own bookkeeping, sharing no query with them, so it also checks plans
     written by hand or by other tools. For every session, in its rank's
     program order:
     1. exactly one `hpr.recompute`, on the owning rank, after the forward;
@@ -196,9 +197,10 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
        while it has consumers;
     7. every consumer of a checkpointed stage reads a session, unless its
        forward is marked `no_checkpoint` (and such a forward has none);
-    8. the compute order of each program equals the schedule's (checked
-       against the `compute_digest` fingerprint recorded at import, when
-       present).
+    8. the compute order of each program equals the schedule's: its
+       forward/backward actions, compared one by one with the program's
+       `compute_order` record written at import (when present); the first
+       op that differs is reported with what the schedule has there.
     Each violation is reported on the offending op with the rank, the index
     of the action in its program and the action, and the pass fails.
   }];

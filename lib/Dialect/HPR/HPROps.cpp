@@ -6,6 +6,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -158,7 +159,42 @@ bool mlir::hpr::isOverlapped(Operation *op) {
       .Default([](Operation *) { return false; });
 }
 
+std::string mlir::hpr::describeAction(Operation *op) {
+  auto program = op->getParentOfType<ProgramOp>();
+  unsigned index = 0;
+  for (Operation &other : program.getBody().getOps()) {
+    if (&other == op)
+      break;
+    if (isa<ActionOpInterface>(other))
+      ++index;
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << "rank " << program.getRank() << ", action " << index << " ("
+     << op->getName().stripDialect();
+  if (auto action = dyn_cast<ActionOpInterface>(op)) {
+    if (action.getStageIndex() >= 0)
+      os << " stage " << action.getStageIndex();
+    if (action.getMicrobatchIndex() >= 0)
+      os << " mb " << action.getMicrobatchIndex();
+  }
+  os << ")";
+  return text;
+}
+
 LogicalResult ProgramOp::verifyRegions() {
+  if (std::optional<ArrayRef<int64_t>> order = getComputeOrder()) {
+    if (order->size() % 3 != 0)
+      return emitOpError() << "compute_order has " << order->size()
+                           << " numbers; expected (kind, stage, microbatch) "
+                              "triples";
+    for (size_t i = 0; i < order->size(); i += 3)
+      if ((*order)[i] < 0 || (*order)[i] > 3)
+        return emitOpError()
+               << "compute_order entry " << i / 3 << " has kind " << (*order)[i]
+               << "; expected 0 (forward), 1 (backward_input), "
+                  "2 (backward_weight) or 3 (backward)";
+  }
   // A program is a list of actions: the passes and exporters read every op
   // of it as one, so anything else (another dialect's op) is refused here.
   for (Operation &op : getBody().getOps())
@@ -204,32 +240,6 @@ LogicalResult ProgramOp::verifyRegions() {
              << "is marked batched but the next action is not a transfer";
   }
   return success();
-}
-
-uint64_t ProgramOp::computeOrderDigest() {
-  // FNV-1a over (kind, stage, microbatch) of each compute action.
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  auto mix = [&hash](uint64_t value) {
-    for (int byte = 0; byte < 8; ++byte) {
-      hash ^= (value >> (8 * byte)) & 0xff;
-      hash *= 0x100000001b3ULL;
-    }
-  };
-  for (Operation &op : getBody().getOps()) {
-    uint64_t kind = llvm::TypeSwitch<Operation *, uint64_t>(&op)
-                        .Case<ForwardOp>([](auto) { return 1; })
-                        .Case<BackwardInputOp>([](auto) { return 2; })
-                        .Case<BackwardWeightOp>([](auto) { return 3; })
-                        .Case<BackwardOp>([](auto) { return 4; })
-                        .Default([](auto) { return 0; });
-    if (!kind)
-      continue;
-    auto action = cast<ActionOpInterface>(op);
-    mix(kind);
-    mix(action.getStageIndex());
-    mix(action.getMicrobatchIndex());
-  }
-  return hash;
 }
 
 //===----------------------------------------------------------------------===//

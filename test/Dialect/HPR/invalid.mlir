@@ -280,3 +280,19 @@ hpr.schedule "s" ranks 2 stages 2 microbatches 1 stage_to_rank [0] {
   }
   hpr.program rank 1 {}
 }
+
+// -----
+
+hpr.schedule "s" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  // expected-error @+1 {{compute_order has 4 numbers; expected (kind, stage, microbatch) triples}}
+  hpr.program rank 0 attributes {compute_order = array<i64: 0, 0, 0, 3>} {
+  }
+}
+
+// -----
+
+hpr.schedule "s" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  // expected-error @+1 {{compute_order entry 0 has kind 7; expected 0 (forward), 1 (backward_input), 2 (backward_weight) or 3 (backward)}}
+  hpr.program rank 0 attributes {compute_order = array<i64: 7, 0, 0>} {
+  }
+}

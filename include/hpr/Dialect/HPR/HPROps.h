@@ -23,6 +23,10 @@ std::string getSessionId(int64_t stage, int64_t microbatch);
 bool isOverlapped(Operation *op);
 /// True for a transfer marked `batched` (issued with the next transfer).
 bool isBatched(Operation *op);
+/// "rank 1, action 7 (backward_weight stage 3 mb 0)": where an action stands
+/// in its program, counting actions as the plan JSON lists them. How every
+/// pass names an op in a diagnostic.
+std::string describeAction(Operation *op);
 } // namespace mlir::hpr
 
 #define GET_OP_CLASSES

@@ -118,18 +118,17 @@ def HPR_ProgramOp : HPR_Op<"program", [NoTerminator, SingleBlock,
   let summary = "the ordered actions of one rank";
   let description = [{
     Isolated from above: a handle or session can only be used by the rank
-    that produced it. `compute_digest`, when present, fingerprints the
-    schedule's compute order (see `computeOrderDigest`).
+    that produced it. `compute_order`, when present, is the imported
+    schedule's compute actions of this rank in order, three numbers each:
+    the kind (0 forward, 1 backward_input, 2 backward_weight, 3 backward),
+    the stage and the microbatch. The importer writes it from the schedule;
+    no pass changes it, and hpr-verify compares the program with it action
+    by action.
   }];
-  let arguments = (ins HPR_IndexAttr:$rank, OptionalAttr<I64Attr>:$compute_digest);
+  let arguments = (ins HPR_IndexAttr:$rank,
+                       OptionalAttr<DenseI64ArrayAttr>:$compute_order);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "`rank` $rank attr-dict-with-keyword $body";
-  let extraClassDeclaration = [{
-    /// A fingerprint of the program's compute actions (forward and the three
-    /// backward kinds) in order. Recorded at import as `compute_digest`;
-    /// hpr-verify recomputes it to prove the planner kept the schedule.
-    uint64_t computeOrderDigest();
-  }];
   let hasRegionVerifier = 1;
 }
 
