@@ -10,7 +10,8 @@ using namespace mlir::hpr;
 
 void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
                                     const RecomputePipelineOptions &options) {
-  pm.addPass(createHPRVerifyComm());
+  if (options.checkSchedule)
+    pm.addPass(createHPRVerifyComm());
   if (options.select == CheckpointSelection::Auto) {
     HPRSelectCheckpointsOptions select;
     select.budget = options.budget;

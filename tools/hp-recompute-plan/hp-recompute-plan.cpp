@@ -380,6 +380,9 @@ int main(int argc, char **argv) {
       return usageError("--checkpoint auto needs --memory-budget");
     pipelineOptions.select = mlir::hpr::CheckpointSelection::Auto;
   }
+  // The schedule is validated before import (loadSchedule): the same rules
+  // hpr-verify-comm would check on the IR again.
+  pipelineOptions.checkSchedule = false;
   // Otherwise the budget is a check of the finished plan.
   if (budget && (checkpointPolicy == CheckpointPolicy::Auto ||
                  pipelineOptions.policy == mlir::hpr::RecomputePolicy::Bubble))

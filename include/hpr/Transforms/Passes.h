@@ -53,6 +53,9 @@ struct RecomputePipelineOptions
                                   "as the model marks them"),
                        clEnumValN(CheckpointSelection::Auto, "auto",
                                   "hpr-select-checkpoints within `budget`"))};
+  /// Run hpr-verify-comm first. The CLI turns it off: it imports only
+  /// schedules that hpr::sched::validateSchedule, the same rules, accepted.
+  bool checkSchedule = true;
 };
 
 /// Appends the passes that build a plan: check the schedule
