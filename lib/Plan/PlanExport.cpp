@@ -317,7 +317,8 @@ mlir::hpr::plan_json::sessionJson(SessionOp session,
 }
 
 void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
-                              const json &planner, llvm::raw_ostream &os) {
+                              const PlannerOptions &planner,
+                              llvm::raw_ostream &os) {
   ScheduleOp schedule = getSchedule(module);
   CheckpointedRegions checkpointedRegions;
   json model = modelJson(getModel(module), checkpointedRegions);
@@ -336,7 +337,12 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   std::pair<const char *, json> head[] = {
       {"format", "hp-recompute-plan"},
       {"version", 2},
-      {"planner", planner},
+      {"planner",
+       {{"prefetch", planner.prefetch},
+        {"checkpoint", planner.checkpoint},
+        {"memory_budget",
+         planner.memoryBudget ? json(*planner.memoryBudget) : json(nullptr)},
+        {"tool", planner.tool}}},
       {"schedule", scheduleJson(schedule)},
       {"model", model},
       {"summary",

@@ -528,13 +528,11 @@ int main(int argc, char **argv) {
       mlir::hpr::printSummaryTable(*summary, os);
       break;
     case EmitKind::Json:
-      mlir::hpr::writePlanJson(
-          **module, *summary,
-          {{"prefetch", prefetch.getValue()},
-           {"checkpoint", checkpointName},
-           {"memory_budget", budget ? nlohmann::json(*budget) : nullptr},
-           {"tool", "hp-recompute-plan"}},
-          os);
+      mlir::hpr::writePlanJson(**module, *summary,
+                               mlir::hpr::PlannerOptions{prefetch.getValue(),
+                                                         checkpointName, budget,
+                                                         "hp-recompute-plan"},
+                               os);
       break;
     case EmitKind::Mlir:
       (*module)->print(os);

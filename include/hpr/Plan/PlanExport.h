@@ -16,9 +16,9 @@
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace mlir::hpr {
@@ -58,10 +58,18 @@ struct PlanSummary {
 /// Counts, memory and a simulation of the planned module.
 llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
 
-/// Writes the plan JSON, version 2, to `os`. `planner` records the options
-/// used. Actions and sessions are streamed one per line.
+/// The options a plan was made with, recorded as the plan JSON's `planner`.
+struct PlannerOptions {
+  std::string prefetch;                ///< jit, lookahead=K or bubble
+  std::string checkpoint;              ///< all, model, none or auto
+  std::optional<int64_t> memoryBudget; ///< bytes; none when not given
+  std::string tool = "hp-recompute-plan";
+};
+
+/// Writes the plan JSON, version 2, to `os`, with `planner` as its
+/// `planner` member. Actions and sessions are streamed one per line.
 void writePlanJson(ModuleOp module, const PlanSummary &summary,
-                   const nlohmann::json &planner, llvm::raw_ostream &os);
+                   const PlannerOptions &planner, llvm::raw_ostream &os);
 
 /// Writes the summary's simulated timeline as a Chrome trace (trace event
 /// JSON: one thread per rank, one complete event per action, times in
