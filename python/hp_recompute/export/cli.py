@@ -1,8 +1,8 @@
 """Export an ``nn.Module`` for hp-recompute's planner: ``python3 -m hp_recompute.export``.
 
-Why: the planner (C++, LibTorch) reads TorchScript; it cannot run Python
-factories. This tool builds the module from ``FILE.py:FACTORY``, traces it,
-and writes
+Why: the planner (C++) reads TorchScript and torch.export programs; it cannot
+run Python factories. This tool builds the module from ``FILE.py:FACTORY``,
+traces or exports it, and writes
 
 * ``OUT.pt``    - the traced TorchScript archive (``torch.jit.save``), or with
   ``-o OUT.pt2`` (torch 2.x) the ``torch.export`` program (``torch.export.save``),
