@@ -29,6 +29,9 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
@@ -96,6 +99,31 @@ bool isFloating(int64_t dtype) {
          (dtype >= 29 && dtype <= 33);
 }
 
+/// Tensors larger than this are refused: it keeps every byte count and sum
+/// of them far from int64 overflow.
+constexpr int64_t kMaxTensorBytes = int64_t(1) << 50;
+
+/// The bytes a strided tensor reaches (and its element count does), or
+/// nullopt beyond kMaxTensorBytes.
+std::optional<int64_t> spannedBytes(const TensorFacts &facts) {
+  int64_t elements = 1, span = 1;
+  for (size_t d = 0; d < facts.sizes.size(); ++d) {
+    int64_t size = facts.sizes[d], reach;
+    if (size == 0)
+      return 0;
+    if (facts.strides[d] == INT64_MIN ||
+        __builtin_mul_overflow(elements, size, &elements) ||
+        __builtin_mul_overflow(size - 1, std::abs(facts.strides[d]), &reach) ||
+        __builtin_add_overflow(span, reach, &span))
+      return std::nullopt;
+  }
+  int64_t bytes = std::max(elements, span), total;
+  if (__builtin_mul_overflow(bytes, facts.elementSize, &total) ||
+      total > kMaxTensorBytes)
+    return std::nullopt;
+  return span * facts.elementSize;
+}
+
 /// Ops that may return their input instead of a new tensor, and when.
 const llvm::StringSet<> kMaybeViews = {"aten::reshape",    "aten::flatten",
                                        "aten::reshape_as", "aten::contiguous",
@@ -118,6 +146,7 @@ private:
   struct Value {
     TensorFacts facts;
     int64_t dtype = 0;
+    int64_t spanBytes = 0; ///< bytes its sizes and strides reach
   };
 
   llvm::Error fail(const llvm::Twine &where, const llvm::Twine &what) {
@@ -201,6 +230,11 @@ llvm::Error ProgramReader::readTensorValues(const json &graph) {
     if (value.facts.strides.size() != value.facts.sizes.size())
       return fail("tensor '" + name + "'",
                   "sizes and strides differ in length");
+    std::optional<int64_t> span = spannedBytes(value.facts);
+    if (!span)
+      return fail("tensor '" + name + "'",
+                  "its sizes and strides reach more than 2^50 bytes");
+    value.spanBytes = *span;
     value.facts.requiresGrad =
         meta.value("requires_grad", false) && isFloating(value.dtype);
     values[name] = std::move(value);
@@ -366,17 +400,8 @@ void ProgramReader::placeResult(OpFacts &op, Value &result, size_t index) {
     facts.storageBytes = self->storageBytes;
     return;
   }
-  // The bytes a strided tensor spans.
-  int64_t span = 1;
-  for (size_t d = 0; d < facts.sizes.size(); ++d) {
-    if (facts.sizes[d] == 0) {
-      span = 0;
-      break;
-    }
-    span += (facts.sizes[d] - 1) * std::abs(facts.strides[d]);
-  }
   facts.storage = nextStorage++;
-  facts.storageBytes = span * facts.elementSize;
+  facts.storageBytes = result.spanBytes;
 }
 
 llvm::Expected<OpFacts> ProgramReader::readNode(const json &node,

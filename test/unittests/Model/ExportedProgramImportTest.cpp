@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+
 using namespace hpr::model;
 using nlohmann::json;
 
@@ -150,6 +152,20 @@ TEST(ExportedProgramImport, Errors) {
   p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][0] = {
       {"as_expr", {{"expr_str", "s0"}, {"hint", {{"as_int", 2}}}}}};
   EXPECT_EQ(errorOf(p), "<no error>");
+  // Sizes whose element count or byte span overflows int64 are refused.
+  p = program();
+  p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][0] = {
+      {"as_int", int64_t(1) << 62}};
+  EXPECT_NE(errorOf(p).find("p.json: tensor 'x': its sizes and strides reach "
+                            "more than 2^50 bytes"),
+            std::string::npos)
+      << errorOf(p);
+  p = program();
+  p["graph_module"]["graph"]["tensor_values"]["x"]["strides"][0] = {
+      {"as_int", INT64_MIN}};
+  EXPECT_NE(errorOf(p).find("its sizes and strides reach more than 2^50"),
+            std::string::npos)
+      << errorOf(p);
   p = program();
   p["graph_module"]["graph"]["tensor_values"]["x"]["dtype"] = 77;
   EXPECT_NE(errorOf(p).find("p.json: tensor 'x': unknown dtype 77"),
