@@ -89,16 +89,9 @@ LogicalResult AssignSessionsPass::assignInProgram(
 }
 
 void AssignSessionsPass::runOnOperation() {
-  ModuleOp module = getOperation();
+  ProgramOp program = getOperation();
   FailureOr<llvm::DenseSet<int64_t>> checkpointed =
-      getCheckpointedStages(module);
-  if (failed(checkpointed))
-    return signalPassFailure();
-  WalkResult result = module.walk([&](ProgramOp program) {
-    return failed(assignInProgram(program, *checkpointed))
-               ? WalkResult::interrupt()
-               : WalkResult::advance();
-  });
-  if (result.wasInterrupted())
+      getCheckpointedStages(program);
+  if (failed(checkpointed) || failed(assignInProgram(program, *checkpointed)))
     signalPassFailure();
 }

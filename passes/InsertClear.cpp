@@ -29,17 +29,17 @@ struct InsertClearPass : public hpr::impl::HPRInsertClearBase<InsertClearPass> {
 
 void InsertClearPass::runOnOperation() {
   OpBuilder builder(&getContext());
-  WalkResult result = getOperation().walk([&](SessionOp session) {
+  for (SessionOp session : getOperation().getBody().getOps<SessionOp>()) {
     for (Operation *user : session.getSession().getUsers())
       if (isa<ClearOp>(user)) {
         user->emitOpError()
             << "already exists for session \"" << session.getSid()
             << "\": hpr-insert-clear runs once";
-        return WalkResult::interrupt();
+        return signalPassFailure();
       }
     auto consumers = getConsumers(session);
     if (consumers.empty())
-      return WalkResult::advance();
+      continue;
     for (ConsumerOpInterface consumer : consumers) {
       bool isLast = consumer == consumers.back();
       consumer.setRetainOnUnpackFlag(!isLast);
@@ -52,8 +52,5 @@ void InsertClearPass::runOnOperation() {
     ++numClearInserted;
     LLVM_DEBUG(llvm::dbgs() << "clear " << session.getSid() << " after "
                             << describeAction(consumers.back()) << "\n");
-    return WalkResult::advance();
-  });
-  if (result.wasInterrupted())
-    signalPassFailure();
+  }
 }

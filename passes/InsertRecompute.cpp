@@ -1,19 +1,16 @@
 //===- InsertRecompute.cpp - Place one recompute per session -------------===//
 //
 // Puts each session's hpr.recompute before its first consumer: right before
-// it (jit), a number of compute actions earlier (lookahead), or into idle
-// time of the simulated timeline (bubble), so that the replay runs while the
-// rank would wait anyway.
+// it (jit) or a number of compute actions earlier (lookahead), so that the
+// replay can run while the rank waits for the gradient. Placing by time is
+// hpr-prefetch-into-bubbles.
 //
 //===----------------------------------------------------------------------===//
 
 #include "SessionAnalysis.h"
-#include "hpr/Analysis/ActivationModel.h"
-#include "hpr/Analysis/Timeline.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
-#include "mlir/IR/Threading.h"
 #include "llvm/Support/Debug.h"
 
 #define DEBUG_TYPE "hpr-insert-recompute"
@@ -30,19 +27,10 @@ namespace {
 struct InsertRecomputePass
     : public mlir::hpr::impl::HPRInsertRecomputeBase<InsertRecomputePass> {
   using HPRInsertRecomputeBase::HPRInsertRecomputeBase;
+  LogicalResult initialize(MLIRContext *context) override;
   void runOnOperation() override;
-  LogicalResult checkOptions();
   Operation *findInsertionPoint(SessionOp session, Operation *firstConsumer);
-  LogicalResult placeInBubbles(ModuleOp module);
-  bool placeInBubbles(ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
-                      llvm::ArrayRef<::hpr::sched::ActionTiming> timeline,
-                      const std::vector<StageCost> &costs, int64_t limit,
-                      llvm::DenseSet<Operation *> &moved);
 };
-
-/// Rounds of policy=bubble: each moves recomputes into the gaps of the
-/// timeline the previous round left (moving opens gaps elsewhere).
-constexpr unsigned kBubbleRounds = 8;
 } // namespace
 
 /// With lookahead, walks up from the first consumer past `distance` compute
@@ -72,183 +60,40 @@ Operation *InsertRecomputePass::findInsertionPoint(SessionOp session,
 }
 
 /// Options that the chosen policy does not read are refused rather than
-/// ignored.
-LogicalResult InsertRecomputePass::checkOptions() {
+/// ignored; once per pipeline, not once per program.
+LogicalResult InsertRecomputePass::initialize(MLIRContext *context) {
+  if (policy == RecomputePolicy::Bubble)
+    return emitError(UnknownLoc::get(context))
+           << "hpr-insert-recompute: placing by time is the "
+              "hpr-prefetch-into-bubbles pass, after policy=jit";
   if (policy != RecomputePolicy::Lookahead &&
       (distance != 1 || distance.getNumOccurrences()))
-    return emitError(getOperation().getLoc())
+    return emitError(UnknownLoc::get(context))
            << "hpr-insert-recompute: distance applies to policy=lookahead only";
-  if (policy != RecomputePolicy::Bubble &&
-      (budget != 0 || budget.getNumOccurrences()))
-    return emitError(getOperation().getLoc())
-           << "hpr-insert-recompute: budget applies to policy=bubble only";
-  if (budget < 0)
-    return emitError(getOperation().getLoc())
-           << "hpr-insert-recompute: budget must be >= 0, got "
-           << static_cast<int64_t>(budget);
-  return success();
-}
-
-/// One round of policy=bubble on one rank (Passes.td): `cellOps` and
-/// `timeline` are the rank's cells and their simulated times as the
-/// recomputes stand; the rank's activation peak stays within `limit`.
-/// Returns whether any moved; adds them to `moved`.
-bool InsertRecomputePass::placeInBubbles(
-    ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
-    llvm::ArrayRef<::hpr::sched::ActionTiming> timeline,
-    const std::vector<StageCost> &costs, int64_t limit,
-    llvm::DenseSet<Operation *> &moved) {
-  // Idle time before each cell, and the position of its first op in the
-  // activation model's frame (positions before any recompute moves).
-  size_t numCells = cellOps.size();
-  std::vector<double> room(numCells);
-  for (size_t k = 0; k < numCells; ++k)
-    room[k] = timeline[k].start - (k ? timeline[k - 1].end : 0.0);
-  struct Replay {
-    RecomputeOp op;
-    size_t cell;      ///< its own cell
-    size_t firstCell; ///< the earliest it may move before: after its session
-    unsigned pos;
-  };
-  std::vector<unsigned> cellPos(numCells);
-  std::vector<Replay> replays;
-  llvm::DenseMap<Operation *, size_t> sessionCell;
-  size_t cell = 0, next = 0;
-  unsigned pos = 0;
-  for (Operation &op : program.getBody().getOps()) {
-    if (next < numCells && &op == cellOps[next]) {
-      cell = next;
-      cellPos[next++] = pos;
-    }
-    if (isa<SessionOp>(op))
-      sessionCell[&op] = cell;
-    else if (auto recompute = dyn_cast<RecomputeOp>(op))
-      replays.push_back({recompute, cell,
-                         sessionCell.lookup(recompute.getSessionOp()) + 1,
-                         pos});
-    ++pos;
-  }
-  std::vector<int64_t> live =
-      computeActivationProfile(collectActivationLifetimes(program), costs).live;
-
-  // Latest consumer first; each takes the latest gap that fits.
-  bool any = false;
-  for (Replay &replay : llvm::reverse(replays)) {
-    double duration = timeline[replay.cell].end - timeline[replay.cell].start;
-    if (duration <= 0)
-      continue;
-    int64_t bytes = costs[replay.op.getSessionOp().getForward().getStageIndex()]
-                        .recomputedBytes;
-    unsigned end = replay.pos;
-    int64_t highest = 0; // Peak over the positions the replay would add to.
-    for (size_t k = replay.cell; k-- > replay.firstCell;) {
-      // Conservative: also the op before the gap, where the replay now sits.
-      unsigned begin = cellPos[k] ? cellPos[k] - 1 : 0;
-      for (unsigned p = begin; p < end; ++p)
-        highest = std::max(highest, live[p]);
-      end = begin;
-      if (highest + bytes > limit)
-        break; // Earlier gaps hold the replay longer still.
-      if (room[k] < duration)
-        continue;
-      replay.op->moveBefore(cellOps[k]);
-      room[k] -= duration;
-      for (unsigned p = begin; p < replay.pos; ++p)
-        live[p] += bytes;
-      moved.insert(replay.op);
-      any = true;
-      LLVM_DEBUG(llvm::dbgs()
-                 << "bubble: recompute " << replay.op.getSessionOp().getSid()
-                 << " before " << describeAction(cellOps[k]) << "\n");
-      break;
-    }
-  }
-  return any;
-}
-
-LogicalResult InsertRecomputePass::placeInBubbles(ModuleOp module) {
-  auto models = llvm::to_vector(module.getOps<ModelOp>());
-  auto schedules = llvm::to_vector(module.getOps<ScheduleOp>());
-  if (models.size() != 1 || schedules.size() != 1)
-    return emitError(module.getLoc())
-           << "hpr-insert-recompute: policy=bubble needs "
-              "one hpr.model and one hpr.schedule";
-  std::vector<StageCost> costs = computeStageCosts(models.front());
-  auto programs = schedules.front().getBody().getOps<ProgramOp>();
-  // Without a budget, each rank keeps its activation peak under jit.
-  std::vector<int64_t> limits;
-  for (ProgramOp program : programs)
-    limits.push_back(budget ? static_cast<int64_t>(budget)
-                            : computeActivationProfile(
-                                  collectActivationLifetimes(program), costs)
-                                  .peak());
-  // Ranks are independent within a round: each moves ops of its own block.
-  size_t numRanks = limits.size();
-  std::vector<llvm::DenseSet<Operation *>> moved(numRanks);
-  auto programList = llvm::to_vector(programs);
-  for (unsigned round = 0; round < kBubbleRounds; ++round) {
-    ModuleSchedule cells = extractSchedule(module, costs);
-    llvm::Expected<::hpr::sched::SimulationResult> simulation =
-        simulateTimeline(cells.schedule);
-    if (!simulation)
-      return emitError(module.getLoc())
-             << "hpr-insert-recompute: policy=bubble cannot simulate the "
-                "programs: "
-             << llvm::toString(simulation.takeError());
-    std::vector<char> any(numRanks, false);
-    mlir::parallelFor(module.getContext(), 0, numRanks, [&](size_t rank) {
-      any[rank] = placeInBubbles(programList[rank], cells.cellOps[rank],
-                                 simulation->timelines[rank], costs,
-                                 limits[rank], moved[rank]);
-    });
-    if (llvm::none_of(any, [](char changed) { return changed; }))
-      break;
-  }
-  size_t total = 0;
-  for (const auto &rankMoved : moved)
-    total += rankMoved.size();
-  numInBubbles = total;
-  numPrefetched = total;
   return success();
 }
 
 void InsertRecomputePass::runOnOperation() {
-  if (failed(checkOptions()))
-    return signalPassFailure();
   OpBuilder builder(&getContext());
-  WalkResult result = getOperation().walk([&](ProgramOp program) {
-    for (SessionOp session :
-         llvm::make_early_inc_range(program.getBody().getOps<SessionOp>())) {
-      for (Operation *user : session.getSession().getUsers())
-        if (isa<RecomputeOp>(user)) {
-          user->emitOpError()
-              << "already exists for session \"" << session.getSid()
-              << "\": hpr-insert-recompute runs once";
-          return WalkResult::interrupt();
-        }
-      auto consumers = getConsumers(session);
-      if (consumers.empty())
-        continue;
-      Operation *point = findInsertionPoint(session, consumers.front());
-      builder.setInsertionPoint(point);
-      builder.create<RecomputeOp>(session.getLoc(), session.getSession());
-      ++numRecomputeInserted;
-      if (point != getPairStart(consumers.front()))
-        ++numPrefetched;
-      LLVM_DEBUG(llvm::dbgs() << "recompute " << session.getSid() << " before "
-                              << describeAction(point) << "\n");
-    }
-    return WalkResult::advance();
-  });
-  if (result.wasInterrupted())
-    return signalPassFailure();
-  if (policy == RecomputePolicy::Bubble &&
-      failed(placeInBubbles(getOperation())))
-    return signalPassFailure();
-  unsigned peak = 0;
-  getOperation().walk([&](ProgramOp program) {
-    peak = std::max(peak,
-                    countMaxLiveReplays(collectActivationLifetimes(program)));
-  });
-  maxLiveSessions = peak;
+  for (SessionOp session : llvm::make_early_inc_range(
+           getOperation().getBody().getOps<SessionOp>())) {
+    for (Operation *user : session.getSession().getUsers())
+      if (isa<RecomputeOp>(user)) {
+        user->emitOpError()
+            << "already exists for session \"" << session.getSid()
+            << "\": hpr-insert-recompute runs once";
+        return signalPassFailure();
+      }
+    auto consumers = getConsumers(session);
+    if (consumers.empty())
+      continue;
+    Operation *point = findInsertionPoint(session, consumers.front());
+    builder.setInsertionPoint(point);
+    builder.create<RecomputeOp>(session.getLoc(), session.getSession());
+    ++numRecomputeInserted;
+    if (point != getPairStart(consumers.front()))
+      ++numPrefetched;
+    LLVM_DEBUG(llvm::dbgs() << "recompute " << session.getSid() << " before "
+                            << describeAction(point) << "\n");
+  }
 }

@@ -8,6 +8,26 @@
 using namespace mlir;
 using namespace mlir::hpr;
 
+LogicalResult RecomputePipelineOptions::verify(
+    function_ref<LogicalResult(const Twine &)> emitError) const {
+  if (policy != RecomputePolicy::Lookahead &&
+      (distance != 1 || distance.getNumOccurrences()))
+    return emitError("hpr-recompute-pipeline: distance applies to "
+                     "policy=lookahead only");
+  if (budget < 0)
+    return emitError("hpr-recompute-pipeline: budget must be >= 0, got " +
+                     Twine(static_cast<int64_t>(budget)));
+  if (budget != 0 && select != CheckpointSelection::Auto &&
+      policy != RecomputePolicy::Bubble)
+    return emitError("hpr-recompute-pipeline: budget applies to select=auto "
+                     "or policy=bubble only");
+  return success();
+}
+
+OpPassManager &mlir::hpr::nestOnPrograms(OpPassManager &pm) {
+  return pm.nest<ScheduleOp>().nest<ProgramOp>();
+}
+
 void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
                                     const RecomputePipelineOptions &options) {
   if (options.checkSchedule)
@@ -17,29 +37,46 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
     select.budget = options.budget;
     pm.addPass(createHPRSelectCheckpoints(select));
   }
-  pm.addPass(createHPRAssignSessions());
   HPRInsertRecomputeOptions recompute;
-  recompute.policy = options.policy;
+  recompute.policy = options.policy == RecomputePolicy::Lookahead
+                         ? RecomputePolicy::Lookahead
+                         : RecomputePolicy::Jit;
   recompute.distance = options.distance;
-  // The budget is the selection's when it selects; otherwise it goes to the
-  // placement, which refuses it unless it places by time.
-  if (options.policy == RecomputePolicy::Bubble ||
-      options.select != CheckpointSelection::Auto)
-    recompute.budget = options.budget;
-  pm.addPass(createHPRInsertRecompute(recompute));
-  pm.addPass(createHPRInsertClear());
+  OpPassManager &programs = nestOnPrograms(pm);
+  programs.addPass(createHPRAssignSessions());
+  programs.addPass(createHPRInsertRecompute(recompute));
+  if (options.policy == RecomputePolicy::Bubble) {
+    HPRPrefetchIntoBubblesOptions bubbles;
+    bubbles.budget = options.budget;
+    pm.addPass(createHPRPrefetchIntoBubbles(bubbles));
+  }
+  nestOnPrograms(pm).addPass(createHPRInsertClear());
 }
 
 void mlir::hpr::buildRecomputePipeline(
     OpPassManager &pm, const RecomputePipelineOptions &options) {
   buildPlanningPasses(pm, options);
-  pm.addPass(createHPRVerify());
+  nestOnPrograms(pm).addPass(createHPRVerify());
 }
 
 void mlir::hpr::registerRecomputePipeline() {
-  PassPipelineRegistration<RecomputePipelineOptions>(
+  // PassPipelineRegistration's builder cannot fail; this one refuses options
+  // the pipeline would not read.
+  registerPassPipeline(
       "hpr-recompute-pipeline",
       "Plan recomputation: check the schedule, (select checkpoints,) assign "
-      "sessions, insert recompute and clear, verify",
-      buildRecomputePipeline);
+      "sessions, insert recompute (and prefetch into bubbles) and clear, "
+      "verify",
+      [](OpPassManager &pm, StringRef text,
+         function_ref<LogicalResult(const Twine &)> errorHandler) {
+        RecomputePipelineOptions options;
+        if (failed(options.parseFromString(text)) ||
+            failed(options.verify(errorHandler)))
+          return failure();
+        buildRecomputePipeline(pm, options);
+        return success();
+      },
+      [](function_ref<void(const mlir::detail::PassOptions &)> printOptions) {
+        printOptions(RecomputePipelineOptions());
+      });
 }

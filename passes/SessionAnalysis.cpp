@@ -8,11 +8,14 @@ using namespace mlir;
 using namespace mlir::hpr;
 
 FailureOr<llvm::DenseSet<int64_t>>
-mlir::hpr::getCheckpointedStages(ModuleOp module) {
-  auto models = llvm::to_vector(module.getOps<ModelOp>());
+mlir::hpr::getCheckpointedStages(ProgramOp program) {
+  auto module = program->getParentOfType<ModuleOp>();
+  auto models = module ? llvm::to_vector(module.getOps<ModelOp>())
+                       : llvm::SmallVector<ModelOp>();
   if (models.size() != 1)
-    return module.emitError()
-           << "expected exactly one hpr.model, found " << models.size()
+    return program.emitError()
+           << "expected exactly one hpr.model in the enclosing module, found "
+           << models.size()
            << "; the planner needs it to know which stages are checkpointed";
   llvm::DenseSet<int64_t> stages;
   for (StageOp stage : models.front().getBody().getOps<StageOp>())

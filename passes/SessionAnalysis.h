@@ -1,5 +1,4 @@
-//===- SessionAnalysis.h - Queries shared by the planning passes -*- C++
-//-*-===//
+//===- SessionAnalysis.h - Queries the planning passes share ---*- C++ -*-===//
 //
 // Read-only questions about programs and sessions that several passes ask:
 // which stages are checkpointed, who consumes a session, where an overlapped
@@ -19,9 +18,11 @@
 
 namespace mlir::hpr {
 
-/// The stages that have at least one region marked `checkpoint`, or failure
-/// (with a diagnostic on `module`) when the module has no single hpr.model.
-FailureOr<llvm::DenseSet<int64_t>> getCheckpointedStages(ModuleOp module);
+/// The stages that have at least one region marked `checkpoint` in the
+/// hpr.model of the module enclosing `program`, or failure (with a diagnostic
+/// on `program`) when that module has no single hpr.model. A program pass may
+/// read the model: no pass anchored on a program changes it.
+FailureOr<llvm::DenseSet<int64_t>> getCheckpointedStages(ProgramOp program);
 
 /// The consumers reading `session`, in program order.
 llvm::SmallVector<ConsumerOpInterface> getConsumers(SessionOp session);

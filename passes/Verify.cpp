@@ -230,24 +230,24 @@ VerifyPass::verifyProgram(ProgramOp program,
 }
 
 void VerifyPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  // The checkpointed stages, read off the model; without a model, rule 7
-  // cannot be checked but the rest still can.
+  ProgramOp program = getOperation();
+  // The checkpointed stages, read off the enclosing module's model (no
+  // program pass changes it); without a model, rule 7 cannot be checked but
+  // the rest still can.
   std::optional<llvm::DenseSet<int64_t>> checkpointed;
-  if (llvm::hasSingleElement(module.getOps<ModelOp>())) {
+  auto module = program->getParentOfType<ModuleOp>();
+  if (module && llvm::hasSingleElement(module.getOps<ModelOp>())) {
     checkpointed.emplace();
-    module.walk([&](RegionOp region) {
-      if (region.getCheckpoint())
-        checkpointed->insert(static_cast<int64_t>(
-            region->getParentOfType<StageOp>().getIndex()));
-    });
+    for (StageOp stage :
+         (*module.getOps<ModelOp>().begin()).getBody().getOps<StageOp>())
+      for (RegionOp region : stage.getBody().getOps<RegionOp>())
+        if (region.getCheckpoint())
+          checkpointed->insert(static_cast<int64_t>(stage.getIndex()));
   }
-  unsigned violations = 0;
-  module.walk([&](ProgramOp program) {
-    violations +=
-        verifyProgram(program, checkpointed ? &*checkpointed : nullptr);
-  });
-  LLVM_DEBUG(llvm::dbgs() << violations << " violations\n");
+  unsigned violations =
+      verifyProgram(program, checkpointed ? &*checkpointed : nullptr);
+  LLVM_DEBUG(llvm::dbgs() << "rank " << program.getRank() << ": " << violations
+                          << " violations\n");
   if (violations)
     signalPassFailure();
 }

@@ -35,6 +35,16 @@ void VerifyCommPass::runOnOperation() {
     return signalPassFailure();
   }
   ScheduleOp scheduleOp = *schedules.begin();
+  // Every stage the schedule runs needs its costs and checkpoint marks.
+  ModelOp model = *module.getOps<ModelOp>().begin();
+  auto numModelStages = llvm::range_size(model.getBody().getOps<StageOp>());
+  if (numModelStages != scheduleOp.getNumStages()) {
+    scheduleOp.emitError() << "the schedule has " << scheduleOp.getNumStages()
+                           << " stages and hpr.model \"" << model.getName()
+                           << "\" has " << numModelStages
+                           << "; they must agree";
+    return signalPassFailure();
+  }
   ModuleSchedule extracted = extractSchedule(module);
   auto opAt = [&](int rank, int index) -> Operation * {
     if (rank < 0 || static_cast<size_t>(rank) >= extracted.cellOps.size())

@@ -1,4 +1,4 @@
-// RUN: hp-recompute-opt %s -split-input-file -hpr-assign-sessions -verify-diagnostics | FileCheck %s
+// RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-assign-sessions)))' -verify-diagnostics | FileCheck %s
 
 // Stage 0 is checkpointed, stage 1 is not: only stage 0 gets sessions, and
 // dx and dw of one microbatch share one.
@@ -77,9 +77,9 @@ hpr.schedule "assigned_twice" ranks 1 stages 1 microbatches 1 stage_to_rank [0] 
 
 // -----
 
-// expected-error @+1 {{expected exactly one hpr.model, found 0}}
 module {
   hpr.schedule "no_model" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+    // expected-error @+1 {{expected exactly one hpr.model in the enclosing module, found 0}}
     hpr.program rank 0 {
       %0 = hpr.forward stage 0 mb 0
     }

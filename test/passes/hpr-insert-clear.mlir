@@ -1,4 +1,4 @@
-// RUN: hp-recompute-opt %s -split-input-file -hpr-insert-clear -verify-diagnostics | FileCheck %s
+// RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-clear)))' -verify-diagnostics | FileCheck %s
 
 hpr.model "m" {
   hpr.stage 0 {

@@ -1,8 +1,10 @@
-// RUN: hp-recompute-opt %s -hpr-insert-recompute | FileCheck %s --check-prefix=JIT
-// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead distance=0' | FileCheck %s --check-prefix=LA0
-// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead distance=1' | FileCheck %s --check-prefix=LA1
-// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead distance=9' | FileCheck %s --check-prefix=LA9
-// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=soon' 2>&1 | FileCheck %s --check-prefix=BAD-POLICY
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)))' | FileCheck %s --check-prefix=JIT
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute{policy=lookahead distance=0})))' | FileCheck %s --check-prefix=LA0
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute{policy=lookahead distance=1})))' | FileCheck %s --check-prefix=LA1
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute{policy=lookahead distance=9})))' | FileCheck %s --check-prefix=LA9
+// RUN: not hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute{policy=soon})))' 2>&1 | FileCheck %s --check-prefix=BAD-POLICY
+// RUN: not hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute{policy=bubble})))' 2>&1 | FileCheck %s --check-prefix=BUBBLE
+// RUN: not hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute{distance=2})))' 2>&1 | FileCheck %s --check-prefix=DISTANCE
 
 hpr.model "m" {
   hpr.stage 0 {
@@ -64,3 +66,8 @@ hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank 
 
 // BAD-POLICY: for the --policy option: Cannot find option named 'soon'!
 
+// Placing by time is another pass; a distance without lookahead is refused
+// once, not once per program.
+// BUBBLE: for the --policy option: Cannot find option named 'bubble'!
+// DISTANCE: error: hpr-insert-recompute: distance applies to policy=lookahead only
+// DISTANCE-NOT: error

@@ -3,7 +3,7 @@
 // RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=101' | FileCheck %s --check-prefix=MIXED
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints='budget=100' 2>&1 | FileCheck %s --check-prefix=TIGHT
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints 2>&1 | FileCheck %s --check-prefix=NO-BUDGET
-// RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=150' -hpr-assign-sessions -hpr-insert-recompute -hpr-insert-clear -hpr-verify | FileCheck %s --check-prefix=PLANNED
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-select-checkpoints{budget=150},hpr.schedule(hpr.program(hpr-assign-sessions,hpr-insert-recompute,hpr-insert-clear,hpr-verify)))' | FileCheck %s --check-prefix=PLANNED
 // RUN: hp-recompute-opt %s -hpr-recompute-pipeline='select=auto budget=150 policy=bubble' | FileCheck %s --check-prefix=PLANNED
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='budget=64' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 
@@ -76,4 +76,4 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // PLANNED-NEXT: hpr.backward stage 0 mb 1 session(%s0.mb1)
 
 // Without select=auto or policy=bubble nothing takes the budget: refused.
-// PIPELINE: error: hpr-insert-recompute: budget applies to policy=bubble only
+// PIPELINE: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only

@@ -135,3 +135,27 @@ module {
     }
   }
 }
+
+// -----
+
+// A model with fewer stages than the schedule: the last stage has no costs.
+hpr.model "one" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+// expected-error @+1 {{the schedule has 2 stages and hpr.model "one" has 1; they must agree}}
+hpr.schedule "model_too_short" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}

@@ -1,4 +1,4 @@
-// RUN: hp-recompute-opt %s -split-input-file -hpr-verify -verify-diagnostics
+// RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-verify)))' -verify-diagnostics
 
 // One planted lifecycle bug per case; each gets its own message, with the
 // rank, the action index (as listed in the plan) and the action.

@@ -497,7 +497,7 @@ int main(int argc, char **argv) {
   mlir::PassManager checking(&context);
   checking.enableVerifier(false);
   checking.enableTiming(passTimer);
-  checking.addPass(mlir::hpr::createHPRVerify());
+  mlir::hpr::nestOnPrograms(checking).addPass(mlir::hpr::createHPRVerify());
   if (mlir::failed(checking.run(**module)))
     return 1;
   passTimer.stop();

@@ -13,7 +13,8 @@
 namespace mlir {
 namespace hpr {
 
-/// Where hpr-insert-recompute puts a session's replay (Passes.td).
+/// Where a session's replay goes: hpr-insert-recompute places it jit or by
+/// lookahead; bubble is jit, then hpr-prefetch-into-bubbles (Passes.td).
 enum class RecomputePolicy { Jit, Lookahead, Bubble };
 
 /// Whether the pipeline keeps the model's checkpoint marks or chooses them
@@ -56,7 +57,18 @@ struct RecomputePipelineOptions
   /// Run hpr-verify-comm first. The CLI turns it off: it imports only
   /// schedules that hpr::sched::validateSchedule, the same rules, accepted.
   bool checkSchedule = true;
+
+  /// Refuses, through `emitError`, options that no pass of the pipeline would
+  /// read: `distance` unless policy=lookahead, a `budget` that neither the
+  /// selection (select=auto) nor the placement (policy=bubble) reads, and a
+  /// negative budget.
+  LogicalResult
+  verify(function_ref<LogicalResult(const Twine &)> emitError) const;
 };
+
+/// The pass manager nested on every hpr.program of the module `pm` runs on
+/// (through hpr.schedule): passes added to it run on the ranks in parallel.
+OpPassManager &nestOnPrograms(OpPassManager &pm);
 
 /// Appends the passes that build a plan: check the schedule
 /// (hpr-verify-comm), select checkpoints (with select=auto), assign sessions,
@@ -70,8 +82,9 @@ void buildPlanningPasses(OpPassManager &pm,
 void buildRecomputePipeline(OpPassManager &pm,
                             const RecomputePipelineOptions &options);
 
-/// Registers `hpr-recompute-pipeline` (the passes themselves are registered
-/// by the generated registerHPRPasses()).
+/// Registers `hpr-recompute-pipeline`, which refuses options it would not
+/// read (RecomputePipelineOptions::verify); the passes themselves are
+/// registered by the generated registerHPRPasses().
 void registerRecomputePipeline();
 
 #define GEN_PASS_REGISTRATION

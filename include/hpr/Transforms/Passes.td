@@ -53,6 +53,8 @@ def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
     The schedule rules of docs/schedules.md ("Validation"), on the programs
     of the IR, so that IR that enters through `hp-recompute-opt` or
     `mlir-opt-19` with the plugin is checked as a schedule file is:
+    0. the module's `hpr.model` has as many stages as the schedule (each
+       stage needs its costs and checkpoint marks);
     1. each stage on one rank, stage and microbatch numbers in range;
     2. every (stage, microbatch) forwarded exactly once;
     3. backpropagated exactly once (one `hpr.backward`, or one
@@ -74,7 +76,7 @@ def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
 }
 
-def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
+def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::hpr::ProgramOp"> {
   let summary = "Give every checkpointed (stage, microbatch) one recompute session";
   let description = [{
     For each `hpr.forward` whose stage has at least one region marked
@@ -85,6 +87,9 @@ def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
     (stage, microbatch) (`hpr.backward_input`, `hpr.backward_weight`,
     `hpr.backward`) to the session. A consumer that precedes its forward is
     left unbound for `hpr-verify` to report.
+
+    Runs on each `hpr.program` on its own (ranks in parallel); it reads the
+    enclosing module's `hpr.model`, which no program pass changes.
 
     Assumptions:
     1. The module holds one `hpr.model` with one `hpr.stage` per stage.
@@ -98,11 +103,12 @@ def HPRAssignSessions : Pass<"hpr-assign-sessions", "::mlir::ModuleOp"> {
   ];
 }
 
-def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::ModuleOp"> {
+def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::hpr::ProgramOp"> {
   let summary = "Insert one hpr.recompute per session, before its first consumer";
   let description = [{
-    Places exactly one `hpr.recompute` per session in the owning rank's
-    program, after the session's forward and before its first consumer.
+    Places exactly one `hpr.recompute` per session in the program, after the
+    session's forward and before its first consumer. Each program on its
+    own: the placement reads nothing of other ranks.
 
     Policies:
     - `jit`: immediately before the first consumer.
@@ -113,25 +119,10 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::ModuleOp"> {
       once) further up. It never moves above the session, which follows the
       forward and so the `recv_f` that fed it, and never into an overlapped
       F/B pair.
-    - `bubble`: by time. Places every recompute jit, simulates the programs
-      under the cost model, and moves each recompute, latest consumer
-      first, into the latest idle gap between its forward and its first
-      consumer (the wait before an action whose inputs are not ready) that
-      still has room for the whole replay, provided the replayed tensors,
-      held from there until the consumer, keep the rank's activation peak
-      within `budget` (0: the rank's peak under jit). A recompute that fits
-      nowhere stays jit. Every action then starts no later than under jit
-      (durations are fixed and the programs are monotone in their inputs'
-      end times), so bubble never loses to jit in simulated step time.
-      O(A + R * W) for A actions, R recomputes and windows of W actions
-      between a forward and its first consumer (docs/planning.md).
 
-    Prefetching keeps recomputed tensors alive longer; the pass counts the
-    largest number of sessions live at once on any rank
-    (`max-live-sessions`), the memory price of the chosen placement.
-    `hp-recompute-plan --summary` reports the same figure per rank (Debian's
-    release MLIR compiles pass statistics out), and the recompute time each
-    rank hides in idle time.
+    `distance` with `jit` is an error, not ignored. Placing by time needs
+    every rank's timeline: that is `hpr-prefetch-into-bubbles`, which moves
+    the recomputes this pass placed with `jit`.
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
   let options = [
@@ -141,35 +132,66 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::ModuleOp"> {
              clEnumValN(::mlir::hpr::RecomputePolicy::Jit, "jit",
                         "right before the first consumer"),
              clEnumValN(::mlir::hpr::RecomputePolicy::Lookahead, "lookahead",
-                        "`distance` compute actions earlier"),
-             clEnumValN(::mlir::hpr::RecomputePolicy::Bubble, "bubble",
-                        "into simulated idle time, within `budget`"))}]>,
+                        "`distance` compute actions earlier"))}]>,
     Option<"distance", "distance", "unsigned", /*default=*/"1",
            "With policy=lookahead: how many compute actions earlier">,
-    Option<"budget", "budget", "int64_t", /*default=*/"0",
-           "With policy=bubble: per-rank activation bytes the prefetched "
-           "replays may fill (0: each rank's peak under jit)">,
   ];
   let statistics = [
     Statistic<"numRecomputeInserted", "num-recompute-inserted",
               "Number of hpr.recompute ops inserted">,
     Statistic<"numPrefetched", "num-prefetched",
               "Recomputes placed earlier than right before the consumer">,
-    Statistic<"numInBubbles", "num-in-bubbles",
-              "Recomputes moved into simulated idle time (policy=bubble)">,
-    Statistic<"maxLiveSessions", "max-live-sessions",
-              "Largest number of recomputed sessions live at once on a rank">,
   ];
 }
 
-def HPRInsertClear : Pass<"hpr-insert-clear", "::mlir::ModuleOp"> {
+def HPRPrefetchIntoBubbles
+    : Pass<"hpr-prefetch-into-bubbles", "::mlir::ModuleOp"> {
+  let summary = "Move recomputes into simulated idle time";
+  let description = [{
+    Moves the recomputes `hpr-insert-recompute{policy=jit}` placed into the
+    time their rank would wait anyway. A module pass: where a rank idles
+    depends on every other rank's program.
+
+    Simulates the programs under the cost model and moves each recompute,
+    latest consumer first, into the latest idle gap between its forward and
+    its first consumer (the wait before an action whose inputs are not
+    ready) that still has room for the whole replay, provided the replayed
+    tensors, held from there until the consumer, keep the rank's activation
+    peak within `budget` (0: the rank's peak as the recomputes stand). A
+    recompute that fits nowhere stays where it is. Up to 8 rounds, each on
+    the timeline the previous one left, while something moves; ranks move
+    their own ops in parallel within a round.
+
+    From jit placement, every action then starts no later than before
+    (durations are fixed and the programs are monotone in their inputs' end
+    times), so the result never loses to jit in simulated step time.
+    O(A + R * W) for A actions, R recomputes and windows of W actions
+    between a forward and its first consumer (docs/planning.md).
+
+    Prefetching keeps recomputed tensors alive longer; `hp-recompute-plan
+    --summary` reports, per rank, the most sessions live at once and the
+    recompute time hidden in idle time.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let options = [
+    Option<"budget", "budget", "int64_t", /*default=*/"0",
+           "Per-rank activation bytes the prefetched replays may fill "
+           "(0: each rank's peak before the moves)">,
+  ];
+  let statistics = [
+    Statistic<"numInBubbles", "num-in-bubbles",
+              "Recomputes moved into simulated idle time">,
+  ];
+}
+
+def HPRInsertClear : Pass<"hpr-insert-clear", "::mlir::hpr::ProgramOp"> {
   let summary = "Insert one hpr.clear per session after its last consumer";
   let description = [{
     Inserts `hpr.clear` right after each session's last consumer and sets
     `retain_on_unpack` on every consumer but the last (dx keeps the
     recomputed tensors for dw; dw, the last reader, lets them go). A full
     backward is recompute, consume, clear. An overlapped F/B pair stays
-    adjacent: the clear goes after the pair.
+    adjacent: the clear goes after the pair. Each program on its own.
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
   let statistics = [
@@ -180,7 +202,7 @@ def HPRInsertClear : Pass<"hpr-insert-clear", "::mlir::ModuleOp"> {
   ];
 }
 
-def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
+def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
   let summary = "Statically check every recompute session's lifecycle";
   let description = [{
     Independent of the passes that build the plan: one walk per program with
@@ -202,7 +224,9 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::ModuleOp"> {
        `compute_order` record written at import (when present); the first
        op that differs is reported with what the schedule has there.
     Each violation is reported on the offending op with the rank, the index
-    of the action in its program and the action, and the pass fails.
+    of the action in its program and the action, and the pass fails. Each
+    program on its own; rule 7 reads the enclosing module's `hpr.model`
+    (without one, rule 7 is skipped).
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
   let statistics = [

@@ -89,11 +89,15 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
 //===----------------------------------------------------------------------===//
 
 def HPR_ScheduleOp : HPR_Op<"schedule", [NoTerminator, SingleBlock,
-                                         NoRegionArguments]> {
+                                         NoRegionArguments,
+                                         IsolatedFromAbove]> {
   let summary = "a pipeline schedule: one program per rank";
   let description = [{
     `stage_to_rank[s]` is the rank that runs stage `s`. Holds exactly one
-    `hpr.program` per rank, in rank order.
+    `hpr.program` per rank, in rank order. Isolated from above, as its
+    programs are, so that passes anchored on `hpr.program` nest through it
+    (`builtin.module(hpr.schedule(hpr.program(...)))`) and run ranks in
+    parallel.
   }];
   let arguments = (ins StrAttr:$name, HPR_CountAttr:$num_ranks,
                        HPR_CountAttr:$num_stages,

@@ -1,8 +1,8 @@
-// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=bubble' | FileCheck %s --check-prefix=PEAK
-// RUN: hp-recompute-opt %s -hpr-insert-recompute='policy=bubble budget=1000' | FileCheck %s --check-prefix=ROOMY
-// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=jit distance=2' 2>&1 | FileCheck %s --check-prefix=DISTANCE
-// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=lookahead budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
-// RUN: not hp-recompute-opt %s -hpr-insert-recompute='policy=bubble budget=-1' 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles)' | FileCheck %s --check-prefix=PEAK
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles{budget=1000})' | FileCheck %s --check-prefix=ROOMY
+// RUN: not hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-prefetch-into-bubbles{budget=-1})' 2>&1 | FileCheck %s --check-prefix=NEGATIVE
+// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=jit distance=2' 2>&1 | FileCheck %s --check-prefix=DISTANCE
+// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=lookahead budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
 
 // GPipe on two ranks, F = 10 us, B = 26 us (dx/dw ratios), replay 10 us.
 // Under jit, rank 0 idles from t=20 (its forwards done) to t=66, when the
@@ -63,8 +63,7 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // ROOMY-NEXT: hpr.recompute %s0.mb0
 // ROOMY-NEXT: hpr.recv_b stage 0 mb 0
 
-// DISTANCE: error: hpr-insert-recompute: distance applies to policy=lookahead only
-// DISTANCE-NOT: see current operation
-// BUDGET: error: hpr-insert-recompute: budget applies to policy=bubble only
-// NEGATIVE: error: hpr-insert-recompute: budget must be >= 0, got -1
-
+// The pipeline refuses what none of its passes would read.
+// DISTANCE: hpr-recompute-pipeline: distance applies to policy=lookahead only
+// BUDGET: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only
+// NEGATIVE: error: hpr-prefetch-into-bubbles: budget must be >= 0, got -1
