@@ -2,7 +2,7 @@
 //
 // The planner's memory model of activations, one definition for the summary
 // and for the passes that choose by memory (hpr-select-checkpoints,
-// hpr-insert-recompute with policy=bubble). Positions are the indices of
+// hpr-prefetch-into-bubbles). Positions are the indices of
 // the ops of a program's block, session ops included. For each (stage,
 // microbatch) that a program runs the forward of:
 //  - what its forward keeps (CostModel.h: keptBytesOf) is live from the
@@ -61,14 +61,13 @@ struct ActivationProfile {
   int64_t peak() const;
 };
 
-/// The profile under `costs`, with `checkpointed` saying which forwards run
-/// under checkpoint (default: runsCheckpointed).
 /// The most recomputed (stage, microbatch)s whose replayed tensors are live
 /// at one position: placed recomputes, each from its recompute to its clear
-/// (or last consumer while none is inserted). The summary's `max-live` and
-/// hpr-insert-recompute's statistic.
+/// (or last consumer while none is inserted). The summary's `max-live`.
 unsigned countMaxLiveReplays(const ProgramActivations &activations);
 
+/// The profile under `costs`, with `checkpointed` saying which forwards run
+/// under checkpoint (default: runsCheckpointed).
 ActivationProfile computeActivationProfile(
     const ProgramActivations &activations, const std::vector<StageCost> &costs,
     llvm::function_ref<bool(const ActivationLifetime &)> checkpointed = {});

@@ -11,7 +11,7 @@
 #ifndef HPR_PLAN_TIMELINESVG_H
 #define HPR_PLAN_TIMELINESVG_H
 
-#include "hpr/Plan/PlanExport.h"
+#include "hpr/Plan/PlanSummary.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"

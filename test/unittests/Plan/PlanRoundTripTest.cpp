@@ -9,7 +9,7 @@
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/InitAll.h"
 #include "hpr/Plan/BuildModule.h"
-#include "hpr/Plan/PlanExport.h"
+#include "hpr/Plan/PlanSummary.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
 

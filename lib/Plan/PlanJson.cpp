@@ -1,29 +1,21 @@
-//===- PlanExport.cpp - Planned hpr IR -> plan formats -------------------===//
+//===- PlanJson.cpp - The planned module as the plan JSON ----------------===//
 
-#include "hpr/Plan/PlanExport.h"
+#include "hpr/Plan/PlanJson.h"
 #include "PlanJsonParts.h"
-
-#include "hpr/Analysis/ActivationModel.h"
-#include "hpr/Analysis/Timeline.h"
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/Model.h"
-#include "hpr/Schedule/ScheduleCsv.h"
-#include "hpr/Schedule/Simulate.h"
 #include "hpr/Support/Json.h"
 
 #include "mlir/IR/Threading.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
-#include "llvm/Support/Format.h"
 
-#include <algorithm>
 #include <optional>
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 using nlohmann::json;
 /// Per-action and per-session objects keep their keys in insertion order
 /// (`op` first), which also makes them cheaper to build than sorted maps.
@@ -37,148 +29,6 @@ ScheduleOp mlir::hpr::plan_json::getSchedule(ModuleOp module) {
 ModelOp mlir::hpr::plan_json::getModel(ModuleOp module) {
   return *module.getOps<ModelOp>().begin();
 }
-
-//===----------------------------------------------------------------------===//
-// Summary
-//===----------------------------------------------------------------------===//
-
-/// Counts and the peak memory of one program under the cost model.
-static RankSummary summarizeProgram(ProgramOp program,
-                                    const std::vector<StageCost> &costs) {
-  RankSummary summary;
-  ProgramActivations activations = collectActivationLifetimes(program);
-  ActivationProfile profile = computeActivationProfile(activations, costs);
-  summary.peakBytes = profile.peak();
-  summary.maxLiveSessions = countMaxLiveReplays(activations);
-  // Where each (stage, mb)'s output and its gradient die: its last backward.
-  std::vector<char> isLastBackward(activations.numPositions, false);
-  for (const ActivationLifetime &lifetime : activations.lifetimes)
-    if (lifetime.hasConsumers)
-      isLastBackward[lifetime.lastConsumerPos] = true;
-
-  // Beyond activations (CostModel.h, "step memory"): stage outputs and their
-  // gradients until the last backward, I's state until W, weight gradients
-  // from the stage's first W or B to the end of the step (and a second copy
-  // while a later W or B adds its gradients in).
-  int64_t other = 0;
-  llvm::DenseSet<int64_t> gradsAllocated;
-  int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
-  ArrayRef<int64_t> stageToRank =
-      program->getParentOfType<ScheduleOp>().getStageToRank();
-  auto rank = static_cast<int64_t>(program.getRank());
-  unsigned pos = 0;
-  for (Operation &op : program.getBody().getOps()) {
-    int64_t live = profile.live[pos++];
-    if (auto session = dyn_cast<SessionOp>(op)) {
-      ++summary.sessions;
-      for (Operation *user : session.getSession().getUsers())
-        summary.perBackwardRecomputes += isa<ConsumerOpInterface>(user);
-      continue;
-    }
-    ++summary.actions;
-    auto action = cast<ActionOpInterface>(op);
-    int64_t stage = action.getStageIndex();
-    if (isa<ForwardOp, RecvBOp>(op)) {
-      other += costs[stage].outputBytes;
-    } else if (isa<RecomputeOp>(op)) {
-      ++summary.recomputes;
-    } else if (isa<ClearOp>(op)) {
-      ++summary.clears;
-    }
-    if (isa<BackwardInputOp>(op))
-      other += costs[stage].weightStateBytes;
-    // dx handed to a co-located previous stage becomes its output gradient.
-    bool producesDx = isa<BackwardInputOp, BackwardOp>(op) && stage > 0;
-    if (producesDx && stageToRank[stage - 1] == rank)
-      other += costs[stage - 1].outputBytes;
-    summary.peakMemoryBytes = std::max(summary.peakMemoryBytes, live + other);
-    if (!isa<ConsumerOpInterface>(op))
-      continue;
-    summary.peakMemoryBytes = std::max(
-        summary.peakMemoryBytes, live + other + costs[stage].workspaceBytes);
-    // What the backward frees as it goes: I's state (W), and on the last
-    // consumer the microbatch's activations and replayed tensors (read
-    // without retaining), its output and the output's gradient.
-    if (isa<BackwardWeightOp>(op))
-      other -= costs[stage].weightStateBytes;
-    if (isLastBackward[pos - 1])
-      other -= costs[stage].outputBytes * (stage == lastStage ? 0 : 2);
-    // Weight gradients come last: the stage's first W or B allocates them
-    // for the rest of the step, each later one computes a fresh copy before
-    // adding it in.
-    int64_t transient = 0;
-    if (isa<BackwardWeightOp, BackwardOp>(op)) {
-      if (gradsAllocated.insert(stage).second)
-        other += costs[stage].gradBytes;
-      else
-        transient = costs[stage].gradBytes;
-    }
-    summary.peakMemoryBytes =
-        std::max(summary.peakMemoryBytes,
-                 live - profile.endingAt[pos - 1] + other + transient);
-  }
-  return summary;
-}
-
-RankSummary PlanSummary::total() const {
-  RankSummary sum;
-  for (const RankSummary &rank : ranks) {
-    sum.actions += rank.actions;
-    sum.sessions += rank.sessions;
-    sum.recomputes += rank.recomputes;
-    sum.clears += rank.clears;
-    sum.perBackwardRecomputes += rank.perBackwardRecomputes;
-    sum.maxLiveSessions = std::max(sum.maxLiveSessions, rank.maxLiveSessions);
-    sum.peakBytes = std::max(sum.peakBytes, rank.peakBytes);
-    sum.peakMemoryBytes = std::max(sum.peakMemoryBytes, rank.peakMemoryBytes);
-    sum.hiddenRecomputeUs += rank.hiddenRecomputeUs;
-    sum.exposedRecomputeUs += rank.exposedRecomputeUs;
-  }
-  return sum;
-}
-
-llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
-  std::vector<StageCost> costs = computeStageCosts(getModel(module));
-  PlanSummary summary;
-  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
-    summary.ranks.push_back(summarizeProgram(program, costs));
-  summary.timeline = extractSchedule(module, costs);
-  llvm::Expected<sched::SimulationResult> simulation =
-      simulateTimeline(summary.timeline.schedule);
-  if (!simulation)
-    return simulation.takeError();
-  summary.simulation = std::move(*simulation);
-  for (auto [rank, exposure] : llvm::enumerate(measureRecomputeExposure(
-           summary.timeline.schedule, summary.simulation))) {
-    summary.ranks[rank].hiddenRecomputeUs = exposure.hiddenUs;
-    summary.ranks[rank].exposedRecomputeUs = exposure.exposedUs;
-  }
-  return summary;
-}
-
-void mlir::hpr::printSummaryTable(const PlanSummary &summary,
-                                  llvm::raw_ostream &os) {
-  auto row = [&os](llvm::StringRef label, const RankSummary &rank) {
-    os << llvm::format(
-        "%-6s %8lld %8lld %10lld %12lld %9lld %14lld %12.1f %12.1f\n",
-        label.str().c_str(), (long long)rank.actions, (long long)rank.sessions,
-        (long long)rank.recomputes, (long long)rank.perBackwardRecomputes,
-        (long long)rank.maxLiveSessions, (long long)rank.peakBytes,
-        rank.hiddenRecomputeUs, rank.exposedRecomputeUs);
-  };
-  os << "rank    actions sessions recomputes per-backward  max-live     "
-        "peak-bytes    hidden-us   exposed-us\n";
-  for (auto [index, rank] : llvm::enumerate(summary.ranks))
-    row(std::to_string(index), rank);
-  row("total", summary.total());
-  os << llvm::format("step time %.1f us, bubble fraction %.3f\n",
-                     summary.simulation.makespan,
-                     summary.simulation.bubbleFraction);
-}
-
-//===----------------------------------------------------------------------===//
-// Plan JSON
-//===----------------------------------------------------------------------===//
 
 static json regionJson(RegionOp region) {
   json entry = {{"name", region.getName().str()},
@@ -397,41 +247,4 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   for (auto [index, text] : llvm::enumerate(rankTexts))
     os << (index ? ",\n" : "\n") << text;
   os << "\n ]\n}\n";
-}
-
-//===----------------------------------------------------------------------===//
-// Trace
-//===----------------------------------------------------------------------===//
-
-void mlir::hpr::writeTraceJson(const PlanSummary &summary,
-                               llvm::raw_ostream &os) {
-  const sched::Schedule &schedule = summary.timeline.schedule;
-  // Chrome's trace event format: one complete ("X") event per action, one
-  // thread per rank; chrome://tracing and Perfetto open it.
-  os << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
-  bool first = true;
-  for (auto [rank, program] : llvm::enumerate(schedule.ranks)) {
-    os << (first ? "\n" : ",\n")
-       << ::hpr::dumpJson(ordered_json{
-              {"name", "thread_name"},
-              {"ph", "M"},
-              {"pid", 0},
-              {"tid", rank},
-              {"args", {{"name", "rank " + std::to_string(rank)}}}});
-    first = false;
-    for (auto [index, action] : llvm::enumerate(program)) {
-      const sched::ActionTiming &timing =
-          summary.simulation.timelines[rank][index];
-      if (action.kind == sched::ActionKind::Idle || timing.end <= timing.start)
-        continue;
-      os << ",\n"
-         << ::hpr::dumpJson(ordered_json{{"name", sched::formatAction(action)},
-                                         {"ph", "X"},
-                                         {"pid", 0},
-                                         {"tid", rank},
-                                         {"ts", timing.start},
-                                         {"dur", timing.end - timing.start}});
-    }
-  }
-  os << "\n]}\n";
 }

@@ -1,0 +1,32 @@
+//===- StepMemory.h - Everything a rank's step allocates --------*- C++ -*-===//
+//
+// The planner's prediction of what the runner measures at the allocator: a
+// rank's activations (ActivationModel.h) plus, as CostModel.h ("step
+// memory") and docs/models.md describe them, stage outputs and their
+// gradients until the last backward, I's state until W, weight gradients
+// from the stage's first W or B to the end of the step (and a second copy
+// while a later W or B adds its gradients in), and each backward's
+// transient workspace.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_ANALYSIS_STEPMEMORY_H
+#define HPR_ANALYSIS_STEPMEMORY_H
+
+#include "hpr/Analysis/ActivationModel.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace mlir::hpr {
+
+/// The peak bytes of `program`'s step, given its activation lifetimes and
+/// their profile under `costs`.
+int64_t computeStepPeakBytes(ProgramOp program,
+                             const ProgramActivations &activations,
+                             const ActivationProfile &profile,
+                             const std::vector<StageCost> &costs);
+
+} // namespace mlir::hpr
+
+#endif // HPR_ANALYSIS_STEPMEMORY_H

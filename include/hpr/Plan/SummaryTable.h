@@ -1,0 +1,21 @@
+//===- SummaryTable.h - The plan summary as a table -------------*- C++ -*-===//
+//
+// `hp-recompute-plan --summary`: one fixed-width row per rank plus a total,
+// then the simulated step time and bubble fraction (docs/cli.md).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_PLAN_SUMMARYTABLE_H
+#define HPR_PLAN_SUMMARYTABLE_H
+
+#include "hpr/Plan/PlanSummary.h"
+
+#include "llvm/Support/raw_ostream.h"
+
+namespace mlir::hpr {
+
+void printSummaryTable(const PlanSummary &summary, llvm::raw_ostream &os);
+
+} // namespace mlir::hpr
+
+#endif // HPR_PLAN_SUMMARYTABLE_H

@@ -1,0 +1,69 @@
+//===- StepMemory.cpp - Everything a rank's step allocates ---------------===//
+
+#include "hpr/Analysis/StepMemory.h"
+
+#include "llvm/ADT/DenseSet.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
+                                        const ProgramActivations &activations,
+                                        const ActivationProfile &profile,
+                                        const std::vector<StageCost> &costs) {
+  int64_t peak = 0;
+  // Where each (stage, mb)'s output and its gradient die: its last backward.
+  std::vector<char> isLastBackward(activations.numPositions, false);
+  for (const ActivationLifetime &lifetime : activations.lifetimes)
+    if (lifetime.hasConsumers)
+      isLastBackward[lifetime.lastConsumerPos] = true;
+
+  // Beyond activations: what the header lists, in program order.
+  int64_t other = 0;
+  llvm::DenseSet<int64_t> gradsAllocated;
+  int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
+  ArrayRef<int64_t> stageToRank =
+      program->getParentOfType<ScheduleOp>().getStageToRank();
+  auto rank = static_cast<int64_t>(program.getRank());
+  unsigned pos = 0;
+  for (Operation &op : program.getBody().getOps()) {
+    int64_t live = profile.live[pos++];
+    auto action = dyn_cast<ActionOpInterface>(op);
+    if (!action)
+      continue; // A session allocates nothing.
+    int64_t stage = action.getStageIndex();
+    if (isa<ForwardOp, RecvBOp>(op))
+      other += costs[stage].outputBytes;
+    if (isa<BackwardInputOp>(op))
+      other += costs[stage].weightStateBytes;
+    // dx handed to a co-located previous stage becomes its output gradient.
+    bool producesDx = isa<BackwardInputOp, BackwardOp>(op) && stage > 0;
+    if (producesDx && stageToRank[stage - 1] == rank)
+      other += costs[stage - 1].outputBytes;
+    peak = std::max(peak, live + other);
+    if (!isa<ConsumerOpInterface>(op))
+      continue;
+    peak = std::max(peak, live + other + costs[stage].workspaceBytes);
+    // What the backward frees as it goes: I's state (W), and on the last
+    // consumer the microbatch's activations and replayed tensors (read
+    // without retaining), its output and the output's gradient.
+    if (isa<BackwardWeightOp>(op))
+      other -= costs[stage].weightStateBytes;
+    if (isLastBackward[pos - 1])
+      other -= costs[stage].outputBytes * (stage == lastStage ? 0 : 2);
+    // Weight gradients come last: the stage's first W or B allocates them
+    // for the rest of the step, each later one computes a fresh copy before
+    // adding it in.
+    int64_t transient = 0;
+    if (isa<BackwardWeightOp, BackwardOp>(op)) {
+      if (gradsAllocated.insert(stage).second)
+        other += costs[stage].gradBytes;
+      else
+        transient = costs[stage].gradBytes;
+    }
+    peak = std::max(peak, live - profile.endingAt[pos - 1] + other + transient);
+  }
+  return peak;
+}
