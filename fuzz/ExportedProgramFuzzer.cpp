@@ -10,7 +10,7 @@
 
 #include "hpr/Model/ExportedProgramImport.h"
 
-using namespace hpr;
+using namespace mlir::hpr;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   std::vector<std::string> warnings;

@@ -10,8 +10,8 @@
 
 #include <cstdlib>
 
-std::string hpr::fuzz::writeTempFile(const uint8_t *data, size_t size,
-                                     llvm::StringRef suffix) {
+std::string mlir::hpr::fuzz::writeTempFile(const uint8_t *data, size_t size,
+                                           llvm::StringRef suffix) {
   llvm::SmallString<128> path;
   llvm::sys::path::system_temp_directory(/*ErasedOnReboot=*/true, path);
   llvm::sys::path::append(

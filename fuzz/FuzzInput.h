@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-namespace hpr::fuzz {
+namespace mlir::hpr::fuzz {
 
 inline llvm::StringRef asText(const uint8_t *data, size_t size) {
   return llvm::StringRef(reinterpret_cast<const char *>(data), size);
@@ -34,6 +34,6 @@ inline void ignore(llvm::Error error) { llvm::consumeError(std::move(error)); }
 std::string writeTempFile(const uint8_t *data, size_t size,
                           llvm::StringRef suffix);
 
-} // namespace hpr::fuzz
+} // namespace mlir::hpr::fuzz
 
 #endif // HPR_FUZZ_FUZZINPUT_H

@@ -12,7 +12,7 @@
 
 #include "hpr/Model/Partition.h"
 
-namespace hpr::fuzz {
+namespace mlir::hpr::fuzz {
 
 inline void partitionImported(llvm::Expected<model::ModelGraph> graph) {
   if (!graph) {
@@ -23,6 +23,6 @@ inline void partitionImported(llvm::Expected<model::ModelGraph> graph) {
     ignore(model::partitionModel(*graph, stages, ""));
 }
 
-} // namespace hpr::fuzz
+} // namespace mlir::hpr::fuzz
 
 #endif // HPR_FUZZ_FUZZMODEL_H

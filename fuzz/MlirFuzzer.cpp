@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       &context, [](mlir::Diagnostic &) { return mlir::success(); });
   // MLIR's lexer reads up to a terminating NUL (as file buffers have): the
   // fuzzer's bytes have none, so they are copied into a std::string.
-  std::string text(hpr::fuzz::asText(data, size));
+  std::string text(mlir::hpr::fuzz::asText(data, size));
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::parseSourceString<mlir::ModuleOp>(text, &context);
   if (!module || mlir::failed(mlir::verify(*module)))

@@ -8,7 +8,7 @@
 
 #include "hpr/Model/ModelJson.h"
 
-using namespace hpr;
+using namespace mlir::hpr;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fuzz::partitionImported(

@@ -9,7 +9,7 @@
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/Validate.h"
 
-using namespace hpr;
+using namespace mlir::hpr;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (sched::CsvDialect dialect :

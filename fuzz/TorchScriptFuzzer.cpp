@@ -17,7 +17,7 @@
 
 #include "llvm/ADT/StringRef.h"
 
-using namespace hpr;
+using namespace mlir::hpr;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   std::string path = fuzz::writeTempFile(data, size, HPR_FUZZ_SUFFIX);

@@ -24,7 +24,7 @@ using namespace mlir::hpr;
 
 namespace {
 struct AssignSessionsPass
-    : public hpr::impl::HPRAssignSessionsBase<AssignSessionsPass> {
+    : public mlir::hpr::impl::HPRAssignSessionsBase<AssignSessionsPass> {
   void runOnOperation() override;
   LogicalResult assignInProgram(ProgramOp program,
                                 const llvm::DenseSet<int64_t> &checkpointed);

@@ -22,7 +22,8 @@ using namespace mlir;
 using namespace mlir::hpr;
 
 namespace {
-struct InsertClearPass : public hpr::impl::HPRInsertClearBase<InsertClearPass> {
+struct InsertClearPass
+    : public mlir::hpr::impl::HPRInsertClearBase<InsertClearPass> {
   void runOnOperation() override;
 };
 } // namespace

@@ -31,7 +31,7 @@ struct PrefetchIntoBubblesPass
   LogicalResult initialize(MLIRContext *context) override;
   void runOnOperation() override;
   bool placeInBubbles(ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
-                      llvm::ArrayRef<::hpr::sched::ActionTiming> timeline,
+                      llvm::ArrayRef<sched::ActionTiming> timeline,
                       const std::vector<StageCost> &costs, int64_t limit,
                       llvm::DenseSet<Operation *> &moved);
 };
@@ -55,7 +55,7 @@ LogicalResult PrefetchIntoBubblesPass::initialize(MLIRContext *context) {
 /// to `moved`.
 bool PrefetchIntoBubblesPass::placeInBubbles(
     ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
-    llvm::ArrayRef<::hpr::sched::ActionTiming> timeline,
+    llvm::ArrayRef<sched::ActionTiming> timeline,
     const std::vector<StageCost> &costs, int64_t limit,
     llvm::DenseSet<Operation *> &moved) {
   // Idle time before each cell, and the position of its first op in the
@@ -150,7 +150,7 @@ void PrefetchIntoBubblesPass::runOnOperation() {
   auto programList = llvm::to_vector(programs);
   for (unsigned round = 0; round < kBubbleRounds; ++round) {
     ModuleSchedule cells = extractSchedule(module, costs);
-    llvm::Expected<::hpr::sched::SimulationResult> simulation =
+    llvm::Expected<sched::SimulationResult> simulation =
         simulateTimeline(cells.schedule);
     if (!simulation) {
       module.emitError()

@@ -24,7 +24,6 @@ namespace mlir::hpr {
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 
 namespace {
 

@@ -54,9 +54,8 @@ void VerifyCommPass::runOnOperation() {
                ? cells[index]
                : scheduleOp.getOperation();
   };
-  ::hpr::sched::Violations found =
-      ::hpr::sched::findViolations(extracted.schedule);
-  for (const ::hpr::sched::Violation &violation : found.list) {
+  sched::Violations found = sched::findViolations(extracted.schedule);
+  for (const sched::Violation &violation : found.list) {
     InFlightDiagnostic diag =
         opAt(violation.rank, violation.index)->emitError(violation.message);
     for (auto [rank, index] : violation.related)

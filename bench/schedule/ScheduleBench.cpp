@@ -21,7 +21,7 @@
 #include <chrono>
 #include <cstdlib>
 
-using namespace hpr::sched;
+using namespace mlir::hpr::sched;
 
 namespace {
 

@@ -8,7 +8,6 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 
 double mlir::hpr::actionDurationUs(sched::ActionKind kind,
                                    const StageCost &cost,

@@ -36,8 +36,8 @@
 #include <optional>
 #include <set>
 
-using namespace hpr::model;
-using namespace hpr::model::detail;
+using namespace mlir::hpr::model;
+using namespace mlir::hpr::model::detail;
 using nlohmann::json;
 
 namespace {
@@ -194,7 +194,7 @@ llvm::Expected<int64_t> ProgramReader::symInt(const json &value,
   }
   return fail("tensor '" + tensor + "'",
               "expected a size {\"as_int\": N} or {\"as_expr\": ...}, got " +
-                  hpr::quoteJson(value));
+                  mlir::hpr::quoteJson(value));
 }
 
 llvm::Error ProgramReader::readTensorValues(const json &graph) {
@@ -252,7 +252,7 @@ llvm::Error ProgramReader::readSignature(const json &graphModule) {
     if (!spec.is_object() || spec.size() != 1)
       return fail("/graph_module/signature/input_specs",
                   "expected one input kind per spec, got " +
-                      hpr::quoteJson(spec));
+                      mlir::hpr::quoteJson(spec));
     const std::string &kind = spec.begin().key();
     const json &body = spec.begin().value();
     const json *arg = body.is_object() && body.contains("arg")
@@ -289,7 +289,7 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
   auto tensorNamed = [&](const json &ref) -> llvm::Expected<TensorFacts> {
     if (!ref.is_object() || !field(ref, "name").is_string())
       return fail(where, "expected a tensor reference {\"name\": ...}, got " +
-                             hpr::quoteJson(ref));
+                             mlir::hpr::quoteJson(ref));
     auto it = values.find(field(ref, "name").get<std::string>());
     if (it == values.end() || !it->second.facts.storage)
       return fail(where, "tensor '" + field(ref, "name").get<std::string>() +
@@ -342,7 +342,8 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
                field(item, "as_int").is_number_integer())
         result.ints.push_back(field(item, "as_int").get<int64_t>());
       else
-        return fail(where, "symbolic int list element " + hpr::quoteJson(item) +
+        return fail(where, "symbolic int list element " +
+                               mlir::hpr::quoteJson(item) +
                                " has no example value");
     }
   }
@@ -527,11 +528,10 @@ std::optional<std::string> programEntry(const std::vector<std::string> &names) {
 
 } // namespace
 
-llvm::Expected<ModelGraph>
-hpr::model::importExportedProgramJson(llvm::StringRef text,
-                                      llvm::StringRef fileName, int regionDepth,
-                                      std::vector<std::string> &warnings) {
-  auto program = hpr::parseJson(text, fileName, /*maxDepth=*/128);
+llvm::Expected<ModelGraph> mlir::hpr::model::importExportedProgramJson(
+    llvm::StringRef text, llvm::StringRef fileName, int regionDepth,
+    std::vector<std::string> &warnings) {
+  auto program = mlir::hpr::parseJson(text, fileName, /*maxDepth=*/128);
   if (!program)
     return program.takeError();
   ProgramReader reader(fileName.str(), regionDepth, warnings);
@@ -544,14 +544,14 @@ hpr::model::importExportedProgramJson(llvm::StringRef text,
 }
 
 llvm::Expected<ModelGraph>
-hpr::model::importExportedProgram(llvm::StringRef path, int regionDepth,
-                                  std::vector<std::string> &warnings) {
+mlir::hpr::model::importExportedProgram(llvm::StringRef path, int regionDepth,
+                                        std::vector<std::string> &warnings) {
   auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
                                             /*RequiresNullTerminator=*/false);
   if (!buffer)
     return makeError(path + ": cannot read: " + buffer.getError().message());
-  auto archive = hpr::ZipArchive::open((*buffer)->getBuffer(), path,
-                                       "torch.export archive");
+  auto archive = mlir::hpr::ZipArchive::open((*buffer)->getBuffer(), path,
+                                             "torch.export archive");
   if (!archive)
     return makeError(llvm::toString(archive.takeError()) +
                      "; expected a file written by torch.export.save");

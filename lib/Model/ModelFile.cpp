@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 /// The entry point libHPRTorchScript.so exports (TorchScriptEntry.cpp).
 using ImportTorchScriptFn = bool (*)(const char *path,
@@ -153,9 +153,9 @@ importTorchScriptIsolated(llvm::StringRef path,
 }
 
 llvm::Expected<ModelGraph>
-hpr::model::readModelFile(llvm::StringRef path,
-                          const TorchScriptOptions &options,
-                          std::vector<std::string> *warnings) {
+mlir::hpr::model::readModelFile(llvm::StringRef path,
+                                const TorchScriptOptions &options,
+                                std::vector<std::string> *warnings) {
   if (path.ends_with(".pt") || path.ends_with(".ir"))
     return importTorchScriptIsolated(path, options, warnings);
   if (path.ends_with(".pt2")) {

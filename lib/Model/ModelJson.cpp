@@ -15,7 +15,7 @@
 
 #include <cmath>
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 using json = nlohmann::json;
 
 namespace {
@@ -34,7 +34,8 @@ public:
     return llvm::createStringError(
         llvm::inconvertibleErrorCode(),
         llvm::formatv("{0}: {1}: expected {2}, got '{3}'", file,
-                      path.empty() ? "/" : path, expected, hpr::quoteJson(got))
+                      path.empty() ? "/" : path, expected,
+                      mlir::hpr::quoteJson(got))
             .str());
   }
   llvm::Error failMsg(const std::string &path, const std::string &msg) const {
@@ -242,15 +243,15 @@ private:
 
 } // namespace
 
-llvm::Expected<ModelGraph> hpr::model::parseModelJson(llvm::StringRef text,
-                                                      llvm::StringRef file) {
-  llvm::Expected<json> doc = hpr::parseJson(text, file);
+llvm::Expected<ModelGraph>
+mlir::hpr::model::parseModelJson(llvm::StringRef text, llvm::StringRef file) {
+  llvm::Expected<json> doc = mlir::hpr::parseJson(text, file);
   if (!doc)
     return doc.takeError();
   return Reader(file).read(*doc);
 }
 
-std::string hpr::model::printModelJson(const ModelGraph &graph) {
+std::string mlir::hpr::model::printModelJson(const ModelGraph &graph) {
   // ordered_json keeps keys in the documented order.
   using ojson = nlohmann::ordered_json;
   ojson doc = ojson::object();
@@ -285,5 +286,5 @@ std::string hpr::model::printModelJson(const ModelGraph &graph) {
     regions.push_back(std::move(r));
   }
   doc["regions"] = std::move(regions);
-  return hpr::dumpJson(doc, 2) + "\n";
+  return mlir::hpr::dumpJson(doc, 2) + "\n";
 }

@@ -15,7 +15,7 @@
 #include <map>
 #include <optional>
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 namespace {
 
@@ -149,7 +149,7 @@ llvm::Expected<StagedModel> partitionExplicit(const ModelGraph &graph,
 
 } // namespace
 
-std::vector<double> hpr::model::partitionCosts(const ModelGraph &graph) {
+std::vector<double> mlir::hpr::model::partitionCosts(const ModelGraph &graph) {
   bool profiled = !graph.regions.empty() &&
                   llvm::all_of(graph.regions, [](const Region &region) {
                     return region.fwdTimeUs > 0;
@@ -161,8 +161,8 @@ std::vector<double> hpr::model::partitionCosts(const ModelGraph &graph) {
 }
 
 llvm::Expected<StagedModel>
-hpr::model::partitionModel(const ModelGraph &graph, int numStages,
-                           llvm::StringRef explicitSpec) {
+mlir::hpr::model::partitionModel(const ModelGraph &graph, int numStages,
+                                 llvm::StringRef explicitSpec) {
   int n = static_cast<int>(graph.regions.size());
   if (!explicitSpec.trim().empty())
     return partitionExplicit(graph, numStages, explicitSpec.trim());

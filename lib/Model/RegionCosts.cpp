@@ -17,8 +17,8 @@
 #include <map>
 #include <set>
 
-using namespace hpr::model;
-using namespace hpr::model::detail;
+using namespace mlir::hpr::model;
+using namespace mlir::hpr::model::detail;
 
 namespace {
 
@@ -488,9 +488,9 @@ bool TensorFacts::isContiguous() const {
   return true;
 }
 
-bool hpr::model::detail::isViewable(llvm::ArrayRef<int64_t> sizes,
-                                    llvm::ArrayRef<int64_t> strides,
-                                    llvm::ArrayRef<int64_t> shape) {
+bool mlir::hpr::model::detail::isViewable(llvm::ArrayRef<int64_t> sizes,
+                                          llvm::ArrayRef<int64_t> strides,
+                                          llvm::ArrayRef<int64_t> shape) {
   if (sizes.empty())
     return true;
   int64_t numel = 1;
@@ -536,12 +536,13 @@ const TensorFacts *OpFacts::output() const {
              : nullptr;
 }
 
-bool hpr::model::detail::isViewOp(llvm::StringRef kind) {
+bool mlir::hpr::model::detail::isViewOp(llvm::StringRef kind) {
   return kViews.contains(kind);
 }
 
-std::string hpr::model::detail::regionOf(const std::vector<std::string> &chain,
-                                         int depth) {
+std::string
+mlir::hpr::model::detail::regionOf(const std::vector<std::string> &chain,
+                                   int depth) {
   if (depth == 0)
     return chain.empty() ? "" : chain.front();
   for (const std::string &path : chain) {
@@ -554,7 +555,7 @@ std::string hpr::model::detail::regionOf(const std::vector<std::string> &chain,
   return "";
 }
 
-llvm::Expected<ModelGraph> hpr::model::detail::buildRegions(
+llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
     const std::string &file, const std::vector<OpFacts> &ops,
     const std::set<uint64_t> &params, const RegionOptions &options,
     std::vector<std::string> &warnings) {

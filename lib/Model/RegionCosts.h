@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr::model::detail {
+namespace mlir::hpr::model::detail {
 
 /// What the cost rules need to know about one tensor.
 struct TensorFacts {
@@ -96,6 +96,6 @@ llvm::Expected<ModelGraph> buildRegions(const std::string &file,
                                         const RegionOptions &options,
                                         std::vector<std::string> &warnings);
 
-} // namespace hpr::model::detail
+} // namespace mlir::hpr::model::detail
 
 #endif // HPR_LIB_MODEL_REGIONCOSTS_H

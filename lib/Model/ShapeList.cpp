@@ -10,10 +10,10 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 llvm::Expected<std::vector<std::vector<int64_t>>>
-hpr::model::parseShapeList(llvm::StringRef text) {
+mlir::hpr::model::parseShapeList(llvm::StringRef text) {
   std::vector<std::vector<int64_t>> shapes;
   auto fail = [&](size_t column, llvm::StringRef expected,
                   llvm::StringRef got) {
@@ -60,7 +60,7 @@ hpr::model::parseShapeList(llvm::StringRef text) {
 }
 
 llvm::Expected<std::vector<std::string>>
-hpr::model::parseDtypeList(llvm::StringRef text, size_t numInputs) {
+mlir::hpr::model::parseDtypeList(llvm::StringRef text, size_t numInputs) {
   llvm::SmallVector<llvm::StringRef> parts;
   text.split(parts, ',');
   std::vector<std::string> names;

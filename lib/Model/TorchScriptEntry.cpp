@@ -7,7 +7,7 @@
 
 #include "hpr/Model/TorchScriptImport.h"
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 extern "C" __attribute__((visibility("default"))) bool
 hprImportTorchScript(const char *path, const TorchScriptOptions *options,

@@ -40,8 +40,8 @@
 #include <set>
 #include <unordered_map>
 
-using namespace hpr::model;
-using namespace hpr::model::detail;
+using namespace mlir::hpr::model;
+using namespace mlir::hpr::model::detail;
 namespace jit = torch::jit;
 
 namespace {
@@ -207,8 +207,8 @@ at::Tensor dummyTensor(llvm::ArrayRef<int64_t> shape, at::ScalarType type) {
 /// `<root>/version`) against the newest this LibTorch reads, so that a file
 /// from a newer torch gets a message saying so.
 llvm::Error checkZip(llvm::StringRef path, llvm::StringRef data) {
-  auto archive =
-      hpr::ZipArchive::open(data, (path + ":1:1").str(), "TorchScript archive");
+  auto archive = mlir::hpr::ZipArchive::open(data, (path + ":1:1").str(),
+                                             "TorchScript archive");
   if (!archive)
     return makeError(llvm::toString(archive.takeError()) +
                      "; expected a file written by torch.jit.save");
@@ -633,9 +633,9 @@ std::string locateIrError(llvm::StringRef file, llvm::StringRef text,
 //===----------------------------------------------------------------------===//
 
 llvm::Expected<ModelGraph>
-hpr::model::importTorchScript(llvm::StringRef path,
-                              const TorchScriptOptions &options,
-                              std::vector<std::string> *warnings) {
+mlir::hpr::model::importTorchScript(llvm::StringRef path,
+                                    const TorchScriptOptions &options,
+                                    std::vector<std::string> *warnings) {
   std::string file = path.str();
   bool isIr = path.ends_with(".ir");
   if (!isIr && !path.ends_with(".pt"))

@@ -10,10 +10,8 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
-namespace model = ::hpr::model;
 
-::hpr::model::StagedModel mlir::hpr::makeUniformModel(int numStages) {
+model::StagedModel mlir::hpr::makeUniformModel(int numStages) {
   model::StagedModel staged;
   staged.name = "uniform";
   for (int stage = 0; stage < numStages; ++stage) {

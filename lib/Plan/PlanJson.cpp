@@ -39,10 +39,10 @@ static json regionJson(RegionOp region) {
                 {"saved_bytes", static_cast<int64_t>(region.getSavedBytes())},
                 {"input_bytes", static_cast<int64_t>(region.getInputBytes())},
                 {"param_bytes", static_cast<int64_t>(region.getParamBytes())}};
-  for (const ::hpr::model::MeasuredTime &time : ::hpr::model::kMeasuredTimes)
+  for (const model::MeasuredTime &time : model::kMeasuredTimes)
     if (auto value = region->getAttrOfType<FloatAttr>(time.key))
       entry[time.key] = value.getValueAsDouble();
-  for (const ::hpr::model::MeasuredBytes &bytes : ::hpr::model::kMeasuredBytes)
+  for (const model::MeasuredBytes &bytes : model::kMeasuredBytes)
     if (auto value = region->getAttrOfType<IntegerAttr>(bytes.key))
       entry[bytes.key] = value.getInt();
   return entry;
@@ -120,7 +120,7 @@ static void writeArrayLines(llvm::raw_ostream &os, const Range &items,
     auto value = toJson(item);
     if (!value)
       continue;
-    os << (first ? "\n" : ",\n") << indent << ::hpr::dumpJson(*value);
+    os << (first ? "\n" : ",\n") << indent << ::mlir::hpr::dumpJson(*value);
     first = false;
   }
   os << "\n" << indent.drop_back() << "]";
@@ -210,7 +210,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"recompute_exposed_us", exposed}}}};
   os << "{\n";
   for (auto &[key, value] : head)
-    os << " \"" << key << "\": " << ::hpr::dumpJson(value) << ",\n";
+    os << " \"" << key << "\": " << ::mlir::hpr::dumpJson(value) << ",\n";
 
   auto programs = schedule.getBody().getOps<ProgramOp>();
   os << " \"sessions\": ";

@@ -60,7 +60,7 @@ llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
        plan_json::getSchedule(module).getBody().getOps<ProgramOp>())
     summary.ranks.push_back(summarizeProgram(program, costs));
   summary.timeline = extractSchedule(module, costs);
-  llvm::Expected<::hpr::sched::SimulationResult> simulation =
+  llvm::Expected<sched::SimulationResult> simulation =
       simulateTimeline(summary.timeline.schedule);
   if (!simulation)
     return simulation.takeError();

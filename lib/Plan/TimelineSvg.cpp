@@ -15,7 +15,6 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 
 namespace {
 

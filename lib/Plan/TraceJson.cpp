@@ -9,7 +9,6 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 using ordered_json = nlohmann::ordered_json;
 
 void mlir::hpr::writeTraceJson(const PlanSummary &summary,
@@ -21,7 +20,7 @@ void mlir::hpr::writeTraceJson(const PlanSummary &summary,
   bool first = true;
   for (auto [rank, program] : llvm::enumerate(schedule.ranks)) {
     os << (first ? "\n" : ",\n")
-       << ::hpr::dumpJson(ordered_json{
+       << ::mlir::hpr::dumpJson(ordered_json{
               {"name", "thread_name"},
               {"ph", "M"},
               {"pid", 0},
@@ -34,12 +33,13 @@ void mlir::hpr::writeTraceJson(const PlanSummary &summary,
       if (action.kind == sched::ActionKind::Idle || timing.end <= timing.start)
         continue;
       os << ",\n"
-         << ::hpr::dumpJson(ordered_json{{"name", sched::formatAction(action)},
-                                         {"ph", "X"},
-                                         {"pid", 0},
-                                         {"tid", rank},
-                                         {"ts", timing.start},
-                                         {"dur", timing.end - timing.start}});
+         << ::mlir::hpr::dumpJson(
+                ordered_json{{"name", sched::formatAction(action)},
+                             {"ph", "X"},
+                             {"pid", 0},
+                             {"tid", rank},
+                             {"ts", timing.start},
+                             {"dur", timing.end - timing.start}});
     }
   }
   os << "\n]}\n";

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace hpr::sched::detail {
+namespace mlir::hpr::sched::detail {
 
 /// What a primitive action produces. I and B share Dx: both produce the
 /// gradient that flows to the previous stage.
@@ -114,6 +114,6 @@ struct ActionTable {
   }
 };
 
-} // namespace hpr::sched::detail
+} // namespace mlir::hpr::sched::detail
 
 #endif // HPR_LIB_SCHEDULE_ACTIONTABLE_H

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <deque>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 namespace {
 
 constexpr llvm::StringLiteral kNames[] = {"gpipe", "1f1b", "interleaved-1f1b",
@@ -393,4 +393,4 @@ llvm::Expected<Schedule> generateSchedule(llvm::StringRef name,
   return dualPipeV(p, m);
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

@@ -10,7 +10,7 @@
 #include "hpr/Schedule/Lowering.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 bool hasCommunication(const Schedule &schedule) {
   for (const auto &program : schedule.ranks)
@@ -68,4 +68,4 @@ void lowerCommunication(Schedule &schedule) {
   }
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

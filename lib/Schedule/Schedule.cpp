@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 bool isCompute(ActionKind kind) {
   return kind == ActionKind::Forward || kind == ActionKind::BackwardInput ||
@@ -98,4 +98,4 @@ llvm::StringRef kindJsonName(ActionKind kind) {
   return "idle";
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

@@ -20,7 +20,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 namespace {
 
 constexpr llvm::StringLiteral kCurrentTypes =
@@ -442,4 +442,4 @@ std::string printScheduleCsv(const Schedule &schedule, CsvDialect dialect) {
   return out;
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

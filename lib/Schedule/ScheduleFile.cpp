@@ -6,7 +6,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 llvm::Expected<Schedule> readScheduleFile(llvm::StringRef path,
                                           CsvDialect dialect) {
@@ -27,4 +27,4 @@ llvm::Expected<Schedule> readScheduleFile(llvm::StringRef path,
   return parseScheduleCsv(text, path, dialect);
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

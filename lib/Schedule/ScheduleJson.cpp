@@ -15,7 +15,7 @@
 
 #include <cmath>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 namespace {
 
 using nlohmann::json;
@@ -37,11 +37,11 @@ struct Reader {
     if (!value.is_number_integer() ||
         (value.is_number_integer() && value.get<int64_t>() < 0))
       return error(path, "expected a non-negative integer, got " +
-                             hpr::quoteJson(value));
+                             mlir::hpr::quoteJson(value));
     int64_t v = value.get<int64_t>();
     if (v > limit)
       return error(path, "expected at most " + llvm::Twine(limit) + ", got " +
-                             hpr::quoteJson(value));
+                             mlir::hpr::quoteJson(value));
     out = static_cast<int>(v);
     return llvm::Error::success();
   }
@@ -49,14 +49,14 @@ struct Reader {
   llvm::Error readAction(const json &value, const std::string &path,
                          bool allowComposite, Action &out) {
     if (!value.is_object())
-      return error(path,
-                   "expected an action object, got " + hpr::quoteJson(value));
+      return error(path, "expected an action object, got " +
+                             mlir::hpr::quoteJson(value));
     auto opIt = value.find("op");
     if (opIt == value.end())
       return error(path, "expected a key 'op'");
     if (!opIt->is_string())
       return error(path + "/op",
-                   "expected a string, got " + hpr::quoteJson(*opIt));
+                   "expected a string, got " + mlir::hpr::quoteJson(*opIt));
     std::string op = opIt->get<std::string>();
     static const ActionKind kinds[] = {
         ActionKind::Idle,          ActionKind::Forward,
@@ -100,7 +100,7 @@ struct Reader {
         if (!it->is_number() || it->get<double>() < 0 ||
             !std::isfinite(it->get<double>()))
           return error(sub, "expected a non-negative number, got " +
-                                hpr::quoteJson(*it));
+                                mlir::hpr::quoteJson(*it));
         out.durationUs = it->get<double>();
       } else if (key == "parts" && composite) {
         if (!allowComposite)
@@ -159,7 +159,7 @@ struct Reader {
     if (auto name = root.find("name"); name != root.end()) {
       if (!name->is_string())
         return error("/name",
-                     "expected a string, got " + hpr::quoteJson(*name));
+                     "expected a string, got " + mlir::hpr::quoteJson(*name));
       schedule.name = name->get<std::string>();
     }
     auto ranks = root.find("ranks");
@@ -177,7 +177,7 @@ struct Reader {
         return error(rankPath + "/rank",
                      "expected " + std::to_string(r) +
                          " (ranks are listed in order), got " +
-                         hpr::quoteJson(*idx));
+                         mlir::hpr::quoteJson(*idx));
       auto actions = rank.find("actions");
       if (actions == rank.end() || !actions->is_array())
         return error(rankPath + "/actions", "expected an array of actions");
@@ -202,9 +202,10 @@ struct Reader {
       if (auto err = readInt(*it, "/num_ranks", 1 << 20, n))
         return err;
       if (n != schedule.numRanks)
-        return error("/num_ranks",
-                     "expected " + std::to_string(schedule.numRanks) +
-                         " (the length of /ranks), got " + hpr::quoteJson(*it));
+        return error("/num_ranks", "expected " +
+                                       std::to_string(schedule.numRanks) +
+                                       " (the length of /ranks), got " +
+                                       mlir::hpr::quoteJson(*it));
     }
     auto checkAtLeast = [&](const char *key, int used, int limit,
                             int &field) -> llvm::Error {
@@ -218,7 +219,7 @@ struct Reader {
       if (n < used)
         return error(path, "expected at least " + std::to_string(used) +
                                " (the actions use that many), got " +
-                               hpr::quoteJson(*it));
+                               mlir::hpr::quoteJson(*it));
       field = n;
       return llvm::Error::success();
     };
@@ -278,7 +279,7 @@ nlohmann::ordered_json actionToJson(const Action &action) {
 
 llvm::Expected<Schedule> parseScheduleJson(llvm::StringRef text,
                                            llvm::StringRef fileName) {
-  llvm::Expected<json> parsed = hpr::parseJson(text, fileName);
+  llvm::Expected<json> parsed = mlir::hpr::parseJson(text, fileName);
   if (!parsed)
     return parsed.takeError();
   const json &root = *parsed;
@@ -292,7 +293,7 @@ std::string printScheduleJson(const Schedule &schedule) {
     out += "  \"";
     out += key;
     out += "\": ";
-    out += hpr::dumpJson(value);
+    out += mlir::hpr::dumpJson(value);
     out += ",\n";
   };
   field("format", kFormat.str());
@@ -309,7 +310,7 @@ std::string printScheduleJson(const Schedule &schedule) {
     const auto &program = schedule.ranks[r];
     for (size_t k = 0; k < program.size(); ++k) {
       out += k ? ",\n      " : "\n      ";
-      out += hpr::dumpJson(actionToJson(program[k]));
+      out += mlir::hpr::dumpJson(actionToJson(program[k]));
     }
     out += program.empty() ? "]}" : "\n    ]}";
   }
@@ -317,4 +318,4 @@ std::string printScheduleJson(const Schedule &schedule) {
   return out;
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

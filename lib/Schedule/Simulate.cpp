@@ -19,7 +19,7 @@
 
 #include <deque>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 using namespace detail;
 
@@ -285,4 +285,4 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
   return result;
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

@@ -16,7 +16,7 @@
 
 #include <set>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 using namespace detail;
 
@@ -408,4 +408,4 @@ llvm::Error validateSchedule(const Schedule &schedule,
   return llvm::createStringError(llvm::inconvertibleErrorCode(), joined);
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched

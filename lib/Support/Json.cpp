@@ -19,9 +19,9 @@ static std::pair<int, int> rowColumnOf(llvm::StringRef text, size_t offset) {
   return {row, column};
 }
 
-llvm::Expected<json> hpr::parseJson(llvm::StringRef text,
-                                    llvm::StringRef fileName,
-                                    unsigned maxDepth) {
+llvm::Expected<json> mlir::hpr::parseJson(llvm::StringRef text,
+                                          llvm::StringRef fileName,
+                                          unsigned maxDepth) {
   // Deeply nested input is refused while parsing: every later walk of the
   // document (and nlohmann's own dump) recurses per level.
   size_t tooDeepAt = 0;
@@ -59,7 +59,7 @@ llvm::Expected<json> hpr::parseJson(llvm::StringRef text,
   }
 }
 
-std::string hpr::quoteJson(const json &value) {
+std::string mlir::hpr::quoteJson(const json &value) {
   // Containers are not printed: they can be arbitrarily large or deep.
   if (value.is_object())
     return value.empty() ? "{}" : "{...}";

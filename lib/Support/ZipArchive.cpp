@@ -6,7 +6,7 @@
 
 #include <zip.h>
 
-using namespace hpr;
+using namespace mlir::hpr;
 
 struct ZipArchive::Impl {
   zip_t *archive = nullptr;

@@ -16,6 +16,16 @@ are also run as the runner runs them when checkpointed: the forward under
 ``hp_recompute.checkpoint`` (``checkpoint_fwd_time_us``: its saved tensors go to holders)
 and one replay through ``recompute_handle`` (``replay_time_us``).
 
+``--from-run REPORT`` measures nothing: it takes the costs from a run instead
+(``python -m hp_recompute.run --report``, multi-process). Each of the report's
+``measured_action_us`` (the median time of one action of one stage in that run) scales
+the region times the planner sums for that action (``_region_field``, as
+``computeStageCosts`` in lib/Analysis/CostModel.cpp sums them) by measured / priced,
+starting from the costs the run's plan was priced with. Planned again with these costs,
+the simulated step uses the durations the actions had in the run, under the same
+contention, so that the comparison of simulated and measured step time tests the
+timeline, not the repeatability of a separate measurement.
+
 ``--processes N`` measures in N processes at once and takes the median over all of them:
 ranks that share a machine slow each other down (caches, memory bandwidth, SMT siblings;
 on the 2-core VM of bench/run two processes run each op 1.5-1.8x slower than one), so
@@ -46,10 +56,11 @@ from .plan.reader import RunError
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
 
-__all__ = ["measure_region_times", "measure_concurrently", "main"]
+__all__ = ["measure_region_times", "measure_concurrently", "times_from_run", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
 CHECKPOINT_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
+BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")
 _SESSION = "hp_recompute.costs"
 
 
@@ -144,8 +155,8 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():
         out[name] = {k: statistics.median(v) for k, v in keys.items()}
-        out[name]["bwd_weight_input_bytes"] = state_bytes[name]
-        out[name]["bwd_workspace_bytes"] = workspace[name]
+        out[name][BYTES_KEYS[0]] = state_bytes[name]
+        out[name][BYTES_KEYS[1]] = workspace[name]
     return out
 
 
@@ -204,6 +215,71 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
             for name, keys in results[0].items()}
 
 
+def _region_field(op: str, stage: int, plain: bool, checkpointed: bool) -> Optional[str]:
+    """The field of a region that the planner adds into the duration of ``op`` of its stage
+    (``computeStageCosts`` and ``actionDurationUs``), or None when the region adds nothing."""
+    if op == "forward":
+        return "checkpoint_fwd_time_us" if checkpointed and not plain else "fwd_time_us"
+    if op == "recompute":
+        return "replay_time_us" if checkpointed else None
+    if op == "backward_input":
+        return "bwd_input_time_us" if stage > 0 else None  # the first stage's I is priced 0
+    if op == "backward_weight":
+        return "bwd_time_us" if stage == 0 else "bwd_weight_time_us"  # the first stage's W is its B
+    if op == "backward":
+        return "bwd_time_us"
+    return None  # clear
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise RunError(f"hp_recompute.costs: {path}: cannot read the {what}: {e}") from None
+
+
+def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str, float]]:
+    """Region times from a run's report (module docstring, ``--from-run``) for the regions ``names``.
+
+    The starting point is the plan the run executed: its regions carry the costs it was
+    priced with. A forward's plain and checkpointed runs share the plain regions'
+    ``fwd_time_us``; the plain forward's ratio is applied last."""
+    report = _read_json(report_path, "run report")
+    ranks = report.get("ranks") if isinstance(report, dict) else None
+    if not isinstance(ranks, list) or not all(isinstance(r, dict) and "measured_action_us" in r for r in ranks):
+        raise RunError(f"hp_recompute.costs: {report_path}: /ranks: expected measured_action_us per rank "
+                       f"(a multi-process report of python -m hp_recompute.run)")
+    plan = _read_json(str(report.get("plan")), "plan the run executed")
+    try:
+        stages = {st["stage"]: st["regions"] for st in plan["model"]["stages"]}
+    except (KeyError, TypeError):
+        raise RunError(f"hp_recompute.costs: {report['plan']}: /model/stages: expected a plan JSON") from None
+    priced = {r["name"]: r for regions in stages.values() for r in regions}
+    if sorted(priced) != sorted(names):
+        raise RunError(f"hp_recompute.costs: {report['plan']}: its regions [{', '.join(priced)}] are not the model "
+                       f"JSON's [{', '.join(names)}]")
+    times: Dict[str, Dict[str, float]] = {}
+    for name, region in priced.items():
+        keys = TIME_KEYS + (CHECKPOINT_KEYS if region.get("checkpointable") else ())
+        missing = [k for k in keys if not region.get(k)]
+        if missing:
+            raise RunError(f"hp_recompute.costs: {report['plan']}: region '{name}' has no {missing[0]}: plan with "
+                           f"costs measured by python -m hp_recompute.costs before taking them from a run")
+        times[name] = {k: float(region[k]) for k in keys}
+        times[name].update({k: region[k] for k in BYTES_KEYS if k in region})  # measured with the times
+    for rank in ranks:
+        for measured in rank["measured_action_us"]:
+            op, stage, plain = measured["op"], measured["stage"], measured["plain"]
+            fields = [(r["name"], _region_field(op, stage, plain, r["checkpoint"])) for r in stages.get(stage, [])]
+            fields = [(name, key) for name, key in fields if key]
+            modelled = sum(times[name][key] for name, key in fields)
+            if modelled > 0:
+                for name, key in fields:
+                    times[name][key] *= measured["median_us"] / modelled
+    return times
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 bad input, 2 usage)."""
     p = argparse.ArgumentParser(prog="python -m hp_recompute.costs", description=__doc__.split("\n\n")[0])
@@ -216,6 +292,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--processes", type=int, default=1,
                    help="measure in this many processes at once, as many ranks share the machine (default 1)")
     p.add_argument("--seed", type=int, default=0, help="data seed of the measured microbatch")
+    p.add_argument("--from-run", default=None, metavar="REPORT",
+                   help="measure nothing: take the times from this run report (module docstring)")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.repeats <= args.warmup:
         p.error("--repeats must exceed --warmup >= 0")
@@ -230,33 +308,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         regions = graph.get("regions") if isinstance(graph, dict) else None
         if not isinstance(regions, list) or not all(isinstance(r, dict) and "name" in r for r in regions):
             raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: expected a list of region objects")
-        torch.set_num_threads(args.threads)
-        model = load_model(args.model)
-        names = [r.name for r in model.regions]
-        if [r["name"] for r in regions] != names:
-            raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: names "
-                           f"[{', '.join(str(r['name']) for r in regions)}] are not model '{model.name}''s regions "
-                           f"[{', '.join(names)}]")
         problem = output_problem(args.output)
         if problem:
             raise RunError(f"hp_recompute.costs: -o {args.output}: {problem}")
-        if args.processes == 1:
-            batch = model.make_batch(torch.Generator().manual_seed(args.seed))
-            try:
-                times = measure_region_times(model, batch, args.repeats, args.warmup)
-            except Exception as e:  # noqa: BLE001 - the model's own failure, located
-                raise RunError(f"hp_recompute.costs: measuring model '{model.name}' failed: "
-                               f"{type(e).__name__}: {e}") from None
+        if args.from_run:
+            times = times_from_run([r["name"] for r in regions], args.from_run)
+            source = f"times: python -m hp_recompute.costs --from-run {os.path.basename(args.from_run)}"
         else:
-            times = measure_concurrently(args.model, args.seed, args.repeats, args.warmup, args.threads,
-                                         args.processes)
+            times = _measure(args, regions)
+            source = (f"times: python -m hp_recompute.costs, torch {torch.__version__}, {args.threads} thread(s) "
+                      f"x {args.processes} process(es), median of {args.repeats - args.warmup}")
     except RunError as e:
         print(e, file=sys.stderr)
         return 1
     for region in regions:
         region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in times[region["name"]].items()})
-    graph["source"] = (f"{graph.get('source', '')}; times: python -m hp_recompute.costs, torch {torch.__version__}, "
-                       f"{args.threads} thread(s) x {args.processes} process(es), median of {args.repeats - args.warmup}").lstrip("; ")
+    graph["source"] = f"{graph.get('source', '')}; {source}".lstrip("; ")
     try:
         write_text(args.output, json.dumps(graph, indent=2) + "\n")
     except OSError as e:
@@ -269,6 +336,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         extra = " ".join(f"{t[k]:9.1f}" for k in CHECKPOINT_KEYS if k in t)
         print(f"{name:<12} {f:9.1f} {i:9.1f} {w:9.1f} {b:9.1f} {i / f:7.2f} {w / f:7.2f} {extra}")
     return 0
+
+
+def _measure(args: argparse.Namespace, regions: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
+    """The measured times of the model's regions, whose names ``regions`` must list in order."""
+    torch.set_num_threads(args.threads)
+    model = load_model(args.model)
+    names = [r.name for r in model.regions]
+    if [r["name"] for r in regions] != names:
+        raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: names "
+                       f"[{', '.join(str(r['name']) for r in regions)}] are not model '{model.name}''s regions "
+                       f"[{', '.join(names)}]")
+    if args.processes > 1:
+        return measure_concurrently(args.model, args.seed, args.repeats, args.warmup, args.threads, args.processes)
+    batch = model.make_batch(torch.Generator().manual_seed(args.seed))
+    try:
+        return measure_region_times(model, batch, args.repeats, args.warmup)
+    except Exception as e:  # noqa: BLE001 - the model's own failure, located
+        raise RunError(f"hp_recompute.costs: measuring model '{model.name}' failed: "
+                       f"{type(e).__name__}: {e}") from None
 
 
 if __name__ == "__main__":

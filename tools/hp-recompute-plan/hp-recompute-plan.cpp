@@ -40,8 +40,8 @@
 #include <optional>
 
 using namespace llvm;
-namespace sched = ::hpr::sched;
-namespace model = ::hpr::model;
+namespace sched = ::mlir::hpr::sched;
+namespace model = ::mlir::hpr::model;
 
 namespace {
 enum class EmitKind { Summary, Json, Mlir, Csv, TorchCsv, Trace, Svg };

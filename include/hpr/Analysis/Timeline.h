@@ -2,7 +2,7 @@
 //
 // The planner's view of time: the programs of a module (planned or not) as
 // a schedule whose actions carry their durations under the cost model
-// (CostModel.h), simulated with hpr::sched::simulateSchedule. The passes
+// (CostModel.h), simulated with mlir::hpr::sched::simulateSchedule. The passes
 // that place recompute by time, the summary, the trace and the SVG timeline
 // all read this one timeline.
 //
@@ -26,14 +26,14 @@ namespace mlir::hpr {
 /// and a batched run of transfers are one composite cell; session ops are
 /// not cells.
 struct ModuleSchedule {
-  ::hpr::sched::Schedule schedule;
+  sched::Schedule schedule;
   /// cellOps[r][k]: the first op of rank r's cell k.
   std::vector<std::vector<Operation *>> cellOps;
 };
 
 /// How long an action of `kind` of a stage with `cost` runs; a forward
 /// takes the checkpointed or the plain time as `checkpointedForward` says.
-double actionDurationUs(::hpr::sched::ActionKind kind, const StageCost &cost,
+double actionDurationUs(sched::ActionKind kind, const StageCost &cost,
                         bool checkpointedForward);
 
 /// The programs of `module` with every action's duration under `costs`.
@@ -43,8 +43,8 @@ ModuleSchedule extractSchedule(ModuleOp module,
 ModuleSchedule extractSchedule(ModuleOp module);
 
 /// Simulates a schedule from extractSchedule with its actions' durations.
-llvm::Expected<::hpr::sched::SimulationResult>
-simulateTimeline(const ::hpr::sched::Schedule &schedule);
+llvm::Expected<sched::SimulationResult>
+simulateTimeline(const sched::Schedule &schedule);
 
 /// One rank's recompute time, split by whether the rank would have waited
 /// anyway.
@@ -57,8 +57,8 @@ struct RecomputeExposure {
 /// lasting D is hidden up to the time its rank's next action still waits
 /// for its inputs after t0 (min(D, ready - t0)), exposed for the rest.
 std::vector<RecomputeExposure>
-measureRecomputeExposure(const ::hpr::sched::Schedule &schedule,
-                         const ::hpr::sched::SimulationResult &simulation);
+measureRecomputeExposure(const sched::Schedule &schedule,
+                         const sched::SimulationResult &simulation);
 
 } // namespace mlir::hpr
 

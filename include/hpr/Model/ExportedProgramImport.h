@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr::model {
+namespace mlir::hpr::model {
 
 /// Imports the `.pt2` archive \p path. \p regionDepth is as in
 /// TorchScriptOptions. Warnings (ops without a cost rule) are appended to
@@ -36,6 +36,6 @@ llvm::Expected<ModelGraph>
 importExportedProgramJson(llvm::StringRef json, llvm::StringRef fileName,
                           int regionDepth, std::vector<std::string> &warnings);
 
-} // namespace hpr::model
+} // namespace mlir::hpr::model
 
 #endif // HPR_MODEL_EXPORTEDPROGRAMIMPORT_H

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr::model {
+namespace mlir::hpr::model {
 
 /// One region: a submodule call (e.g. `layers.3`), or the code between such
 /// calls (embedding, head, loss), which is never checkpointable.
@@ -76,6 +76,6 @@ struct StagedModel {
   std::vector<Stage> stages;
 };
 
-} // namespace hpr::model
+} // namespace mlir::hpr::model
 
 #endif // HPR_MODEL_MODEL_H

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr::model {
+namespace mlir::hpr::model {
 
 /// Reads \p path: `.pt2` through importExportedProgram (in process: it needs
 /// no LibTorch), `.pt` / `.ir` through importTorchScript (with \p options,
@@ -28,6 +28,6 @@ llvm::Expected<ModelGraph>
 readModelFile(llvm::StringRef path, const TorchScriptOptions &options,
               std::vector<std::string> *warnings = nullptr);
 
-} // namespace hpr::model
+} // namespace mlir::hpr::model
 
 #endif // HPR_MODEL_MODELFILE_H

@@ -17,7 +17,7 @@
 
 #include <string>
 
-namespace hpr::model {
+namespace mlir::hpr::model {
 
 /// Value of the top-level "format" key.
 inline constexpr const char *kModelJsonFormat = "hp-recompute-model";
@@ -34,6 +34,6 @@ llvm::Expected<ModelGraph> parseModelJson(llvm::StringRef text,
 /// parseModelJson reads it back to an equal graph.
 std::string printModelJson(const ModelGraph &graph);
 
-} // namespace hpr::model
+} // namespace mlir::hpr::model
 
 #endif // HPR_MODEL_MODELJSON_H

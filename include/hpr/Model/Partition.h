@@ -17,7 +17,7 @@
 
 #include <vector>
 
-namespace hpr::model {
+namespace mlir::hpr::model {
 
 /// The cost the balanced partition uses per region: fwdTimeUs when every
 /// region of \p graph is profiled (fwdTimeUs > 0), fwdFlops otherwise.
@@ -37,6 +37,6 @@ llvm::Expected<StagedModel> partitionModel(const ModelGraph &graph,
                                            int numStages,
                                            llvm::StringRef explicitSpec);
 
-} // namespace hpr::model
+} // namespace mlir::hpr::model
 
 #endif // HPR_MODEL_PARTITION_H

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr::model {
+namespace mlir::hpr::model {
 
 /// How to import a TorchScript model.
 struct TorchScriptOptions {
@@ -56,6 +56,6 @@ llvm::Expected<ModelGraph>
 importTorchScript(llvm::StringRef path, const TorchScriptOptions &options,
                   std::vector<std::string> *warnings = nullptr);
 
-} // namespace hpr::model
+} // namespace mlir::hpr::model
 
 #endif // HPR_MODEL_TORCHSCRIPTIMPORT_H

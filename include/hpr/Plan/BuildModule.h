@@ -24,13 +24,12 @@ namespace mlir::hpr {
 /// the model's stage count differs from the schedule's or the schedule
 /// already holds planner actions (RECOMPUTE, CLEAR).
 llvm::Expected<OwningOpRef<ModuleOp>>
-buildPlanModule(MLIRContext &context, const ::hpr::model::StagedModel &model,
-                const ::hpr::sched::Schedule &schedule,
-                llvm::StringRef scheduleFile);
+buildPlanModule(MLIRContext &context, const model::StagedModel &model,
+                const sched::Schedule &schedule, llvm::StringRef scheduleFile);
 
 /// A model whose every stage has one checkpointed region of unit cost: what
 /// the planner assumes when only a schedule is given.
-::hpr::model::StagedModel makeUniformModel(int numStages);
+model::StagedModel makeUniformModel(int numStages);
 
 } // namespace mlir::hpr
 

@@ -46,7 +46,7 @@ struct PlanSummary {
   /// The planned programs as cells and their simulation (Timeline.h), which
   /// the trace and the SVG draw.
   ModuleSchedule timeline;
-  ::hpr::sched::SimulationResult simulation;
+  sched::SimulationResult simulation;
 
   RankSummary total() const;
 };

@@ -15,7 +15,7 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Size of a generated schedule.
 struct GeneratorOptions {
@@ -35,6 +35,6 @@ llvm::Expected<Schedule> generateSchedule(llvm::StringRef name,
 /// `gpipe`, `1f1b`, `interleaved-1f1b`, `zb-h1`, `zbv`, `dualpipev`.
 llvm::ArrayRef<llvm::StringLiteral> generatorNames();
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_GENERATORS_H

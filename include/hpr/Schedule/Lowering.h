@@ -10,7 +10,7 @@
 
 #include "hpr/Schedule/Schedule.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// True if any action (or composite part) is SEND_F, RECV_F, SEND_B, RECV_B
 /// or a legacy batched comm.
@@ -26,6 +26,6 @@ bool hasCommunication(const Schedule &schedule);
 /// has communication is left unchanged. Uses schedule.stageToRank.
 void lowerCommunication(Schedule &schedule);
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_LOWERING_H

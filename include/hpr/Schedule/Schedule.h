@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// What one action does. Names follow the current torch.distributed.pipelining
 /// dialect; the legacy dialect maps onto the same kinds when read.
@@ -76,6 +76,6 @@ struct Schedule {
   std::vector<std::vector<Action>> ranks;
 };
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_SCHEDULE_H

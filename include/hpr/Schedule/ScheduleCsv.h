@@ -19,7 +19,7 @@
 
 #include <string>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Which spelling of the backward actions a CSV file uses.
 enum class CsvDialect {
@@ -55,6 +55,6 @@ std::string formatAction(const Action &action,
 /// In the current dialect a legacy BatchedComm is written as one cell per part.
 std::string printScheduleCsv(const Schedule &schedule, CsvDialect dialect);
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_SCHEDULECSV_H

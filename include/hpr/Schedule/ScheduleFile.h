@@ -14,7 +14,7 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Reads `path` as a CSV (in `dialect`) or JSON schedule depending on its
 /// extension (case-insensitive). An unreadable file or another extension is
@@ -22,6 +22,6 @@ namespace hpr::sched {
 llvm::Expected<Schedule> readScheduleFile(llvm::StringRef path,
                                           CsvDialect dialect);
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_SCHEDULEFILE_H

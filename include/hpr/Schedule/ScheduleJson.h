@@ -17,7 +17,7 @@
 
 #include <string>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Parses a JSON schedule. Errors name the JSON path, e.g.
 /// `FILE: /ranks/1/actions/3/microbatch: expected a non-negative integer`;
@@ -30,6 +30,6 @@ llvm::Expected<Schedule> parseScheduleJson(llvm::StringRef text,
 /// reads it back to an equal schedule.
 std::string printScheduleJson(const Schedule &schedule);
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_SCHEDULEJSON_H

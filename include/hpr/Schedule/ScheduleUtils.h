@@ -14,7 +14,7 @@
 
 #include "llvm/ADT/StringRef.h"
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Largest stage number the readers accept (keeps shape tables small).
 constexpr int kMaxStage = 65535;
@@ -56,6 +56,6 @@ template <typename Fn> void forEachPrimitive(const Action &action, Fn &&fn) {
   fn(action);
 }
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_SCHEDULEUTILS_H

@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Durations, in arbitrary units (microseconds when the schedule carries
 /// durations), of each action kind. Defaults are the zero-bubble paper's unit
@@ -107,6 +107,6 @@ llvm::Expected<SimulationResult>
 simulateSchedule(const Schedule &schedule, const SimulationCosts &costs = {},
                  llvm::StringRef fileName = "<schedule>");
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_SIMULATE_H

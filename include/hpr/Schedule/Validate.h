@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace hpr::sched {
+namespace mlir::hpr::sched {
 
 /// Validates `schedule` and reports every violation found (one per line,
 /// at most 50 then a count), each as
@@ -59,6 +59,6 @@ struct Violations {
 };
 Violations findViolations(const Schedule &schedule);
 
-} // namespace hpr::sched
+} // namespace mlir::hpr::sched
 
 #endif // HPR_SCHEDULE_VALIDATE_H

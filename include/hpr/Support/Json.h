@@ -16,7 +16,7 @@
 
 #include <string>
 
-namespace hpr {
+namespace mlir::hpr {
 
 /// Parses `text`. Errors read `FILE:ROW:COL: invalid JSON: ...`; any
 /// nlohmann exception (syntax, a number out of range, nesting deeper than
@@ -37,6 +37,6 @@ std::string dumpJson(const Json &value, int indent = -1) {
   return value.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
-} // namespace hpr
+} // namespace mlir::hpr
 
 #endif // HPR_SUPPORT_JSON_H

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace hpr {
+namespace mlir::hpr {
 
 /// A zip archive opened from memory, read-only.
 class ZipArchive {
@@ -50,6 +50,6 @@ private:
   std::string fileName;
 };
 
-} // namespace hpr
+} // namespace mlir::hpr
 
 #endif // HPR_SUPPORT_ZIPARCHIVE_H

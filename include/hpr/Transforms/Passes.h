@@ -10,8 +10,7 @@
 
 #include <string>
 
-namespace mlir {
-namespace hpr {
+namespace mlir::hpr {
 
 /// Where a session's replay goes: hpr-insert-recompute places it jit or by
 /// lookahead; bubble is jit, then hpr-prefetch-into-bubbles (Passes.td).
@@ -55,7 +54,8 @@ struct RecomputePipelineOptions
                        clEnumValN(CheckpointSelection::Auto, "auto",
                                   "hpr-select-checkpoints within `budget`"))};
   /// Run hpr-verify-comm first. The CLI turns it off: it imports only
-  /// schedules that hpr::sched::validateSchedule, the same rules, accepted.
+  /// schedules that mlir::hpr::sched::validateSchedule, the same rules,
+  /// accepted.
   bool checkSchedule = true;
 
   /// Refuses, through `emitError`, options that no pass of the pipeline would
@@ -90,7 +90,6 @@ void registerRecomputePipeline();
 #define GEN_PASS_REGISTRATION
 #include "hpr/Transforms/Passes.h.inc"
 
-} // namespace hpr
-} // namespace mlir
+} // namespace mlir::hpr
 
 #endif // HPR_TRANSFORMS_PASSES_H

@@ -70,7 +70,7 @@ def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
        other waiting op.
     Each violation is an error at its op (rank, action index and action in
     the message); the pass fails. It runs first in `hpr-recompute-pipeline`.
-    The checks are those of `hpr::sched::findViolations`, applied to the
+    The checks are those of `mlir::hpr::sched::findViolations`, applied to the
     programs read back from the IR.
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];

@@ -31,7 +31,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -152,6 +152,17 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
 # -- report ----------------------------------------------------------------------------------
 
 
+def action_medians(steps: Iterable[Sequence[Sequence[Any]]]) -> List[Dict[str, Any]]:
+    """Per (op, stage, plain forward): the median time of that action over ``steps`` (each the
+    rank's ``(op, stage, plain, seconds)`` list), in us, and how many times it ran."""
+    groups: Dict[Tuple[str, int, bool], List[float]] = {}
+    for actions in steps:
+        for op, stage, plain, seconds in actions:
+            groups.setdefault((op, stage, bool(plain)), []).append(seconds * 1e6)
+    return [{"op": op, "stage": stage, "plain": plain, "median_us": statistics.median(times), "count": len(times)}
+            for (op, stage, plain), times in sorted(groups.items())]
+
+
 def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: Sequence[StageSpec],
                  result: Dict[str, Any]) -> Dict[str, Any]:
     """The report JSON (docs/runner.md lists every field)."""
@@ -182,7 +193,8 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
             want_busy = planned_busy[r] if r < len(planned_busy) else None
             entry.update({"step_time_s": [s["ranks"][r]["step_time_s"] for s in steps],
                           "busy_us": busy_us, "planned_busy_us": want_busy,
-                          "busy_over_planned": busy_us / want_busy if want_busy else None})
+                          "busy_over_planned": busy_us / want_busy if want_busy else None,
+                          "measured_action_us": action_medians(s["ranks"][r]["action_s"] for s in timed)})
         ranks.append(entry)
     ok = grads_match and buffers_match and sessions_left == 0 and (not check_recomputes or recomputes == expected)
     times = [s["step_time_s"] for s in steps]

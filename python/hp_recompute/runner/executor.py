@@ -189,6 +189,9 @@ class RankExecutor:
         self.dx_out: Dict[Key, torch.Tensor] = {}
         self.losses: Dict[int, torch.Tensor] = {}
         self.busy_s = 0.0  # time in COMPUTE_OPS, this step
+        # (op, stage, plain forward, seconds) of every COMPUTE_OPS action, this step: the report's
+        # measured_action_us, from which ``hp_recompute.costs --from-run`` takes a run's costs
+        self.action_s: List[Tuple[str, int, bool, float]] = []
         # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
         self.native_calls = 0
         self.native_forwards = 0
@@ -222,7 +225,9 @@ class RankExecutor:
             start = time.perf_counter()
             self._run(action)
             if action.op in COMPUTE_OPS:
-                self.busy_s += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.busy_s += elapsed
+                self.action_s.append((action.op, action.stage, bool(action.plain), elapsed))
         except RunError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with its location

@@ -170,7 +170,7 @@ def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any]) -> Li
                       "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
                       "sessions_left": left, "profiled": step == 0,
                       "peak_bytes": memory.peak if isinstance(memory, AllocatorPeak) else None,
-                      "step_time_s": elapsed, "busy_s": ex.busy_s})
+                      "step_time_s": elapsed, "busy_s": ex.busy_s, "action_s": list(ex.action_s)})
         sgd_update(model.module, grads, ex.param_names)
     return steps
 
@@ -328,7 +328,7 @@ def compare_steps(plan: Plan, model: Any, specs: Any, results: Dict[int, Dict[st
                       "sessions_left": max(p["sessions_left"] for p in per),
                       "step_time_s": max(p["step_time_s"] for p in per), "profiled": per[0]["profiled"],
                       "ranks": [{"rank": r, "peak_bytes": p["peak_bytes"], "step_time_s": p["step_time_s"],
-                                 "busy_s": p["busy_s"]} for r, p in enumerate(per)],
+                                 "busy_s": p["busy_s"], "action_s": p["action_s"]} for r, p in enumerate(per)],
                       "counters": counters})
         sgd_update(model.module, want, names)
         for p in model.module.parameters():

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, flags, make_plan
+from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, flags, make_plan, run_cli
 
 TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
 
@@ -34,6 +34,46 @@ def test_measured_times_are_written_and_planned_with(tmp_path: Path) -> None:
     # The simulated step is at least the critical path of one microbatch: every forward and dx.
     one_microbatch = sum(r["fwd_time_us"] + r["bwd_input_time_us"] for r in graph["regions"])
     assert plan["summary"]["step_time_us"] >= one_microbatch
+
+
+def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path) -> None:
+    """Planned again with ``--from-run`` costs, each rank's simulated busy time is the sum of
+    the durations its actions had in the run: the Python mapping of actions to region fields
+    agrees with the planner's cost model (CostModel.cpp), checked through the planner."""
+    costed = tmp_path / "costed.json"
+    assert _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(costed), "--repeats", "3",
+                  "--warmup", "1").returncode == 0
+    cfg = ("zb-h1", 2, 4)  # forward, recompute, I and W on both stages
+    plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", "all", *flags(cfg))
+    report_path = tmp_path / "report.json"
+    steps = 3
+    proc = run_cli("--plan", str(plan), "--world-size", "2", "--steps", str(steps), "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(report_path.read_text())
+    from_run = tmp_path / "from-run.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report_path), "-o", str(from_run))
+    assert proc.returncode == 0, proc.stderr
+    replanned = json.loads(make_plan(tmp_path, "--model", str(from_run), "--checkpoint", "all", *flags(cfg),
+                                     name="again.json").read_text())
+    timed = steps - len(report["profiled_steps"])
+    for rank in report["ranks"]:
+        # The planner prices a clear and the first stage's I at 0 (nothing to compute).
+        ran = sum(m["median_us"] * m["count"] / timed for m in rank["measured_action_us"]
+                  if m["op"] != "clear" and not (m["op"] == "backward_input" and m["stage"] == 0))
+        planned = replanned["summary"]["busy_us"][rank["rank"]]
+        assert abs(planned - ran) <= 1e-3 * ran, (rank["rank"], planned, ran)
+        assert planned != json.loads(plan.read_text())["summary"]["busy_us"][rank["rank"]]
+
+
+def test_a_report_without_action_times_is_refused(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"ranks": [{"rank": 0}]}))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 1
+    assert (f"hp_recompute.costs: {report}: /ranks: expected measured_action_us per rank (a multi-process "
+            f"report of python -m hp_recompute.run)") in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
 
 
 def test_region_names_that_are_not_the_models_are_refused(tmp_path: Path) -> None:

@@ -12,8 +12,6 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace model = ::hpr::model;
-namespace sched = ::hpr::sched;
 
 namespace {
 

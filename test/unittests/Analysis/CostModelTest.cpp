@@ -11,8 +11,6 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace model = ::hpr::model;
-namespace sched = ::hpr::sched;
 
 namespace {
 

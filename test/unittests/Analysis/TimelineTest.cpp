@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 
 namespace {
 

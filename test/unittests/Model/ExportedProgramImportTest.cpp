@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 using nlohmann::json;
 
 namespace {
@@ -195,7 +195,7 @@ TEST(ExportedProgramImport, MissingArchive) {
 // Each case as torch decided it: torch.empty(N).as_strided(sizes,
 // strides).view(shape) succeeds or raises.
 TEST(RegionCosts, ViewRuleMatchesTorch) {
-  using hpr::model::detail::isViewable;
+  using mlir::hpr::model::detail::isViewable;
   EXPECT_TRUE(isViewable({2, 3, 4}, {12, 4, 1}, {6, 4}));
   EXPECT_FALSE(isViewable({2, 3}, {1, 2}, {6}));
   EXPECT_TRUE(isViewable({4, 2, 3}, {0, 3, 1}, {4, 6}));

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include <limits>
 #include <random>
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 namespace {
 

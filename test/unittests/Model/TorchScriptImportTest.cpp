@@ -22,7 +22,7 @@
 #include <fstream>
 #include <map>
 
-using namespace hpr::model;
+using namespace mlir::hpr::model;
 
 namespace {
 

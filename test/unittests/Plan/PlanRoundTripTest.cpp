@@ -22,7 +22,6 @@
 
 using namespace mlir;
 using namespace mlir::hpr;
-namespace sched = ::hpr::sched;
 using Kind = sched::ActionKind;
 
 namespace {

@@ -11,8 +11,8 @@
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/raw_ostream.h"
 
-using namespace hpr::sched;
-using namespace hpr::sched::test;
+using namespace mlir::hpr::sched;
+using namespace mlir::hpr::sched::test;
 
 namespace {
 

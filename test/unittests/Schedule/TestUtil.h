@@ -12,7 +12,7 @@
 
 #include <string>
 
-namespace hpr::sched::test {
+namespace mlir::hpr::sched::test {
 
 /// The error text of `err` ("" for success); consumes it.
 inline std::string errorText(llvm::Error err) {
@@ -42,6 +42,6 @@ inline std::string readInput(const std::string &name) {
   return buffer ? (*buffer)->getBuffer().str() : std::string();
 }
 
-} // namespace hpr::sched::test
+} // namespace mlir::hpr::sched::test
 
 #endif // HPR_TEST_SCHEDULE_TESTUTIL_H

@@ -12,8 +12,8 @@
 
 #include "TestUtil.h"
 
-using namespace hpr::sched;
-using namespace hpr::sched::test;
+using namespace mlir::hpr::sched;
+using namespace mlir::hpr::sched::test;
 
 namespace {
 
