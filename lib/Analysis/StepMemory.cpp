@@ -54,12 +54,16 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     if (isLastBackward[pos - 1])
       other -= costs[stage].outputBytes * (stage == lastStage ? 0 : 2);
     // Weight gradients come last: the stage's first W or B allocates them
-    // for the rest of the step, each later one computes a fresh copy before
-    // adding it in.
+    // for the rest of the step; each later one computes a fresh copy before
+    // adding it in. B is one autograd call that frees the graph as it goes,
+    // so its copy meets the activations already freed; W is one call per
+    // weight group over a retained graph, so its copy meets them all.
     int64_t transient = 0;
     if (isa<BackwardWeightOp, BackwardOp>(op)) {
       if (gradsAllocated.insert(stage).second)
         other += costs[stage].gradBytes;
+      else if (isa<BackwardWeightOp>(op))
+        peak = std::max(peak, live + other + costs[stage].gradBytes);
       else
         transient = costs[stage].gradBytes;
     }

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict
 
 import pytest
 import torch
@@ -152,24 +153,40 @@ def test_allocator_peak_sees_a_transient_allocation() -> None:
     del keep, small
 
 
-@pytest.fixture(scope="module")
-def costed_gpt(tmp_path_factory) -> Path:
-    """The bundled GPT's model JSON with times and bytes measured here (hp_recompute.costs)."""
-    out = tmp_path_factory.mktemp("costs") / "gpt.costed.json"
+MLP_MODEL_JSON = GPT_MODEL_JSON.parent.parent / "mlp" / "mlp.model.json"
+#: The runner's bundled models: model JSON, and the factory (None: the default GPT).
+BUNDLED = {"gpt": (GPT_MODEL_JSON, None),
+           "mlp": (MLP_MODEL_JSON, str(MLP_MODEL_JSON.parent / "model.py") + ":build")}
+
+
+def _measure_costs(out: Path, model: str) -> Path:
+    """``model``'s model JSON with times and bytes measured here (hp_recompute.costs)."""
+    model_json, factory = BUNDLED[model]
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--model-json", str(GPT_MODEL_JSON),
-                           "-o", str(out), "--repeats", "3", "--warmup", "1"], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--model-json", str(model_json),
+                           *(["--model", factory] if factory else []), "-o", str(out), "--repeats", "3",
+                           "--warmup", "1"], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 
 
+@pytest.fixture(scope="module")
+def costed(tmp_path_factory) -> Dict[str, Path]:
+    """Each bundled model's measured model JSON, measured once per module."""
+    root = tmp_path_factory.mktemp("costs")
+    return {model: _measure_costs(root / f"{model}.costed.json", model) for model in BUNDLED}
+
+
+@pytest.mark.parametrize("model", sorted(BUNDLED))
 @pytest.mark.parametrize("cfg", [("1f1b", 2, 4), ("zb-h1", 2, 4), ("zbv", 2, 4)], ids=lambda c: c[0])
-def test_planned_memory_is_within_ten_percent_of_the_allocator(tmp_path: Path, costed_gpt: Path, cfg) -> None:
-    plan = make_plan(tmp_path, "--model", str(costed_gpt), *flags(cfg))
+def test_planned_memory_is_within_ten_percent_of_the_allocator(tmp_path: Path, costed: Dict[str, Path], cfg,
+                                                               model: str) -> None:
+    plan = make_plan(tmp_path, "--model", str(costed[model]), *flags(cfg))
     raw = json.loads(plan.read_text())
     report_path = tmp_path / "r.json"
-    proc = run_cli("--plan", str(plan), "--steps", "2", "--report", str(report_path))
+    factory = BUNDLED[model][1]
+    proc = run_cli("--plan", str(plan), "--steps", "2", "--report", str(report_path),
+                   *(["--model", factory] if factory else []))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["planned_step_time_us"] == raw["summary"]["step_time_us"]
