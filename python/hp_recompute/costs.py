@@ -250,28 +250,42 @@ def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str
     if not isinstance(ranks, list) or not all(isinstance(r, dict) and "measured_action_us" in r for r in ranks):
         raise RunError(f"hp_recompute.costs: {report_path}: /ranks: expected measured_action_us per rank "
                        f"(a multi-process report of python -m hp_recompute.run)")
-    plan = _read_json(str(report.get("plan")), "plan the run executed")
+    for i, rank in enumerate(ranks):
+        for j, m in enumerate(rank["measured_action_us"]):
+            if not (isinstance(m, dict) and isinstance(m.get("op"), str) and isinstance(m.get("stage"), int)
+                    and isinstance(m.get("plain"), bool) and isinstance(m.get("median_us"), (int, float))):
+                raise RunError(f"hp_recompute.costs: {report_path}: /ranks/{i}/measured_action_us/{j}: expected "
+                               f"an object with op, stage, plain and median_us")
+    if not isinstance(report.get("plan"), str):
+        raise RunError(f"hp_recompute.costs: {report_path}: /plan: expected the path of the plan the run executed")
+    plan_path = report["plan"]
+    plan = _read_json(plan_path, "plan the run executed")
     try:
         stages = {st["stage"]: st["regions"] for st in plan["model"]["stages"]}
-    except (KeyError, TypeError):
-        raise RunError(f"hp_recompute.costs: {report['plan']}: /model/stages: expected a plan JSON") from None
-    priced = {r["name"]: r for regions in stages.values() for r in regions}
+        priced = {r["name"]: r for regions in stages.values() for r in regions}
+        checkpointed = {r["name"]: bool(r["checkpoint"]) for r in priced.values()}
+    except (KeyError, TypeError, AttributeError):
+        raise RunError(f"hp_recompute.costs: {plan_path}: /model/stages: expected stages of named regions "
+                       f"(a plan JSON of hp-recompute-plan)") from None
     if sorted(priced) != sorted(names):
-        raise RunError(f"hp_recompute.costs: {report['plan']}: its regions [{', '.join(priced)}] are not the model "
+        raise RunError(f"hp_recompute.costs: {plan_path}: its regions [{', '.join(priced)}] are not the model "
                        f"JSON's [{', '.join(names)}]")
     times: Dict[str, Dict[str, float]] = {}
     for name, region in priced.items():
         keys = TIME_KEYS + (CHECKPOINT_KEYS if region.get("checkpointable") else ())
         missing = [k for k in keys if not region.get(k)]
         if missing:
-            raise RunError(f"hp_recompute.costs: {report['plan']}: region '{name}' has no {missing[0]}: plan with "
+            raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}' has no {missing[0]}: plan with "
                            f"costs measured by python -m hp_recompute.costs before taking them from a run")
-        times[name] = {k: float(region[k]) for k in keys}
+        times[name] = {k: float(region[k]) for k in keys if isinstance(region[k], (int, float))}
+        if len(times[name]) != len(keys):
+            raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}': expected numbers for {', '.join(keys)}")
         times[name].update({k: region[k] for k in BYTES_KEYS if k in region})  # measured with the times
     for rank in ranks:
         for measured in rank["measured_action_us"]:
             op, stage, plain = measured["op"], measured["stage"], measured["plain"]
-            fields = [(r["name"], _region_field(op, stage, plain, r["checkpoint"])) for r in stages.get(stage, [])]
+            fields = [(r["name"], _region_field(op, stage, plain, checkpointed[r["name"]]))
+                      for r in stages.get(stage, [])]
             fields = [(name, key) for name, key in fields if key]
             modelled = sum(times[name][key] for name, key in fields)
             if modelled > 0:

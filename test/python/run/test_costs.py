@@ -76,6 +76,17 @@ def test_a_report_without_action_times_is_refused(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+def test_a_malformed_action_time_is_located(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"plan": "p.json", "ranks": [{"measured_action_us": [{"op": "forward"}]}]}))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 1
+    assert (f"hp_recompute.costs: {report}: /ranks/0/measured_action_us/0: expected an object with op, stage, "
+            f"plain and median_us") in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 def test_region_names_that_are_not_the_models_are_refused(tmp_path: Path) -> None:
     graph = json.loads(GPT_MODEL_JSON.read_text())
     graph["regions"][2]["name"] = "blocks.x"
