@@ -11,8 +11,11 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/JSON.h"
 
 #include <optional>
+#include <type_traits>
+#include <variant>
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -75,38 +78,72 @@ static int64_t messageTag(Operation *op, int64_t stage, int64_t microbatch) {
   return (sender * microbatches + microbatch) * 2 + (forward ? 0 : 1);
 }
 
-ordered_json mlir::hpr::plan_json::actionJson(
-    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers) {
+void mlir::hpr::plan_json::forEachActionMember(
+    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
+    llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)>
+        member) {
   auto action = cast<ActionOpInterface>(op);
-  ordered_json entry = {{"op", action.getPlanName().str()}};
+  member("op", action.getPlanName());
   if (action.getStageIndex() >= 0)
-    entry["stage"] = action.getStageIndex();
+    member("stage", action.getStageIndex());
   if (action.getMicrobatchIndex() >= 0)
-    entry["microbatch"] = action.getMicrobatchIndex();
+    member("microbatch", action.getMicrobatchIndex());
   llvm::TypeSwitch<Operation *>(op)
       .Case<RecomputeOp, ClearOp>([&](auto sessionAction) {
-        entry["session"] = sessionAction.getSessionOp().getSid().str();
+        member("session", sessionAction.getSessionOp().getSid());
       })
       .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>([&](auto comm) {
-        entry["peer"] = static_cast<int64_t>(comm.getPeer());
-        entry["tag"] =
-            messageTag(op, action.getStageIndex(), action.getMicrobatchIndex());
+        member("peer", static_cast<int64_t>(comm.getPeer()));
+        member("tag", messageTag(op, action.getStageIndex(),
+                                 action.getMicrobatchIndex()));
         if (comm.getBatched())
-          entry["batched"] = true;
+          member("batched", true);
       });
   if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
     if (Value session = consumer.getSessionValue()) {
-      entry["session"] = session.getDefiningOp<SessionOp>().getSid().str();
-      entry["retain_on_unpack"] = consumer.getRetainOnUnpackFlag();
+      member("session", session.getDefiningOp<SessionOp>().getSid());
+      member("retain_on_unpack", consumer.getRetainOnUnpackFlag());
     }
   if (lastConsumers.contains(op))
-    entry["frees_graph"] = true;
+    member("frees_graph", true);
   if (isOverlapped(op))
-    entry["overlap"] = true;
+    member("overlap", true);
   if (auto forward = dyn_cast<ForwardOp>(op))
     if (forward.getNoCheckpoint())
-      entry["checkpoint"] = false;
+      member("checkpoint", false);
+}
+
+ordered_json mlir::hpr::plan_json::actionJson(
+    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers) {
+  ordered_json entry = ordered_json::object();
+  forEachActionMember(
+      op, lastConsumers,
+      [&](llvm::StringRef key, const ActionMemberValue &value) {
+        std::visit(
+            [&](auto v) {
+              if constexpr (std::is_same_v<decltype(v), llvm::StringRef>)
+                entry[key.str()] = v.str();
+              else
+                entry[key.str()] = v;
+            },
+            value);
+      });
   return entry;
+}
+
+/// Writes `op`'s action object compactly. LLVM's streaming JSON writer, as
+/// nlohmann/json has none: no object per action is built, which made up most
+/// of the export of a million actions.
+static void writeActionJson(llvm::raw_ostream &os, Operation *op,
+                            const llvm::DenseSet<Operation *> &lastConsumers) {
+  llvm::json::OStream out(os);
+  out.object([&] {
+    forEachActionMember(
+        op, lastConsumers,
+        [&](llvm::StringRef key, const ActionMemberValue &value) {
+          std::visit([&](auto v) { out.attribute(key, v); }, value);
+        });
+  });
 }
 
 /// Writes `items` as a JSON array, one compact element per line, so a plan
@@ -233,15 +270,16 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         rankOs << "  {\"rank\": " << programList[index].getRank()
                << ", \"actions\": ";
         llvm::DenseSet<Operation *> last = lastConsumers(programList[index]);
-        writeArrayLines(
-            rankOs, programList[index].getBody().getOps(),
-            [&](Operation &op) -> std::optional<ordered_json> {
-              if (!isa<ActionOpInterface>(op))
-                return std::nullopt;
-              return actionJson(&op, last);
-            },
-            "   ");
-        rankOs << "}";
+        rankOs << "[";
+        bool first = true;
+        for (Operation &op : programList[index].getBody().getOps()) {
+          if (!isa<ActionOpInterface>(op))
+            continue; // a session
+          rankOs << (first ? "\n   " : ",\n   ");
+          writeActionJson(rankOs, &op, last);
+          first = false;
+        }
+        rankOs << "\n  ]}";
       });
   os << ",\n \"ranks\": [";
   for (auto [index, text] : llvm::enumerate(rankTexts))

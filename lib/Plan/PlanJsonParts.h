@@ -13,11 +13,13 @@
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 
 #include <nlohmann/json.hpp>
 
 #include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace mlir::hpr::plan_json {
@@ -32,6 +34,17 @@ ModelOp getModel(ModuleOp module);
 nlohmann::json scheduleJson(ScheduleOp schedule);
 /// `/model`: its name and per stage its regions; fills `checkpointed`.
 nlohmann::json modelJson(ModelOp model, CheckpointedRegions &checkpointed);
+/// A member value of a plan action (forEachActionMember).
+using ActionMemberValue = std::variant<int64_t, bool, llvm::StringRef>;
+
+/// Calls `member(key, value)` for each member of `op`'s element of
+/// `/ranks/*/actions`, in order: the one definition of that object, which the
+/// plan JSON streams and the torch CSV's sidecar builds (actionJson).
+void forEachActionMember(
+    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
+    llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)>
+        member);
+
 /// One element of `/sessions`.
 nlohmann::ordered_json sessionJson(SessionOp session,
                                    const CheckpointedRegions &checkpointed);
