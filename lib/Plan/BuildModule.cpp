@@ -4,6 +4,7 @@
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <functional>
@@ -70,10 +71,15 @@ private:
   /// The peer of a transfer: the rank of the stage on the other side.
   llvm::Expected<int64_t> peerOf(const sched::Action &action, Location loc);
   llvm::Error errorAt(Location loc, const llvm::Twine &message) const;
+  /// The attribute of a stage, microbatch or rank index, uniqued once per
+  /// value: a million ops share a few thousand distinct indices.
+  IntegerAttr index(int64_t value);
+  UnitAttr flag(bool set) { return set ? builder.getUnitAttr() : UnitAttr(); }
 
   OpBuilder &builder;
   const sched::Schedule &schedule;
   llvm::StringRef file;
+  llvm::DenseMap<int64_t, IntegerAttr> indices;
 };
 } // namespace
 
@@ -84,6 +90,13 @@ llvm::Error ProgramBuilder::errorAt(Location loc,
       llvm::formatv("{0}:{1}:{2}: {3}", fileLoc.getFilename().getValue(),
                     fileLoc.getLine(), fileLoc.getColumn(), message.str())
           .str());
+}
+
+IntegerAttr ProgramBuilder::index(int64_t value) {
+  IntegerAttr &attr = indices[value];
+  if (!attr)
+    attr = builder.getI64IntegerAttr(value);
+  return attr;
 }
 
 llvm::Expected<int64_t> ProgramBuilder::peerOf(const sched::Action &action,
@@ -101,39 +114,43 @@ llvm::Expected<int64_t> ProgramBuilder::peerOf(const sched::Action &action,
 llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
                                  bool grouped) {
   using Kind = sched::ActionKind;
-  int64_t stage = action.stage, mb = action.microbatch;
+  IntegerAttr stage = index(action.stage), mb = index(action.microbatch);
   switch (action.kind) {
   case Kind::Idle:
     builder.create<IdleOp>(loc);
     return llvm::Error::success();
   case Kind::Forward:
     builder.create<ForwardOp>(loc, builder.getType<HandleType>(), stage, mb,
-                              grouped, /*no_checkpoint=*/false);
+                              flag(grouped), /*no_checkpoint=*/UnitAttr());
     return llvm::Error::success();
   case Kind::BackwardInput:
-    builder.create<BackwardInputOp>(loc, stage, mb, Value(), false, grouped);
+    builder.create<BackwardInputOp>(loc, stage, mb, Value(), UnitAttr(),
+                                    flag(grouped));
     return llvm::Error::success();
   case Kind::BackwardWeight:
-    builder.create<BackwardWeightOp>(loc, stage, mb, Value(), false, grouped);
+    builder.create<BackwardWeightOp>(loc, stage, mb, Value(), UnitAttr(),
+                                     flag(grouped));
     return llvm::Error::success();
   case Kind::Backward:
-    builder.create<BackwardOp>(loc, stage, mb, Value(), false, grouped);
+    builder.create<BackwardOp>(loc, stage, mb, Value(), UnitAttr(),
+                               flag(grouped));
     return llvm::Error::success();
   case Kind::SendF:
   case Kind::RecvF:
   case Kind::SendB:
   case Kind::RecvB: {
-    llvm::Expected<int64_t> peer = peerOf(action, loc);
-    if (!peer)
-      return peer.takeError();
+    llvm::Expected<int64_t> peerRank = peerOf(action, loc);
+    if (!peerRank)
+      return peerRank.takeError();
+    IntegerAttr peer = index(*peerRank);
     if (action.kind == Kind::SendF)
-      builder.create<SendFOp>(loc, stage, mb, *peer, grouped);
+      builder.create<SendFOp>(loc, stage, mb, peer, flag(grouped));
     else if (action.kind == Kind::RecvF)
-      builder.create<RecvFOp>(loc, stage, mb, *peer, grouped);
+      builder.create<RecvFOp>(loc, stage, mb, peer, flag(grouped));
     else if (action.kind == Kind::SendB)
-      builder.create<SendBOp>(loc, stage, mb, *peer, grouped);
+      builder.create<SendBOp>(loc, stage, mb, peer, flag(grouped));
     else
-      builder.create<RecvBOp>(loc, stage, mb, *peer, grouped);
+      builder.create<RecvBOp>(loc, stage, mb, peer, flag(grouped));
     return llvm::Error::success();
   }
   case Kind::Unshard:

@@ -267,6 +267,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   mlir::parallelFor(
       module.getContext(), 0, programList.size(), [&](size_t index) {
         llvm::raw_string_ostream rankOs(rankTexts[index]);
+        rankOs.SetBuffered(); // the JSON writer writes a few bytes at a time
         rankOs << "  {\"rank\": " << programList[index].getRank()
                << ", \"actions\": ";
         llvm::DenseSet<Operation *> last = lastConsumers(programList[index]);
@@ -280,6 +281,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
           first = false;
         }
         rankOs << "\n  ]}";
+        rankOs.flush();
       });
   os << ",\n \"ranks\": [";
   for (auto [index, text] : llvm::enumerate(rankTexts))
