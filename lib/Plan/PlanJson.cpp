@@ -13,7 +13,6 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/JSON.h"
 
-#include <optional>
 #include <type_traits>
 #include <variant>
 
@@ -146,23 +145,6 @@ static void writeActionJson(llvm::raw_ostream &os, Operation *op,
   });
 }
 
-/// Writes `items` as a JSON array, one compact element per line, so a plan
-/// of a million actions streams out without a document-sized DOM.
-template <typename Range, typename ToJson>
-static void writeArrayLines(llvm::raw_ostream &os, const Range &items,
-                            ToJson toJson, llvm::StringRef indent) {
-  os << "[";
-  bool first = true;
-  for (auto &&item : items) {
-    auto value = toJson(item);
-    if (!value)
-      continue;
-    os << (first ? "\n" : ",\n") << indent << ::mlir::hpr::dumpJson(*value);
-    first = false;
-  }
-  os << "\n" << indent.drop_back() << "]";
-}
-
 json mlir::hpr::plan_json::scheduleJson(ScheduleOp schedule) {
   return {
       {"name", schedule.getName().str()},
@@ -250,17 +232,17 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
     os << " \"" << key << "\": " << ::mlir::hpr::dumpJson(value) << ",\n";
 
   auto programs = schedule.getBody().getOps<ProgramOp>();
-  os << " \"sessions\": ";
-  std::vector<Operation *> sessionOps;
+  // One compact element per line, so that a plan of a million actions
+  // streams out without a document-sized DOM.
+  os << " \"sessions\": [";
+  bool firstSession = true;
   for (ProgramOp program : programs)
-    for (SessionOp session : program.getBody().getOps<SessionOp>())
-      sessionOps.push_back(session);
-  writeArrayLines(
-      os, sessionOps,
-      [&](Operation *op) -> std::optional<ordered_json> {
-        return sessionJson(cast<SessionOp>(op), checkpointedRegions);
-      },
-      "  ");
+    for (SessionOp session : program.getBody().getOps<SessionOp>()) {
+      os << (firstSession ? "\n  " : ",\n  ")
+         << ::mlir::hpr::dumpJson(sessionJson(session, checkpointedRegions));
+      firstSession = false;
+    }
+  os << "\n ]";
   // Ranks are independent: serialize them on all threads, write in order.
   auto programList = llvm::to_vector(programs);
   std::vector<std::string> rankTexts(programList.size());
