@@ -238,8 +238,7 @@ void VerifyPass::runOnOperation() {
   auto module = program->getParentOfType<ModuleOp>();
   if (module && llvm::hasSingleElement(module.getOps<ModelOp>())) {
     checkpointed.emplace();
-    for (StageOp stage :
-         (*module.getOps<ModelOp>().begin()).getBody().getOps<StageOp>())
+    for (StageOp stage : getModel(module).getBody().getOps<StageOp>())
       for (RegionOp region : stage.getBody().getOps<RegionOp>())
         if (region.getCheckpoint())
           checkpointed->insert(static_cast<int64_t>(stage.getIndex()));

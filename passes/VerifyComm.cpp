@@ -29,14 +29,13 @@ struct VerifyCommPass
 
 void VerifyCommPass::runOnOperation() {
   ModuleOp module = getOperation();
-  auto schedules = module.getOps<ScheduleOp>();
-  if (schedules.empty() || module.getOps<ModelOp>().empty()) {
+  ScheduleOp scheduleOp = getSchedule(module);
+  ModelOp model = getModel(module);
+  if (!scheduleOp || !model) {
     module.emitError("expected an hpr.model and an hpr.schedule");
     return signalPassFailure();
   }
-  ScheduleOp scheduleOp = *schedules.begin();
   // Every stage the schedule runs needs its costs and checkpoint marks.
-  ModelOp model = *module.getOps<ModelOp>().begin();
   auto numModelStages = llvm::range_size(model.getBody().getOps<StageOp>());
   if (numModelStages != scheduleOp.getNumStages()) {
     scheduleOp.emitError() << "the schedule has " << scheduleOp.getNumStages()

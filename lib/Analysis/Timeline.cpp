@@ -64,7 +64,7 @@ static sched::Action toAction(Operation *op,
 
 ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module,
                                           const std::vector<StageCost> &costs) {
-  ScheduleOp scheduleOp = *module.getOps<ScheduleOp>().begin();
+  ScheduleOp scheduleOp = getSchedule(module);
   ModuleSchedule result;
   sched::Schedule &schedule = result.schedule;
   schedule.name = scheduleOp.getName().str();
@@ -112,8 +112,7 @@ ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module,
 }
 
 ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module) {
-  return extractSchedule(module,
-                         computeStageCosts(*module.getOps<ModelOp>().begin()));
+  return extractSchedule(module, computeStageCosts(getModel(module)));
 }
 
 llvm::Expected<sched::SimulationResult>

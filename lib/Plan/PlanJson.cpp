@@ -25,13 +25,6 @@ using ordered_json = nlohmann::ordered_json;
 
 using namespace mlir::hpr::plan_json;
 
-ScheduleOp mlir::hpr::plan_json::getSchedule(ModuleOp module) {
-  return *module.getOps<ScheduleOp>().begin();
-}
-ModelOp mlir::hpr::plan_json::getModel(ModuleOp module) {
-  return *module.getOps<ModelOp>().begin();
-}
-
 static json regionJson(RegionOp region) {
   json entry = {{"name", region.getName().str()},
                 {"checkpoint", region.getCheckpoint()},
@@ -229,7 +222,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         {"recompute_exposed_us", exposed}}}};
   os << "{\n";
   for (auto &[key, value] : head)
-    os << " \"" << key << "\": " << ::mlir::hpr::dumpJson(value) << ",\n";
+    os << " \"" << key << "\": " << dumpJson(value) << ",\n";
 
   auto programs = schedule.getBody().getOps<ProgramOp>();
   // One compact element per line, so that a plan of a million actions
@@ -239,7 +232,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   for (ProgramOp program : programs)
     for (SessionOp session : program.getBody().getOps<SessionOp>()) {
       os << (firstSession ? "\n  " : ",\n  ")
-         << ::mlir::hpr::dumpJson(sessionJson(session, checkpointedRegions));
+         << dumpJson(sessionJson(session, checkpointedRegions));
       firstSession = false;
     }
   os << "\n ]";

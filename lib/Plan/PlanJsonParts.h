@@ -27,9 +27,6 @@ namespace mlir::hpr::plan_json {
 /// Stage index -> the names of its checkpointed regions.
 using CheckpointedRegions = std::map<int64_t, std::vector<std::string>>;
 
-ScheduleOp getSchedule(ModuleOp module);
-ModelOp getModel(ModuleOp module);
-
 /// `/schedule`: name, sizes, stage_to_rank.
 nlohmann::json scheduleJson(ScheduleOp schedule);
 /// `/model`: its name and per stage its regions; fills `checkpointed`.

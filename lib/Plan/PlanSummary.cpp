@@ -1,7 +1,6 @@
 //===- PlanSummary.cpp - What a planned module does and costs ------------===//
 
 #include "hpr/Plan/PlanSummary.h"
-#include "PlanJsonParts.h"
 
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/StepMemory.h"
@@ -54,10 +53,9 @@ RankSummary PlanSummary::total() const {
 }
 
 llvm::Expected<PlanSummary> mlir::hpr::summarizePlan(ModuleOp module) {
-  std::vector<StageCost> costs = computeStageCosts(plan_json::getModel(module));
+  std::vector<StageCost> costs = computeStageCosts(getModel(module));
   PlanSummary summary;
-  for (ProgramOp program :
-       plan_json::getSchedule(module).getBody().getOps<ProgramOp>())
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
     summary.ranks.push_back(summarizeProgram(program, costs));
   summary.timeline = extractSchedule(module, costs);
   llvm::Expected<sched::SimulationResult> simulation =

@@ -93,8 +93,8 @@ void legendItem(llvm::raw_ostream &os, double x, const char *fill,
 
 void mlir::hpr::writeTimelineSvg(ModuleOp module, const PlanSummary &summary,
                                  llvm::raw_ostream &os) {
-  ModelOp model = *module.getOps<ModelOp>().begin();
-  ScheduleOp scheduleOp = *module.getOps<ScheduleOp>().begin();
+  ModelOp model = getModel(module);
+  ScheduleOp scheduleOp = getSchedule(module);
   std::vector<StageCost> costs = computeStageCosts(model);
   const ModuleSchedule &cells = summary.timeline;
   const sched::SimulationResult &simulation = summary.simulation;

@@ -248,5 +248,5 @@ void mlir::hpr::writeTorchCsv(ModuleOp module, StringRef csvName,
                            {"model", std::move(model)},
                            {"sessions", std::move(sessions)},
                            {"ranks", std::move(ranks)}};
-  sidecar << ::mlir::hpr::dumpJson(document) << "\n";
+  sidecar << dumpJson(document) << "\n";
 }

@@ -20,7 +20,7 @@ void mlir::hpr::writeTraceJson(const PlanSummary &summary,
   bool first = true;
   for (auto [rank, program] : llvm::enumerate(schedule.ranks)) {
     os << (first ? "\n" : ",\n")
-       << ::mlir::hpr::dumpJson(ordered_json{
+       << dumpJson(ordered_json{
               {"name", "thread_name"},
               {"ph", "M"},
               {"pid", 0},
@@ -33,13 +33,12 @@ void mlir::hpr::writeTraceJson(const PlanSummary &summary,
       if (action.kind == sched::ActionKind::Idle || timing.end <= timing.start)
         continue;
       os << ",\n"
-         << ::mlir::hpr::dumpJson(
-                ordered_json{{"name", sched::formatAction(action)},
-                             {"ph", "X"},
-                             {"pid", 0},
-                             {"tid", rank},
-                             {"ts", timing.start},
-                             {"dur", timing.end - timing.start}});
+         << dumpJson(ordered_json{{"name", sched::formatAction(action)},
+                                  {"ph", "X"},
+                                  {"pid", 0},
+                                  {"tid", rank},
+                                  {"ts", timing.start},
+                                  {"dur", timing.end - timing.start}});
     }
   }
   os << "\n]}\n";

@@ -329,6 +329,16 @@ LogicalResult ReduceGradOp::verify() {
 // Sessions
 //===----------------------------------------------------------------------===//
 
+ModelOp mlir::hpr::getModel(ModuleOp module) {
+  auto models = module.getOps<ModelOp>();
+  return models.empty() ? ModelOp() : *models.begin();
+}
+
+ScheduleOp mlir::hpr::getSchedule(ModuleOp module) {
+  auto schedules = module.getOps<ScheduleOp>();
+  return schedules.empty() ? ScheduleOp() : *schedules.begin();
+}
+
 std::string mlir::hpr::getSessionId(int64_t stage, int64_t microbatch) {
   return "s" + std::to_string(stage) + ".mb" + std::to_string(microbatch);
 }

@@ -7,6 +7,7 @@
 #include "hpr/Dialect/HPR/HPRTypes.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OpDefinition.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
@@ -31,5 +32,13 @@ std::string describeAction(Operation *op);
 
 #define GET_OP_CLASSES
 #include "hpr/Dialect/HPR/HPROps.h.inc"
+
+namespace mlir::hpr {
+/// The module's hpr.model and hpr.schedule (the first of each), or null when
+/// there is none. A planned module has exactly one of each: the importer
+/// builds it so, and hpr-verify-comm refuses IR from elsewhere without them.
+ModelOp getModel(ModuleOp module);
+ScheduleOp getSchedule(ModuleOp module);
+} // namespace mlir::hpr
 
 #endif // HPR_DIALECT_HPR_HPROPS_H
