@@ -273,13 +273,11 @@ def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str
     times: Dict[str, Dict[str, float]] = {}
     for name, region in priced.items():
         keys = TIME_KEYS + (CHECKPOINT_KEYS if region.get("checkpointable") else ())
-        missing = [k for k in keys if not region.get(k)]
+        missing = [k for k in keys if not isinstance(region.get(k), (int, float)) or region[k] <= 0]
         if missing:
             raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}' has no {missing[0]}: plan with "
                            f"costs measured by python -m hp_recompute.costs before taking them from a run")
-        times[name] = {k: float(region[k]) for k in keys if isinstance(region[k], (int, float))}
-        if len(times[name]) != len(keys):
-            raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}': expected numbers for {', '.join(keys)}")
+        times[name] = {k: float(region[k]) for k in keys}
         times[name].update({k: region[k] for k in BYTES_KEYS if k in region})  # measured with the times
     for rank in ranks:
         for measured in rank["measured_action_us"]:
@@ -314,11 +312,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.threads < 1 or args.processes < 1:
         p.error("--threads and --processes must be >= 1")
     try:
-        try:
-            with open(args.model_json) as f:
-                graph = json.load(f)
-        except (OSError, ValueError) as e:
-            raise RunError(f"hp_recompute.costs: {args.model_json}: cannot read the model JSON: {e}") from None
+        graph = _read_json(args.model_json, "model JSON")
         regions = graph.get("regions") if isinstance(graph, dict) else None
         if not isinstance(regions, list) or not all(isinstance(r, dict) and "name" in r for r in regions):
             raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: expected a list of region objects")

@@ -188,13 +188,17 @@ class RankExecutor:
         self.inbox_b: Dict[Key, torch.Tensor] = {}
         self.dx_out: Dict[Key, torch.Tensor] = {}
         self.losses: Dict[int, torch.Tensor] = {}
-        self.busy_s = 0.0  # time in COMPUTE_OPS, this step
         # (op, stage, plain forward, seconds) of every COMPUTE_OPS action, this step: the report's
-        # measured_action_us, from which ``hp_recompute.costs --from-run`` takes a run's costs
+        # busy_us and measured_action_us (``hp_recompute.costs --from-run`` takes a run's costs from it)
         self.action_s: List[Tuple[str, int, bool, float]] = []
         # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
         self.native_calls = 0
         self.native_forwards = 0
+
+    @property
+    def busy_s(self) -> float:
+        """Time in COMPUTE_OPS actions, this step."""
+        return sum(seconds for *_, seconds in self.action_s)
 
     @property
     def done(self) -> bool:
@@ -225,9 +229,7 @@ class RankExecutor:
             start = time.perf_counter()
             self._run(action)
             if action.op in COMPUTE_OPS:
-                elapsed = time.perf_counter() - start
-                self.busy_s += elapsed
-                self.action_s.append((action.op, action.stage, bool(action.plain), elapsed))
+                self.action_s.append((action.op, action.stage, bool(action.plain), time.perf_counter() - start))
         except RunError:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with its location

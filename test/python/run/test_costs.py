@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, flags, make_plan, run_cli
 
 TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
@@ -65,25 +67,31 @@ def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path) -
         assert planned != json.loads(plan.read_text())["summary"]["busy_us"][rank["rank"]]
 
 
-def test_a_report_without_action_times_is_refused(tmp_path: Path) -> None:
-    report = tmp_path / "report.json"
-    report.write_text(json.dumps({"ranks": [{"rank": 0}]}))
+@pytest.mark.parametrize("report,where", [
+    ({"ranks": [{"rank": 0}]},
+     "/ranks: expected measured_action_us per rank (a multi-process report of python -m hp_recompute.run)"),
+    ({"plan": "p.json", "ranks": [{"measured_action_us": [{"op": "forward"}]}]},
+     "/ranks/0/measured_action_us/0: expected an object with op, stage, plain and median_us"),
+], ids=["no-action-times", "malformed-action-time"])
+def test_a_bad_run_report_is_located(tmp_path: Path, report: dict, where: str) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(path), "-o", str(out))
     assert proc.returncode == 1
-    assert (f"hp_recompute.costs: {report}: /ranks: expected measured_action_us per rank (a multi-process "
-            f"report of python -m hp_recompute.run)") in proc.stderr
+    assert f"hp_recompute.costs: {path}: {where}" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
-def test_a_malformed_action_time_is_located(tmp_path: Path) -> None:
+def test_a_plan_priced_without_measured_costs_is_refused(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 2)))
     report = tmp_path / "report.json"
-    report.write_text(json.dumps({"plan": "p.json", "ranks": [{"measured_action_us": [{"op": "forward"}]}]}))
+    report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": []}]}))
     out = tmp_path / "out.json"
     proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 1
-    assert (f"hp_recompute.costs: {report}: /ranks/0/measured_action_us/0: expected an object with op, stage, "
-            f"plain and median_us") in proc.stderr
+    assert (f"hp_recompute.costs: {plan}: region 'tok_emb' has no fwd_time_us: plan with costs measured by "
+            f"python -m hp_recompute.costs before taking them from a run") in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
