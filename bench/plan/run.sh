@@ -2,9 +2,12 @@
 # Planning throughput: generated ZBV schedules (8 ranks) of about 10^4, 10^5
 # and 10^6 actions, planned end to end (generate -> lower -> validate ->
 # import -> passes -> simulate -> export), timed side by side in one run.
-# Usage: bench/plan/run.sh [build-dir]
+# Usage: bench/plan/run.sh [build-dir] [baseline-build-dir]
+# With a baseline (another checkout's build), a third table times both binaries on
+# the first table's plans, alternating, 3 runs each: median wall seconds and the ratio.
 set -euo pipefail
 build="${1:-build}"
+baseline="${2:-}"
 tool="$build/bin/hp-recompute-plan"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
@@ -39,4 +42,24 @@ for choice in "--prefetch jit" "--prefetch bubble" "--checkpoint auto --memory-b
   label=${choice/--memory-budget $budget/--memory-budget B}
   awk -v c="$label" -v a="$actions" -v w="$wall" -v r="$rss" \
     'BEGIN { printf "| `%s` | %d | %.2f | %.0f |\n", c, a, w, r / 1024 }'
+done
+
+[ -n "$baseline" ] || exit 0
+median() { sort -n | sed -n 2p; }  # of 3
+printf '\n| microbatches | emit | baseline s | this build s | this / baseline |\n'
+printf '| ---: | --- | ---: | ---: | ---: |\n'
+for mb in 74 740 7400; do
+  for emit in summary json; do
+    : > "$out/base" && : > "$out/this"
+    for _ in 1 2 3; do
+      for side in base this; do
+        bin="$baseline/bin/hp-recompute-plan"; [ "$side" = this ] && bin="$tool"
+        /usr/bin/time -f '%e' -a -o "$out/$side" \
+          "$bin" --schedule-gen zbv --ranks 8 --microbatches "$mb" --emit "$emit" -o "$out/plan.$emit"
+      done
+    done
+    b=$(median < "$out/base"); t=$(median < "$out/this")
+    awk -v mb="$mb" -v e="$emit" -v b="$b" -v t="$t" \
+      'BEGIN { printf "| %d | %s | %.2f | %.2f | %.2f |\n", mb, e, b, t, t / b }'
+  done
 done
