@@ -3,9 +3,9 @@
 #include "hpr/Model/ModelFile.h"
 #include "hpr/Model/ExportedProgramImport.h"
 #include "hpr/Model/ModelJson.h"
+#include "hpr/Support/InputFile.h"
 
 #include "llvm/Support/DynamicLibrary.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Signals.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -173,11 +173,9 @@ mlir::hpr::model::readModelFile(llvm::StringRef path,
     return graph;
   }
   if (path.ends_with(".json")) {
-    auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+    auto buffer = mlir::hpr::readInputFile(path);
     if (!buffer)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                     "%s: cannot read: %s", path.str().c_str(),
-                                     buffer.getError().message().c_str());
+      return buffer.takeError();
     return parseModelJson((*buffer)->getBuffer(), path);
   }
   return llvm::createStringError(

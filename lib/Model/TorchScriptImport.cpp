@@ -12,12 +12,13 @@
 #include "RegionCosts.h"
 
 #include "hpr/Model/TorchScriptImport.h"
+#include "hpr/Support/InputFile.h"
 #include "hpr/Support/ZipArchive.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -480,9 +481,11 @@ struct Sidecar {
 llvm::Expected<std::optional<Sidecar>> readSidecar(llvm::StringRef modelPath) {
   llvm::SmallString<256> path(modelPath);
   llvm::sys::path::replace_extension(path, ".json");
-  auto buffer = llvm::MemoryBuffer::getFile(path);
-  if (!buffer)
+  if (!llvm::sys::fs::exists(path))
     return std::nullopt;
+  auto buffer = mlir::hpr::readInputFile(path, "the exporter's sidecar");
+  if (!buffer)
+    return buffer.takeError();
   auto fail = [&](const std::string &jsonPath, const std::string &what) {
     return makeError(llvm::formatv("{0}: {1}: {2}", path, jsonPath, what));
   };
@@ -644,10 +647,11 @@ mlir::hpr::model::importTorchScript(llvm::StringRef path,
   if (options.regionDepth < 0)
     return makeError(llvm::formatv("{0}: region depth must be >= 0, got {1}",
                                    file, options.regionDepth));
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
-                                            /*RequiresNullTerminator=*/false);
+  auto buffer = mlir::hpr::readInputFile(path, "",
+                                         isIr ? mlir::hpr::InputKind::Text
+                                              : mlir::hpr::InputKind::Archive);
   if (!buffer)
-    return makeError(file + ": cannot read: " + buffer.getError().message());
+    return buffer.takeError();
 
   auto sidecar = readSidecar(path);
   if (!sidecar)

@@ -2,8 +2,8 @@
 
 #include "hpr/Schedule/ScheduleFile.h"
 #include "hpr/Schedule/ScheduleJson.h"
+#include "hpr/Support/InputFile.h"
 
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
 namespace mlir::hpr::sched {
@@ -16,11 +16,9 @@ llvm::Expected<Schedule> readScheduleFile(llvm::StringRef path,
         llvm::inconvertibleErrorCode(),
         "%s: unknown schedule file extension '%s': expected .csv or .json",
         path.str().c_str(), ext.c_str());
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  auto buffer = readInputFile(path, "schedule file");
   if (!buffer)
-    return llvm::createStringError(
-        buffer.getError(), "%s: cannot read schedule file: %s",
-        path.str().c_str(), buffer.getError().message().c_str());
+    return buffer.takeError();
   llvm::StringRef text = (*buffer)->getBuffer();
   if (ext == ".json")
     return parseScheduleJson(text, path);

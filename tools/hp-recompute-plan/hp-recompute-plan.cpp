@@ -2,7 +2,9 @@
 //
 // import (model + schedule) -> hpr IR -> planning pipeline -> export.
 // Exit codes: 0 success, 1 bad input or a plan that fails verification,
-// 2 usage errors. Outputs are written atomically (temporary file + rename).
+// 2 usage errors. Outputs follow the project's output-file policy
+// (hpr/Support/OutputFile.h): checked before any work, regular files written
+// to a temporary and renamed only when complete.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,6 +25,7 @@
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/ScheduleFile.h"
 #include "hpr/Schedule/Validate.h"
+#include "hpr/Support/OutputFile.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
@@ -161,12 +164,13 @@ static const char *checkpointPolicyName(CheckpointPolicy policy) {
   return "all";
 }
 
-/// Reports `error` and returns exit code 1.
+/// Reports `error`; returns exit code 2 for a usage error, else 1.
 static int fail(Error error) {
+  int code = error.isA<mlir::hpr::UsageError>() ? 2 : 1;
   handleAllErrors(std::move(error), [](const ErrorInfoBase &info) {
     WithColor::error(errs(), "hp-recompute-plan") << info.message() << "\n";
   });
-  return 1;
+  return code;
 }
 
 static int usageError(const Twine &message) {
@@ -257,48 +261,52 @@ static std::string torchCsvSidecarPath() {
   return std::string(path);
 }
 
-/// Runs `write` on the output. Stdout for `-`. A FIFO, a character device or
-/// a socket (also behind a symlink, e.g. /dev/stdout) is streamed into as it
-/// is. A regular file is written to a temporary file beside it and renamed
-/// over it once complete (llvm::writeToOutput), so a failure leaves the old
-/// one; through a symlink the target is replaced, not the link, and an
-/// existing file keeps its permission bits.
-static Error writeOutput(const std::string &outputFile,
-                         function_ref<Error(raw_ostream &)> write) {
-  auto run = [&](raw_ostream &os) { return write(os); };
-  if (outputFile == "-")
-    return writeToOutput("-", run);
-  namespace fs = sys::fs;
-  fs::file_status status; // of what the path leads to
-  bool exists = !fs::status(outputFile, status) && fs::exists(status);
-  if (exists && status.type() == fs::file_type::directory_file)
-    return createStringError(inconvertibleErrorCode(),
-                             "-o " + outputFile + ": is a directory");
-  if (exists && status.type() != fs::file_type::regular_file) {
-    std::error_code ec;
-    raw_fd_ostream os(outputFile, ec, fs::CD_OpenExisting, fs::FA_Write,
-                      fs::OF_None);
-    if (ec)
-      return createStringError(ec, "-o " + outputFile + ": " + ec.message());
-    Error error = write(os);
-    os.flush();
-    std::error_code written = os.error();
-    os.clear_error(); // reported here, not by the stream's destructor
-    if (error)
-      return error;
-    if (written)
-      return createStringError(written,
-                               "-o " + outputFile + ": " + written.message());
+/// The exporter's OUT.json beside a TorchScript `--model OUT.pt` (or .ir),
+/// which the importer reads too; "" for other models.
+static std::string torchScriptSidecarPath() {
+  StringRef model = modelFile;
+  if (!model.ends_with(".pt") && !model.ends_with(".ir"))
+    return "";
+  SmallString<256> path(model);
+  sys::path::replace_extension(path, ".json");
+  return std::string(path);
+}
+
+/// Opens every output of the run before any work: -o, the torch-csv
+/// sidecar and, when --summary prints to stdout beside a file, stdout.
+/// Refuses an output that is an input or another output (exit code 2).
+static Expected<std::vector<std::unique_ptr<mlir::hpr::OutputFile>>>
+openOutputs() {
+  using mlir::hpr::OutputFile;
+  std::vector<std::unique_ptr<OutputFile>> outputs;
+  auto add = [&](StringRef flag, StringRef path) -> Error {
+    auto output = OutputFile::open(flag, path);
+    if (!output)
+      return output.takeError();
+    for (const auto &earlier : outputs)
+      if (Error error = (*output)->refuseSameAs(*earlier))
+        return error;
+    outputs.push_back(std::move(*output));
     return Error::success();
-  }
-  SmallString<256> target(outputFile);
-  if (exists)
-    (void)fs::real_path(outputFile, target); // through symlinks
-  if (Error error = writeToOutput(target, run))
+  };
+  if (Error error = add("-o", outputFile))
     return error;
-  if (exists)
-    (void)fs::setPermissions(target, status.permissions());
-  return Error::success();
+  if (emit == EmitKind::TorchCsv)
+    if (Error error = add("the sidecar of -o", torchCsvSidecarPath()))
+      return error;
+  std::pair<StringRef, std::string> inputs[] = {
+      {"--model", modelFile},
+      {"the sidecar of --model", torchScriptSidecarPath()},
+      {"--schedule", scheduleFile}};
+  for (const auto &output : outputs)
+    for (const auto &[flag, path] : inputs)
+      if (!path.empty())
+        if (Error error = output->refuseInput(flag, path))
+          return error;
+  if (printSummary && emit != EmitKind::Summary && outputFile != "-")
+    if (Error error = add("--summary", "-"))
+      return error;
+  return outputs;
 }
 
 /// Prints an MLIR diagnostic as `FILE:ROW:COL: error: message`, the form of
@@ -368,6 +376,21 @@ int main(int argc, char **argv) {
     errs() << parseErrors;
     return 2;
   }
+  // A flag given an empty value would read as left out: refused (-o "" is
+  // refused by the output-file policy).
+  for (cl::opt<std::string> *option :
+       {&modelFile, &scheduleFile, &scheduleGen, &memoryBudget, &inputShape,
+        &inputDtype, &stageSpec, &prefetch})
+    if (option->getNumOccurrences() && option->empty())
+      return usageError("--" + option->ArgStr +
+                        ": expected a value, got an empty string");
+  if (stagesPerRank.getNumOccurrences() && stagesPerRank < 1)
+    return usageError("--stages-per-rank: expected 1 or more (leave it out "
+                      "for the schedule's default), got " +
+                      Twine(stagesPerRank));
+  if (regionDepth < 0)
+    return usageError("--region-depth: expected 0 or more, got " +
+                      Twine(regionDepth));
   if (!scheduleFile.empty() && !scheduleGen.empty())
     return usageError("--schedule and --schedule-gen are exclusive");
   std::optional<int64_t> budget;
@@ -442,6 +465,9 @@ int main(int argc, char **argv) {
       return usageError("--" + entry.second->ArgStr + " is given " +
                         Twine(entry.second->getNumOccurrences()) +
                         " times; give it once");
+  auto outputs = openOutputs();
+  if (!outputs)
+    return fail(outputs.takeError());
   if (useDefault)
     scheduleGen = "zbv";
 
@@ -555,25 +581,22 @@ int main(int argc, char **argv) {
     }
     return Error::success();
   };
-  if (emit == EmitKind::TorchCsv) {
-    // Both files are complete in memory before either is written.
-    std::string csv, sidecar;
-    raw_string_ostream csvOs(csv), sidecarOs(sidecar);
-    mlir::hpr::writeTorchCsv(**module, sys::path::filename(outputFile), csvOs,
-                             sidecarOs);
-    for (const auto &file : {std::pair(torchCsvSidecarPath(), &sidecar),
-                             std::pair(outputFile.getValue(), &csv)})
-      if (Error error = writeOutput(file.first, [&](raw_ostream &os) {
-            os << *file.second;
-            return Error::success();
-          }))
-        return fail(std::move(error));
-  } else if (Error error = writeOutput(outputFile, write)) {
+  mlir::hpr::OutputFile &output = *outputs->front();
+  if (emit == EmitKind::TorchCsv)
+    mlir::hpr::writeTorchCsv(**module, sys::path::filename(outputFile),
+                             output.os(), (*outputs)[1]->os());
+  else if (Error error = write(output.os()))
     return fail(std::move(error));
-  }
-  exportTimer.stop();
   if (printSummary && emit != EmitKind::Summary)
-    mlir::hpr::printSummaryTable(*summary, outputFile == "-" ? errs() : outs());
+    mlir::hpr::printSummaryTable(
+        *summary, outputFile == "-" ? errs() : outputs->back()->os());
+  // Renamed only when every output was written (rule 5).
+  SmallVector<mlir::hpr::OutputFile *> all;
+  for (const auto &file : *outputs)
+    all.push_back(file.get());
+  if (Error error = mlir::hpr::commitOutputs(all))
+    return fail(std::move(error));
+  exportTimer.stop();
   // Like clang's -disable-free: tearing down a million ops one by one costs
   // a tenth of the run and frees nothing the process keeps.
   // Under ASan the module is freed, so LeakSanitizer checks everything else.
