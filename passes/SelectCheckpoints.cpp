@@ -142,8 +142,9 @@ private:
       std::vector<size_t> cellAt;
       size_t cell = 0;
       const std::vector<Operation *> &firsts = cells.cellOps[rank];
-      Operation *op = firsts.empty() ? nullptr : firsts.front();
-      for (Operation &each : *op->getBlock()) {
+      if (firsts.empty())
+        continue; // a rank without actions holds nothing to price
+      for (Operation &each : *firsts.front()->getBlock()) {
         if (cell + 1 < firsts.size() && &each == firsts[cell + 1])
           ++cell;
         cellAt.push_back(cell);

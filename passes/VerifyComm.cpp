@@ -44,6 +44,30 @@ void VerifyCommPass::runOnOperation() {
                            << "; they must agree";
     return signalPassFailure();
   }
+  // A rank the schedule has runs something: an empty program is a lost or
+  // misnumbered rank (the rules below look at actions, so they cannot see it).
+  bool empty = false;
+  for (ProgramOp program : scheduleOp.getBody().getOps<ProgramOp>()) {
+    if (!program.getBody().empty() && !program.getBody().front().empty())
+      continue;
+    llvm::SmallVector<int64_t> stages;
+    for (auto [stage, rank] : llvm::enumerate(scheduleOp.getStageToRank()))
+      if (rank == static_cast<int64_t>(program.getRank()))
+        stages.push_back(stage);
+    InFlightDiagnostic diag = program.emitError()
+                              << "rank " << program.getRank()
+                              << " has no actions; ";
+    if (stages.empty())
+      diag << "stage_to_rank gives it no stage: use fewer ranks";
+    else {
+      diag << "it runs stage" << (stages.size() > 1 ? "s " : " ");
+      llvm::interleaveComma(stages, diag);
+      diag << ", whose actions must be in it";
+    }
+    empty = true;
+  }
+  if (empty)
+    return signalPassFailure();
   ModuleSchedule extracted = extractSchedule(module);
   auto opAt = [&](int rank, int index) -> Operation * {
     if (rank < 0 || static_cast<size_t>(rank) >= extracted.cellOps.size())

@@ -14,19 +14,22 @@
 //    grad, then every floating-point result of an op with such an input.
 //  - The module call stack is the node's `nn_module_stack` metadata.
 //
+// A field of the wrong JSON type is an error naming the node or tensor, the
+// field's JSON path and the type expected; nothing here lets nlohmann throw.
+//
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Model/ExportedProgramImport.h"
 
 #include "RegionCosts.h"
 
+#include "hpr/Support/InputFile.h"
 #include "hpr/Support/Json.h"
 #include "hpr/Support/ZipArchive.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 
 #include <algorithm>
@@ -99,6 +102,10 @@ bool isFloating(int64_t dtype) {
          (dtype >= 29 && dtype <= 33);
 }
 
+/// Tensors with more dimensions than this are refused (no torch op handles
+/// so many; the bound keeps every per-dimension walk small).
+constexpr size_t kMaxRank = 64;
+
 /// Tensors larger than this are refused: it keeps every byte count and sum
 /// of them far from int64 overflow.
 constexpr int64_t kMaxTensorBytes = int64_t(1) << 50;
@@ -152,13 +159,24 @@ private:
   llvm::Error fail(const llvm::Twine &where, const llvm::Twine &what) {
     return makeError(file + ": " + where + ": " + what);
   }
+  /// The field at JSON path \p path of the node or tensor \p where is not
+  /// \p expected.
+  llvm::Error wrongType(const llvm::Twine &where, const llvm::Twine &path,
+                        llvm::StringRef expected, const json &got) {
+    return fail(where, path + ": expected " + expected + ", got " +
+                           mlir::hpr::quoteJson(got));
+  }
 
-  llvm::Expected<int64_t> symInt(const json &value, llvm::StringRef tensor);
+  llvm::Expected<int64_t> symInt(const json &value, llvm::StringRef tensor,
+                                 const std::string &path);
   llvm::Error readTensorValues(const json &graph);
   llvm::Error readSignature(const json &graphModule);
-  llvm::Expected<OpArg> readArg(const json &arg, const std::string &where);
+  llvm::Expected<OpArg> readArg(const json &arg, const std::string &where,
+                                const std::string &path);
   llvm::Expected<OpFacts> readNode(const json &node, size_t index);
-  std::vector<std::string> moduleChain(const json &node);
+  llvm::Expected<std::vector<std::string>> moduleChain(const json &node,
+                                                       const std::string &where,
+                                                       const std::string &path);
   void placeResult(OpFacts &op, Value &result, size_t index);
 
   std::string file;
@@ -172,13 +190,15 @@ private:
 /// A SymInt: `{"as_int": N}`, or `{"as_expr": {"expr_str": .., "hint": ..}}`
 /// whose hint is the example size export traced with.
 llvm::Expected<int64_t> ProgramReader::symInt(const json &value,
-                                              llvm::StringRef tensor) {
+                                              llvm::StringRef tensor,
+                                              const std::string &path) {
   if (value.is_object()) {
     if (auto it = value.find("as_int");
         it != value.end() && it->is_number_integer())
       return it->get<int64_t>();
     if (auto it = value.find("as_expr"); it != value.end() && it->is_object()) {
-      std::string expr = it->value("expr_str", std::string("?"));
+      const json &text = field(*it, "expr_str");
+      std::string expr = text.is_string() ? text.get<std::string>() : "?";
       const json *hint = it->contains("hint") ? &field(*it, "hint") : nullptr;
       if (hint && hint->is_object() && hint->contains("as_int") &&
           field(*hint, "as_int").is_number_integer())
@@ -192,9 +212,8 @@ llvm::Expected<int64_t> ProgramReader::symInt(const json &value,
                       "dynamic dimension a size");
     }
   }
-  return fail("tensor '" + tensor + "'",
-              "expected a size {\"as_int\": N} or {\"as_expr\": ...}, got " +
-                  mlir::hpr::quoteJson(value));
+  return wrongType("tensor '" + tensor + "'", path,
+                   "a size {\"as_int\": N} or {\"as_expr\": ...}", value);
 }
 
 llvm::Error ProgramReader::readTensorValues(const json &graph) {
@@ -202,41 +221,53 @@ llvm::Error ProgramReader::readTensorValues(const json &graph) {
   if (!tensors.is_object())
     return fail("/graph_module/graph", "expected an object 'tensor_values'");
   for (const auto &[name, meta] : tensors.items()) {
-    if (!meta.is_object() || !field(meta, "sizes").is_array() ||
-        !field(meta, "strides").is_array() ||
-        !field(meta, "dtype").is_number_integer())
-      return fail("tensor '" + name + "'",
-                  "expected sizes, strides and an integer dtype");
+    std::string where = "tensor '" + name + "'";
+    std::string path = "/graph_module/graph/tensor_values/" + name;
+    if (!meta.is_object())
+      return wrongType(where, path, "an object {\"sizes\", \"strides\", ...}",
+                       meta);
+    for (const char *key : {"sizes", "strides"})
+      if (!field(meta, key).is_array())
+        return wrongType(where, path + "/" + key, "an array", field(meta, key));
+    if (!field(meta, "dtype").is_number_integer())
+      return wrongType(where, path + "/dtype", "an integer (a ScalarType)",
+                       field(meta, "dtype"));
+    const json &requiresGrad = field(meta, "requires_grad");
+    if (!requiresGrad.is_null() && !requiresGrad.is_boolean())
+      return wrongType(where, path + "/requires_grad", "true or false",
+                       requiresGrad);
+    if (field(meta, "sizes").size() > kMaxRank)
+      return fail(where, llvm::formatv("{0} dimensions, more than the {1} "
+                                       "this importer reads",
+                                       field(meta, "sizes").size(), kMaxRank));
     Value value;
     value.dtype = field(meta, "dtype").get<int64_t>();
     value.facts.elementSize = elementSize(value.dtype);
     if (!value.facts.elementSize)
-      return fail("tensor '" + name + "'",
-                  "unknown dtype " + std::to_string(value.dtype));
-    for (const json &size : field(meta, "sizes")) {
-      auto n = symInt(size, name);
+      return fail(where, "unknown dtype " + std::to_string(value.dtype));
+    for (auto [d, size] : llvm::enumerate(field(meta, "sizes"))) {
+      auto n = symInt(size, name, path + "/sizes/" + std::to_string(d));
       if (!n)
         return n.takeError();
       if (*n < 0)
-        return fail("tensor '" + name + "'", "negative size");
+        return fail(where, "negative size");
       value.facts.sizes.push_back(*n);
     }
-    for (const json &stride : field(meta, "strides")) {
-      auto n = symInt(stride, name);
+    for (auto [d, stride] : llvm::enumerate(field(meta, "strides"))) {
+      auto n = symInt(stride, name, path + "/strides/" + std::to_string(d));
       if (!n)
         return n.takeError();
       value.facts.strides.push_back(*n);
     }
     if (value.facts.strides.size() != value.facts.sizes.size())
-      return fail("tensor '" + name + "'",
-                  "sizes and strides differ in length");
+      return fail(where, "sizes and strides differ in length");
     std::optional<int64_t> span = spannedBytes(value.facts);
     if (!span)
-      return fail("tensor '" + name + "'",
-                  "its sizes and strides reach more than 2^50 bytes");
+      return fail(where, "its sizes and strides reach more than 2^50 bytes");
     value.spanBytes = *span;
-    value.facts.requiresGrad =
-        meta.value("requires_grad", false) && isFloating(value.dtype);
+    value.facts.requiresGrad = requiresGrad.is_boolean() &&
+                               requiresGrad.get<bool>() &&
+                               isFloating(value.dtype);
     values[name] = std::move(value);
   }
   return llvm::Error::success();
@@ -280,16 +311,20 @@ llvm::Error ProgramReader::readSignature(const json &graphModule) {
 }
 
 llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
-                                             const std::string &where) {
+                                             const std::string &where,
+                                             const std::string &path) {
   OpArg result;
   if (!arg.is_object() || arg.size() != 1)
     return result; // as_none and friends: nothing the rules read
   const std::string &kind = arg.begin().key();
   const json &body = arg.begin().value();
-  auto tensorNamed = [&](const json &ref) -> llvm::Expected<TensorFacts> {
+  std::string at = path + "/" + kind;
+  auto tensorNamed =
+      [&](const json &ref,
+          const std::string &refPath) -> llvm::Expected<TensorFacts> {
     if (!ref.is_object() || !field(ref, "name").is_string())
-      return fail(where, "expected a tensor reference {\"name\": ...}, got " +
-                             mlir::hpr::quoteJson(ref));
+      return wrongType(where, refPath, "a tensor reference {\"name\": ...}",
+                       ref);
     auto it = values.find(field(ref, "name").get<std::string>());
     if (it == values.end() || !it->second.facts.storage)
       return fail(where, "tensor '" + field(ref, "name").get<std::string>() +
@@ -297,16 +332,16 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
     return it->second.facts;
   };
   if (kind == "as_tensor") {
-    auto facts = tensorNamed(body);
+    auto facts = tensorNamed(body, at);
     if (!facts)
       return facts.takeError();
     result.kind = OpArg::Kind::Tensor;
     result.tensors.push_back(std::move(*facts));
   } else if (kind == "as_tensors" || kind == "as_optional_tensors") {
     if (!body.is_array())
-      return fail(where, "expected a list for '" + kind + "'");
+      return wrongType(where, at, "an array", body);
     result.kind = OpArg::Kind::TensorList;
-    for (const json &item : body) {
+    for (auto [i, item] : llvm::enumerate(body)) {
       const json &ref = kind == "as_tensors"
                             ? item
                             : (item.is_object() && item.contains("as_tensor")
@@ -314,7 +349,7 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
                                    : json());
       if (ref.is_null())
         continue; // None in an optional list
-      auto facts = tensorNamed(ref);
+      auto facts = tensorNamed(ref, at + "/" + std::to_string(i));
       if (!facts)
         return facts.takeError();
       result.tensors.push_back(std::move(*facts));
@@ -342,7 +377,7 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
                field(item, "as_int").is_number_integer())
         result.ints.push_back(field(item, "as_int").get<int64_t>());
       else
-        return fail(where, "symbolic int list element " +
+        return fail(where, at + ": symbolic int list element " +
                                mlir::hpr::quoteJson(item) +
                                " has no example value");
     }
@@ -352,21 +387,34 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
 
 /// The node's module call stack, outermost first, from `nn_module_stack`
 /// ("KEY,FQN,TYPE;KEY,FQN,TYPE;..."); the root module (FQN "") is left out
-/// and a repeated call's `@N` suffix dropped.
-std::vector<std::string> ProgramReader::moduleChain(const json &node) {
+/// and a repeated call's `@N` suffix dropped. A region's module called more
+/// than once (`@N`) is refused, whether or not other code ran in between.
+llvm::Expected<std::vector<std::string>>
+ProgramReader::moduleChain(const json &node, const std::string &where,
+                           const std::string &path) {
   std::vector<std::string> chain;
   const json &meta = field(node, "metadata");
-  if (!meta.is_object() || !field(meta, "nn_module_stack").is_string())
+  const json &stack = field(meta, "nn_module_stack");
+  if (stack.is_null())
     return chain;
+  if (!stack.is_string())
+    return wrongType(where, path + "/metadata/nn_module_stack",
+                     "a string \"KEY,FQN,TYPE;...\"", stack);
   llvm::SmallVector<llvm::StringRef> entries;
-  llvm::StringRef(field(meta, "nn_module_stack").get_ref<const std::string &>())
+  llvm::StringRef(stack.get_ref<const std::string &>())
       .split(entries, ';', -1, /*KeepEmpty=*/false);
+  std::vector<std::string> repeated;
   for (llvm::StringRef entry : entries) {
-    llvm::StringRef fqn = entry.split(',').second.split(',').first;
-    fqn = fqn.split('@').first;
-    if (!fqn.empty())
-      chain.push_back(fqn.str());
+    auto [fqn, call] = entry.split(',').second.split(',').first.split('@');
+    if (fqn.empty())
+      continue;
+    chain.push_back(fqn.str());
+    if (!call.empty())
+      repeated.push_back(fqn.str());
   }
+  std::string region = regionOf(chain, regionDepth);
+  if (!region.empty() && llvm::is_contained(repeated, region))
+    return repeatedRegionCall(file + ": " + where, region);
   return chain;
 }
 
@@ -407,10 +455,18 @@ void ProgramReader::placeResult(OpFacts &op, Value &result, size_t index) {
 
 llvm::Expected<OpFacts> ProgramReader::readNode(const json &node,
                                                 size_t index) {
-  std::string name = node.value("name", "#" + std::to_string(index));
-  std::string target = field(node, "target").is_string()
-                           ? field(node, "target").get<std::string>()
-                           : std::string("?");
+  std::string path = "/graph_module/graph/nodes/" + std::to_string(index);
+  const json &nameField = field(node, "name");
+  if (!nameField.is_null() && !nameField.is_string())
+    return wrongType("node #" + std::to_string(index), path + "/name",
+                     "a string", nameField);
+  std::string name = nameField.is_string() ? nameField.get<std::string>()
+                                           : "#" + std::to_string(index);
+  if (!field(node, "target").is_string())
+    return wrongType("node '" + name + "'", path + "/target",
+                     "a string (the op, e.g. torch.ops.aten.linear.default)",
+                     field(node, "target"));
+  std::string target = field(node, "target").get<std::string>();
   std::string where = "node '" + name + "' (" + target + ")";
   OpFacts op;
   // torch.ops.aten.linear.default -> aten::linear
@@ -420,13 +476,31 @@ llvm::Expected<OpFacts> ProgramReader::readNode(const json &node,
   qualified.split(parts, '.');
   op.kind = parts.size() >= 2 ? (parts[0] + "::" + parts[1]).str() : target;
   op.where = file + ": " + where;
-  op.chain = moduleChain(node);
+  // Counted 0, these would plan a model whose costs are not its own.
+  bool torchOp = target != qualified && parts.size() >= 2;
+  if (torchOp && parts[0] == "higher_order")
+    return fail(where, "higher-order op '" + parts[1] +
+                           "' (torch.cond, while_loop, ...): its body is a "
+                           "subgraph this importer cannot price; export "
+                           "without it, or give the model as model JSON "
+                           "with measured costs (docs/models.md)");
+  if (torchOp && parts[0] != "aten" && parts[0] != "prims")
+    return fail(where, "custom op '" + op.kind +
+                           "' has no cost rule (its FLOPs and saved tensors "
+                           "are unknown); export with it decomposed into "
+                           "aten ops, or give the model as model JSON with "
+                           "measured costs (docs/models.md)");
+  auto chain = moduleChain(node, where, path);
+  if (!chain)
+    return chain.takeError();
+  op.chain = std::move(*chain);
   if (!field(node, "inputs").is_array() || !field(node, "outputs").is_array())
-    return fail(where, "expected arrays 'inputs' and 'outputs'");
-  for (const json &input : field(node, "inputs")) {
+    return fail(where, path + ": expected arrays 'inputs' and 'outputs'");
+  for (auto [i, input] : llvm::enumerate(field(node, "inputs"))) {
+    std::string inputPath = path + "/inputs/" + std::to_string(i);
     if (!input.is_object() || !input.contains("arg"))
-      return fail(where, "expected an input {\"name\", \"arg\"}");
-    auto arg = readArg(field(input, "arg"), where);
+      return wrongType(where, inputPath, "an input {\"name\", \"arg\"}", input);
+    auto arg = readArg(field(input, "arg"), where, inputPath + "/arg");
     if (!arg)
       return arg.takeError();
     op.inputs.push_back(std::move(*arg));
@@ -478,13 +552,16 @@ llvm::Expected<ModelGraph> ProgramReader::read(const json &program) {
     return fail("/schema_version",
                 "missing; expected a program written by torch.export.save");
   int64_t major = field(version, "major").get<int64_t>();
+  const json &minor = field(version, "minor");
   if (major != kSchemaMajor)
     return fail("/schema_version",
-                llvm::formatv("schema version {0}.{1} is not supported; this "
-                              "importer reads version {2}.x (torch 2.6 and "
-                              "later); export the model again with such a "
-                              "torch",
-                              major, version.value("minor", 0), kSchemaMajor));
+                llvm::formatv(
+                    "schema version {0}.{1} is not supported; this "
+                    "importer reads version {2}.x (torch 2.6 and "
+                    "later); export the model again with such a "
+                    "torch",
+                    major, minor.is_number_integer() ? minor.get<int64_t>() : 0,
+                    kSchemaMajor));
   const json &graphModule = field(program, "graph_module");
   if (!graphModule.is_object() || !field(graphModule, "graph").is_object())
     return fail("/graph_module", "expected an object with a 'graph'");
@@ -546,10 +623,10 @@ llvm::Expected<ModelGraph> mlir::hpr::model::importExportedProgramJson(
 llvm::Expected<ModelGraph>
 mlir::hpr::model::importExportedProgram(llvm::StringRef path, int regionDepth,
                                         std::vector<std::string> &warnings) {
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
-                                            /*RequiresNullTerminator=*/false);
+  auto buffer =
+      mlir::hpr::readInputFile(path, "", mlir::hpr::InputKind::Archive);
   if (!buffer)
-    return makeError(path + ": cannot read: " + buffer.getError().message());
+    return buffer.takeError();
   auto archive = mlir::hpr::ZipArchive::open((*buffer)->getBuffer(), path,
                                              "torch.export archive");
   if (!archive)

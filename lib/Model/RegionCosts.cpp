@@ -555,12 +555,27 @@ mlir::hpr::model::detail::regionOf(const std::vector<std::string> &chain,
   return "";
 }
 
+llvm::Error
+mlir::hpr::model::detail::repeatedRegionCall(llvm::StringRef where,
+                                             llvm::StringRef region) {
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      llvm::formatv("{0}: module '{1}' is called more than once, and a region "
+                    "is one call of one module (regions are named by module "
+                    "path, which the runtime checkpoints); call each element "
+                    "of the ModuleList/Sequential once, or choose a "
+                    "--region-depth whose modules are called once",
+                    where, region)
+          .str());
+}
+
 llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
     const std::string &file, const std::vector<OpFacts> &ops,
     const std::set<uint64_t> &params, const RegionOptions &options,
     std::vector<std::string> &warnings) {
   // 1. Segment the ops (mirrors python/hp_recompute/export/measure.py).
   std::vector<Segment> segments;
+  std::set<std::string> opened; // names of the checkpointable segments
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpFacts &op = ops[i];
     std::string region = regionOf(op.chain, options.regionDepth);
@@ -571,8 +586,11 @@ llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
     }
     if (!region.empty()) {
       if (segments.empty() || !segments.back().checkpointable ||
-          segments.back().name != region)
+          segments.back().name != region) {
+        if (!opened.insert(region).second)
+          return repeatedRegionCall(op.where, region);
         segments.push_back(Segment{region, true, {}, {}});
+      }
     } else if (segments.empty() || segments.back().checkpointable) {
       segments.push_back(Segment{"", false, {}, {}});
     }

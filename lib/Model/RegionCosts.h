@@ -86,10 +86,16 @@ bool isViewOp(llvm::StringRef kind);
 /// The region a module call stack belongs to at \p depth, or "" (outside).
 std::string regionOf(const std::vector<std::string> &chain, int depth);
 
+/// The error for a region's module called again (at \p where): a region is
+/// one call of one module, named by its path, which is what the runtime
+/// checkpoints; calls of one module cannot be told apart as regions.
+llvm::Error repeatedRegionCall(llvm::StringRef where, llvm::StringRef region);
+
 /// Splits \p ops into regions (docs/models.md, "Region rules") and applies
 /// the cost rules. \p params holds the storages of parameters and buffers,
 /// which count as param_bytes, never as saved or input bytes. Ops without a
-/// rule become one warning per op kind, naming the op and its region.
+/// rule become one warning per op kind, naming the op and its region. A
+/// region's module called again after other code is an error.
 llvm::Expected<ModelGraph> buildRegions(const std::string &file,
                                         const std::vector<OpFacts> &ops,
                                         const std::set<uint64_t> &params,

@@ -2,9 +2,12 @@
 
 #include "hpr/Support/Json.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 using json = nlohmann::json;
 
@@ -19,40 +22,88 @@ static std::pair<int, int> rowColumnOf(llvm::StringRef text, size_t offset) {
   return {row, column};
 }
 
+static llvm::Error located(llvm::StringRef text, llvm::StringRef fileName,
+                           size_t offset, const llvm::Twine &what) {
+  auto [row, column] = rowColumnOf(text, offset);
+  return llvm::createStringError(llvm::formatv("{0}:{1}:{2}: invalid JSON: {3}",
+                                               fileName, row, column,
+                                               what.str())
+                                     .str());
+}
+
+/// One pass over the text for what nlohmann's parser gets wrong or cannot
+/// locate: a NUL byte (its lexer takes one for the end of the input and
+/// ignores the rest), nesting deeper than `maxDepth` (every later walk of the
+/// document, and nlohmann's own dump, recurses per level) and a number beyond
+/// a double (its out_of_range error carries no position).
+static llvm::Error precheck(llvm::StringRef text, llvm::StringRef fileName,
+                            unsigned maxDepth) {
+  unsigned depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '\0')
+      return located(text, fileName, i,
+                     "a NUL byte; JSON text holds none (in a string, write "
+                     "\\u0000)");
+    if (inString) {
+      if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\0')
+        ++i;
+      else if (c == '"')
+        inString = false;
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > maxDepth)
+        return located(
+            text, fileName, i,
+            llvm::formatv("nested deeper than {0} levels", maxDepth));
+    } else if (c == ']' || c == '}') {
+      depth -= depth > 0;
+    } else if (c == '-' || llvm::isDigit(c)) {
+      size_t end = text.find_if_not(
+          [](char d) {
+            return llvm::isDigit(d) || llvm::StringRef("+-.eE").contains(d);
+          },
+          i);
+      llvm::StringRef number = text.slice(i, end);
+      // Up to 15 digits and no exponent: always a finite double.
+      if (number.size() > 15 ||
+          number.find_first_of("eE") != llvm::StringRef::npos) {
+        std::string copy = number.str();
+        if (!std::isfinite(std::strtod(copy.c_str(), nullptr)))
+          return located(
+              text, fileName, i,
+              llvm::formatv("number overflow: '{0}' ({1} characters) is "
+                            "beyond the range of a double",
+                            number.take_front(20) +
+                                (number.size() > 20 ? "..." : ""),
+                            number.size()));
+      }
+      i = end - 1;
+    }
+  }
+  return llvm::Error::success();
+}
+
 llvm::Expected<json> mlir::hpr::parseJson(llvm::StringRef text,
                                           llvm::StringRef fileName,
                                           unsigned maxDepth) {
-  // Deeply nested input is refused while parsing: every later walk of the
-  // document (and nlohmann's own dump) recurses per level.
-  size_t tooDeepAt = 0;
-  auto limitDepth = [&](int depth, json::parse_event_t event, json &) {
-    if ((event == json::parse_event_t::object_start ||
-         event == json::parse_event_t::array_start) &&
-        static_cast<unsigned>(depth) >= maxDepth && !tooDeepAt)
-      tooDeepAt = 1;
-    return !tooDeepAt;
-  };
+  if (llvm::Error err = precheck(text, fileName, maxDepth))
+    return err;
+  // No parser callback: nlohmann's callback parser scans the enclosing
+  // container at every object's end, quadratic in its length.
   try {
-    json value = json::parse(text.begin(), text.end(), limitDepth);
-    if (tooDeepAt)
-      return llvm::createStringError(
-          llvm::formatv("{0}: invalid JSON: nested deeper than {1} levels",
-                        fileName, maxDepth)
-              .str());
-    return value;
+    return json::parse(text.begin(), text.end());
   } catch (const json::parse_error &e) {
     // e.byte is 1-based and points just past the offending character.
-    auto [row, column] = rowColumnOf(text, e.byte > 0 ? e.byte - 1 : 0);
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] parse error at line
-    // 1, column 2: " prefix: the location is printed our way.
-    if (size_t pos = what.find(": "); pos != std::string::npos)
-      if (size_t pos2 = what.find(": ", pos + 2); pos2 != std::string::npos)
-        what = what.substr(pos2 + 2);
-    return llvm::createStringError(
-        llvm::formatv("{0}:{1}:{2}: invalid JSON: {3}", fileName, row, column,
-                      what)
-            .str());
+    // 1, column 2: " prefix: the location is printed our way, once.
+    if (size_t pos = what.find("parse error"); pos != std::string::npos)
+      if (size_t colon = what.find(": ", pos); colon != std::string::npos)
+        what = what.substr(colon + 2);
+    return located(text, fileName, e.byte > 0 ? e.byte - 1 : 0, what);
   } catch (const json::exception &e) {
     return llvm::createStringError(
         llvm::formatv("{0}: invalid JSON: {1}", fileName, e.what()).str());

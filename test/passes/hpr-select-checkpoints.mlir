@@ -6,6 +6,8 @@
 // RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-select-checkpoints{budget=150},hpr.schedule(hpr.program(hpr-assign-sessions,hpr-insert-recompute,hpr-insert-clear,hpr-verify)))' | FileCheck %s --check-prefix=PLANNED
 // RUN: hp-recompute-opt %s -hpr-recompute-pipeline='select=auto budget=150 policy=bubble' | FileCheck %s --check-prefix=PLANNED
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='budget=64' 2>&1 | FileCheck %s --check-prefix=PIPELINE
+// RUN: hp-recompute-opt %S/Inputs/rank-without-actions.mlir -hpr-select-checkpoints='budget=150' | FileCheck %s --check-prefix=IDLE-RANK
+// RUN: not hp-recompute-opt %S/Inputs/rank-without-actions.mlir -hpr-select-checkpoints='budget=50' 2>&1 | FileCheck %s --check-prefix=IDLE-RANK-TIGHT
 
 // GPipe on two ranks, two microbatches. A region keeps 1 byte under
 // checkpoint and 100 without (its replay brings the 100 back). Per rank:
@@ -77,3 +79,10 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 
 // Without select=auto or policy=bubble nothing takes the budget: refused.
 // PIPELINE: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only
+
+// A rank without actions (hpr-verify-comm refuses such a module, but this
+// pass may run alone) holds nothing: the choice is made for the other rank,
+// and the smallest budget found is that rank's.
+// IDLE-RANK: hpr.region "l0" flops
+// IDLE-RANK: hpr.program rank 1
+// IDLE-RANK-TIGHT: error: hpr-select-checkpoints: no checkpoint choice fits budget 50 bytes; the smallest feasible budget found is 100 bytes (rank 0)

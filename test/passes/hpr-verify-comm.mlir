@@ -159,3 +159,44 @@ hpr.schedule "model_too_short" ranks 2 stages 2 microbatches 1 stage_to_rank [0,
     hpr.send_b stage 1 mb 0 peer 0
   }
 }
+
+// -----
+
+// A rank with no actions: rules on actions cannot see it, so it is checked
+// on its own, whether or not stage_to_rank gives the rank a stage.
+hpr.model "one" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "idle_rank" ranks 2 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.backward stage 0 mb 0
+  }
+  // expected-error @+1 {{rank 1 has no actions; stage_to_rank gives it no stage: use fewer ranks}}
+  hpr.program rank 1 {
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "lost_rank" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  // expected-error @+1 {{rank 1 has no actions; it runs stage 1, whose actions must be in it}}
+  hpr.program rank 1 {
+  }
+}

@@ -5,6 +5,14 @@
 // local headers on open and each entry's CRC on read, so a truncated or
 // damaged archive is an error here, never undefined behaviour downstream.
 //
+// What a read inflates is bounded (docs/models.md, "torch.export import"), so
+// that a small archive cannot make the reader allocate gigabytes: entries
+// read from one archive inflate to at most kMaxInflatedBytes together, and an
+// entry larger than kRatioFloor may inflate to at most kMaxRatio times its
+// compressed size. Both are checked against the central directory before an
+// entry is read, and again while it inflates (a directory can lie): memory
+// grows with the bytes that arrive, never with what the directory claims.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef HPR_SUPPORT_ZIPARCHIVE_H
@@ -23,6 +31,13 @@ namespace mlir::hpr {
 /// A zip archive opened from memory, read-only.
 class ZipArchive {
 public:
+  /// Bytes all reads of one archive may inflate together.
+  static constexpr uint64_t kMaxInflatedBytes = uint64_t(256) << 20;
+  /// Largest inflated / compressed size of one entry...
+  static constexpr uint64_t kMaxRatio = 100;
+  /// ...larger than this (smaller entries cost no memory worth bounding).
+  static constexpr uint64_t kRatioFloor = uint64_t(1) << 20;
+
   /// Opens \p data (kept by the caller while the archive lives). Errors read
   /// `FILE: not a valid KIND (REASON)`, KIND being \p kind.
   static llvm::Expected<ZipArchive> open(llvm::StringRef data,
@@ -36,9 +51,10 @@ public:
   /// Entry names in archive order.
   const std::vector<std::string> &names() const { return entryNames; }
 
-  /// The bytes of entry \p name; refuses entries larger than \p maxBytes.
+  /// The bytes of entry \p name; refuses an entry larger than \p maxBytes or
+  /// than what is left of kMaxInflatedBytes, and one past kMaxRatio.
   llvm::Expected<std::string> read(llvm::StringRef name,
-                                   uint64_t maxBytes = uint64_t(1) << 30);
+                                   uint64_t maxBytes = kMaxInflatedBytes);
 
 private:
   struct Impl;
@@ -48,6 +64,7 @@ private:
   std::unique_ptr<Impl> impl;
   std::vector<std::string> entryNames;
   std::string fileName;
+  uint64_t inflatedBytes = 0; ///< what reads have returned so far
 };
 
 } // namespace mlir::hpr

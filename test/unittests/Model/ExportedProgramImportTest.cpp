@@ -11,11 +11,20 @@
 
 #include "hpr/Model/ExportedProgramImport.h"
 
+#include "llvm/ADT/SmallString.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/raw_ostream.h"
+
 #include "gtest/gtest.h"
 
 #include <nlohmann/json.hpp>
+#include <zip.h>
+
+#include <sys/resource.h>
 
 #include <cstdint>
+#include <functional>
 
 using namespace mlir::hpr::model;
 using nlohmann::json;
@@ -190,6 +199,274 @@ TEST(ExportedProgramImport, MissingArchive) {
   EXPECT_NE(llvm::toString(graph.takeError())
                 .find("/nonexistent/m.pt2: cannot read: "),
             std::string::npos);
+}
+
+TEST(ExportedProgramImport, WrongJsonTypesNameTheNodeOrTensorAndPath) {
+  struct Case {
+    std::function<void(json &)> plant;
+    const char *message;
+  };
+  const Case cases[] = {
+      {[](json &p) { p["graph_module"]["graph"]["nodes"][0]["name"] = 5; },
+       "p.json: node #0: /graph_module/graph/nodes/0/name: expected a string, "
+       "got 5"},
+      {[](json &p) { p["graph_module"]["graph"]["nodes"][0].erase("target"); },
+       "p.json: node 'y': /graph_module/graph/nodes/0/target: expected a "
+       "string (the op, e.g. torch.ops.aten.linear.default), got null"},
+      {[](json &p) {
+         p["graph_module"]["graph"]["tensor_values"]["w"]["requires_grad"] =
+             "yes";
+       },
+       "p.json: tensor 'w': /graph_module/graph/tensor_values/w/"
+       "requires_grad: expected true or false, got \"yes\""},
+      {[](json &p) {
+         p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"] =
+             json::object({{"a", 1}});
+       },
+       "p.json: tensor 'x': /graph_module/graph/tensor_values/x/sizes: "
+       "expected an array, got {...}"},
+      {[](json &p) {
+         p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][1] = "4";
+       },
+       "p.json: tensor 'x': /graph_module/graph/tensor_values/x/sizes/1: "
+       "expected a size {\"as_int\": N} or {\"as_expr\": ...}, got \"4\""},
+      {[](json &p) {
+         p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][0] = {
+             {"as_expr", {{"expr_str", 5}}}};
+       },
+       "p.json: tensor 'x': symbolic size '?' has no example value"},
+      {[](json &p) { p["schema_version"] = {{"major", 3}, {"minor", "x"}}; },
+       "p.json: /schema_version: schema version 3.0 is not supported"},
+      {[](json &p) {
+         p["graph_module"]["graph"]["nodes"][0]["metadata"]["nn_module_stack"] =
+             7;
+       },
+       "p.json: node 'y' (torch.ops.aten.linear.default): "
+       "/graph_module/graph/nodes/0/metadata/nn_module_stack: expected a "
+       "string \"KEY,FQN,TYPE;...\", got 7"},
+      {[](json &p) {
+         p["graph_module"]["graph"]["nodes"][0]["inputs"][0]["arg"] = {
+             {"as_tensors", 3}};
+       },
+       "p.json: node 'y' (torch.ops.aten.linear.default): "
+       "/graph_module/graph/nodes/0/inputs/0/arg/as_tensors: expected an "
+       "array, got 3"},
+      {[](json &p) { p["graph_module"]["graph"]["nodes"][0]["inputs"][1] = 2; },
+       "p.json: node 'y' (torch.ops.aten.linear.default): "
+       "/graph_module/graph/nodes/0/inputs/1: expected an input {\"name\", "
+       "\"arg\"}, got 2"},
+  };
+  for (const Case &c : cases) {
+    json p = program();
+    c.plant(p);
+    std::string err = errorOf(p);
+    EXPECT_NE(err.find(c.message), std::string::npos) << err;
+    EXPECT_EQ(err.find("json.exception"), std::string::npos) << err;
+  }
+}
+
+TEST(ExportedProgramImport, RankIsBounded) {
+  auto withRank = [](int rank) {
+    json p = program();
+    json &x = p["graph_module"]["graph"]["tensor_values"]["x"];
+    x["sizes"] = json::array();
+    x["strides"] = json::array();
+    for (int d = 0; d < rank; ++d) {
+      x["sizes"].push_back({{"as_int", 1}});
+      x["strides"].push_back({{"as_int", 1}});
+    }
+    return p;
+  };
+  std::string err = errorOf(withRank(200000));
+  EXPECT_NE(err.find("p.json: tensor 'x': 200000 dimensions, more than the 64 "
+                     "this importer reads"),
+            std::string::npos)
+      << err;
+  err = errorOf(withRank(64));
+  EXPECT_EQ(err.find("dimensions"), std::string::npos) << err;
+}
+
+// Ops whose cost the rules cannot know are refused, not counted 0.
+TEST(ExportedProgramImport, ControlFlowAndCustomOpsAreErrors) {
+  json p = program();
+  p["graph_module"]["graph"]["nodes"][1]["target"] =
+      "torch.ops.higher_order.cond";
+  EXPECT_NE(errorOf(p).find("p.json: node 'z' (torch.ops.higher_order.cond): "
+                            "higher-order op 'cond' (torch.cond, while_loop, "
+                            "...): its body is a subgraph this importer "
+                            "cannot price"),
+            std::string::npos)
+      << errorOf(p);
+  p["graph_module"]["graph"]["nodes"][1]["target"] =
+      "torch.ops.mylib.fused.default";
+  EXPECT_NE(errorOf(p).find("p.json: node 'z' (torch.ops.mylib.fused.default): "
+                            "custom op 'mylib::fused' has no cost rule"),
+            std::string::npos)
+      << errorOf(p);
+}
+
+// A region is one call of one module: a second call is refused, adjacent
+// (torch.export's `@1`) or after other code.
+TEST(ExportedProgramImport, RepeatedRegionCallIsAnError) {
+  json p = program();
+  p["graph_module"]["graph"]["nodes"][2]["metadata"]["nn_module_stack"] =
+      "L__self__,,M;L__self__layers.0@1,layers.0@1,Block";
+  EXPECT_NE(errorOf(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
+                            "module 'layers.0' is called more than once"),
+            std::string::npos)
+      << errorOf(p);
+  p = program();
+  p["graph_module"]["graph"]["nodes"][1]["metadata"]["nn_module_stack"] =
+      "L__self__,,M";
+  p["graph_module"]["graph"]["nodes"][2]["metadata"]["nn_module_stack"] =
+      "L__self__,,M;L__self__layers.0,layers.0,Block";
+  EXPECT_NE(errorOf(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
+                            "module 'layers.0' is called more than once"),
+            std::string::npos)
+      << errorOf(p);
+}
+
+//===----------------------------------------------------------------------===//
+// Archives
+//===----------------------------------------------------------------------===//
+
+struct Entry {
+  std::string name;
+  std::string bytes;
+  bool deflate = false;
+};
+
+std::string readAll(const std::string &path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  return buffer ? (*buffer)->getBuffer().str() : "";
+}
+
+void writeAll(const std::string &path, llvm::StringRef bytes) {
+  std::error_code ec;
+  llvm::raw_fd_ostream os(path, ec);
+  ASSERT_FALSE(ec);
+  os << bytes;
+}
+
+/// A new zip file of \p entries, written by libzip.
+std::string writeZip(const std::vector<Entry> &entries) {
+  llvm::SmallString<128> path;
+  EXPECT_FALSE(llvm::sys::fs::createTemporaryFile("ep", "pt2", path));
+  int error = 0;
+  zip_t *archive = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
+  EXPECT_NE(archive, nullptr) << error;
+  for (const Entry &entry : entries) {
+    zip_source_t *source =
+        zip_source_buffer(archive, entry.bytes.data(), entry.bytes.size(), 0);
+    zip_int64_t index =
+        zip_file_add(archive, entry.name.c_str(), source, ZIP_FL_ENC_UTF_8);
+    EXPECT_GE(index, 0) << zip_strerror(archive);
+    zip_set_file_compression(archive, index,
+                             entry.deflate ? ZIP_CM_DEFLATE : ZIP_CM_STORE, 0);
+  }
+  EXPECT_EQ(zip_close(archive), 0);
+  return path.str().str();
+}
+
+/// Makes the first entry's local header and the central directory both claim
+/// \p size inflated bytes (the directory still agrees with itself).
+void claimSize(const std::string &path, uint32_t size) {
+  std::string bytes = readAll(path);
+  size_t local = bytes.find("PK\x03\x04"), central = bytes.find("PK\x01\x02");
+  ASSERT_EQ(local, 0u);
+  ASSERT_NE(central, std::string::npos);
+  for (size_t at : {local + 22, central + 24})
+    for (int i = 0; i < 4; ++i)
+      bytes[at + i] = char((size >> (8 * i)) & 0xFF);
+  writeAll(path, bytes);
+}
+
+std::string importError(const std::string &path) {
+  std::vector<std::string> warnings;
+  auto graph = importExportedProgram(path, 1, warnings);
+  if (graph)
+    return "<no error>";
+  return llvm::toString(graph.takeError());
+}
+
+const char *kProgramEntry = "archive/models/model.json";
+
+TEST(ExportedProgramImport, ArchiveThatImports) {
+  std::string path = writeZip({{kProgramEntry, program().dump(), true}});
+  EXPECT_EQ(importError(path), "<no error>");
+}
+
+TEST(ExportedProgramImport, EmptyFileIsNotAnArchive) {
+  llvm::SmallString<128> path;
+  ASSERT_FALSE(llvm::sys::fs::createTemporaryFile("ep", "pt2", path));
+  EXPECT_NE(importError(path.str().str())
+                .find(": not a valid torch.export archive (the file is "
+                      "empty); expected a file written by torch.export.save"),
+            std::string::npos)
+      << importError(path.str().str());
+}
+
+TEST(ExportedProgramImport, DuplicateEntryIsNamed) {
+  std::string path =
+      writeZip({{kProgramEntry, program().dump()},
+                {"archive/models/modelXjson", program().dump()}});
+  std::string bytes = readAll(path);
+  for (size_t at; (at = bytes.find("modelXjson")) != std::string::npos;)
+    bytes.replace(at, 10, "model.json");
+  writeAll(path, bytes);
+  EXPECT_NE(importError(path).find(
+                ": not a valid torch.export archive (duplicate entry "
+                "archive/models/model.json in the archive)"),
+            std::string::npos)
+      << importError(path);
+}
+
+// A small archive cannot make the reader allocate much (ZipArchive.h).
+TEST(ExportedProgramImport, InflatedSizeIsBounded) {
+  // A 3 MiB program of mostly blanks deflates about 1000:1.
+  std::string padded = program().dump() + std::string(3 << 20, ' ');
+  std::string path = writeZip({{kProgramEntry, padded, true}});
+  EXPECT_NE(
+      importError(path).find("entry 'archive/models/model.json' inflates "),
+      std::string::npos)
+      << importError(path);
+  EXPECT_NE(importError(path).find(
+                "more than 100 times; refused as a likely zip bomb"),
+            std::string::npos)
+      << importError(path);
+
+  // A directory that claims more than all reads may inflate: refused before
+  // any byte is inflated.
+  path = writeZip({{kProgramEntry, program().dump(), true}});
+  claimSize(path, uint32_t(300) << 20);
+  EXPECT_NE(importError(path).find(
+                "entry 'archive/models/model.json' is 314572800 bytes, more "
+                "than the 268435456 left of the 268435456 this reader "
+                "inflates from one archive"),
+            std::string::npos)
+      << importError(path);
+}
+
+TEST(ExportedProgramImport, LyingDirectorySizeAllocatesNothingFromIt) {
+  // 4 MiB that do not compress, claimed as 200 MiB (a ratio of 50, allowed).
+  std::string noise(4 << 20, '\0');
+  uint64_t state = 1;
+  for (char &c : noise) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    c = char(state >> 56);
+  }
+  std::string path = writeZip({{kProgramEntry, noise, true}});
+  claimSize(path, uint32_t(200) << 20);
+  rusage before, after;
+  getrusage(RUSAGE_SELF, &before);
+  std::string err = importError(path);
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_NE(err.find("entry 'archive/models/model.json' is damaged"),
+            std::string::npos)
+      << err;
+  // ru_maxrss is in KiB: the peak grew by far less than the claim (ctest
+  // runs each test in a process of its own, so the peak before is small).
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 64 << 10);
 }
 
 // Each case as torch decided it: torch.empty(N).as_strided(sizes,
