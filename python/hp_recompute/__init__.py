@@ -11,6 +11,8 @@ from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .errors import CheckpointError
 from .frame import RecomputeHandle
 from .sessions import (
+    DEFAULT_SCOPE,
+    SessionScope,
     clear_recompute_session,
     live_sessions,
     recompute_handle,
@@ -22,6 +24,7 @@ from .sessions import (
 from .wrapper import checkpoint_wrapper
 
 __all__ = [
+    "DEFAULT_SCOPE",
     "CheckpointError",
     "RecomputeHandle",
     "backward_input",
@@ -34,6 +37,7 @@ __all__ = [
     "recompute_handle_collector_ctx",
     "recompute_session_ctx",
     "reset_stats",
+    "SessionScope",
     "session_stats",
     "stats",
 ]

@@ -35,6 +35,12 @@ Rule 4 (shared seeds on one path). Within a group, a seed reachable from another
   that group falls back to ``autograd.grad(outputs, weights)`` (the input path walked
   again, gradients exact). A group has one seed in every bundled model.
 
+Rule 6 (no silent None). W returns a gradient for every weight or raises naming the
+  weights it got none for: a weight the outputs' graph does not reach (left in
+  ``weights`` by mistake, or a parameter that is not the tensor the forward used, as
+  FSDP2's sharded DTensor parameters after ``reshard_after_forward=True``) is an error,
+  never a None that an optimizer step would silently skip.
+
 Rule 5 (torch without gradient edges). ``autograd.grad`` accepts graph edges since
   torch 2.2 (``torch.autograd.graph.GradientEdge``). On older torch (Debian's 1.13),
   W is ``autograd.grad(outputs, weights)``: correct gradients, the input path walked
@@ -51,6 +57,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import torch
+
+from .errors import CheckpointError, error_text
 
 __all__ = ["WeightGradState", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
 
@@ -74,6 +82,7 @@ class WeightGradState:
     """What W needs after I: the weight groups and their seeds' recorded gradients."""
 
     weights: List[torch.Tensor]
+    names: List[str]  # of the weights, for messages (Rule 6)
     outputs: List[torch.Tensor]
     grad_outputs: List[Optional[torch.Tensor]]
     groups: List[_Group] = field(default_factory=list)
@@ -162,9 +171,20 @@ def _record_roots(state: WeightGradState, on_input: Set[Any]) -> None:
         state.recorded[edge.node] = tuple(grads)
 
 
+def _weight_names(weights: Sequence[torch.Tensor], names: Optional[Sequence[str]]) -> List[str]:
+    if names is None:
+        return [f"#{i} (shape {tuple(w.shape)})" for i, w in enumerate(weights)]
+    names = list(names)
+    if len(names) != len(weights) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            error_text(f"backward_input: names must be one str per weight ({len(weights)}), got {names!r}")
+        )
+    return [repr(n) for n in names]
+
+
 def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Sequence[Optional[torch.Tensor]]],
                    inputs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor],
-                   retain_graph: bool = True) -> Tuple[Grads, WeightGradState]:
+                   retain_graph: bool = True, names: Optional[Sequence[str]] = None) -> Tuple[Grads, WeightGradState]:
     """I: gradients of ``inputs``, and what ``backward_weight`` needs for ``weights``.
 
     Args:
@@ -173,13 +193,18 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
         inputs: tensors requiring grad whose gradients I returns (may be empty).
         weights: parameters requiring grad that W will differentiate.
         retain_graph: keep the graph (True whenever W or another backward follows).
+        names: one name per weight (e.g. from ``named_parameters()``) for the error
+            of ``backward_weight`` (Rule 6); default: the weight's index and shape.
 
     Returns:
         (one gradient per input, None where unused; the state for ``backward_weight``).
+
+    Raises:
+        ValueError: ``names`` is not one str per weight.
     """
     outputs = list(outputs)
     grads_out = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
-    state = WeightGradState(list(weights), outputs, grads_out)
+    state = WeightGradState(list(weights), _weight_names(weights, names), outputs, grads_out)
     hooks = []
     if SPLIT_SUPPORTED and state.weights and not inputs:  # no input path: W is the whole backward
         roots = list(dict.fromkeys(o.grad_fn for o in outputs if o.grad_fn is not None))
@@ -215,8 +240,11 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
 def backward_weight(state: WeightGradState, retain_graph: bool = False) -> Grads:
     """W: gradients of ``state.weights`` from what ``backward_input`` recorded (Rule 3).
 
-    Returns one gradient per weight, None for a weight the outputs do not depend on. The
-    state is released: W runs once per I.
+    Returns one gradient per weight. The state is released: W runs once per I.
+
+    Raises:
+        CheckpointError: (Rule 6) W got no gradient for a weight, because the graph of the
+            outputs does not reach it; the message names every such weight.
     """
     out: List[Optional[torch.Tensor]] = [None] * len(state.weights)
     if not SPLIT_SUPPORTED:  # Rule 5
@@ -242,5 +270,16 @@ def backward_weight(state: WeightGradState, retain_graph: bool = False) -> Grads
                                       allow_unused=True)
         for i, g in zip(group.weights, got):
             out[i] = g
+    missing = [state.names[i] for i, g in enumerate(out) if g is None]
     state.groups, state.recorded, state.outputs, state.grad_outputs = [], {}, [], []
+    if missing:
+        which = f"weight {missing[0]} is" if len(missing) == 1 else f"weights {', '.join(missing)} are"
+        raise CheckpointError(
+            error_text(
+                f"backward_weight: {which} not reached by the graph of the outputs, so W would give no "
+                "gradient (is the module fully_shard-ed with reshard_after_forward=True? FSDP2 then "
+                "keeps its sharded parameters outside the graph: pass reshard_after_forward=False; otherwise "
+                "leave a weight the outputs do not use out of the weights of backward_input)"
+            )
+        )
     return tuple(out)

@@ -14,7 +14,9 @@ Rule 1 (forward). Each ``checkpoint`` call creates one frame. Autograd's saved t
   the inputs with their version counters, the RNG state (CPU, plus the device type
   torch's checkpoint infers from the positional arguments), the autocast state and the
   ``torch.device`` context. Inside ``recompute_handle_collector_ctx()`` the frame's
-  handle is appended to the collected list, only once the forward succeeded.
+  handle is appended to the collected list, only once the forward succeeded. A frame
+  whose forward saved no tensor (``x + 1``, a view, ``Dropout(0)``) has nothing to
+  replay: its handle keeps no frame, and prefetching it is a no-op, not an error.
 
 Rule 2 (replay). A replay runs the function once more on the forward's own input tensors
   (as torch's non-reentrant checkpoint does) under the forward's RNG, autocast and device
@@ -22,18 +24,23 @@ Rule 2 (replay). A replay runs the function once more on the forward's own input
   random numbers. An input whose version changed since the forward (an in-place op in
   the function or after it) is refused with CheckpointError before the replay runs: the
   replay would see other values (torch 2.x refuses it too; torch 1.13 replays silently
-  on the changed input). The i-th tensor the replay saves goes to the i-th holder; a
-  backward inside the function reads what the replay saved for it. With ``early_stop``
+  on the changed input). The i-th tensor the replay saves goes to the i-th holder
+  (detached, except that torch 2.x, and so we, keep a tensor that does not require grad
+  as the very object); a backward inside the function reads what the replay saved for
+  it. A frame is never replayed from inside its own replay: ``recompute_handle`` of
+  it there raises CheckpointError. With ``early_stop``
   (or ``set_checkpoint_early_stop``) the replay stops right after the last saved tensor.
   The number of saved tensors is always checked, their metadata unless
   ``determinism_check="none"``; a mismatch raises CheckpointError (with torch's operator
-  report under ``debug=True``).
+  report under ``debug=True``). Where torch's checkpoint detects a condition too, the
+  message carries the installed torch's own text after ``hp_recompute:``.
 
 Rule 3 (no session). A frame bound to no session behaves like the installed torch's
   ``torch.utils.checkpoint(use_reentrant=False)``: torch 2.x replays once per backward
   (graph task), or once per open ``GraphExecGroup`` (torch >= 2.10), and drops each
   tensor when read, so a second read in the same backward or group raises; torch 1.13
-  replays once and keeps the tensors until autograd frees the graph.
+  replays once and keeps the tensors until autograd frees the graph (a replay that
+  served a backward inside the still running forward is followed by a full one).
 
 Rule 4 (binding). A frame is bound to at most one session, by the control plane:
   ``recompute_handle(handle, sid)`` binds and replays at once; a frame first unpacked
@@ -44,7 +51,8 @@ Rule 4 (binding). A frame is bound to at most one session, by the control plane:
   precedence over an open GraphExecGroup.
 
 Rule 5 (hot path). Unpacking a bound frame reads ``holder.value`` and ``session.mode``
-  only: no context-variable look-up, no lock (a session-less frame follows Rule 3; on
+  (and, for a session whose context is not open, whether any context is open) only: no
+  call, no context-variable look-up, no lock (a session-less frame follows Rule 3; on
   torch 2.x that path takes the frame's lock on every unpack). Inside a context with
   ``retain_on_unpack=True`` the tensor stays for the next consumer; otherwise
   (``retain_on_unpack=False`` or no context open) it is dropped when read. A miss replays
@@ -68,6 +76,13 @@ Rule 7 (clear). ``clear_recompute_session`` is idempotent and drops the session'
 Rule 8 (nesting). A checkpoint inside a checkpoint works in plain (session-less)
   backward. Prefetching, or replaying inside a session context, a frame that contains a
   nested checkpoint raises CheckpointError.
+
+Rule 9 (scopes). Session ids are unique within a ``SessionScope``, not in the process:
+  each owner of sessions (a schedule, a runner) makes its own scope, and two scopes may
+  both hold a session ``"s3.mb0"``. The module functions act on ``DEFAULT_SCOPE``. What
+  a thread has open (Rule 6) and the registry lock are process-wide; entering and
+  leaving a context change the mode of one session only, so they take constant time
+  however many sessions are live.
 
 ``use_reentrant=True`` delegates to ``torch.utils.checkpoint`` and takes no part in
 sessions; so does tracing under ``torch.compile`` (torch 2.x), which inside a collector
@@ -238,10 +253,11 @@ def checkpoint(
     else:
         error_cb = None
     forward_ctx, recompute_ctx = _contexts(context_fn)
+    if not torch.is_grad_enabled():  # as torch: nothing to checkpoint, the forward context is not entered
+        return function(*args, **kwargs)
+    suppressed = True
     with forward_ctx if forward_ctx is not None else contextlib.nullcontext():
-        if not torch.is_grad_enabled():
-            return function(*args, **kwargs)
-        return _checkpoint_forward(
+        output = _checkpoint_forward(
             function,
             args,
             kwargs,
@@ -251,6 +267,16 @@ def checkpoint(
             determinism_check,
             _early_stop(early_stop),
         )
+        suppressed = False
+    if suppressed:  # the forward raised and the context's __exit__ returned True
+        raise CheckpointError(
+            error_text(
+                "torch.utils.checkpoint: the forward context provided by context_fn suppressed an exception raised "
+                "during the checkpointed forward. This is not supported because checkpoint cannot return a value "
+                "for a failed forward. (Let the exception through: the context's __exit__ must not return True.)"
+            )
+        )
+    return output
 
 
 def _debug_enabled(debug: bool) -> bool:
@@ -316,7 +342,7 @@ def _checkpoint_forward(
         raise CheckpointError(
             error_text(
                 f"checkpoint of {getattr(function, '__qualname__', function)!r} is nested in a checkpoint being "
-                f"replayed for session {replay.session_id!r}; scheduled recompute of nested checkpoints is not "
+                f"replayed for session {replay.label()}; scheduled recompute of nested checkpoints is not "
                 "supported, flatten the nesting or run this backward outside any session"
             )
         )

@@ -15,6 +15,7 @@ import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Set, Tuple
 
 import torch
+import torch.utils.checkpoint as _torch_checkpoint
 
 from .errors import CheckpointError, error_text
 from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, Session
@@ -29,6 +30,64 @@ PER_GRAPH_TASK = _graph_task_id is not None
 # torch >= 2.10: backwards under one torch.utils.checkpoint.GraphExecGroup share a replay.
 _graph_exec_group: Optional[Callable[[], Any]] = getattr(torch._C, "_get_graph_exec_group", None)
 _outside_backward_ids = itertools.count(start=-2, step=-1)
+
+# -- torch's wording ------------------------------------------------------------------------
+# Where torch's checkpoint detects the same condition, our message carries the installed
+# torch's text verbatim after "hp_recompute: " (code written against torch's checkpoint
+# matches on it), then says which checkpoint and how to fix it. torch >= 2.1 appends its
+# debug tip, which we take from torch itself; torch 1.13 checks neither count nor metadata.
+_TORCH_TIP = getattr(_torch_checkpoint, "_debug_tip_msg", "")
+
+
+def _torch_count_text(saved: int, recomputed: int) -> str:
+    return (
+        "torch.utils.checkpoint: A different number of tensors was saved during the original forward and "
+        f"recomputation.\nNumber of tensors saved during forward: {saved}\nNumber of tensors saved during "
+        f"recomputation: {recomputed}.\n"
+    )
+
+
+def _torch_more_text() -> str:
+    return (
+        "torch.utils.checkpoint: trying to save more tensors during recomputation than during the original "
+        "forward pass.\n"
+    )
+
+
+def _meta(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> Dict[str, Any]:
+    # the form of torch's default determinism check (_default_meta_extractor)
+    return {"shape": shape, "dtype": dtype, "device": device}
+
+
+def _torch_metadata_text(mismatches: List[Tuple[int, Dict[str, Any], Dict[str, Any]]]) -> str:
+    listed = "".join(
+        f"tensor at position {index}:\nsaved metadata: {saved}\nrecomputed metadata: {recomputed}\n"
+        for index, saved, recomputed in mismatches
+    )
+    return (
+        "torch.utils.checkpoint: Recomputed values for the following tensors have different metadata than during "
+        f"the forward pass.\n{listed}.\n"
+    )
+
+
+def _torch_unpacked_twice_text(in_group: bool) -> str:
+    if not PER_GRAPH_TASK:  # torch 1.13's checkpoint
+        return (
+            "Attempt to retrieve a tensor saved by autograd multiple times without checkpoint recomputation being "
+            "triggered in between, this is not currently supported. Please open an issue with details on your use "
+            "case so that we can prioritize adding this."
+        )
+    extra = (
+        "Performing two backward calls that overlap (i.e. require the same saved activation in order to compute "
+        "gradients) is not allowed while under the torch.utils.checkpoint.GraphExecGroup context. "
+        if in_group
+        else ""
+    )
+    return (
+        "torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. "
+        f"{extra}If you are calling ctx.saved_tensors in backward, make sure to do so only once. Otherwise please "
+        "open an issue with details on your use case."
+    )
 
 
 def _replay_key() -> Tuple[Any, bool]:
@@ -107,15 +166,20 @@ def _store_shared(holder: Holder, tensor: torch.Tensor) -> None:
     holder.shared = tensor
 
 
-def _describe(meta: Tuple[torch.Size, torch.dtype, torch.device]) -> str:
-    shape, dtype, device = meta
-    return f"shape={tuple(shape)} dtype={dtype} device={device}"
+#: Whether a replay keeps a saved tensor that does not require grad as the very object
+#: (with its Python attributes), as torch 2.x's checkpoint does; torch 1.13 detaches all.
+_KEEP_UNTRACKED = PER_GRAPH_TASK
 
 
 class _Replay:
-    """Pack hook of one replay: hands the i-th saved tensor to the i-th holder (Rule 2)."""
+    """Pack hook of one replay: hands the i-th saved tensor to the i-th holder (Rule 2).
 
-    __slots__ = ("frame", "store", "count", "stopped", "extra_allowed", "error")
+    The checks follow torch's order: more tensors than the forward saved stop the
+    replay at once; the count, then the metadata of each tensor, are judged when it
+    ends. A tensor whose metadata differs is not stored.
+    """
+
+    __slots__ = ("frame", "store", "count", "stopped", "extra_allowed", "error", "mismatches")
 
     def __init__(self, frame: "CheckpointFrame", store: Callable[[Holder, torch.Tensor], None]) -> None:
         self.frame = frame
@@ -126,6 +190,8 @@ class _Replay:
         #: (a backward inside the forward, without early stop): the count cannot match
         self.extra_allowed = False
         self.error: Optional[CheckpointError] = None
+        #: (index, forward metadata, replay metadata) of each tensor that differs
+        self.mismatches: List[Tuple[int, Dict[str, Any], Dict[str, Any]]] = []
 
     def take_error(self) -> CheckpointError:
         """The recorded error, forgotten here so that nothing of the replay points back to it."""
@@ -137,7 +203,8 @@ class _Replay:
         frame = self.frame
         if self.stopped or self.error is not None:
             raise _StopReplay()
-        tensor = tensor.detach()
+        if tensor.requires_grad or not _KEEP_UNTRACKED:
+            tensor = tensor.detach()
         index = self.count
         self.count += 1
         expected = len(frame.holders)
@@ -147,29 +214,41 @@ class _Replay:
                 return tensor
             self.error = CheckpointError(
                 error_text(
-                    f"the replay of checkpoint {frame.name()} saved more tensors than its forward ({expected}); "
-                    "the function must do the same work when it is recomputed"
+                    _torch_more_text() + f"The replay of checkpoint {frame.name()} saved more tensors than its "
+                    f"forward ({expected}); the function must do the same work when it is recomputed.\n{_TORCH_TIP}"
                 )
             )
             raise _StopReplay()
         if frame.metas is not None:
             meta = (tensor.shape, tensor.dtype, tensor.device)
             if meta != frame.metas[index]:
-                self.error = CheckpointError(
-                    error_text(
-                        f"saved tensor #{index} of checkpoint {frame.name()} was recomputed with {_describe(meta)} "
-                        f"but the forward saved {_describe(frame.metas[index])}; make the function deterministic "
-                        "or pass determinism_check='none'"
-                    )
-                )
-                raise _StopReplay()
+                self.mismatches.append((index, _meta(*frame.metas[index]), _meta(*meta)))
         holder = frame.holders[index]()
-        if holder is not None:  # a dead holder means autograd already freed that SavedVariable
+        if holder is not None and not self.mismatches:  # a dead holder: autograd freed that SavedVariable
             self.store(holder, tensor)
         if frame.early_stop and self.count == expected:
             self.stopped = True
             raise _StopReplay()
         return tensor
+
+    def end_error(self) -> Optional[CheckpointError]:
+        """The count or metadata mismatch found once the replay ended, if any (torch's order)."""
+        frame = self.frame
+        if self.count != len(frame.holders) and not self.extra_allowed:
+            return CheckpointError(
+                error_text(
+                    _torch_count_text(len(frame.holders), self.count) + f"Checkpoint {frame.name()} must do the "
+                    f"same work when it is recomputed.\n{_TORCH_TIP}"
+                )
+            )
+        if self.mismatches:
+            return CheckpointError(
+                error_text(
+                    _torch_metadata_text(self.mismatches) + f"Checkpoint {frame.name()}: make the function "
+                    f"deterministic or pass determinism_check='none'.\n{_TORCH_TIP}"
+                )
+            )
+        return None
 
 
 class CheckpointFrame:
@@ -200,7 +279,9 @@ class CheckpointFrame:
         "session",
         "session_replayed",
         "plain_done",
+        "shared_complete",
         "has_nested",
+        "replaying",
         "lock",
         "__weakref__",
     )
@@ -238,7 +319,11 @@ class CheckpointFrame:
         self.session: Optional[Session] = None
         self.session_replayed = False
         self.plain_done: Set[int] = set()
+        #: torch 1.13: the shared plain replay ran after the forward completed (all holders)
+        self.shared_complete = False
         self.has_nested = False
+        #: while a replay runs: the session it fills, or PLAIN_REPLAY (Rule 2)
+        self.replaying: Any = None
         # Per-frame, never global: serialises the replay of this frame only.
         self.lock = threading.RLock()
 
@@ -270,7 +355,7 @@ class CheckpointFrame:
         self._check_inputs_unchanged()
         run = _Replay(self, store)
         previous = THREAD.replay
-        THREAD.replay = PLAIN_REPLAY if session is None else session
+        THREAD.replay = self.replaying = PLAIN_REPLAY if session is None else session
         try:
             with self.state.restored(), torch.enable_grad():
                 with self.recompute_ctx if self.recompute_ctx is not None else contextlib.nullcontext():
@@ -281,26 +366,42 @@ class CheckpointFrame:
                             # in-place op on a non-leaf input (ReLU(inplace=True)).
                             self.function(*self.args, **self.kwargs)
                         except BaseException:
-                            if run.error is None and not run.stopped:
+                            if run.error is None and not run.stopped and not run.mismatches:
                                 raise
         finally:
             THREAD.replay = previous
+            self.replaying = None
         if run.error is not None:
             # Hand the error over instead of keeping it on ``run``: the replay's activations
             # reach ``run`` through autograd's C++ saved-variable hooks (run.pack), and an
             # error whose traceback reaches them back would form a cycle gc cannot see.
             # Raised outside the except block, it does not chain the replay's frames either.
             self._mismatch(run.take_error())
-        if run.count != len(self.holders) and not run.extra_allowed:
-            self._mismatch(
-                CheckpointError(
-                    error_text(
-                        f"the replay of checkpoint {self.name()} saved {run.count} tensors but its forward saved "
-                        f"{len(self.holders)}; the function must do the same work when it is recomputed"
-                    )
-                )
-            )
+        error = run.end_error()
+        if error is not None:
+            self._mismatch(error)
         REGISTRY.count_replay(session)
+
+    def check_not_replaying(self, session: Session) -> None:
+        """Refuse a prefetch from inside this frame's own replay (Rule 2); caller holds ``self.lock``.
+
+        Only the replaying thread can get here while ``replaying`` is set (the replay holds
+        the lock). Not a no-op: the caller of ``recompute_handle`` relies on the tensors
+        being in the session when it returns, and they are not while the replay runs.
+        """
+        if self.replaying is None:
+            return
+        running = (
+            "for a backward outside any session" if self.replaying is PLAIN_REPLAY
+            else f"for session {self.replaying.label()}"
+        )
+        raise CheckpointError(
+            error_text(
+                f"recompute_handle(<handle of {self.name()}>, {session.label()}) was called from inside the replay "
+                f"of that checkpoint (running {running}); a checkpointed function cannot prefetch itself: call "
+                "recompute_handle from the schedule, outside the checkpointed function"
+            )
+        )
 
     def _mismatch(self, error: CheckpointError) -> None:
         """Raise a replay mismatch, through torch's debug report when ``debug=True``."""
@@ -328,15 +429,15 @@ class CheckpointFrame:
         if session.mode == CLEARED:
             raise CheckpointError(
                 error_text(
-                    f"session {session.session_id!r} was cleared inside its own recompute_session_ctx and is "
+                    f"session {session.label()} was cleared inside its own recompute_session_ctx and is "
                     "used again; clear a session only after its last consumer"
                 )
             )
         if self.session is not None and self.session is not session:
             raise CheckpointError(
                 error_text(
-                    f"checkpoint {self.name()} is bound to session {self.session.session_id!r} and cannot join "
-                    f"session {session.session_id!r}; call clear_recompute_session("
+                    f"checkpoint {self.name()} is bound to session {self.session.label()} and cannot join "
+                    f"session {session.label()}; call clear_recompute_session("
                     f"{self.session.session_id!r}) first"
                 )
             )
@@ -405,7 +506,7 @@ class CheckpointFrame:
             if mode == CLEARED:
                 raise CheckpointError(
                     error_text(
-                        f"session {session.session_id!r} is used after clear_recompute_session; clear a session "
+                        f"session {session.label()} is used after clear_recompute_session; clear a session "
                         "only after its last consumer"
                     )
                 )
@@ -414,8 +515,8 @@ class CheckpointFrame:
                 if own is not None:
                     raise CheckpointError(
                         error_text(
-                            f"checkpoint {self.name()} belongs to session {session.session_id!r} but is unpacked "
-                            f"inside recompute_session_ctx({own.session_id!r}); run each backward inside the "
+                            f"checkpoint {self.name()} belongs to session {session.label()} but is unpacked "
+                            f"inside recompute_session_ctx({own.label()}); run each backward inside the "
                             "context of its own session"
                         )
                     )
@@ -424,7 +525,7 @@ class CheckpointFrame:
                 if self.session_replayed:
                     raise CheckpointError(
                         error_text(
-                            f"a tensor of checkpoint {self.name()} in session {session.session_id!r} was already "
+                            f"a tensor of checkpoint {self.name()} in session {session.label()} was already "
                             "consumed by a backward that did not retain it; pass retain_on_unpack=True to every "
                             "consumer but the last"
                         )
@@ -441,29 +542,35 @@ class CheckpointFrame:
         with self.lock:
             if not PER_GRAPH_TASK:
                 if holder.shared is None:
-                    if any(h is not None and h.shared is not None for h in (r() for r in self.holders)):
+                    # A replay that served a backward inside the still running forward filled
+                    # only the holders that existed then: the first unpack of a later holder
+                    # replays again, for every holder (torch 1.13's own checkpoint fails here).
+                    if self.shared_complete and any(
+                        h is not None and h.shared is not None for h in (r() for r in self.holders)
+                    ):
                         raise CheckpointError(
                             error_text(
-                                f"a saved tensor of checkpoint {self.name()} is unpacked again after the "
-                                "replayed values were released; keep the graph alive (retain_graph=True) "
-                                "or use a recompute session"
+                                _torch_unpacked_twice_text(False) + f" (A saved tensor of checkpoint {self.name()} "
+                                "is unpacked again after the replayed values were released; keep the graph alive "
+                                "(retain_graph=True) or use a recompute session.)"
                             )
                         )
                     self.replay(_store_shared, None)
+                    self.shared_complete = self.forward_completed
                 assert holder.shared is not None
                 return holder.shared
             key, repeatable = _replay_key()
             if holder.by_task is None or key not in holder.by_task:
                 if key in self.plain_done:
-                    group = "" if isinstance(key, int) else (
-                        " Two backward calls under one torch.utils.checkpoint.GraphExecGroup must not read the "
-                        "same saved activation; run the second one outside the group, or use a recompute session "
-                        "(retain_on_unpack=True on the first)."
+                    in_group = not isinstance(key, int)
+                    fix = (
+                        "run the second backward of the GraphExecGroup outside the group, or use a recompute "
+                        "session (retain_on_unpack=True on the first)" if in_group
+                        else "a backward reads each saved tensor once"
                     )
                     raise CheckpointError(
                         error_text(
-                            f"a saved tensor of checkpoint {self.name()} is unpacked a second time by the same "
-                            f"backward: it was already unpacked once.{group}"
+                            _torch_unpacked_twice_text(in_group) + f" (Checkpoint {self.name()}: {fix}.)"
                         )
                     )
                 self.replay(lambda h, t: _store_task(h, key, t), None)
@@ -507,7 +614,8 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
     """The unpack hook of every checkpoint: the hot path (Rule 5).
 
     A frame bound to a session returns its recomputed tensor reading only
-    ``holder.value`` and ``session.mode``: no context variable, no lock. A
+    ``holder.value`` and ``session.mode`` (and, for a session without a context of
+    its own, ``REGISTRY.contexts``): no context variable, no call, no lock. A
     session-less frame while no session context is open follows Rule 3: on torch
     1.13 it reads ``holder.shared`` without a lock once replayed; on torch 2.x every
     such unpack takes the frame's lock (``unpack_plain``), because its per-backward
@@ -522,7 +630,7 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
             mode = session.mode
             if mode == RETAIN:
                 return value
-            if mode == POP:
+            if mode == POP or (mode == IDLE and not REGISTRY.contexts):
                 holder.value = None
                 return value
     elif not REGISTRY.contexts:
@@ -538,26 +646,34 @@ class RecomputeHandle:
     """What a collector hands to the scheduler for one checkpoint call.
 
     Holds its frame weakly: once autograd frees the checkpoint's graph the handle is
-    dead and ``recompute_handle`` says so. Only ``checkpoint`` creates handles.
+    dead and ``recompute_handle`` says so. A checkpoint that saved no tensor (``x + 1``,
+    a view, ``Dropout(0)``) has no graph of its own to keep its frame alive and nothing
+    to replay: its handle keeps no frame, ``saves_nothing`` is True, and prefetching it
+    is a no-op (Rule 1). Only ``checkpoint`` creates handles.
     """
 
-    __slots__ = ("_frame",)
+    __slots__ = ("_frame", "_name", "saves_nothing")
 
     def __init__(self, frame: CheckpointFrame, *, _token: object) -> None:
         if _token is not _HANDLE_TOKEN:
             raise ValueError(
                 error_text("RecomputeHandle is created by checkpoint() inside recompute_handle_collector_ctx()")
             )
-        self._frame = weakref.ref(frame)
+        self.saves_nothing = all(ref() is None for ref in frame.holders)
+        # Never the frame itself: it keeps the inputs (and what they reach) alive.
+        self._frame = None if self.saves_nothing else weakref.ref(frame)
+        self._name = frame.name()
 
     def frame(self) -> Optional[CheckpointFrame]:
-        """The frame, or None once its graph is gone."""
-        return self._frame()
+        """The frame, or None once its graph is gone (always None when ``saves_nothing``)."""
+        return self._frame() if self._frame is not None else None
 
     def __repr__(self) -> str:
+        if self.saves_nothing:
+            return f"RecomputeHandle({self._name}, saved=0, nothing to replay)"
         frame = self._frame()
         if frame is None:
-            return "RecomputeHandle(<freed>)"
+            return f"RecomputeHandle({self._name}, <freed>)"
         bound = frame.session.session_id if frame.session is not None else None
         return f"RecomputeHandle({frame.name()}, saved={len(frame.holders)}, session={bound!r})"
 

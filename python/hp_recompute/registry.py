@@ -1,45 +1,65 @@
-"""Control-plane state: the live sessions, the open session contexts, and replay counters.
+"""Control-plane state: the open session contexts, session namespaces, and replay counters.
 
-Only the control plane (``recompute_handle``, ``recompute_session_ctx``,
-``clear_recompute_session``) takes ``Registry.lock``. Unpacking a frame bound to a
-session reads ``frame.session`` and ``session.mode`` and nothing here (NOTE [ Recompute
-sessions ] Rule 5 in ``checkpoint.py``); unpacking a session-less frame reads
-``Registry.contexts``, without a lock, to tell a plain backward (Rule 3) from one that
-binds the frame (Rule 4).
+Only the control plane (``SessionScope`` and the module functions of ``sessions.py``)
+takes ``Registry.lock``. Unpacking a frame bound to a session reads ``frame.session``
+and ``session.mode`` (and, for a session without a context of its own, whether any
+context is open); unpacking a session-less frame reads ``Registry.contexts``, without a
+lock, to tell a plain backward (Rule 3) from one that binds the frame (Rule 4). See NOTE
+[ Recompute sessions ] in ``checkpoint.py``.
+
+Sessions live in namespaces (``SessionScope``, Rule 9): a session is one
+(scope, session id) pair. What a thread has open is process-wide (Rule 6), because
+autograd threads know nothing of scopes; so is ``Registry.lock``, which keeps the lock
+order of ``sessions.py`` one and the same for every scope.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Dict, Hashable, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional
 
-__all__ = ["Session", "Registry", "REGISTRY", "POP", "RETAIN", "IDLE", "CLEARED"]
+if TYPE_CHECKING:  # the class is defined by the control plane, which imports this module
+    from .sessions import SessionScope
+
+__all__ = ["Session", "Registry", "REGISTRY", "POP", "RETAIN", "IDLE", "CLEARED", "SCOPE_COUNTERS"]
 
 # Session.mode: how an unpack of a bound frame treats its recomputed tensor (Rules 5-7).
-POP = 0  #: hand the tensor out and drop it (retain_on_unpack=False, or no context open at all)
-RETAIN = 1  #: hand the tensor out and keep it for a later consumer (retain_on_unpack=True)
-IDLE = 2  #: some thread has a context open, none for this session: the slow path decides (Rule 6)
+POP = 0  #: its context is open with retain_on_unpack=False: hand the tensor out and drop it
+RETAIN = 1  #: its context is open with retain_on_unpack=True: hand the tensor out and keep it
+#: no context of its own is open: with no context open anywhere the tensor is popped (the hot
+#: path checks ``REGISTRY.contexts``), else the slow path decides (Rule 6). Entering and
+#: leaving a context therefore changes one session's mode, never every session's (O(1)).
+IDLE = 2
 CLEARED = 3  #: cleared; any further use is an error
+
+#: The counters every scope keeps for its own sessions (``SessionScope.stats``).
+SCOPE_COUNTERS = ("session_replays", "prefetches", "clears")
 
 
 class Session:
     """One recompute session: typically one (stage, microbatch) of a pipeline schedule.
 
     Attributes:
-        session_id: the user's hashable id.
+        session_id: the user's hashable id, unique within ``scope``.
+        scope: the ``SessionScope`` that owns the session (Rule 9).
         mode: one of POP, RETAIN, IDLE, CLEARED (read by the unpack hot path).
         frames: weak references to the frames bound to this session.
         replays: how many frame replays this session has run.
     """
 
-    __slots__ = ("session_id", "mode", "frames", "replays")
+    __slots__ = ("session_id", "scope", "mode", "frames", "replays")
 
-    def __init__(self, session_id: Hashable, mode: int) -> None:
+    def __init__(self, session_id: Hashable, scope: "SessionScope") -> None:
         self.session_id = session_id
-        self.mode = mode
+        self.scope = scope
+        self.mode = IDLE
         self.frames: List["weakref.ref[Any]"] = []
         self.replays = 0
+
+    def label(self) -> str:
+        """The id for messages; a session of a scope other than the default one names its scope."""
+        return repr(self.session_id) + self.scope.label_suffix
 
     def live_frames(self) -> List[Any]:
         """The bound frames that still exist (their autograd graph is alive)."""
@@ -51,20 +71,13 @@ class Registry:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.sessions: Dict[Hashable, Session] = {}
         #: Open ``recompute_session_ctx``: thread ident -> its session (Rule 6). Replaced,
         #: never mutated, so that the unpack path can read it without the lock.
         self.contexts: Dict[int, Session] = {}
+        #: Every scope, for the process-wide count of live sessions.
+        self.scopes: "weakref.WeakSet[SessionScope]" = weakref.WeakSet()
         self._stats_lock = threading.Lock()
-        self._counters = dict.fromkeys(("replays", "session_replays", "plain_replays", "prefetches", "clears"), 0)
-
-    def get_or_create(self, session_id: Hashable) -> Session:
-        """Return the live session ``session_id``; caller holds ``lock``."""
-        session = self.sessions.get(session_id)
-        if session is None:
-            session = Session(session_id, IDLE if self.contexts else POP)
-            self.sessions[session_id] = session
-        return session
+        self._counters = dict.fromkeys(("replays", "plain_replays") + SCOPE_COUNTERS, 0)
 
     def count_replay(self, session: Optional[Session]) -> None:
         """Record one replay (into ``session``, or plain when None); replay path, not the hot path."""
@@ -74,25 +87,34 @@ class Registry:
                 self._counters["plain_replays"] += 1
             else:
                 self._counters["session_replays"] += 1
+                session.scope.counters["session_replays"] += 1
                 session.replays += 1
 
-    def count(self, name: str) -> None:
-        """Add one to the control-plane counter ``name`` ("prefetches" or "clears")."""
+    def count(self, scope: "SessionScope", name: str) -> None:
+        """Add one to the control-plane counter ``name`` ("prefetches" or "clears") of ``scope``."""
         with self._stats_lock:
             self._counters[name] += 1
+            scope.counters[name] += 1
 
-    def snapshot(self) -> Dict[str, int]:
-        """Counters plus the number of live sessions."""
+    def snapshot(self, scope: Optional["SessionScope"] = None) -> Dict[str, int]:
+        """The process-wide counters (``scope`` None) or those of ``scope``, plus its live sessions."""
         with self._stats_lock:
-            out = dict(self._counters)
-        out["live_sessions"] = len(self.sessions)
+            if scope is not None:
+                out = dict(scope.counters)
+                out["replays"] = out["session_replays"]
+            else:
+                out = dict(self._counters)
+        with self.lock:
+            scopes = [scope] if scope is not None else list(self.scopes)
+            out["live_sessions"] = sum(len(s.sessions) for s in scopes)
         return out
 
-    def reset_counters(self) -> None:
-        """Zero the counters (live sessions are unaffected)."""
+    def reset_counters(self, scope: Optional["SessionScope"] = None) -> None:
+        """Zero the process-wide counters (``scope`` None) or those of ``scope``; sessions stay."""
         with self._stats_lock:
-            for key in self._counters:
-                self._counters[key] = 0
+            counters = self._counters if scope is None else scope.counters
+            for key in counters:
+                counters[key] = 0
 
 
 REGISTRY = Registry()

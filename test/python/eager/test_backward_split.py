@@ -159,3 +159,95 @@ def test_weight_state_is_released_after_w() -> None:
     _, state = backward_input([net(x)], [g], [x], list(net.parameters()))
     backward_weight(state)
     assert not state.groups and not state.recorded and not state.outputs
+
+
+# -- Rule 6: never a silent None ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_input", [True, False])
+def test_a_weight_w_cannot_reach_raises_naming_it(with_input: bool) -> None:
+    torch.manual_seed(0)
+    used, unused = nn.Linear(3, 3), nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    out = used(x).tanh().sum()
+    named = list(used.named_parameters(prefix="used")) + list(unused.named_parameters(prefix="unused"))
+    _, state = backward_input([out], None, [x] if with_input else [], [p for _, p in named],
+                              names=[n for n, _ in named])
+    with pytest.raises(hpr.CheckpointError, match=r"^hp_recompute: backward_weight: weights 'unused\.weight', "
+                       r"'unused\.bias' are not reached by the graph of the outputs, .*reshard_after_forward=True"):
+        backward_weight(state)
+
+
+def test_weight_names_must_be_one_str_per_weight() -> None:
+    w = torch.randn(2, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^hp_recompute: backward_input: names must be one str per weight \(1\)"):
+        backward_input([(w * 2).sum()], None, [], [w], names=["a", "b"])
+
+
+_FSDP_CHILD = r"""
+import os, sys
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+import hp_recompute as hpr
+from hp_recompute.backward_split import backward_input, backward_weight
+
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[2])
+reshard = sys.argv[1] == "reshard"
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+x0 = torch.randn(2, 4)
+want = torch.autograd.grad(model(x0).sum(), list(model.parameters()))
+for layer in model:
+    fully_shard(layer, reshard_after_forward=reshard)
+fully_shard(model, reshard_after_forward=reshard)
+x = x0.clone().requires_grad_()
+out = model(x)
+named = list(model.named_parameters())
+_, state = backward_input([out], [torch.ones_like(out)], [x], [p for _, p in named], names=[n for n, _ in named])
+try:
+    got = backward_weight(state)
+except hpr.CheckpointError as e:
+    print("ERROR", e)
+else:
+    full = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in got]
+    print("EQUAL", all(torch.allclose(a, b) for a, b in zip(full, want)))
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _has_fsdp2() -> bool:
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception:  # noqa: BLE001 -- ImportError; torch 1.13 under Python 3.11 raises ValueError
+        return False
+    return torch.distributed.is_gloo_available()
+
+
+@pytest.mark.skipif(not _has_fsdp2(),
+                    reason=f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6)")
+@pytest.mark.parametrize("reshard", ["reshard", "keep"])
+def test_fsdp2_reshard_after_forward_weights_raise_instead_of_none(reshard: str) -> None:
+    """FSDP2 on CPU + gloo, one process: with reshard_after_forward=True the parameters W is
+    asked for are sharded DTensors outside the graph; W must say so (Rule 6), not return None."""
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _FSDP_CHILD, reshard, str(_free_port())], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    if reshard == "reshard":
+        assert proc.stdout.startswith("ERROR hp_recompute: backward_weight: weights '0.weight', '0.bias', "
+                                      "'1.weight', '1.bias' are not reached by the graph"), proc.stdout
+        assert "fully_shard-ed with reshard_after_forward=True" in proc.stdout
+    else:
+        assert proc.stdout.strip() == "EQUAL True", proc.stdout

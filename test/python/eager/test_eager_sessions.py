@@ -650,3 +650,90 @@ def test_dead_handle_raises(device):
     with pytest.raises(hr.CheckpointError, match="the checkpoint behind this handle is gone"):
         hr.recompute_handle(handles[0], "late")
     assert "freed" in repr(handles[0])
+
+
+# -- regions that save nothing (Rule 1) -------------------------------------------------------
+
+_NOTHING_SAVED = {
+    "identity": lambda a: a,
+    "add_one": lambda a: a + 1,
+    "view": lambda a: a.view(a.shape),
+    "clone": lambda a: a.clone(),
+    "times_two": lambda a: a * 2.0,
+    "dropout0": torch.nn.Dropout(0.0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_NOTHING_SAVED))
+def test_a_region_that_saves_nothing_is_a_no_op_recompute(device, kind):
+    """A valid plan prefetches every region; one with no saved tensor has nothing to replay."""
+    from hpr_eager_util import count_saved
+
+    region = _NOTHING_SAVED[kind]
+    if count_saved(region, torch.randn(4, 6, device=device, requires_grad=True)) != {}:
+        pytest.skip(f"{kind} saves a tensor on torch {torch.__version__} (1.13 saves the scalar of a * 2.0)")
+    stage = Stage(device, seed=11)
+    x = stage.input()
+    want = None
+    for checkpointed in (False, True):
+        with hr.recompute_handle_collector_ctx() as handles:
+            h = stage.counted[0](x) if not checkpointed else hr.checkpoint(stage.counted[0], x)
+            h = region(h) if not checkpointed else hr.checkpoint(region, h)
+            h = stage.counted[1](h) if not checkpointed else hr.checkpoint(stage.counted[1], h)
+            loss = h.pow(2).sum()
+        if not checkpointed:
+            want = list(torch.autograd.grad(loss, [x] + stage.params))
+            continue
+        assert len(handles) == 3 and handles[1].saves_nothing and not handles[0].saves_nothing
+        for handle in handles:
+            hr.recompute_handle(handle, "s1.mb0")
+        hr.recompute_handle(handles[1], "s1.mb0")  # again: still nothing to do
+        got = _dx_dw(loss, x, stage.params, "s1.mb0")
+        assert hr.session_stats("s1.mb0")["replays"] == 2  # the two real blocks, once each
+        hr.clear_recompute_session("s1.mb0")
+        assert_bit_equal(got, want)
+    assert hr.stats()["prefetches"] == 4 and hr.live_sessions() == []
+
+
+def test_a_handle_whose_graph_was_freed_by_a_backward_still_raises(device):
+    x = torch.randn(3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = hr.checkpoint(torch.sin, x).sum()
+    loss.backward()  # frees the graph, and the checkpoint's saved tensors with it
+    with pytest.raises(hr.CheckpointError, match="its autograd graph was freed"):
+        hr.recompute_handle(handles[0], "late")
+    assert hr.live_sessions() == []
+
+
+# -- recompute_handle from inside the replayed function ---------------------------------------
+
+
+def test_prefetching_a_checkpoint_from_inside_its_own_replay_is_a_clear_error(device):
+    """Not a no-op: the caller relies on the tensors being in the session on return, and
+    they are not while the replay runs. It used to recurse until RecursionError."""
+    handles = []
+    armed = {"sid": None}
+
+    def fn(a):
+        if armed["sid"] is not None:
+            hr.recompute_handle(handles[0], armed["sid"])
+        return a.sin().cos()
+
+    x = torch.randn(3, device=device, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as collected:
+        loss = hr.checkpoint(fn, x).sum()
+    handles.extend(collected)
+    armed["sid"] = "self"
+    with pytest.raises(hr.CheckpointError, match=r"^hp_recompute: recompute_handle\(<handle of 'test_prefetching.*"
+                       r"fn'>, 'self'\) was called from inside the replay of that checkpoint \(running for session "
+                       r"'self'\); a checkpointed function cannot prefetch itself"):
+        hr.recompute_handle(handles[0], "self")
+    assert hr.live_sessions() == []  # the failed prefetch left nothing behind
+    # in a plain backward (torch 1.13 turns the hook's error into a RuntimeError with our text)
+    with pytest.raises(RuntimeError, match=r"called from inside the replay of that checkpoint \(running for a "
+                       r"backward outside any session\)"):
+        torch.autograd.grad(loss, [x], retain_graph=True)
+    armed["sid"] = None
+    (g,) = torch.autograd.grad(loss, [x])  # the frame still serves a plain backward
+    assert torch.allclose(g, -torch.sin(torch.sin(x)) * torch.cos(x))
+    assert hr.live_sessions() == []

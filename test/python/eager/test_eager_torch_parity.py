@@ -289,3 +289,182 @@ def test_compiled_checkpoint_inside_a_collector_is_an_error_not_an_empty_list(de
     assert handles == []
     compiled(x).backward()  # without a collector it compiles torch's checkpoint
     assert torch.allclose(x.grad, torch.autograd.grad(step(x), [x])[0])
+
+
+# -- what a replay hands back for a tensor that does not require grad ---------------------------
+
+
+def test_a_saved_tensor_that_needs_no_grad_keeps_its_identity_as_in_torch(device):
+    """torch 2.x hands back the very object (its Python attributes included); torch 1.13 a detached copy."""
+
+    def run(impl):
+        scale = torch.randn(3, device=device)
+        scale.tag = "kept"
+        seen = []
+
+        class Probe(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a, c):
+                ctx.save_for_backward(c)
+                return a * c
+
+            @staticmethod
+            def backward(ctx, g):
+                (c,) = ctx.saved_tensors
+                seen.append((c is scale, getattr(c, "tag", None)))
+                return g * c, None
+
+        x = torch.randn(3, device=device, requires_grad=True)
+        impl(lambda a: Probe.apply(a, scale), x).sum().backward()
+        return seen
+
+    ours, native = run(hr.checkpoint), run(native_checkpoint)
+    assert ours == native
+    assert ours == ([(True, "kept")] if PER_GRAPH_TASK else [(False, None)])
+
+
+# -- error texts: torch's own wording for the conditions torch's checkpoint detects -------------
+
+
+def _torch_text(message):
+    """torch's message without its debug tip (ours carries the tip after our own advice)."""
+    return message.replace(getattr(torch_cp, "_debug_tip_msg", ""), "")
+
+
+def _replay_switch(state):
+    def fn(a):
+        h = a.sin()
+        if state["more"]:
+            h = h.exp()
+        return h[: state["rows"]].cos()
+
+    return fn
+
+
+@needs_torch2
+@pytest.mark.parametrize("case", ["fewer", "more", "metadata", "unpacked_twice"])
+def test_error_texts_are_torchs_own(device, case):
+    def run(impl):
+        if case == "unpacked_twice":
+
+            class Twice(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, a):
+                    ctx.save_for_backward(a)
+                    return a * 2
+
+                @staticmethod
+                def backward(ctx, g):
+                    ctx.saved_tensors
+                    return g * ctx.saved_tensors[0]
+
+            x = torch.randn(3, device=device, requires_grad=True)
+            y = impl(lambda a: Twice.apply(a.sin()), x)
+        else:
+            state = {"more": case == "fewer", "rows": 3}
+            x = torch.randn(3, device=device, requires_grad=True)
+            y = impl(_replay_switch(state), x, early_stop=case != "more")
+            if case == "metadata":
+                state["rows"] = 2
+            else:
+                state["more"] = not state["more"]
+        return _outcome(lambda: y.sum().backward())
+
+    ours, native = run(hr.checkpoint), run(native_checkpoint)
+    assert issubclass(native[0], torch_cp.CheckpointError), native
+    assert issubclass(ours[0], torch_cp.CheckpointError)
+    assert ours[1].startswith("hp_recompute: torch.utils.checkpoint: ")
+    assert _torch_text(native[1]) in ours[1], (native[1], ours[1])
+
+
+@needs_graph_exec_group
+def test_overlapping_backwards_in_a_group_are_reported_in_torchs_words(device):
+    native = _outcome(lambda: _dx_then_dw(native_checkpoint, device, group=True))
+    ours = _outcome(lambda: _dx_then_dw(hr.checkpoint, device, group=True))
+    assert "Performing two backward calls that overlap" in native[1]
+    assert _torch_text(native[1]) in ours[1], (native[1], ours[1])
+
+
+# -- autograd.grad inside the checkpointed function, then the outer backward --------------------
+
+
+def _inner_grad_variants(w):
+    def weight_create_graph(a):
+        b = (a @ w).sin()
+        (g,) = torch.autograd.grad(b.sum(), w, create_graph=True)
+        return (a @ g).pow(2).sum()
+
+    def intermediate_retain_graph(a):
+        h = a.sin()
+        b = (h @ w).exp()
+        (g,) = torch.autograd.grad(b.sum(), h, retain_graph=True)
+        return b.sum() + (g * h).sum()
+
+    def input_create_graph(a):
+        b = (a @ w).tanh()
+        (g,) = torch.autograd.grad(b.sum(), a, create_graph=True)
+        return b.pow(2).sum() + (g * g).sum()
+
+    return {f.__name__: f for f in (weight_create_graph, intermediate_retain_graph, input_create_graph)}
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+@pytest.mark.parametrize("variant", ["weight_create_graph", "intermediate_retain_graph", "input_create_graph"])
+def test_inner_grad_with_create_or_retain_graph_then_the_outer_backward(device, variant, early_stop):
+    """The function's own backward keeps (part of) its graph; the outer backward reads the
+    tensors saved after it. torch 1.13 used to refuse that ("unpacked again")."""
+    torch.manual_seed(8)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
+    fn = _inner_grad_variants(w)[variant]
+    x0 = torch.randn(3, 4, device=device)
+    x = x0.clone().requires_grad_()
+    want = torch.autograd.grad(fn(x), [x, w])
+    x = x0.clone().requires_grad_()
+    got = torch.autograd.grad(hr.checkpoint(fn, x, early_stop=early_stop), [x, w])
+    for g, e in zip(got, want):
+        assert torch.allclose(g, e, atol=1e-6)
+    if PER_GRAPH_TASK:
+        x = x0.clone().requires_grad_()
+        assert_bit_equal(list(got), list(torch.autograd.grad(native_checkpoint(fn, x, early_stop=early_stop), [x, w])))
+
+
+# -- a forward context that swallows the forward's exception ------------------------------------
+
+
+class _Swallow:
+    def __init__(self, entered):
+        self.entered = entered
+
+    def __enter__(self):
+        self.entered.append(True)
+
+    def __exit__(self, *exc):
+        return True  # suppresses whatever the forward raised
+
+
+@needs_torch2
+def test_a_forward_context_that_suppresses_the_forwards_exception_is_refused(device):
+    """torch 2.x raises instead of returning None for a failed forward; under no_grad it does
+    not enter the forward context at all."""
+
+    def boom(a):
+        raise ValueError("forward failed")
+
+    def run(impl, grad):
+        entered = []
+        x = torch.randn(2, device=device, requires_grad=True)
+        with torch.enable_grad() if grad else torch.no_grad():
+            result = _outcome(lambda: impl(lambda a: a.sin(), x) if not grad else impl(
+                boom, x, context_fn=lambda: (_Swallow(entered), torch.enable_grad())))
+            if not grad:  # a context_fn under no_grad: the function just runs
+                result = _outcome(lambda: impl(torch.sin, x, context_fn=lambda: (_Swallow(entered),
+                                                                                 torch.enable_grad())))
+        return result[0], result[1] if result[0] != "ok" else None, entered
+
+    for grad in (True, False):
+        native, ours = run(native_checkpoint, grad), run(hr.checkpoint, grad)
+        same_kind = ours[0] == native[0] or (native[0] != "ok" != ours[0] and issubclass(ours[0], native[0]))
+        assert same_kind and ours[2] == native[2], (grad, native, ours)
+        if grad:
+            assert issubclass(native[0], RuntimeError) and native[1] in ours[1]
+            assert ours[1].startswith("hp_recompute: torch.utils.checkpoint: the forward context provided by")
