@@ -38,16 +38,27 @@ Rule 3a (message order). torch's point-to-point ops carry no tag: between two ra
   including its own; a receive is never posted later than the plan says, only earlier,
   into its own per-microbatch buffer.
 
-Rule 4 (recompute). ``recompute`` replays the handles of that forward into the plan's
-  session (``recompute_handle``); each backward action runs inside
-  ``recompute_session_ctx(session, retain_on_unpack)`` as the plan says, so dx and dw
-  share one replay; ``clear`` is ``clear_recompute_session``. A session that is not
-  cleared by the end of the step is an error (the plan promised a clear).
+Rule 4 (recompute). A schedule owns its sessions: they live in its own ``SessionScope``,
+  so two schedules (two models) in one process never share a session, even where their
+  plans use the same ids. ``recompute`` replays the handles of that forward into the
+  plan's session (``scope.recompute_handle``); each backward action runs inside
+  ``scope.recompute_session_ctx(session, retain_on_unpack)`` as the plan says, so dx and
+  dw share one replay; ``clear`` is ``scope.clear_recompute_session``. A session that is
+  not cleared by the end of the step is an error (the plan promised a clear).
 
 Rule 5 (gradient reduction). A ``reduce_grad`` action of the plan runs torch's
   ``perform_reduce_grad`` (FSDP post-backward, and the gradient scaling of
   ``scale_grads``); a stage whose program has none gets it right after its last ``W`` or
   ``B`` of the step, which is where torch's own lowering (``_add_reduce_grad``) puts it.
+  ``validate_plan`` refuses a plan whose ``reduce_grad`` comes before the stage's last
+  ``W`` or ``B``, or twice (gradients scaled too early or twice: wrong, silently).
+
+Rule 6 (metadata inference). On the first step torch's stages infer their input and
+  output metadata by running microbatch 0 through the stage module (``_initialize_stages``;
+  torch 2.13 runs a forward and a backward there, with real tensors). That runs inside
+  ``regions.plain_forwards()``: the plan's regions run plainly, so inference creates no
+  checkpoint and replays nothing, and every replay of a step is the plan's (one per
+  checkpointed region per microbatch).
 """
 
 from __future__ import annotations
@@ -64,7 +75,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from ..checkpoint import recompute_handle_collector_ctx
 from ..plan.reader import Action, Plan, RunError, load_plan, parse_plan
 from ..plan.check import validate_plan
-from ..sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
+from ..sessions import SessionScope
 from .regions import checkpoint_regions, plain_forwards
 from .torch_csv import load_torch_csv
 
@@ -122,6 +133,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         self.program: List[Action] = self.plan.ranks[self.rank]
         self._reduces = {a.stage for a in self.program if a.op == "reduce_grad"}
         self._send_order = self._sends_to_me()
+        self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
 
     def _sends_to_me(self) -> Dict[int, List[Tuple[str, int, int]]]:
         """Rule 3a: per peer, the (kind, receiving stage, mb) it sends this rank, in its program's order."""
@@ -159,7 +171,8 @@ class PlannedSchedule(PipelineScheduleMulti):
                            return_outputs: bool = True, loss_kwargs: Optional[Dict[str, Any]] = None) -> None:
         arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
         first_target = target_mbs[0] if target_mbs is not None else None
-        self._initialize_stages(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
+        with plain_forwards():  # Rule 6
+            self._initialize_stages(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
         run = _StepRun(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
         for index, action in enumerate(self.program):
             try:
@@ -181,6 +194,7 @@ class _StepRun:
     def __init__(self, schedule: PlannedSchedule, arg_mbs: list, kwarg_mbs: list, target_mbs: Optional[list],
                  return_outputs: bool, loss_kwargs: Optional[Dict[str, Any]]) -> None:
         self.schedule = schedule
+        self.scope = schedule.session_scope  # Rule 4
         self.stages = {s.stage_index: s for s in schedule._stages}
         self.arg_mbs, self.kwarg_mbs, self.target_mbs = arg_mbs, kwarg_mbs, target_mbs
         self.return_outputs, self.loss_kwargs = return_outputs, loss_kwargs
@@ -190,7 +204,6 @@ class _StepRun:
         self.sends: List[list] = []
         self.handles: Dict[Tuple[int, int], list] = {}
         self.backwards: Counter = Counter()
-        self.sessions: set = set()
         self.losses: Dict[int, torch.Tensor] = {}
 
     def perform(self, a: Action) -> None:
@@ -208,11 +221,9 @@ class _StepRun:
             self._forward(stage, a)
         elif op == "recompute":
             for handle in self.handles[key]:
-                recompute_handle(handle, a.session)
-            self.sessions.add(a.session)
+                self.scope.recompute_handle(handle, a.session)
         elif op == "clear":
-            clear_recompute_session(a.session)
-            self.sessions.discard(a.session)
+            self.scope.clear_recompute_session(a.session)
         elif op in ("backward_input", "backward_weight", "backward"):
             self._backward(stage, a)
         elif op == "reduce_grad":
@@ -256,9 +267,7 @@ class _StepRun:
         mb, op = a.microbatch, a.op
         if op != "backward_weight" and not stage.is_last and a.stage + 1 not in self.stages:
             self._wait(("b", a.stage, mb))
-        if a.session is not None:
-            self.sessions.add(a.session)
-        session = (recompute_session_ctx(a.session, a.retain_on_unpack) if a.session is not None
+        session = (self.scope.recompute_session_ctx(a.session, a.retain_on_unpack) if a.session is not None
                    else contextlib.nullcontext())
         with session:
             if op == "backward_weight":
@@ -282,15 +291,13 @@ class _StepRun:
         stage.perform_reduce_grad(self.schedule._n_microbatches if self.schedule.scale_grads else 1)
 
     def abandon(self) -> None:
-        """After a failure: the sessions this step opened are cleared (no replayed tensor outlives it)."""
-        for sid in list(self.sessions):
-            clear_recompute_session(sid)
+        """After a failure: the schedule's sessions are cleared (no replayed tensor outlives the step)."""
+        self.scope.clear_all()
 
     def finish(self) -> None:
         while self.sends:
             _wait_batch_p2p(self.sends.pop())
-        if self.sessions:  # Rule 4
-            left = sorted(self.sessions)
-            self.abandon()
+        left = self.scope.clear_all()  # Rule 4
+        if left:
             raise RunError(f"hp_recompute.pipelining: rank {self.schedule.rank}: sessions {left} were recomputed "
                            f"but not cleared by the end of the step; the plan must clear every session")

@@ -7,19 +7,24 @@ format="compute_comms")`` loads it; its cells are parsed here with torch's own
 recompute or clear with the index of the cell it runs before, the session and
 ``retain_on_unpack`` of each backward and whether it frees the graph, and the forwards that run without checkpointing.
 The two together are turned into plan JSON and read by ``plan.reader.parse_plan``, so
-both inputs are checked by the same code.
+both inputs are checked by the same code; each action keeps where it came from (a CSV
+cell as ``FILE:ROW:COL``, or a sidecar entry by JSON path), so an error names the cell or
+the entry, never the JSON path of a plan the user has not seen. The plan is untagged:
+torch's point-to-point ops carry no tag.
 """
 
 from __future__ import annotations
 
 import csv
-import json
+import io
 import os
-from typing import Any, Dict, List, Tuple
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 from torch.distributed.pipelining.schedules import _Action
 
-from ..plan.reader import Plan, RunError, parse_plan
+from ..plan.reader import Plan, RunError, expected, int_field, parse_plan, read_json, read_text
 
 __all__ = ["load_torch_csv", "sidecar_path"]
 
@@ -28,6 +33,9 @@ _OPS = {"F": "forward", "I": "backward_input", "W": "backward_weight", "B": "bac
         "REDUCE_GRAD": "reduce_grad"}
 # Which neighbour a transfer of stage s talks to.
 _PEER_STEP = {"send_f": 1, "recv_f": -1, "send_b": -1, "recv_b": 1}
+# What a consumer entry of the sidecar adds to its backward's cell.
+_BOUND_FIELDS = ("session", "retain_on_unpack", "frees_graph")
+_ACTION_PATH = re.compile(r"/ranks/(\d+)/actions/(\d+)(?:/(\w+))?")
 
 
 def sidecar_path(csv_path: str) -> str:
@@ -36,17 +44,56 @@ def sidecar_path(csv_path: str) -> str:
     return root + ".hpr.json"
 
 
-def _read_sidecar(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            side = json.load(f)
-    except OSError as e:
-        raise RunError(f"hp_recompute: cannot read the torch CSV's sidecar '{path}': {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise RunError(f"hp_recompute: {path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
-    if not isinstance(side, dict) or side.get("format") != "hp-recompute-torch-csv" or side.get("version") != 1:
+@dataclass
+class _Source:
+    """Where one action of the built plan came from: a CSV cell, or a sidecar insert."""
+
+    location: str  # "plan.csv:2:5 ('3F0')" or "plan.hpr.json: /ranks/1/inserts/0"
+    insert: Optional[str] = None  # the insert's JSON path in the sidecar
+    fields: Dict[str, str] = field(default_factory=dict)  # field -> the sidecar JSON path it came from
+
+
+class _Sources:
+    """Maps the built plan's JSON paths and actions back to the user's two files."""
+
+    def __init__(self, side_path: str) -> None:
+        self.side_path = side_path
+        self.ranks: List[List[_Source]] = []
+
+    def locate(self, json_path: str) -> str:
+        match = _ACTION_PATH.fullmatch(json_path)
+        if match is None:  # /schedule, /model, /sessions: the sidecar's own
+            return f"{self.side_path}: {json_path}"
+        src, key = self.ranks[int(match[1])][int(match[2])], match[3] or ""
+        if key in src.fields:
+            return f"{self.side_path}: {src.fields[key]}"
+        if src.insert is not None:
+            return f"{self.side_path}: {src.insert}/{key}" if key else f"{self.side_path}: {src.insert}"
+        return f"{src.location}: {key}" if key else src.location
+
+    def origin(self, rank: int, index: int) -> str:
+        return self.ranks[rank][index].location
+
+
+def _read_sidecar(path: str, csv_path: str) -> Dict[str, Any]:
+    side = read_json(path, "torch CSV sidecar")
+    if not isinstance(side, dict) or side.get("format") != "hp-recompute-torch-csv" or side.get("version") != 1 \
+            or isinstance(side.get("version"), bool):
         raise RunError(f"hp_recompute: {path}: expected a sidecar of format 'hp-recompute-torch-csv' version 1")
+    name = os.path.basename(csv_path)
+    if side.get("csv") != name:
+        raise expected(f"{path}: /csv", f"'{name}', the CSV it sits beside (a sidecar written for another CSV "
+                                        f"does not describe this one; write both again with --emit torch-csv)",
+                       side.get("csv"))
     return side
+
+
+def _read_rows(path: str) -> List[List[str]]:
+    reader = csv.reader(io.StringIO(read_text(path, "torch CSV"), newline=""))
+    try:
+        return list(reader)
+    except csv.Error as e:
+        raise RunError(f"hp_recompute: {path}:{reader.line_num}: {e}") from None
 
 
 def _cell_actions(path: str, row: int, col: int, cell: str, s2r: List[int]) -> List[Dict[str, Any]]:
@@ -77,57 +124,110 @@ def _cell_actions(path: str, row: int, col: int, cell: str, s2r: List[int]) -> L
     return out
 
 
-def _rank_entry(side_path: str, r: int, entry: Any):
-    """One ``/ranks/R`` entry of the sidecar: (cells, inserts by cell, bound consumers, plain forwards)."""
-    try:
-        inserts: Dict[int, List[Dict[str, Any]]] = {}
-        for item in entry.get("inserts", []):
-            inserts.setdefault(item["before"], []).append({k: v for k, v in item.items() if k != "before"})
-        bound: Dict[Tuple[str, int, int], Dict[str, Any]] = {
-            (c["op"], c["stage"], c["microbatch"]): c for c in entry.get("consumers", [])}
-        plain = {(p["stage"], p["microbatch"]) for p in entry.get("plain_forwards", [])}
-        return entry["cells"], inserts, bound, plain
-    except (AttributeError, KeyError, TypeError) as e:
-        raise RunError(f"hp_recompute: {side_path}: /ranks/{r}: expected cells, and inserts, consumers and "
-                       f"plain_forwards as --emit torch-csv writes them ({type(e).__name__}: {e})") from None
+def _list(side_path: str, entry: Dict[str, Any], key: str, where: str) -> List[Dict[str, Any]]:
+    """``entry[key]``: an optional list of objects."""
+    items = entry.get(key, [])
+    if not isinstance(items, list):
+        raise expected(f"{side_path}: {where}/{key}", "a list", items)
+    for k, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise expected(f"{side_path}: {where}/{key}/{k}", "an object", item)
+    return items
+
+
+@dataclass
+class _RankSide:
+    """One ``/ranks/R`` entry of the sidecar, checked (its ``cells`` is the row's length)."""
+
+    inserts: Dict[int, List[Tuple[int, Dict[str, Any]]]]  # cell index -> (insert index, action)
+    consumers: Dict[Tuple[str, int, int], Tuple[int, Dict[str, Any]]]  # (op, stage, mb) -> (index, entry)
+    plain: Dict[Tuple[int, int], int]  # (stage, mb) -> index in /ranks/R/plain_forwards
+
+
+def _rank_entry(path: str, side_path: str, r: int, entry: Any, row: List[str]) -> _RankSide:
+    """Checks ``/ranks/R`` of the sidecar against row ``r`` of the CSV ``path``."""
+    where = f"/ranks/{r}"
+    at = lambda p: f"{side_path}: {p}"  # noqa: E731
+    if not isinstance(entry, dict):
+        raise expected(at(where), "an object with cells, and inserts, consumers and plain_forwards as "
+                                  "--emit torch-csv writes them", entry)
+    cells = int_field(at, entry, "cells", where, 0)
+    if cells != len(row):
+        raise RunError(f"hp_recompute: {path}:{r + 1}: {len(row)} cells, but the sidecar {side_path} was written "
+                       f"for {cells}; write both again with --emit torch-csv")
+    inserts: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}
+    for k, item in enumerate(_list(side_path, entry, "inserts", where)):
+        before = int_field(at, item, "before", f"{where}/inserts/{k}", 0, cells + 1)
+        inserts.setdefault(before, []).append((k, {key: v for key, v in item.items() if key != "before"}))
+    consumers: Dict[Tuple[str, int, int], Tuple[int, Dict[str, Any]]] = {}
+    for k, c in enumerate(_list(side_path, entry, "consumers", where)):
+        if c.get("op") not in ("backward_input", "backward_weight", "backward"):
+            raise expected(at(f"{where}/consumers/{k}/op"), "backward_input, backward_weight or backward",
+                           c.get("op"))
+        key = (c["op"], int_field(at, c, "stage", f"{where}/consumers/{k}"),
+               int_field(at, c, "microbatch", f"{where}/consumers/{k}"))
+        if key in consumers:
+            raise expected(at(f"{where}/consumers/{k}"), f"one entry per backward ({where}/consumers/"
+                                                         f"{consumers[key][0]} is this one's)", c)
+        consumers[key] = (k, c)
+    plain: Dict[Tuple[int, int], int] = {}
+    for k, p in enumerate(_list(side_path, entry, "plain_forwards", where)):
+        plain[(int_field(at, p, "stage", f"{where}/plain_forwards/{k}"),
+               int_field(at, p, "microbatch", f"{where}/plain_forwards/{k}"))] = k
+    return _RankSide(inserts, consumers, plain)
+
+
+def _rank_actions(path: str, side_path: str, r: int, row: List[str], side: _RankSide, s2r: List[int],
+                  sources: List[_Source]) -> List[Dict[str, Any]]:
+    """Row ``r`` of the CSV with its sidecar entry merged in, as plan actions; ``sources`` gets their origins."""
+    where = f"/ranks/{r}"
+    actions: List[Dict[str, Any]] = []
+    consumers, plain = dict(side.consumers), dict(side.plain)
+    for col in range(len(row) + 1):
+        for k, item in side.inserts.get(col, []):
+            actions.append(item)
+            sources.append(_Source(f"{side_path}: {where}/inserts/{k}", insert=f"{where}/inserts/{k}"))
+        if col == len(row):
+            break
+        for a in _cell_actions(path, r, col, row[col], s2r):
+            source = _Source(f"{path}:{r + 1}:{col + 1} ('{row[col]}')")
+            bound = consumers.pop((a["op"], a["stage"], a.get("microbatch", -1)), None)
+            if bound is not None:
+                k, entry = bound
+                for key in _BOUND_FIELDS:
+                    if key in entry:
+                        a[key] = entry[key]
+                        source.fields[key] = f"{where}/consumers/{k}/{key}"
+            if a["op"] == "forward" and (a["stage"], a.get("microbatch")) in plain:
+                a["checkpoint"] = False
+                source.fields["checkpoint"] = f"{where}/plain_forwards/{plain.pop((a['stage'], a['microbatch']))}"
+            actions.append(a)
+            sources.append(source)
+    unused = [f"consumers/{min(k for k, _ in consumers.values())}"] if consumers else []
+    unused += [f"plain_forwards/{min(plain.values())}"] if plain else []
+    if unused:
+        raise RunError(f"hp_recompute: {side_path}: {where}/{unused[0]}: names no action of row {r + 1} of {path}; "
+                       f"write both again with --emit torch-csv")
+    return actions
 
 
 def load_torch_csv(path: str) -> Plan:
     """Reads ``path`` and its sidecar as a plan (``plan.Plan``)."""
     side_path = sidecar_path(path)
-    side = _read_sidecar(side_path)
-    try:
-        with open(path, "r", encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as e:
-        raise RunError(f"hp_recompute: cannot read torch CSV '{path}': {e.strerror}") from None
+    side = _read_sidecar(side_path, path)
+    rows = _read_rows(path)
     sched, ranks_side = side.get("schedule", {}), side.get("ranks")
     s2r = sched.get("stage_to_rank") if isinstance(sched, dict) else None
     if not isinstance(s2r, list) or not isinstance(ranks_side, list) or len(ranks_side) != len(rows):
         raise RunError(f"hp_recompute: {side_path}: expected /schedule/stage_to_rank and one /ranks entry per row "
                        f"of {path} ({len(rows)} rows)")
+    sources = _Sources(side_path)
     ranks = []
     for r, (row, rank_side) in enumerate(zip(rows, ranks_side)):
-        cells, inserts, bound, plain = _rank_entry(side_path, r, rank_side)
-        if cells != len(row):
-            raise RunError(f"hp_recompute: {path}:{r + 1}: {len(row)} cells, but the sidecar {side_path} was written "
-                           f"for {cells}; write both again with --emit torch-csv")
-        actions: List[Dict[str, Any]] = []
-        for col, cell in enumerate(row):
-            actions.extend(inserts.pop(col, []))
-            for a in _cell_actions(path, r, col, cell, s2r):
-                key = (a["op"], a["stage"], a.get("microbatch", -1))
-                if key in bound:
-                    a.update({k: v for k, v in bound[key].items() if k in ("session", "retain_on_unpack",
-                                                                            "frees_graph")})
-                if a["op"] == "forward" and (a["stage"], a.get("microbatch")) in plain:
-                    a["checkpoint"] = False
-                actions.append(a)
-        actions.extend(inserts.pop(len(row), []))
-        if inserts:
-            raise RunError(f"hp_recompute: {side_path}: /ranks/{r}/inserts: positions {sorted(inserts, key=str)} "
-                           f"are outside row {r + 1} of {path} ({len(row)} cells)")
+        sources.ranks.append([])
+        side_r = _rank_entry(path, side_path, r, rank_side, row)
+        actions = _rank_actions(path, side_path, r, row, side_r, s2r, sources.ranks[r])
         ranks.append({"rank": r, "actions": actions})
     raw = {"format": "hp-recompute-plan", "version": 2, "schedule": sched, "model": side.get("model"),
            "sessions": side.get("sessions", []), "ranks": ranks}
-    return parse_plan(raw, path)
+    return parse_plan(raw, path, tagged=False, locate=sources.locate, origin=sources.origin)

@@ -83,15 +83,20 @@ def run_one(cls: Any, stages: List[Any], cfg: Dict[str, Any], x: torch.Tensor, y
     first = any(s.is_first for s in stages)
     last = any(s.is_last for s in stages)
     args = (x,) if first else ()
+    from hp_recompute import reset_stats, stats
+
     # The first step also infers the stages' metadata (extra forwards); the second is measured.
+    replays: List[int] = []  # hp_recompute's replays in each step (torch's checkpoint counts none)
     for _ in range(2):
         for st in stages:
             st.submod.zero_grad(set_to_none=True)
         losses: List[torch.Tensor] = []
         CALLS.clear()
+        reset_stats()
         torch.manual_seed(1234 + dist.get_rank())
         schedule.step(*args, target=y if last else None, losses=losses if last else None)
-    return schedule, [l.detach() for l in losses], dict(CALLS)
+        replays.append(stats()["replays"])
+    return schedule, [l.detach() for l in losses], dict(CALLS), replays
 
 
 def stage_split(cfg: Dict[str, Any]) -> Dict[int, List[str]]:
@@ -148,7 +153,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
             return out
 
         ref_stages = make_stages(wrap=True)
-        ref, ref_losses, ref_calls = run_one(torch_schedule(cfg["torch_schedule"]), ref_stages, cfg, x, y)
+        ref, ref_losses, ref_calls, _ = run_one(torch_schedule(cfg["torch_schedule"]), ref_stages, cfg, x, y)
         if rank == 0 and cfg.get("dump_csv"):
             ref._dump_csv(cfg["dump_csv"], format="compute_only")  # torch's own order, for the planner
         dist.barrier()
@@ -160,18 +165,19 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                 raise RuntimeError(f"planner failed: {done.stderr}")
         dist.barrier()
         plan_stages = make_stages(wrap=False)
-        _, plan_losses, plan_calls = run_one(PlannedSchedule, plan_stages, cfg, x, y, plan=cfg["plan"])
+        _, plan_losses, plan_calls, plan_replays = run_one(PlannedSchedule, plan_stages, cfg, x, y, plan=cfg["plan"])
 
         extra: Dict[str, Any] = {}
         if cfg["plan"].endswith(".csv"):
             from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
             rt_stages = make_stages(wrap=True)
-            rt, rt_losses, _ = run_one(_PipelineScheduleRuntime, rt_stages, cfg, x, y, load_csv=cfg["plan"])
+            rt, rt_losses, _, _ = run_one(_PipelineScheduleRuntime, rt_stages, cfg, x, y, load_csv=cfg["plan"])
             extra = {"rt_losses": rt_losses, "rt_grads": grads(rt_stages),
                      "rt_row": [str(a) for a in rt.pipeline_order_with_comms[rank]]}
         torch.save({**extra, "ref_losses": ref_losses, "plan_losses": plan_losses, "ref_grads": grads(ref_stages),
                     "plan_grads": grads(plan_stages), "ref_calls": ref_calls, "plan_calls": plan_calls,
+                    "plan_replays": plan_replays,
                     "checkpointed": sorted(f for s in mine for f in ckpt[s])},
                    os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:
@@ -194,9 +200,9 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
         split, mine = stage_split(cfg), stages_of_rank(cfg, rank)
         loss_fn = lambda out, target: ((out - target) ** 2).mean()  # noqa: E731
 
-        def attempt(name: str, stages: List[Any], n_mb: int) -> None:
+        def attempt(name: str, stages: List[Any], n_mb: int, plan: str = cfg["plan"]) -> None:
             try:
-                PlannedSchedule(stages, n_mb, loss_fn=loss_fn, plan=cfg["plan"])
+                PlannedSchedule(stages, n_mb, loss_fn=loss_fn, plan=plan)
                 messages[name] = "accepted"
             except Exception as e:  # noqa: BLE001 - the message is the result
                 messages[name] = f"{type(e).__name__}: {e}"
@@ -216,6 +222,8 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
         attempt("stages of another rank", [PipelineStage(stage_module(full, split[s]), s, cfg["stages"],
                                                          torch.device("cpu"))
                                            for s in stages_of_rank(cfg, 1 - rank)], cfg["microbatches"])
+        for name in ("good_csv", "bad_csv"):  # the torch CSV of the plan, and one with REDUCE_GRAD too early
+            attempt(name, stages({s: stage_module(full, split[s]) for s in mine}), cfg["microbatches"], cfg[name])
         torch.save(messages, os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -5,7 +5,8 @@ class with ``torch.utils.checkpoint`` on every block, and ``PlannedSchedule`` wi
 of *torch's own action order* (the schedule's ``pipeline_order`` dumped as CSV and
 planned with hp-recompute-plan), or of our generator where torch has no CSV (1F1B).
 Losses and gradients must match; each checkpointed block must run exactly twice per
-microbatch (forward + one replay) under the plan.
+microbatch (forward + one replay) under the plan, and replay exactly once per microbatch
+also in the first step, where torch's stages infer their metadata.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def check(results: List[Dict[str, Any]], microbatches: int) -> None:
         for fqn in res["checkpointed"]:  # forward + exactly one replay per microbatch
             assert res["plan_calls"][fqn] == 2 * microbatches, (rank, fqn, res["plan_calls"])
             assert res["ref_calls"][fqn] >= 2 * microbatches
+        # Also on the first step, where torch's stages infer their metadata (Rule 6 of PlannedSchedule):
+        # one replay per checkpointed block per microbatch, none for the inference.
+        assert res["plan_replays"] == [len(res["checkpointed"]) * microbatches] * 2, (rank, res["plan_replays"])
 
 
 CASES = [
@@ -122,17 +126,46 @@ def test_planned_schedule_from_torch_csv_with_bubble_prefetch_and_dropout(tmp_pa
             torch.testing.assert_close(res["rt_grads"][name], want, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def reduce_grad_before_last_w(csv_path: Path, out: Path) -> None:
+    """Writes OUT (and its sidecar): CSV_PATH with rank 0's first REDUCE_GRAD moved before its stage's last W.
+
+    The sidecar's inserts keep their places between the cells (torch's runtime would run the
+    CSV; the admission check must refuse it: the reduction would scale gradients that the
+    moved-over W still adds to).
+    """
+    rows = [line.split(",") for line in csv_path.read_text().splitlines()]
+    side = json.loads(sidecar_of(csv_path).read_text())
+    row = rows[0]
+    g = next(i for i, cell in enumerate(row) if cell.endswith("REDUCE_GRAD"))
+    stage = row[g][:-len("REDUCE_GRAD")]
+    w = max(i for i in range(g) if re.fullmatch(rf"{stage}W\d+", row[i]))
+    row.insert(w, row.pop(g))
+    for item in side["ranks"][0]["inserts"]:
+        if w < item["before"] <= g:
+            item["before"] += 1
+    side["csv"] = out.name
+    out.write_text("".join(",".join(r) + "\n" for r in rows))
+    sidecar_of(out).write_text(json.dumps(side))
+
+
+def sidecar_of(csv_path: Path) -> Path:
+    return csv_path.with_suffix(".hpr.json")
+
+
 def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
     ranks, stages, microbatches = 2, 4, 4
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp_path / "model.json", layers)
     plan = tmp_path / "plan.json"
-    subprocess.run([str(PLAN_TOOL), "--schedule-gen", "zbv", "--ranks", str(ranks), "--microbatches",
-                    str(microbatches), "--model", str(tmp_path / "model.json"), "--stages", stage_spec(stages),
-                    "--emit", "json", "-o", str(plan)], check=True)
+    for emit, out in (("json", plan), ("torch-csv", tmp_path / "plan.csv")):
+        subprocess.run([str(PLAN_TOOL), "--schedule-gen", "zbv", "--ranks", str(ranks), "--microbatches",
+                        str(microbatches), "--model", str(tmp_path / "model.json"), "--stages", stage_spec(stages),
+                        "--emit", emit, "-o", str(out)], check=True)
+    reduce_grad_before_last_w(tmp_path / "plan.csv", tmp_path / "bad.csv")
     (tmp_path / "out").mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp_path / "store"), "ranks": ranks, "stages": stages,
            "layers": layers, "dim": DIM, "microbatches": microbatches, "torch_schedule": "zbv", "plan": str(plan),
+           "good_csv": str(tmp_path / "plan.csv"), "bad_csv": str(tmp_path / "bad.csv"),
            "out": str(tmp_path / "out")}
     mp.start_processes(pp_worker.refusals, args=(cfg,), nprocs=ranks, start_method="spawn", join=True)
     for rank in range(ranks):
@@ -143,12 +176,17 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
         assert "has no submodule of that name" in got["missing region"]
         assert "is already wrapped by torch's checkpoint" in got["torch-wrapped region"]
         assert f"rank {rank} runs stages" in got["stages of another rank"]
+        # Issue 24 item 5: refused on every rank before any step, naming the cell and the rule.
+        assert got["good_csv"] == "accepted", got
+        assert f"RunError: hp_recompute: plan {tmp_path / 'bad.csv'}: rank 0 action " in got["bad_csv"], got
+        assert f"{tmp_path / 'bad.csv'}:1:" in got["bad_csv"] and "REDUCE_GRAD')" in got["bad_csv"]
+        assert "gradients are reduced once per stage, after its last backward_weight" in got["bad_csv"]
 
 
 @pytest.mark.parametrize("damage,message", [
-    (lambda side: side["ranks"][0].pop("cells"), "/ranks/0: expected cells, and inserts"),
-    (lambda side: side["ranks"][1]["inserts"][0].pop("before"), "/ranks/1: expected cells, and inserts"),
-    (lambda side: side["ranks"].__setitem__(0, 7), "/ranks/0: expected cells, and inserts"),
+    (lambda side: side["ranks"][0].pop("cells"), "/ranks/0/cells: expected an integer >= 0, got 'null'"),
+    (lambda side: side["ranks"][1]["inserts"][0].pop("before"), "/ranks/1/inserts/0/before: expected an integer"),
+    (lambda side: side["ranks"].__setitem__(0, 7), "/ranks/0: expected an object with cells, and inserts"),
     (lambda side: side["ranks"][0].__setitem__("cells", 3), "cells, but the sidecar"),
 ])
 def test_a_damaged_sidecar_is_refused_naming_the_entry(tmp_path: Path, damage, message) -> None:

@@ -1,0 +1,132 @@
+"""The plan reader (``hp_recompute.plan.reader``) on hostile plan files: a located error, never a traceback.
+
+Each case damages the hand-written plan (hand_plan.py) the way the hostile trial of issue
+24 did and expects a ``RunError`` that names the file, the JSON path (or line:column for
+bytes the JSON parser never sees as values) and what was expected. The runner's command
+line exits 1 with the same message and no traceback. Runs on torch 1.13 and 2.13.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict
+
+import pytest
+
+from hand_plan import hand_plan
+from hp_recompute.plan import RunError, load_plan, parse_plan, validate_plan
+
+REPO = Path(__file__).resolve().parents[3]
+Plan = Dict[str, Any]
+
+
+def _actions(p: Plan, rank: int = 0) -> list:
+    return p["ranks"][rank]["actions"]
+
+
+def _set(path: str, value: Any) -> Callable[[Plan], None]:
+    """An edit setting the field at ``path`` (``ranks/0/actions/1/tag``) to ``value``; ``...`` deletes it."""
+    def edit(p: Plan) -> None:
+        *parents, last = path.split("/")
+        node: Any = p
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        key = int(last) if isinstance(node, list) else last
+        if value is ...:
+            del node[key]
+        else:
+            node[key] = value
+    return edit
+
+
+def _duplicate_session(p: Plan) -> None:
+    p["sessions"].append(dict(p["sessions"][0]))
+
+
+def _second_session_of_one_microbatch(p: Plan) -> None:
+    p["sessions"].append(dict(p["sessions"][0], id="again"))
+
+
+# case -> (edit, JSON path in the message, what the message expects)
+CASES = {
+    "boolean stage_to_rank entry": (_set("schedule/stage_to_rank/1", True), "/schedule/stage_to_rank/1",
+                                    "expected a rank in [0, 2), got 'true'"),
+    "overlap as a string": (_set("ranks/0/actions/0/overlap", "false"), "/ranks/0/actions/0/overlap",
+                            "expected a boolean, got '\"false\"'"),
+    "sessions is a number": (_set("sessions", 5), "/sessions", "expected a list of sessions, got '5'"),
+    "a list as a session id": (_set("ranks/0/actions/5/session", ["s0.mb0"]), "/ranks/0/actions/5/session",
+                               "expected an id listed in /sessions"),
+    "a duplicate session": (_duplicate_session, "/sessions/2/id", "expected an id not used before (/sessions/0"),
+    "two sessions of one microbatch": (_second_session_of_one_microbatch, "/sessions/2",
+                                       "expected one session per stage and microbatch"),
+    "a transfer without a tag": (_set("ranks/0/actions/1/tag", ...), "/ranks/0/actions/1/tag",
+                                 "expected an integer >= 0, got 'null'"),
+    "a boolean tag": (_set("ranks/0/actions/1/tag", True), "/ranks/0/actions/1/tag", "got 'true'"),
+    "a reduce_grad without its stage": (_set("ranks/0/actions/13/stage", ...), "/ranks/0/actions/13/stage",
+                                        "expected an integer in [0, 2)"),
+    "a boolean retain_on_unpack": (_set("ranks/0/actions/6/retain_on_unpack", 1),
+                                   "/ranks/0/actions/6/retain_on_unpack", "expected a boolean, got '1'"),
+    "version true": (_set("version", True), "/version", "expected 2, got 'true'"),
+}
+
+
+def test_the_hand_plan_is_valid() -> None:
+    validate_plan(parse_plan(hand_plan(), "p.json"))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_field_is_refused_at_its_json_path(case: str) -> None:
+    edit, where, message = CASES[case]
+    plan = hand_plan()
+    edit(plan)
+    with pytest.raises(RunError) as info:
+        parse_plan(plan, "p.json")
+    assert str(info.value).startswith(f"hp_recompute: p.json: {where}: "), str(info.value)
+    assert message in str(info.value)
+
+
+def _text(plan: Plan) -> bytes:
+    return json.dumps(plan, indent=1).encode()
+
+
+# case -> (file bytes, message)
+FILES = {
+    "invalid UTF-8": (_text(hand_plan()).replace(b'"name": "hand"', b'"name": "h\xffnd"', 1),
+                      ":5:13: invalid UTF-8 (byte 0xff); expected UTF-8 text"),
+    "deeply nested JSON": (b'{"format": "hp-recompute-plan", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+                           ":1:137: JSON nested deeper than 100 levels"),
+    "a 5000-digit integer": (_text(hand_plan()).replace(b'"num_microbatches": 2', b'"num_microbatches": ' +
+                                                        b"7" * 5000),
+                             ": /schedule/num_microbatches: expected an integer >= 1, got 'an integer of 5000 "
+                             "digits'"),
+    "a NaN session id": (_text(hand_plan()).replace(b'"id": "s0.mb0"', b'"id": NaN'),
+                         ": /sessions/0/id: expected a string, got 'NaN'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILES))
+def test_a_bad_plan_file_is_refused_with_its_location(tmp_path: Path, case: str) -> None:
+    data, message = FILES[case]
+    path = tmp_path / "p.json"
+    path.write_bytes(data)
+    with pytest.raises(RunError) as info:
+        load_plan(str(path))
+    assert f"{path}{message}" in str(info.value)
+    assert str(info.value).startswith("hp_recompute: ")
+
+
+@pytest.mark.parametrize("case", ["invalid UTF-8", "deeply nested JSON", "a 5000-digit integer"])
+def test_the_runner_exits_1_with_the_location(tmp_path: Path, case: str) -> None:
+    data, message = FILES[case]
+    path = tmp_path / "p.json"
+    path.write_bytes(data)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    proc = subprocess.run([sys.executable, "-m", "hp_recompute.run", "--plan", str(path)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{path}{message}" in proc.stderr
+    assert "Traceback" not in proc.stderr
