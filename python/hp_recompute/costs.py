@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,10 +50,11 @@ import torch
 
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
-from .output_files import output_problem, write_text
-from .runner.model import PipelineModel, load_model
+from .factory import raised_at
+from .output_files import OutputError, check_outputs, text_writer, write_outputs
+from .runner.model import DEFAULT_MODEL, PipelineModel, load_model
 from .runner.memory import AllocatorPeak
-from .plan.reader import RunError
+from .plan.reader import RunError, read_json
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
 
@@ -172,7 +174,7 @@ def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, re
         queue.put(("aborted", None))
     except BaseException as e:  # noqa: BLE001 - reported by the parent
         start.abort()
-        queue.put(("error", f"{type(e).__name__}: {e}"))
+        queue.put(("error", str(e) if isinstance(e, RunError) else raised_at(e)))
 
 
 def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: int, threads: int,
@@ -231,21 +233,20 @@ def _region_field(op: str, stage: int, plain: bool, checkpointed: bool) -> Optio
     return None  # clear
 
 
-def _read_json(path: str, what: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise RunError(f"hp_recompute.costs: {path}: cannot read the {what}: {e}") from None
+def _finite(value: Any) -> bool:
+    """A JSON number the planner reads: not a boolean, not NaN or infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str, float]]:
+def times_from_run(names: Sequence[str], report_path: str,
+                   output: Optional[Tuple[str, str]] = None) -> Dict[str, Dict[str, float]]:
     """Region times from a run's report (module docstring, ``--from-run``) for the regions ``names``.
 
     The starting point is the plan the run executed: its regions carry the costs it was
     priced with. A forward's plain and checkpointed runs share the plain regions'
-    ``fwd_time_us``; the plain forward's ratio is applied last."""
-    report = _read_json(report_path, "run report")
+    ``fwd_time_us``; the plain forward's ratio is applied last. ``output`` (flag, path), the
+    file the times go to, must not be that plan (NOTE [ Output files ] Rule 6: OutputError)."""
+    report = read_json(report_path, "run report")
     ranks = report.get("ranks") if isinstance(report, dict) else None
     if not isinstance(ranks, list) or not all(isinstance(r, dict) and "measured_action_us" in r for r in ranks):
         raise RunError(f"hp_recompute.costs: {report_path}: /ranks: expected measured_action_us per rank "
@@ -253,13 +254,15 @@ def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str
     for i, rank in enumerate(ranks):
         for j, m in enumerate(rank["measured_action_us"]):
             if not (isinstance(m, dict) and isinstance(m.get("op"), str) and isinstance(m.get("stage"), int)
-                    and isinstance(m.get("plain"), bool) and isinstance(m.get("median_us"), (int, float))):
+                    and isinstance(m.get("plain"), bool) and _finite(m.get("median_us")) and m["median_us"] >= 0):
                 raise RunError(f"hp_recompute.costs: {report_path}: /ranks/{i}/measured_action_us/{j}: expected "
-                               f"an object with op, stage, plain and median_us")
+                               f"an object with op, stage, plain and median_us (a finite number >= 0)")
     if not isinstance(report.get("plan"), str):
         raise RunError(f"hp_recompute.costs: {report_path}: /plan: expected the path of the plan the run executed")
     plan_path = report["plan"]
-    plan = _read_json(plan_path, "plan the run executed")
+    if output is not None:
+        check_outputs([output], [("--from-run's /plan", plan_path)])
+    plan = read_json(plan_path, "plan the run executed")
     try:
         stages = {st["stage"]: st["regions"] for st in plan["model"]["stages"]}
         priced = {r["name"]: r for regions in stages.values() for r in regions}
@@ -273,7 +276,7 @@ def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str
     times: Dict[str, Dict[str, float]] = {}
     for name, region in priced.items():
         keys = TIME_KEYS + (CHECKPOINT_KEYS if region.get("checkpointable") else ())
-        missing = [k for k in keys if not isinstance(region.get(k), (int, float)) or region[k] <= 0]
+        missing = [k for k in keys if not _finite(region.get(k)) or region[k] <= 0]
         if missing:
             raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}' has no {missing[0]}: plan with "
                            f"costs measured by python -m hp_recompute.costs before taking them from a run")
@@ -292,12 +295,29 @@ def times_from_run(names: Sequence[str], report_path: str) -> Dict[str, Dict[str
     return times
 
 
+#: Bounds of the numeric flags (a usage error outside them, not a measurement that never ends).
+MAX_REPEATS = 10_000
+MAX_THREADS = 1024
+MAX_PROCESSES = 64
+MAX_SEED = 1 << 63
+
+
+def _non_finite(graph: Dict[str, Any], times: Dict[str, Dict[str, float]]) -> Optional[str]:
+    """The JSON path of the first written time or byte count that is NaN or infinite, or None."""
+    for i, region in enumerate(graph["regions"]):
+        for key, value in times[region["name"]].items():
+            if not math.isfinite(value):
+                return f"/regions/{i}/{key} (region '{region['name']}') is {value}"
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 bad input, 2 usage)."""
     p = argparse.ArgumentParser(prog="python -m hp_recompute.costs", description=__doc__.split("\n\n")[0])
     p.add_argument("--model-json", required=True, help="model JSON whose region names are the model's regions")
     p.add_argument("--model", default=None, help="FILE.py:FACTORY (default: the bundled GPT example)")
-    p.add_argument("-o", "--output", required=True, help="where to write the model JSON with measured times")
+    p.add_argument("-o", "--output", required=True,
+                   help="where to write the model JSON with measured times (- for stdout)")
     p.add_argument("--repeats", type=int, default=12, help="rounds, default 12")
     p.add_argument("--warmup", type=int, default=2, help="rounds dropped first, default 2")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the runner's ranks)")
@@ -307,25 +327,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--from-run", default=None, metavar="REPORT",
                    help="measure nothing: take the times from this run report (module docstring)")
     args = p.parse_args(argv)
-    if args.warmup < 0 or args.repeats <= args.warmup:
-        p.error("--repeats must exceed --warmup >= 0")
-    if args.threads < 1 or args.processes < 1:
-        p.error("--threads and --processes must be >= 1")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        p.error(f"--repeats must be in [1, {MAX_REPEATS}], got {args.repeats}")
+    if not 0 <= args.warmup < args.repeats:
+        p.error(f"--warmup must be in [0, --repeats), got {args.warmup} with --repeats {args.repeats}")
+    if not 1 <= args.threads <= MAX_THREADS:
+        p.error(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
+    if not 1 <= args.processes <= MAX_PROCESSES:
+        p.error(f"--processes must be in [1, {MAX_PROCESSES}], got {args.processes}")
+    if not 0 <= args.seed < MAX_SEED:
+        p.error(f"--seed must be in [0, 2^63), got {args.seed}")
+    for flag, value in (("--model-json", args.model_json), ("--model", args.model), ("--from-run", args.from_run)):
+        if value == "":
+            p.error(f"{flag}: an empty value")
+    output = ("-o", args.output)
+    inputs = [("--model-json", args.model_json), ("--model", args.model.rpartition(":")[0] if args.model else DEFAULT_MODEL)]
+    if args.from_run is not None:
+        inputs.append(("--from-run", args.from_run))
     try:
-        graph = _read_json(args.model_json, "model JSON")
+        check_outputs([output], inputs)
+        graph = read_json(args.model_json, "model JSON")
         regions = graph.get("regions") if isinstance(graph, dict) else None
         if not isinstance(regions, list) or not all(isinstance(r, dict) and "name" in r for r in regions):
             raise RunError(f"hp_recompute.costs: {args.model_json}: /regions: expected a list of region objects")
-        problem = output_problem(args.output)
-        if problem:
-            raise RunError(f"hp_recompute.costs: -o {args.output}: {problem}")
-        if args.from_run:
-            times = times_from_run([r["name"] for r in regions], args.from_run)
+        if args.from_run is not None:
+            times = times_from_run([r["name"] for r in regions], args.from_run, output)
             source = f"times: python -m hp_recompute.costs --from-run {os.path.basename(args.from_run)}"
         else:
             times = _measure(args, regions)
             source = (f"times: python -m hp_recompute.costs, torch {torch.__version__}, {args.threads} thread(s) "
                       f"x {args.processes} process(es), median of {args.repeats - args.warmup}")
+        bad = _non_finite(graph, times)
+        if bad:  # the planner reads finite numbers only: writing this would only defer the error
+            raise RunError(f"hp_recompute.costs: -o {args.output}: not written: {bad}; the planner reads only "
+                           f"finite numbers" + (f" (check the times in {args.from_run})" if args.from_run else ""))
+    except OutputError as e:
+        print(f"hp_recompute.costs: {e}", file=sys.stderr)
+        return 2 if e.usage else 1
     except RunError as e:
         print(e, file=sys.stderr)
         return 1
@@ -333,16 +371,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in times[region["name"]].items()})
     graph["source"] = f"{graph.get('source', '')}; {source}".lstrip("; ")
     try:
-        write_text(args.output, json.dumps(graph, indent=2) + "\n")
-    except OSError as e:
-        print(f"hp_recompute.costs: -o {args.output}: cannot write: {e}", file=sys.stderr)
+        write_outputs([("-o", args.output, text_writer(json.dumps(graph, indent=2, allow_nan=False) + "\n"))])
+    except OutputError as e:
+        print(f"hp_recompute.costs: {e}", file=sys.stderr)
         return 1
+    table = sys.stderr if args.output == "-" else sys.stdout  # stdout holds the JSON then
     print(f"{'region':<12} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'bwd_us':>9} {'dx/fwd':>7} {'dw/fwd':>7} "
-          f"{'ckpt_fwd':>9} {'replay':>9}")
+          f"{'ckpt_fwd':>9} {'replay':>9}", file=table)
     for name, t in times.items():
         f, i, w, b = (t[k] for k in TIME_KEYS)
         extra = " ".join(f"{t[k]:9.1f}" for k in CHECKPOINT_KEYS if k in t)
-        print(f"{name:<12} {f:9.1f} {i:9.1f} {w:9.1f} {b:9.1f} {i / f:7.2f} {w / f:7.2f} {extra}")
+        ratios = f"{i / f:7.2f} {w / f:7.2f}" if f > 0 else f"{'-':>7} {'-':>7}"
+        print(f"{name:<12} {f:9.1f} {i:9.1f} {w:9.1f} {b:9.1f} {ratios} {extra}", file=table)
     return 0
 
 
@@ -360,9 +400,8 @@ def _measure(args: argparse.Namespace, regions: List[Dict[str, Any]]) -> Dict[st
     batch = model.make_batch(torch.Generator().manual_seed(args.seed))
     try:
         return measure_region_times(model, batch, args.repeats, args.warmup)
-    except Exception as e:  # noqa: BLE001 - the model's own failure, located
-        raise RunError(f"hp_recompute.costs: measuring model '{model.name}' failed: "
-                       f"{type(e).__name__}: {e}") from None
+    except BaseException as e:  # noqa: BLE001 - the model's own failure, located; SystemExit included
+        raise RunError(f"hp_recompute.costs: measuring model '{model.name}' failed: {raised_at(e)}") from None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,39 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
+import traceback
 from typing import Any, Callable
+
+__all__ = ["call_factory", "raised_at"]
+
+#: Folders whose frames are not the user's code: this package, the standard library and
+#: installed packages; torch's folder is added when it is imported (Debian installs it
+#: outside them). An error inside a torch op is located at the user's call of it.
+_NOT_USER_CODE = {os.path.dirname(os.path.abspath(__file__))} | {
+    os.path.abspath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+
+
+def raised_at(e: BaseException) -> str:
+    """``TYPE: MESSAGE (at FILE:LINE)`` for an exception of the user's code (a factory, a
+    model's region), located at the innermost frame of that code; without such a frame
+    (an error of the runtime itself, whose message says where) ``TYPE: MESSAGE``.
+
+    Why: the tools print located one-line errors, never tracebacks; the frame that matters
+    to the user is theirs, not the torch op or the runner loop it went through. Any
+    exception counts, ``SystemExit`` and ``KeyboardInterrupt`` included: a model that
+    exits did not train.
+    """
+    folders = set(_NOT_USER_CODE)
+    if "torch" in sys.modules:
+        folders.add(os.path.dirname(os.path.abspath(sys.modules["torch"].__file__ or "")))
+    frames = traceback.extract_tb(e.__traceback__)
+    theirs = [f for f in frames if not any(os.path.abspath(f.filename).startswith(folder + os.sep)
+                                           for folder in folders)]
+    frame = theirs[-1] if theirs else None
+    lines = str(e).strip().splitlines()
+    text = type(e).__name__ + (f": {lines[0]}" if lines else "")
+    return text + (f" (at {frame.filename}:{frame.lineno})" if frame is not None else "")
 
 
 def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any:
@@ -44,10 +76,10 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
     sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException as e:  # noqa: BLE001 - any exception, SystemExit included (raised_at)
         if sys.modules.get(name) is module:
             del sys.modules[name]
-        raise
+        raise error(f"{flag}: importing '{path}' raised {raised_at(e)}") from None
     finally:
         # Exactly the entry inserted above, even if the module edited sys.path meanwhile
         # (index 0 may then be somebody else's entry).
@@ -56,4 +88,7 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise error(f"{flag}: '{path}' has no callable '{factory}'")
-    return fn()
+    try:
+        return fn()
+    except BaseException as e:  # noqa: BLE001 - as above
+        raise error(f"{flag}: {factory}() in '{path}' raised {raised_at(e)}") from None

@@ -32,8 +32,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..factory import call_factory
-from ..output_files import output_problem, write_files
+from ..factory import call_factory, raised_at
+from ..output_files import OutputError, check_outputs, text_writer, write_outputs
 from .ir import module_to_ir
 from .measure import Segment, measure_regions
 
@@ -52,7 +52,12 @@ _DTYPES = {
 
 
 class ExportError(RuntimeError):
-    """A user error; the message starts with ``hp_recompute:`` and says how to fix it."""
+    """A user error; the message starts with ``hp_recompute:`` and says how to fix it.
+    ``usage``: a usage error (exit 2), such as an output that is an input."""
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 def parse_shapes(text: str) -> List[List[int]]:
@@ -121,18 +126,26 @@ def _segment_json(seg: Segment) -> dict:
 MAX_INPUT_ELEMENTS = 1 << 31
 
 
-def check_outputs(outputs: Sequence[Tuple[str, str]]) -> None:
-    """Refuses, before any work, outputs that could not be written or that name one file
-    twice (e.g. ``--model-json`` equal to the sidecar): ``outputs`` are (option, path)."""
-    seen = {}
-    for option, path in outputs:
-        target = os.path.realpath(path)
-        if target in seen:
-            raise ExportError(f"hp_recompute: {option} {path} is the same file as {seen[target]}")
-        seen[target] = f"{option} {path}"
-        problem = output_problem(path)
-        if problem:
-            raise ExportError(f"hp_recompute: {option} {path}: {problem}")
+#: Deepest --region-depth (module nesting below the root).
+MAX_REGION_DEPTH = 64
+
+
+def check_files(out: str, ir: Optional[str], model_json: Optional[str], source: str) -> None:
+    """Refuses, before any work, outputs that could not or must not be written (NOTE [ Output
+    files ] in output_files.py), e.g. ``--model-json`` equal to the sidecar or to the file of
+    ``source`` (``FILE.py:FACTORY``)."""
+    outputs = [("-o", out), ("the sidecar", sidecar_of(out))] + ([("--ir", ir)] if ir is not None else []) \
+        + ([("--model-json", model_json)] if model_json is not None else [])
+    module_file = source.rpartition(":")[0]
+    try:
+        check_outputs(outputs, [("--module", module_file)] if module_file else [])
+    except OutputError as e:
+        raise ExportError(f"hp_recompute: {e}", usage=e.usage) from None
+
+
+def sidecar_of(out: str) -> str:
+    """The sidecar beside ``OUT.pt``/``OUT.pt2``: ``OUT.json``."""
+    return os.path.splitext(out)[0] + ".json"
 
 
 def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
@@ -143,15 +156,15 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
 
     Returns the sidecar dict. A ``.pt2`` is ``torch.export.export`` of the model in
     training mode (dropout and batch statistics stay in the program), saved with
-    ``torch.export.save``.
+    ``torch.export.save``. ``source`` is the ``FILE.py:FACTORY`` the model came from (its
+    file is an input no output may be).
     """
     as_program = out.endswith(".pt2")
     if as_program and not hasattr(torch, "export"):
         raise ExportError(f"hp_recompute: -o {out}: writing .pt2 needs torch.export (torch 2.x); "
                           f"this is torch {torch.__version__}; write a .pt instead")
-    sidecar_path = os.path.splitext(out)[0] + ".json"
-    check_outputs([("-o", out), ("the sidecar", sidecar_path)] + ([("--ir", ir)] if ir else [])
-                  + ([("--model-json", model_json)] if model_json else []))
+    sidecar_path = sidecar_of(out)
+    check_files(out, ir, model_json, source)
     elements = sum(math.prod(shape) for shape in shapes)
     if elements > MAX_INPUT_ELEMENTS:
         raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
@@ -161,14 +174,14 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
                           for s, d in zip(shapes, dtypes))
     try:
         inputs = make_inputs(shapes, dtypes)
-        traced = torch.jit.trace(model, inputs, check_trace=False) if ir or not as_program else None
+        traced = torch.jit.trace(model, inputs, check_trace=False) if ir is not None or not as_program else None
         program = torch.export.export(model, tuple(inputs)) if as_program else None
         segments = measure_regions(model, inputs, region_depth)
     except ExportError:
         raise
-    except Exception as e:  # the model's own error for these inputs
+    except BaseException as e:  # noqa: BLE001 - the model's own error for these inputs, SystemExit included
         raise ExportError(f"hp_recompute: the model fails on inputs {described} (--input-shape, "
-                          f"--input-dtype): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                          f"--input-dtype): {raised_at(e)}") from None
     if not any(s.checkpointable for s in segments):
         raise ExportError(f"hp_recompute: no regions at --region-depth {region_depth}: "
                           "the model calls no element of a ModuleList/Sequential that deep")
@@ -183,67 +196,65 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
                    for s, d in zip(shapes, dtypes)],
         "regions": [_segment_json(s) for s in segments],
     }
-    def write_json(value: Any) -> Any:
-        def write(path: str) -> None:
-            with open(path, "w") as f:
-                json.dump(value, f, indent=2)
-                f.write("\n")
-        return write
 
-    def save_program(path: str) -> None:
-        # Through a file object, the archive's root folder is "archive", not the
-        # name of write_files' temporary file.
-        with open(path, "wb") as f:
-            torch.export.save(program, f)
+    # Each writer fills a file object (write_outputs' temporary, or a device as it is); through
+    # a file object an archive's root folder is "archive", not the temporary file's name.
+    def save_program(f: Any) -> None:
+        torch.export.save(program, f)
 
-    files: List[Tuple[str, Any]] = [(out, save_program if as_program else traced.save),
-                                    (sidecar_path, write_json(sidecar))]
-    if ir:
-        text = module_to_ir(traced, model)
+    def save_traced(f: Any) -> None:
+        torch.jit.save(traced, f)
 
-        def write_ir(path: str) -> None:
-            with open(path, "w") as f:
-                f.write(text)
-        files.append((ir, write_ir))
-    if model_json:
+    def json_text(value: Any) -> Any:
+        return text_writer(json.dumps(value, indent=2) + "\n")
+
+    files: List[Tuple[str, str, Any]] = [("-o", out, save_program if as_program else save_traced),
+                                         ("the sidecar", sidecar_path, json_text(sidecar))]
+    if ir is not None:
+        files.append(("--ir", ir, text_writer(module_to_ir(traced, model))))
+    if model_json is not None:
         graph = {"format": MODEL_FORMAT, "version": 1, "name": name, "regions": [
             {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
              "fwd_flops": int(r["fwd_flops"]), "fwd_time_us": 0,
              "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
              "param_bytes": r["param_bytes"]} for r in sidecar["regions"]]}
-        files.append((model_json, write_json(graph)))
+        files.append(("--model-json", model_json, json_text(graph)))
     try:
-        write_files(files)
-    except OSError as e:
-        raise ExportError(f"hp_recompute: writing the outputs failed: {e}") from None
+        write_outputs(files)
+    except OutputError as e:
+        raise ExportError(f"hp_recompute: {e}") from None
     return sidecar
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Command-line entry point; returns the exit status (0 ok, 1 bad input)."""
+    """Command-line entry point; returns the exit status (0 ok, 1 bad input, 2 usage)."""
     parser = argparse.ArgumentParser(prog="python3 -m hp_recompute.export",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", required=True, help="FILE.py:FACTORY returning an nn.Module")
     parser.add_argument("--input-shape", required=True, help="e.g. 4x40x48 or 4x40x48,4x40")
     parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
-    parser.add_argument("--region-depth", type=int, default=1)
+    parser.add_argument("--region-depth", type=int, default=1,
+                        help=f"module nesting of the regions, 1 to {MAX_REGION_DEPTH} (default 1)")
     parser.add_argument("-o", "--output", required=True,
                         help="OUT.pt (TorchScript) or OUT.pt2 (torch.export, torch 2.x); "
                              "sidecar: OUT.json")
-    parser.add_argument("--ir", help="also write TorchScript IR text here")
-    parser.add_argument("--model-json", help="also write the model JSON graph here")
+    parser.add_argument("--ir", help="also write TorchScript IR text here (- for stdout)")
+    parser.add_argument("--model-json", help="also write the model JSON graph here (- for stdout)")
     parser.add_argument("--name", help="model name (default: OUT's stem)")
     args = parser.parse_args(argv)
+    if not 1 <= args.region_depth <= MAX_REGION_DEPTH:
+        parser.error(f"--region-depth must be in [1, {MAX_REGION_DEPTH}], got {args.region_depth}")
     try:
         if not args.output.endswith((".pt", ".pt2")):
             raise ExportError(f"hp_recompute: -o: expected a path ending in .pt or .pt2, got "
                               f"'{args.output}'")
         shapes = parse_shapes(args.input_shape)
         dtypes = parse_dtypes(args.input_dtype, len(shapes))
+        check_files(args.output, args.ir, args.model_json, args.module)  # before the factory runs
         model = load_factory(args.module)
         export(model, shapes, dtypes, args.output, args.region_depth, args.ir,
                args.model_json, args.name, source=args.module)
     except ExportError as e:
         print(e, file=sys.stderr)
-        return 1
+        return 2 if e.usage else 1
     return 0

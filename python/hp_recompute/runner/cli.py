@@ -11,7 +11,7 @@ stages by region name, executes every rank's action list with the eager session 
 * ``recomputes``: replays the runtime executed (``hp_recompute.stats()["replays"]``),
   against ``recomputes_expected`` (one per checkpointed plan region of each session; equal
   to ``sessions`` when each session replays one region);
-* ``sessions_left``: ``len(live_sessions())`` after each step, must be 0;
+* ``sessions_left``: sessions of the run's ranks still live after each step, must be 0;
 * ``buffers_match``: buffers a forward updates (BatchNorm statistics) equal the plain step's;
 * per rank (multi-process), the peak bytes measured at the allocator next to the plan's
   ``peak_memory_bytes``, and the measured step and busy time next to the simulated ones.
@@ -37,16 +37,27 @@ import torch
 
 from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
                         sgd_update, sum_losses, updated_buffers)
-from .executor import MODES, MemoryTransport, RankExecutor, clear_all_sessions
-from .model import StageSpec, load_model, split_stages, stage_names
-from ..output_files import output_problem, write_text
+from .executor import MODES, MemoryTransport, RankExecutor
+from .model import DEFAULT_MODEL, StageSpec, load_model, split_stages, stage_names
+from ..factory import raised_at
+from ..output_files import STDOUT, OutputError, check_outputs, text_writer, write_outputs
 from ..plan.check import validate_plan
 from ..plan.reader import Plan, RunError, load_plan
-from ..sessions import clear_recompute_session, live_sessions, reset_stats, stats
+from ..sessions import reset_stats, stats
 
 __all__ = ["main", "run", "REPORT_FORMAT"]
 
 REPORT_FORMAT = "hp-recompute-run-report"
+
+
+#: Bounds of the numeric flags (a usage error outside them, not a run that never ends).
+MAX_STEPS = 100_000
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_THREADS = 1024
+MAX_WORLD_SIZE = 4096
+#: Seeds in [0, MAX_SEED): every microbatch seed derived from one (``reference.microbatch_seeds``)
+#: stays below 2^63, which ``torch.Generator.manual_seed`` takes.
+MAX_SEED = 2**40
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -55,7 +66,7 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--plan", required=True, help="plan JSON (hp-recompute-plan --emit json)")
     p.add_argument("--model", default=None, help="FILE.py:FACTORY (default: the bundled GPT example)")
     p.add_argument("--world-size", type=int, default=None, help="processes; must equal the plan's ranks")
-    p.add_argument("--report", default=None, help="write the JSON report here")
+    p.add_argument("--report", default=None, help="write the JSON report here (- for stdout)")
     p.add_argument("--steps", type=int, default=1, help="training steps (SGD between steps), default 1")
     p.add_argument("--single-process", action="store_true", help="run every rank in this process")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a transfer may wait (default 60)")
@@ -66,14 +77,19 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--quiet", action="store_true", help="print only errors")
     args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if args.timeout <= 0:
-        p.error("--timeout must be > 0")
-    if args.world_size is not None and args.world_size < 1:
-        p.error("--world-size must be >= 1")
-    if args.threads < 1:
-        p.error("--threads must be >= 1")
+    if not 1 <= args.steps <= MAX_STEPS:
+        p.error(f"--steps must be in [1, {MAX_STEPS}], got {args.steps}")
+    if not 0 < args.timeout <= MAX_TIMEOUT_S:  # also refuses nan
+        p.error(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {args.timeout:g}")
+    if args.world_size is not None and not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        p.error(f"--world-size must be in [1, {MAX_WORLD_SIZE}], got {args.world_size}")
+    if not 1 <= args.threads <= MAX_THREADS:
+        p.error(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
+    if not 0 <= args.seed < MAX_SEED:
+        p.error(f"--seed must be in [0, 2^40), got {args.seed}")
+    for flag, value in (("--plan", args.plan), ("--model", args.model)):
+        if value == "":
+            p.error(f"{flag}: an empty value")
     return args
 
 
@@ -109,7 +125,6 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
         buffers_before = buffer_snapshot(model.module)
         ref_buffers = buffer_snapshot(ref.module)
         reset_stats()
-        before = set(live_sessions())
         t0 = time.perf_counter()
         try:
             while not all(ex.done for ex in execs):
@@ -123,13 +138,13 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                                         for ex in execs if not ex.done)
                     raise RunError(f"hp_recompute.run: deadlock: every rank waits for a transfer: {blocked}")
         except BaseException:
-            clear_all_sessions()
+            for ex in execs:
+                ex.sessions.clear_all()
             raise
         elapsed = time.perf_counter() - t0
         st = stats()
-        left = [sid for sid in live_sessions() if sid not in before]
-        for sid in left:  # counted as a failure below; do not leak them into the next step
-            clear_recompute_session(sid)
+        # counted as a failure below; cleared so that they do not leak into the next step
+        left = [sid for ex in execs for sid in ex.sessions.clear_all()]
         native = sum(ex.native_calls - ex.native_forwards for ex in execs)
         grads = {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}
         losses: Dict[int, torch.Tensor] = {}
@@ -227,21 +242,23 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     }
 
 
-def _check_report_path(path: Optional[str]) -> None:
-    """Refuses a --report the run could not write, before the run (not after it)."""
-    problem = output_problem(path) if path else None
-    if problem:
-        raise RunError(f"hp_recompute.run: --report {path}: {problem}")
+def _check_files(args: argparse.Namespace) -> None:
+    """Refuses a --report the run could not or must not write, before the run (NOTE [ Output
+    files ] in output_files.py): the plan and the model's file are inputs."""
+    if args.report is None:
+        return
+    model_file = args.model.rpartition(":")[0] if args.model else DEFAULT_MODEL
+    check_outputs([("--report", args.report)], [("--plan", args.plan), ("--model", model_file)])
 
 
 def _write(path: Optional[str], report: Dict[str, Any]) -> None:
-    """Writes the report (NOTE in output_files.py); raises RunError."""
-    if not path:
+    """Writes the report (NOTE [ Output files ] in output_files.py); raises RunError."""
+    if path is None:
         return
     try:
-        write_text(path, json.dumps(report, indent=2, default=str) + "\n")
-    except OSError as e:
-        raise RunError(f"hp_recompute.run: --report {path}: {e.strerror or e}") from None
+        write_outputs([("--report", path, text_writer(json.dumps(report, indent=2, default=str) + "\n"))])
+    except OutputError as e:
+        raise RunError(f"hp_recompute.run: {e}") from None
 
 
 def _summary_lines(report: Dict[str, Any]) -> List[str]:
@@ -300,24 +317,30 @@ def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     return build_report(plan, args, result["model_name"], result["specs"], result)
 
 
+def _failure_report(args: argparse.Namespace, e: RunError) -> Dict[str, Any]:
+    """The report of a run that did not complete (docs/runner.md: ``error``, ``failed_rank``)."""
+    failure = {"format": REPORT_FORMAT, "version": 1, "ok": False, "plan": args.plan,
+               "error": str(e), "failed_rank": getattr(e, "rank", None)}
+    if getattr(e, "ranks", None) is not None:  # multi-process: how each rank ended
+        failure["rank_results"] = e.ranks  # type: ignore[attr-defined]
+    return failure
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 check failed or error, 2 usage)."""
     args = _parse(argv)
     try:
-        _check_report_path(args.report)
-    except RunError as e:
-        print(str(e), file=sys.stderr)
-        return 1
+        _check_files(args)
+    except OutputError as e:
+        print(f"hp_recompute.run: {e}", file=sys.stderr)
+        return 2 if e.usage else 1
     try:
         report = run(args)
-    except RunError as e:
-        print(str(e), file=sys.stderr)
-        failure = {"format": REPORT_FORMAT, "version": 1, "ok": False, "plan": args.plan,
-                   "error": str(e), "failed_rank": getattr(e, "rank", None)}
-        if getattr(e, "ranks", None) is not None:  # multi-process: how each rank ended
-            failure["rank_results"] = e.ranks  # type: ignore[attr-defined]
+    except BaseException as e:  # noqa: BLE001 - any exception fails the run, SystemExit included
+        error = e if isinstance(e, RunError) else RunError(f"hp_recompute.run: the run failed: {raised_at(e)}")
+        print(str(error), file=sys.stderr)
         try:
-            _write(args.report, failure)
+            _write(args.report, _failure_report(args, error))
         except RunError as write_error:
             print(str(write_error), file=sys.stderr)
         return 1
@@ -328,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RunError as e:
         print(str(e), file=sys.stderr)
         return 1
-    out = sys.stdout if report["ok"] else sys.stderr
+    out = sys.stdout if report["ok"] and args.report != STDOUT else sys.stderr
     for line in _summary_lines(report) if not args.quiet or not report["ok"] else []:
         print(line, file=out)
     return 0 if report["ok"] else 1

@@ -34,12 +34,12 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from ..backward_split import WeightGradState, backward_input, backward_weight
 from ..checkpoint import checkpoint as hr_checkpoint, recompute_handle_collector_ctx
+from ..factory import raised_at
 from .model import PipelineModel, StageSpec, Unit
 from ..plan.reader import CONSUMER_OPS, Action, Plan, RunError
-from ..sessions import clear_recompute_session, live_sessions, recompute_handle, recompute_session_ctx
+from ..sessions import SessionScope
 
-__all__ = ["Transport", "MemoryTransport", "RankExecutor", "planted_failure", "clear_all_sessions",
-           "MODES"]
+__all__ = ["Transport", "MemoryTransport", "RankExecutor", "planted_failure", "MODES"]
 
 #: Checkpoint modes: the plan's sessions, torch.utils.checkpoint per backward call, none.
 MODES = ("plan", "native", "none")
@@ -49,25 +49,23 @@ COMPUTE_OPS = ("forward", "recompute", "backward_input", "backward_weight", "bac
 Key = Tuple[int, int]
 
 
-def planted_failure() -> Optional[Tuple[int, int, bool]]:
-    """The test hook ``HPR_RUN_FAIL_AT="RANK:ACTION_INDEX[:kill]"``: that action raises, or with
-    ``:kill`` the rank's process is killed with SIGKILL there (no cleanup, no result)."""
+#: What ``HPR_RUN_FAIL_AT``'s third field sends the rank's own process (``planted_failure``).
+PLANTED_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+
+
+def planted_failure() -> Optional[Tuple[int, int, Optional[int]]]:
+    """The test hook ``HPR_RUN_FAIL_AT="RANK:ACTION_INDEX[:kill|:stop]"``: that action raises, or
+    the rank's process sends itself SIGKILL (no cleanup, no result) or SIGSTOP (it stops
+    there, as under a debugger). Returns (rank, action index, signal or None)."""
     text = os.environ.get("HPR_RUN_FAIL_AT", "").strip()
     if not text:
         return None
     parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit() or parts[2:] not in ([], ["kill"]):
-        raise RunError(f"hp_recompute.run: HPR_RUN_FAIL_AT: expected 'RANK:ACTION_INDEX' or 'RANK:ACTION_INDEX:kill', "
-                       f"got '{text}'")
-    return int(parts[0]), int(parts[1]), len(parts) == 3
-
-
-def clear_all_sessions() -> int:
-    """Clears every live session (error paths); returns how many there were."""
-    ids = list(live_sessions())
-    for sid in ids:
-        clear_recompute_session(sid)
-    return len(ids)
+    if (len(parts) not in (2, 3) or not parts[0].isdigit() or not parts[1].isdigit()
+            or not all(p in PLANTED_SIGNALS for p in parts[2:])):
+        raise RunError(f"hp_recompute.run: HPR_RUN_FAIL_AT: expected 'RANK:ACTION_INDEX', 'RANK:ACTION_INDEX:kill' "
+                       f"or 'RANK:ACTION_INDEX:stop', got '{text}'")
+    return int(parts[0]), int(parts[1]), PLANTED_SIGNALS[parts[2]] if len(parts) == 3 else None
 
 
 class Transport:
@@ -165,13 +163,17 @@ class RankExecutor:
     """
 
     def __init__(self, rank: int, plan: Plan, specs: Sequence[StageSpec], model: PipelineModel,
-                 transport: Transport, mode: str = "plan") -> None:
+                 transport: Transport, mode: str = "plan", sessions: Optional[SessionScope] = None) -> None:
         if mode not in MODES:
             raise RunError(f"hp_recompute.run: unknown checkpoint mode '{mode}'; expected one of {', '.join(MODES)}")
         self.rank, self.plan, self.specs, self.model, self.transport, self.mode = rank, plan, specs, model, transport, mode
+        #: the rank's recompute sessions: its own namespace, cleared by the runner after each step
+        self.sessions = sessions if sessions is not None else SessionScope(f"hp_recompute.run rank {rank}")
         self.actions = plan.ranks[rank]
         named = dict(model.module.named_parameters())
-        self.params = {s.stage: [named[n] for n in s.params] for s in specs if plan.stage_to_rank[s.stage] == rank}
+        #: per stage of this rank, its (name, parameter) pairs
+        self.params = {s.stage: [(n, named[n]) for n in s.params]
+                       for s in specs if plan.stage_to_rank[s.stage] == rank}
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
         self.fail_at = planted_failure()
         self.buffers_changed_by: Dict[str, List[torch.Tensor]] = {}  # unit -> buffers its forward updates
@@ -223,8 +225,8 @@ class RankExecutor:
         index, action = self.pc, self.actions[self.pc]
         try:
             if self.fail_at is not None and self.fail_at[:2] == (self.rank, index):
-                if self.fail_at[2]:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.fail_at[2] is not None:
+                    os.kill(os.getpid(), self.fail_at[2])
                 raise RuntimeError(f"planted failure (HPR_RUN_FAIL_AT={self.rank}:{index})")
             start = time.perf_counter()
             self._run(action)
@@ -232,9 +234,9 @@ class RankExecutor:
                 self.action_s.append((action.op, action.stage, bool(action.plain), time.perf_counter() - start))
         except RunError:
             raise
-        except Exception as e:  # noqa: BLE001 - re-raised with its location
+        except BaseException as e:  # noqa: BLE001 - re-raised with its location; SystemExit from model code too
             raise RunError(f"hp_recompute.run: rank {self.rank} action {index} ({action.describe()}): "
-                           f"{type(e).__name__}: {e}") from e
+                           f"{raised_at(e)}") from e
         self.pc += 1
 
     # -- actions -------------------------------------------------------------------------
@@ -247,10 +249,10 @@ class RankExecutor:
         elif op == "recompute":
             if self.mode == "plan":
                 for handle in self._forward_of(a).handles:
-                    recompute_handle(handle, a.session)
+                    self.sessions.recompute_handle(handle, a.session)
         elif op == "clear":
             if self.mode == "plan":
-                clear_recompute_session(a.session)
+                self.sessions.clear_recompute_session(a.session)
         elif op in CONSUMER_OPS:
             self._backward(a)
         elif op == "send_f":
@@ -326,12 +328,13 @@ class RankExecutor:
                                f"gradient (no recv_b and stage {s + 1} did not run its dx here first)")
             grad_out = self.inbox_b[(s, mb)]
         want_x = a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor) and m.x.requires_grad
-        params = [p for p in self.params[s] if p.requires_grad]
+        trained = [(n, p) for n, p in self.params[s] if p.requires_grad]
+        names, params = [n for n, _ in trained], [p for _, p in trained]
         last = a.frees_graph  # the plan's last backward of (stage, mb): its graph is freed
         if a.op == "backward_weight" and m.weights is None:
             raise RunError(f"hp_recompute.run: rank {self.rank}: backward_weight of stage {s} mb {mb} has no "
                            f"backward_input before it")
-        ctx = (recompute_session_ctx(a.session, retain_on_unpack=a.retain_on_unpack)
+        ctx = (self.sessions.recompute_session_ctx(a.session, retain_on_unpack=a.retain_on_unpack)
                if a.session is not None and self.mode == "plan" else contextlib.nullcontext())
         dx: Optional[torch.Tensor] = None
         wgrads: Sequence[Optional[torch.Tensor]] = ()
@@ -342,9 +345,13 @@ class RankExecutor:
                 grads = torch.autograd.grad([m.out], inputs, grads_out, retain_graph=not last,
                                             allow_unused=True) if inputs else ()
                 dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
+                unreached = [n for n, g in zip(names, wgrads) if g is None]
+                if unreached:  # never a None gradient silently (as backward_weight's Rule 6)
+                    raise RunError(f"hp_recompute.run: rank {self.rank}: backward of stage {s} mb {mb}: weights "
+                                   f"{', '.join(unreached)} are not reached by the stage's graph; no gradient")
             elif a.op == "backward_input":
                 dxs, m.weights = backward_input([m.out], grads_out, [m.x] if want_x else [], params,
-                                                retain_graph=not last)
+                                                retain_graph=not last, names=names)
                 dx = dxs[0] if want_x else None
             else:
                 wgrads = backward_weight(m.weights, retain_graph=not last)

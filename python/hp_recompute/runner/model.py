@@ -215,6 +215,12 @@ def _uniform(plan: Plan, model: PipelineModel) -> List[StageSpec]:
     is the whole chunk, so a checkpointed stage makes one checkpoint call per chunk.
     """
     n = plan.num_stages
+    for s, regions in enumerate(plan.stages):
+        for j, pr in enumerate(regions):
+            if pr["name"] != f"stage{s}":
+                raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/name: expected "
+                               f"'stage{s}' (a plan of the uniform model) or one of model '{model.name}''s "
+                               f"regions, got '{pr['name']}'")
     cp = [i for i, r in enumerate(model.regions) if r.checkpointable]
     if len(cp) < n:
         raise RunError(f"hp_recompute.run: model '{model.name}' has {len(cp)} checkpointable regions, "
@@ -243,10 +249,14 @@ def _uniform(plan: Plan, model: PipelineModel) -> List[StageSpec]:
 
 
 def split_stages(plan: Plan, model: PipelineModel) -> List[StageSpec]:
-    """The model's stages as the plan names them (by region name, or evenly for ``stageK``)."""
-    names = [r["name"] for regions in plan.stages for r in regions]
+    """The model's stages as the plan names them (by region name, or evenly for ``stageK``).
+
+    A plan of the uniform model is recognised by any region name ``stageK`` that is not the
+    model's, so that a wrong name in stage 1 is reported at stage 1, not as stage 0's
+    ``stage0`` missing from the model."""
     model_names = {r.name for r in model.regions}
-    if all(re.fullmatch(r"stage\d+", n) for n in names) and not any(n in model_names for n in names):
+    if any(re.fullmatch(r"stage\d+", r["name"]) and r["name"] not in model_names
+           for regions in plan.stages for r in regions):
         specs = _uniform(plan, model)
     else:
         specs = _by_name(plan, model)

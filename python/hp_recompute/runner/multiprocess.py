@@ -17,7 +17,10 @@ Failure handling (no rank may hang, every rank exits non-zero):
    from the dead rank also gets gloo's "connection closed" error and takes path 1 as a
    secondary failure).
 3. The parent polls its children; once one has failed it gives the rest a short grace
-   period, then terminates them; it reports the root rank's error and exits 1.
+   period (``GRACE_S``), then ends every rank still there: SIGTERM, ``TERM_GRACE_S`` more,
+   then SIGKILL (a stopped rank, SIGSTOP or a debugger, takes no SIGTERM), and reaps them
+   all. It reports the root rank's error, and how the runner ended each rank it ended,
+   and exits 1. No child outlives the run, also when the parent itself is interrupted.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -41,17 +43,21 @@ import torch.multiprocessing as tmp
 from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
                         sgd_update, sum_losses, updated_buffers)
 from .memory import AllocatorPeak
-from .executor import RankExecutor, Transport, clear_all_sessions
+from .executor import RankExecutor, Transport
 from .model import load_model, split_stages
+from ..factory import raised_at
 from ..plan.reader import Plan, RunError, parse_plan
-from ..sessions import live_sessions, reset_stats, stats
+from ..sessions import SessionScope, reset_stats, stats
 
 __all__ = ["GlooTransport", "run_multi"]
 
 FAILED_KEY = "hpr/failed"
 ERROR_KEY = "hpr/error"
 ABORT_EXIT = 2
+#: Seconds the other ranks get to end on their own after the first failure (Rule 3).
 GRACE_S = 5.0
+#: Seconds a rank gets to end after SIGTERM before SIGKILL (Rule 3).
+TERM_GRACE_S = 1.0
 
 
 class GlooTransport(Transport):
@@ -128,21 +134,24 @@ def _watchdog(rank: int, port: int, timeout: float, state: Dict[str, Any], resul
             text = f"hp_recompute.run: rank {rank} aborted: {message}"
             # Clearing is thread-safe (the control plane's lock, then a frame's lock), also while
             # the main thread waits in a receive or replays a frame: the clear waits for it.
-            clear_all_sessions()
-            left = len(live_sessions())
+            sessions: SessionScope = state["sessions"]
+            sessions.clear_all()
+            left = len(sessions.live_sessions())
             torch.save({"rank": rank, "error": text, "root": False, "sessions_left": left}, result_path)
             print(text, file=sys.stderr, flush=True)
             os._exit(ABORT_EXIT)
         time.sleep(0.05)
 
 
-def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """This rank's program for every step (the process group is up): per step its gradients,
-    losses, updated buffers, counters, peak bytes and times, for ``compare_steps``."""
+def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any],
+                   sessions: SessionScope) -> List[Dict[str, Any]]:
+    """This rank's program for every step (the process group is up), its recompute sessions in
+    ``sessions``: per step its gradients, losses, updated buffers, counters, peak bytes and
+    times, for ``compare_steps``."""
     specs = split_stages(plan, model)
     shapes = _boundary_shapes(model, specs, make_batches(model, cfg["seed"], 0, 1)[0])
     transport = GlooTransport(plan.num_microbatches, shapes, cfg["timeout"])
-    ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"])
+    ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"], sessions)
     steps = []
     for step in range(cfg["steps"]):
         seeds = microbatch_seeds(cfg["seed"], step, plan.num_microbatches)
@@ -160,8 +169,7 @@ def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any]) -> Li
             transport.flush()
         elapsed = time.perf_counter() - t0
         st = stats()
-        left = len(live_sessions())
-        clear_all_sessions()  # counted as a failure by the parent; do not leak into the next step
+        left = len(sessions.clear_all())  # counted as a failure by the parent; do not leak into the next step
         grads = {n: model.module.get_parameter(n).grad for n in ex.param_names
                  if model.module.get_parameter(n).grad is not None}
         steps.append({"grads": {n: g.clone() for n, g in grads.items()}, "losses": dict(ex.losses),
@@ -178,7 +186,8 @@ def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any]) -> Li
 def _worker(rank: int, cfg: Dict[str, Any]) -> None:
     """One rank: join the group, run every step, write ``rank{R}.pt``; never return on failure."""
     result_path = os.path.join(cfg["dir"], f"rank{rank}.pt")
-    state: Dict[str, Any] = {}
+    sessions = SessionScope(f"hp_recompute.run rank {rank}")
+    state: Dict[str, Any] = {"sessions": sessions}  # the watchdog clears them on an abort
     store = None
     try:
         torch.set_num_threads(cfg["threads"])
@@ -192,15 +201,15 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
             plan = parse_plan(json.load(f), cfg["plan"])
         model = load_model(cfg["model"])
         model.module.load_state_dict(torch.load(os.path.join(cfg["dir"], "init.pt")))
-        steps = run_rank_steps(rank, plan, model, cfg)
+        steps = run_rank_steps(rank, plan, model, cfg, sessions)
         dist.barrier()
         state["finished"] = True
         torch.save({"rank": rank, "steps": steps, "error": None}, result_path)
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
         state["failing"] = True
-        left = clear_all_sessions()
-        text = str(e) if isinstance(e, RunError) else f"hp_recompute.run: rank {rank}: {type(e).__name__}: {e}"
+        left = len(sessions.clear_all())
+        text = str(e) if isinstance(e, RunError) else f"hp_recompute.run: rank {rank}: {raised_at(e)}"
         root = False
         if store is not None:
             try:
@@ -209,21 +218,57 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
                     store.set(ERROR_KEY, f"rank {rank} failed: {text}")
             except Exception:  # noqa: BLE001
                 pass
-        detail = "" if isinstance(e, RunError) else traceback.format_exc()
-        torch.save({"rank": rank, "error": text, "root": root, "sessions_left": len(live_sessions()),
-                    "cleared": left, "traceback": detail}, result_path)
-        print(f"{text}\n{detail}" if detail else text, file=sys.stderr, flush=True)
+        torch.save({"rank": rank, "error": text, "root": root, "sessions_left": len(sessions.live_sessions()),
+                    "cleared": left}, result_path)
+        print(text, file=sys.stderr, flush=True)
         os._exit(1)
 
 
-def _wait(ctx: Any, port_store: Any, timeout: float) -> List[Optional[int]]:
-    """Waits for every rank; after the first failure, terminates stragglers after a grace period."""
-    procs = ctx.processes
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, or a debugger): state T or t in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def _end_ranks(procs: List[Any]) -> Dict[int, str]:
+    """Ends every rank still running (Rule 3): SIGTERM, TERM_GRACE_S, SIGKILL, and reaps them.
+
+    Returns:
+        rank -> how the runner ended it, for the error message.
+    """
+    ended: Dict[int, str] = {}
+    for rank, proc in enumerate(procs):
+        if proc.exitcode is None:
+            ended[rank] = "was stopped (SIGSTOP or a debugger)" if _stopped(proc.pid) else "was still running"
+            proc.terminate()
+    deadline = time.monotonic() + TERM_GRACE_S
+    for rank in ended:
+        procs[rank].join(max(0.0, deadline - time.monotonic()))
+    for rank in ended:
+        if procs[rank].exitcode is None:
+            procs[rank].kill()  # SIGKILL also ends a stopped process
+            ended[rank] += f": SIGTERM did not end it within {TERM_GRACE_S:g} s, the runner killed it (SIGKILL)"
+        else:
+            ended[rank] += ": the runner ended it (SIGTERM)"
+    for rank in ended:
+        procs[rank].join(TERM_GRACE_S)
+    return ended
+
+
+def _wait(procs: List[Any], port_store: Any, timeout: float) -> Dict[int, str]:
+    """Waits for every rank; after the first failure, ends stragglers after a grace period.
+
+    Returns:
+        rank -> how the runner ended it (``_end_ranks``), for the ranks it ended.
+    """
     failed_at = None
     while True:
         codes = [p.exitcode for p in procs]
         if all(c is not None for c in codes):
-            return codes
+            return {}
         failed = any(c not in (None, 0) for c in codes)
         if not failed:
             try:
@@ -233,13 +278,17 @@ def _wait(ctx: Any, port_store: Any, timeout: float) -> List[Optional[int]]:
         if failed and failed_at is None:
             failed_at = time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > min(GRACE_S, timeout):
-            for p in procs:
-                if p.exitcode is None:
-                    p.terminate()
-            for p in procs:
-                p.join(5)
-            return [p.exitcode for p in procs]
+            return _end_ranks(procs)
         time.sleep(0.05)
+
+
+def _how_it_ended(code: Optional[int], ended: Optional[str]) -> str:
+    """A rank's end in words: the runner's doing, a signal, or its exit code."""
+    if ended is not None:
+        return ended
+    if code is not None and code < 0:
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _sessions_left(result: Optional[Dict[str, Any]]) -> Optional[int]:
@@ -267,7 +316,11 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                "model": args.model, "seed": args.seed, "steps": args.steps, "timeout": args.timeout,
                "mode": args.checkpoint_mode, "threads": args.threads}
         ctx = tmp.start_processes(_worker, args=(cfg,), nprocs=plan.num_ranks, join=False, start_method="spawn")
-        codes = _wait(ctx, store, args.timeout)
+        try:
+            ended = _wait(ctx.processes, store, args.timeout)
+        finally:  # also when this process is interrupted: no rank outlives the run
+            _end_ranks(ctx.processes)
+        codes = [p.exitcode for p in ctx.processes]
         results = {}
         for r in range(plan.num_ranks):
             path = os.path.join(folder, f"rank{r}.pt")
@@ -284,8 +337,7 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
             root = min(errors)
         lines = [f"hp_recompute.run: the run failed (exit codes {codes})"]
         for r in dead:
-            how = f"killed by signal {-codes[r]}" if codes[r] is not None and codes[r] < 0 else f"exit code {codes[r]}"
-            lines.append(f"rank {r} died ({how}) and left no result")
+            lines.append(f"rank {r} {_how_it_ended(codes[r], ended.get(r))}; it left no result")
         if root is not None and root in errors:
             lines.append(f"rank {root} failed first: {errors[root]['error']}")
         for r in sorted(errors):

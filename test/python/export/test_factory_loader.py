@@ -127,7 +127,8 @@ def test_two_files_of_one_name_stay_separate_modules(tmp_path, clean_path):
 def test_a_model_file_that_raises_leaves_no_module_and_no_path_entry(tmp_path, clean_path):
     (tmp_path / "broken.py").write_text("raise ValueError('broken on import')\n")
     before = set(sys.modules)
-    with pytest.raises(ValueError, match="broken on import"):
+    with pytest.raises(RunError, match=f"^hp_recompute.run: --model: importing '{tmp_path}/broken.py' raised "
+                                       f"ValueError: broken on import \\(at {tmp_path}/broken.py:1\\)$"):
         load_model(f"{tmp_path}/broken.py:build")
     assert set(sys.modules) == before
     assert str(tmp_path) not in sys.path

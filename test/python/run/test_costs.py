@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,122 @@ def test_a_failing_model_is_reported_in_every_process_mode(tmp_path: Path) -> No
         assert proc.returncode == 1, proc.stderr
         assert "ValueError: region l1 cannot run" in proc.stderr
         assert "Traceback" not in proc.stderr and not (tmp_path / "out.json").exists()
+
+
+# -- hostile input: every case is located, exits 1 (2 for usage) and writes nothing ----------
+
+
+def _refused(proc: subprocess.CompletedProcess, code: int, message: str, out: Path) -> None:
+    assert proc.returncode == code, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_a_report_that_is_not_utf8_is_located(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_bytes(b'{"plan": "p.json",\n "ranks": "\xff"}')
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    _refused(proc, 1, f"hp_recompute: {report}:2:12: invalid UTF-8 (byte 0xff); expected UTF-8 text", out)
+
+
+def test_a_deeply_nested_report_is_located(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text('{"ranks":\n' + "[" * 100_000 + "]" * 100_000 + "}")
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    _refused(proc, 1, f"hp_recompute: {report}:2:100: JSON nested deeper than 100 levels", out)
+
+
+def _priced_plan_and_report(tmp_path: Path, median_us) -> Path:
+    """A plan of the GPT priced at 0.1 us per field, and a run report of it with one measured
+    forward of stage 0 (``median_us``), as ``--from-run`` reads them."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 2)))
+    raw = json.loads(plan.read_text())
+    for stage in raw["model"]["stages"]:
+        for region in stage["regions"]:
+            region.update({k: 0.1 for k in TIMES + ("bwd_time_us", "checkpoint_fwd_time_us", "replay_time_us")})
+    plan.write_text(json.dumps(raw))
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": [
+        {"op": "forward", "stage": 0, "plain": False, "median_us": median_us, "count": 1}]}]}))
+    return report
+
+
+def test_a_time_that_overflows_to_infinity_is_not_written(tmp_path: Path) -> None:
+    """1e308 us spread over regions priced 0.1 us overflows: the planner would refuse the file."""
+    report = _priced_plan_and_report(tmp_path, 1e308)
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    _refused(proc, 1, f"hp_recompute.costs: -o {out}: not written: /regions/0/fwd_time_us (region 'tok_emb') is "
+                      f"inf; the planner reads only finite numbers (check the times in {report})", out)
+
+
+def test_a_nan_in_the_report_is_located(tmp_path: Path) -> None:
+    report = _priced_plan_and_report(tmp_path, float("nan"))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    _refused(proc, 1, f"hp_recompute.costs: {report}: /ranks/0/measured_action_us/0: expected an object with op, "
+                      f"stage, plain and median_us (a finite number >= 0)", out)
+
+
+def test_a_time_of_zero_prints_no_ratio(tmp_path: Path) -> None:
+    report = _priced_plan_and_report(tmp_path, 0)
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["regions"][0]["fwd_time_us"] == 0
+    assert any(line.startswith("tok_emb") and line.split()[5:7] == ["-", "-"] for line in proc.stdout.splitlines())
+
+
+@pytest.mark.parametrize("onto", ["report", "plan", "model-json"])
+def test_an_output_onto_an_input_is_refused(tmp_path: Path, onto: str) -> None:
+    report = _priced_plan_and_report(tmp_path, 10.0)
+    plan = Path(json.loads(report.read_text())["plan"])
+    model_json = tmp_path / "m.json"
+    model_json.write_text(GPT_MODEL_JSON.read_text())
+    out = {"report": report, "plan": plan, "model-json": model_json}[onto]
+    before = out.read_bytes()
+    proc = _costs("--model-json", str(model_json), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 2, proc.stderr
+    flag = {"report": f"--from-run {report}", "plan": f"--from-run's /plan {plan}",
+            "model-json": f"--model-json {model_json}"}[onto]
+    assert f"hp_recompute.costs: -o {out} is the same file as the input {flag}" in proc.stderr
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--processes", "100000", "--processes must be in [1, 64], got 100000"),
+    ("--repeats", str(10**20), f"--repeats must be in [1, 10000], got {10**20}"),
+    ("--threads", "100000", "--threads must be in [1, 1024], got 100000"),
+    ("--seed", str(10**23), f"--seed must be in [0, 2^63), got {10**23}"),
+    ("--from-run", "", "--from-run: an empty value"),
+])
+def test_numeric_flags_out_of_range_are_usage_errors(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), flag, value)
+    _refused(proc, 2, message, out)
+
+
+def test_an_output_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None:
+    report = _priced_plan_and_report(tmp_path, 10.0)
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("os.mknod needs root (CAP_MKNOD)")
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(null))
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_ISCHR(null.stat().st_mode)
+
+
+def test_a_model_that_exits_while_measured_is_a_failure(tmp_path: Path) -> None:
+    (tmp_path / "exits.py").write_text(FAILING_MODEL.replace('raise ValueError("region l1 cannot run")',
+                                                             'raise SystemExit(0)'))
+    graph = {"name": "broken", "regions": [{"name": "l0"}, {"name": "l1"}]}
+    (tmp_path / "m.json").write_text(json.dumps(graph))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(tmp_path / "m.json"), "--model", f"{tmp_path}/exits.py:build", "-o", str(out),
+                  "--repeats", "2", "--warmup", "1")
+    _refused(proc, 1, f"hp_recompute.costs: measuring model 'broken' failed: SystemExit: 0 (at {tmp_path}/exits.py:",
+             out)

@@ -74,7 +74,7 @@ def test_auto_plan_runs_plain_microbatches_bit_exact(tmp_path: Path, mode: str) 
         # backward call depends on the torch version): fewer than with every one checkpointed.
         assert report["recomputes"] > 0
         code, all_report = run_inproc("--plan", str(every), "--single-process", "--checkpoint-mode", mode,
-                                      "--report", str(tmp_path / "all.json"))
+                                      "--report", str(tmp_path / "all-report.json"))
         assert code == 0
         assert report["recomputes"] < all_report["recomputes"]
 
@@ -176,14 +176,15 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
         assert code == 1
         assert f"{odd}: /summary/{key}: {expected}" in report["error"]
 
-    # A plan ordered wrongly is named, not a bare KeyError.
+    # A plan ordered wrongly is refused before any rank runs, naming the action and the rule.
     def send_before_forward(p):
         actions = p["ranks"][0]["actions"]
         actions[0], actions[1] = actions[1], actions[0]
     swapped = edit_plan(plan, tmp_path / "swapped.json", send_before_forward)
     code, report = run_inproc("--plan", str(swapped), "--single-process", "--report", str(tmp_path / "r.json"))
     assert code == 1
-    assert "rank 0: send_f of stage 0 mb 0 before its forward or after its last backward" in report["error"]
+    assert ("rank 0 action 0 (send_f stage 0 mb 0 peer 1): sends before action 1 (forward stage 0 mb 0) "
+            "produces what it sends; a send must come after its producer") in report["error"]
 
     # checkpoint: only false, only on a forward (actions 0, 2: forwards; 1: send_f), and
     # never on one whose microbatch has a session.

@@ -150,3 +150,43 @@ def test_torchrun_a_rank_killed_mid_step_stops_the_run(tmp_path: Path) -> None:
         except OSError:
             pass
     assert left == [], "a rank outlived the run"
+
+
+# -- the process group cannot form: one located line and exit 1, bounded by --timeout --------
+# Run as torchrun starts a worker (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): under torchrun
+# itself the agent's own rendezvous would fail first, before our process joins.
+
+def _as_worker(plan: Path, rank: int, port: int) -> subprocess.CompletedProcess:
+    env = _env()
+    env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)})
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "hp_recompute.run", "--plan", str(plan), "--timeout", "2"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    proc.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
+    return proc
+
+
+@pytest.mark.parametrize("case", ["port-in-use", "peer-never-joins", "silent-master"])
+def test_a_group_that_cannot_form_is_one_line_and_exit_1(tmp_path: Path, case: str) -> None:
+    import socket
+
+    plan = _zbv_plan(tmp_path)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        if case != "peer-never-joins":
+            holder.listen()  # another program on MASTER_PORT: accepts, never answers
+        else:
+            holder.close()
+        proc = _as_worker(plan, 1 if case == "silent-master" else 0, port)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    rank = 1 if case == "silent-master" else 0
+    assert lines[0].startswith(f"hp_recompute.run: rank {rank}: the process group of 2 ranks did not form "
+                               f"(MASTER_ADDR 127.0.0.1, MASTER_PORT {port}, --timeout 2 s): "), lines[0]
+    want = {"port-in-use": "already in use", "peer-never-joins": "",
+            "silent-master": "no answer within 7 s (is another program listening on MASTER_PORT?)"}[case]
+    assert want.lower() in lines[0].lower()
+    assert proc.elapsed < 30  # type: ignore[attr-defined]
