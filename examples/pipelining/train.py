@@ -67,7 +67,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         if last:
-            # Step 0 also runs torch's shape inference (a forward and backward of its own).
+            # Step 0 also runs torch's shape inference, plainly: it replays nothing (schedule.py Rule 6).
             print(f"step {step}: loss {torch.stack(losses).mean().item():.4f}, replays on rank {rank}: "
                   f"{stats()['replays']}", flush=True)
     dist.destroy_process_group()

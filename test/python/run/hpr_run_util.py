@@ -71,3 +71,16 @@ def count_plan(plan_path: Path, op: str) -> int:
 def flags(cfg: Sequence[str]) -> List[str]:
     sched, ranks, mbs = cfg
     return ["--schedule-gen", sched, "--ranks", str(ranks), "--microbatches", str(mbs)]
+
+
+def processes_with(marker: str) -> list:
+    """PIDs whose environment holds ``marker`` (the run's own processes)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import PYTHON_DIR, edit_plan, flags, make_plan, run_cli
+from hpr_run_util import PYTHON_DIR, edit_plan, flags, make_plan, processes_with, run_cli
 
 # The bundled MLP adapter (inp, layers.N, head); HOW says what layers.1's forward does.
 MLP = '''
@@ -80,13 +80,20 @@ def _runner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 # -- outputs (NOTE [ Output files ] in output_files.py) ------------------------------------
 
 
-def test_report_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
-    null = tmp_path / "null"
+def _device(tmp_path: Path, name: str, minor: int) -> Path:
+    """A character device of the memory driver (1, minor) in the test's folder: the tests never
+    write the machine's own /dev/null or /dev/full, which a regression would replace."""
+    node = tmp_path / name
     try:
-        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, minor))
     except PermissionError:
         pytest.skip("os.mknod needs root (CAP_MKNOD)")
+    return node
+
+
+def test_report_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    null = _device(tmp_path, "null", 3)
     proc = _runner("--plan", str(plan), "--single-process", "--report", str(null))
     assert proc.returncode == 0, proc.stderr
     assert stat.S_ISCHR(null.stat().st_mode), "the device became a regular file"
@@ -95,10 +102,11 @@ def test_report_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None
 
 def test_report_onto_dev_full_is_a_write_error(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
-    proc = _runner("--plan", str(plan), "--single-process", "--report", "/dev/full")
+    full = _device(tmp_path, "full", 7)
+    proc = _runner("--plan", str(plan), "--single-process", "--report", str(full))
     assert proc.returncode == 1
-    assert "hp_recompute.run: --report /dev/full: cannot write: No space left on device" in proc.stderr
-    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert f"hp_recompute.run: --report {full}: cannot write: No space left on device" in proc.stderr
+    assert stat.S_ISCHR(full.stat().st_mode), "the device became a regular file"
 
 
 FULL_DISK_RUN = """
@@ -209,21 +217,9 @@ def test_a_factory_that_raises_is_one_located_line(tmp_path: Path, mlp: str, fac
 # -- a stopped rank ------------------------------------------------------------------------
 
 
-def _processes_with(marker: str) -> list:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 def _stopped_since(marker: str) -> bool:
     """Whether a process of the run (``marker`` in its environment) is stopped (state T)."""
-    for pid in _processes_with(marker):
+    for pid in processes_with(marker):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 if f.read().rpartition(")")[2].split()[0] == "T":
@@ -252,7 +248,7 @@ def test_a_stopped_rank_is_killed_named_and_the_run_ends(tmp_path: Path) -> None
     try:
         _, stderr = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        for pid in [proc.pid] + _processes_with(marker):
+        for pid in [proc.pid] + processes_with(marker):
             os.kill(pid, signal.SIGKILL)
         raise AssertionError("the run hangs on a stopped rank") from None
     elapsed = time.monotonic() - stopped_at
@@ -265,7 +261,7 @@ def test_a_stopped_rank_is_killed_named_and_the_run_ends(tmp_path: Path) -> None
     results = json.loads(report.read_text())["rank_results"]
     assert results[1]["exit_code"] == -9 and results[1]["error"] is None
     time.sleep(0.5)
-    assert _processes_with(marker) == [], "a rank outlived the run"
+    assert processes_with(marker) == [], "a rank outlived the run"
 
 
 # -- numeric flags -------------------------------------------------------------------------

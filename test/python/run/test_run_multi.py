@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import PYTHON_DIR, count_plan, edit_plan, flags, make_plan, run_cli
+from hpr_run_util import PYTHON_DIR, count_plan, edit_plan, flags, make_plan, processes_with, run_cli
 
 
 @pytest.mark.parametrize("cfg", [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)],
@@ -88,19 +88,6 @@ def test_plan_from_a_pipe_runs_on_every_rank(tmp_path: Path) -> None:
     assert "grads_match true" in proc.stdout
 
 
-def _processes_with(marker: str) -> list:
-    """PIDs whose environment holds ``marker`` (the run's own processes)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_a_rank_killed_mid_step_is_named_and_nothing_is_left_running(tmp_path: Path, ranks: int) -> None:
     plan = make_plan(tmp_path, *flags(("zbv", ranks, 4)))
@@ -113,4 +100,4 @@ def test_a_rank_killed_mid_step_is_named_and_nothing_is_left_running(tmp_path: P
     assert "rank 1 was killed by signal 9; it left no result" in proc.stderr, proc.stderr
     assert elapsed < 40  # the others stop within seconds (5 s grace), not after the 60 s timeout
     time.sleep(0.5)
-    assert _processes_with(marker) == [], "a rank outlived the run"
+    assert processes_with(marker) == [], "a rank outlived the run"
