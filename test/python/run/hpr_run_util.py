@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[3]
@@ -84,3 +86,14 @@ def processes_with(marker: str) -> list:
         except OSError:
             pass
     return found
+
+
+def device_node(tmp_path: Path, name: str, minor: int) -> Path:
+    """A character device of the memory driver (1:3 null, 1:7 full) in the test's folder: the
+    tests never write the machine's own /dev/null or /dev/full, which a regression would replace."""
+    node = tmp_path / name
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    except PermissionError:
+        pytest.skip("os.mknod needs root (CAP_MKNOD)")
+    return node

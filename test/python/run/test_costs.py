@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, flags, make_plan, run_cli
+from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, run_cli
 
 TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
 
@@ -238,11 +238,7 @@ def test_numeric_flags_out_of_range_are_usage_errors(tmp_path: Path, flag: str, 
 
 def test_an_output_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None:
     report = _priced_plan_and_report(tmp_path, 10.0)
-    null = tmp_path / "null"
-    try:
-        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    except PermissionError:
-        pytest.skip("os.mknod needs root (CAP_MKNOD)")
+    null = device_node(tmp_path, "null", 3)
     proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(null))
     assert proc.returncode == 0, proc.stderr
     assert stat.S_ISCHR(null.stat().st_mode)

@@ -16,29 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import PYTHON_DIR
+from hpr_run_util import PYTHON_DIR, device_node
 from hp_recompute.output_files import OutputError, check_outputs, text_writer, write_outputs
 
 
-def _device(tmp_path: Path, name: str, minor: int) -> Path:
-    """A character device node of the memory driver (1:3 null, 1:7 full) in ``tmp_path``."""
-    path = tmp_path / name
-    try:
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
-    except PermissionError:
-        pytest.skip("os.mknod needs root (CAP_MKNOD)")
-    return path
-
-
 def test_a_character_device_is_streamed_into_not_replaced(tmp_path: Path) -> None:
-    null = _device(tmp_path, "null", 3)
+    null = device_node(tmp_path, "null", 3)
     write_outputs([("-o", str(null), text_writer("x" * 100_000))])
     assert stat.S_ISCHR(null.stat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"], "no temporary beside it"
 
 
 def test_a_full_device_reports_enospc_and_leaves_the_other_outputs_untouched(tmp_path: Path) -> None:
-    full = _device(tmp_path, "full", 7)
+    full = device_node(tmp_path, "full", 7)
     kept = tmp_path / "kept.json"
     kept.write_text("old")
     with pytest.raises(OutputError, match=f"^--b {full}: cannot write: No space left on device$"):

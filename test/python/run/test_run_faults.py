@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import PYTHON_DIR, edit_plan, flags, make_plan, processes_with, run_cli
+from hpr_run_util import PYTHON_DIR, device_node, edit_plan, flags, make_plan, processes_with, run_cli
 
 # The bundled MLP adapter (inp, layers.N, head); HOW says what layers.1's forward does.
 MLP = '''
@@ -80,20 +80,9 @@ def _runner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 # -- outputs (NOTE [ Output files ] in output_files.py) ------------------------------------
 
 
-def _device(tmp_path: Path, name: str, minor: int) -> Path:
-    """A character device of the memory driver (1, minor) in the test's folder: the tests never
-    write the machine's own /dev/null or /dev/full, which a regression would replace."""
-    node = tmp_path / name
-    try:
-        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, minor))
-    except PermissionError:
-        pytest.skip("os.mknod needs root (CAP_MKNOD)")
-    return node
-
-
-def test_report_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None:
+def test_report_onto_a_character_device_keeps_thedevice_node(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
-    null = _device(tmp_path, "null", 3)
+    null = device_node(tmp_path, "null", 3)
     proc = _runner("--plan", str(plan), "--single-process", "--report", str(null))
     assert proc.returncode == 0, proc.stderr
     assert stat.S_ISCHR(null.stat().st_mode), "the device became a regular file"
@@ -102,7 +91,7 @@ def test_report_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None
 
 def test_report_onto_dev_full_is_a_write_error(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
-    full = _device(tmp_path, "full", 7)
+    full = device_node(tmp_path, "full", 7)
     proc = _runner("--plan", str(plan), "--single-process", "--report", str(full))
     assert proc.returncode == 1
     assert f"hp_recompute.run: --report {full}: cannot write: No space left on device" in proc.stderr
