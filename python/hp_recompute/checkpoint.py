@@ -50,9 +50,10 @@ Rule 4 (binding). A frame is bound to at most one session, by the control plane:
   another thread finds the session without any context variable. A session takes
   precedence over an open GraphExecGroup.
 
-Rule 5 (hot path). Unpacking a bound frame reads ``holder.value`` and ``session.mode``
-  (and, for a session whose context is not open, whether any context is open) only: no
-  call, no context-variable look-up, no lock (a session-less frame follows Rule 3; on
+Rule 5 (hot path). Unpacking a bound frame reads ``holder.value``, ``frame.pending``
+  (Rule 10) and ``session.mode`` (and, for a session whose context is not open, whether
+  any context is open) only: no call, no context-variable look-up, no lock (a
+  session-less frame follows Rule 3; on
   torch 2.x that path takes the frame's lock on every unpack). Inside a context with
   ``retain_on_unpack=True`` the tensor stays for the next consumer; otherwise
   (``retain_on_unpack=False`` or no context open) it is dropped when read. A miss replays
@@ -83,6 +84,23 @@ Rule 9 (scopes). Session ids are unique within a ``SessionScope``, not in the pr
   a thread has open (Rule 6) and the registry lock are process-wide; entering and
   leaving a context change the mode of one session only, so they take constant time
   however many sessions are live.
+
+Rule 10 (devices and streams). Nothing here names a device: RNG state, autocast and
+  the device context follow the device type torch's checkpoint infers (Rule 1), and
+  devices are reached through torch's generic APIs (``torch.accelerator`` where present,
+  else ``torch.get_device_module``). A prefetch replays on the caller's current stream,
+  unless ``recompute_handle(handle, sid, stream=s)`` passes a stream of the checkpoint's
+  device: then ``s`` first waits for the work the caller's stream has queued (the
+  inputs), the inputs are recorded on ``s`` for the caching allocator, the replay is
+  queued on ``s`` and an event is recorded after it; the host does not wait. The frame
+  keeps that event (``frame.pending``) until its first consumer: the unpack of a backward
+  (on the stream autograd makes current for the node, the forward's stream) or
+  ``clear_recompute_session``. That consumer makes its current stream wait for the event
+  and records the replayed tensors on it, so their memory is reused only after it read
+  them; the hot path sees ``frame.pending`` set and leaves that one unpack to the slow
+  path. RNG state is kept on the host, so a replay on a side stream draws the same
+  random numbers. On a device without streams (the CPU) None is the only valid stream;
+  a stream of another device than the checkpoint's inputs raises CheckpointError.
 
 ``use_reentrant=True`` delegates to ``torch.utils.checkpoint`` and takes no part in
 sessions; so does tracing under ``torch.compile`` (torch 2.x), which inside a collector
@@ -363,7 +381,8 @@ def _checkpoint_forward(
         raise CheckpointError(
             error_text(
                 f"checkpoint: {state.device_type} was initialised inside the checkpointed forward, so its RNG state "
-                "could not be saved; initialise the device before the first checkpoint (e.g. torch.cuda.init())"
+                "could not be saved; initialise the device before the first checkpoint (e.g. "
+                f"torch.{state.device_type}.init(), or put a tensor on it)"
             )
         )
     collector = _COLLECTOR.get()

@@ -3,7 +3,8 @@
 A frame is created per ``checkpoint`` call (NOTE [ Recompute sessions ] Rule 1 in
 ``checkpoint.py``). Autograd owns one ``Holder`` per saved tensor; the holder points
 back to its frame, so the unpack hook is a plain module function that reads frame
-and holder fields only (Rule 5).
+and holder fields only (Rule 5). A frame prefetched on a side stream keeps the event of
+that replay until its first consumer has waited for it (Rule 10).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Set, Tup
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
+from . import replay_state
 from .errors import CheckpointError, error_text
 from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, Session
 from .replay_state import ForwardState
@@ -282,6 +284,8 @@ class CheckpointFrame:
         "shared_complete",
         "has_nested",
         "replaying",
+        "pending",
+        "pending_device",
         "lock",
         "__weakref__",
     )
@@ -324,12 +328,24 @@ class CheckpointFrame:
         self.has_nested = False
         #: while a replay runs: the session it fills, or PLAIN_REPLAY (Rule 2)
         self.replaying: Any = None
+        #: the event recorded after a replay on a side stream, until a consumer waited for it
+        #: (Rule 10); read by the hot path, which leaves such a frame to the slow path
+        self.pending: Any = None
+        self.pending_device: Optional[torch.device] = None
         # Per-frame, never global: serialises the replay of this frame only.
         self.lock = threading.RLock()
 
     def name(self) -> str:
         """The function's qualified name, for messages."""
         return "'" + getattr(self.function, "__qualname__", type(self.function).__name__) + "'"
+
+    def devices(self) -> List[torch.device]:
+        """The distinct devices of the tensor arguments, in argument order (Rule 10)."""
+        seen: List[torch.device] = []
+        for _, tensor, _ in self.input_versions:
+            if tensor.device not in seen:
+                seen.append(tensor.device)
+        return seen
 
     # -- forward ---------------------------------------------------------------------
 
@@ -455,21 +471,66 @@ class CheckpointFrame:
             session.frames.append(weakref.ref(self))
             self._drop_plain_values()  # a session replay supersedes plain ones
 
-    def replay_into_session(self) -> None:
-        """Replay into the bound session once; on failure drop the partial values (Rule 7)."""
+    def replay_into_session(self, stream: Any = None) -> None:
+        """Replay into the bound session once; on failure drop the partial values (Rule 7).
+
+        Args:
+            stream: None replays on the caller's current stream; else a stream of the
+                frame's device, checked by the caller (``replay_state.check_stream``),
+                on which the replay is queued (Rule 10).
+        """
         session = self.session
         assert session is not None
         try:
-            self.replay(_store_session, session)
+            if stream is None:
+                self.replay(_store_session, session)
+            else:
+                self._replay_on_stream(stream, session)
         except BaseException:
             self._drop_session_values()
             raise
         self.session_replayed = True
 
+    def _replay_on_stream(self, stream: Any, session: Session) -> None:
+        """Queue the replay on ``stream`` and keep its event for the first consumer (Rule 10)."""
+        device = replay_state.stream_device(stream)
+        assert device is not None
+        # The inputs were produced on the caller's stream: the replay starts after that work.
+        stream.wait_stream(replay_state.current_stream(device))
+        # The frame may die (its graph freed) before the replay ran: the allocator must not
+        # hand the inputs' memory to other work before ``stream`` has read them.
+        for _, tensor, _ in self.input_versions:
+            if tensor.device == device:
+                replay_state.record_stream(tensor, stream)
+        with replay_state.on_stream(stream):
+            self.replay(_store_session, session)
+        self.pending = stream.record_event()
+        self.pending_device = device
+
+    def await_pending(self) -> None:
+        """The current stream waits for a side-stream replay; caller holds ``self.lock`` (Rule 10).
+
+        Called by the first consumer: an unpack (on the backward node's stream, which
+        autograd makes current) or the clear. The replayed tensors are recorded on that
+        stream, so their memory is not reused before the consumer has read them.
+        """
+        event, device = self.pending, self.pending_device
+        if event is None:
+            return
+        assert device is not None
+        consumer = replay_state.current_stream(device)
+        consumer.wait_event(event)
+        for tensor in self.retained():
+            if tensor.device == device:
+                replay_state.record_stream(tensor, consumer)
+        self.pending = None
+        self.pending_device = None
+
     def unbind(self, session: Session) -> None:
         """Forget ``session``: drop its tensors and flags so the frame can serve anew (Rule 7)."""
         with self.lock:
             if self.session is session:
+                self.await_pending()  # Rule 10: the clear is a consumer too
                 self._drop_session_values()
                 self.session = None
                 self.session_replayed = False
@@ -494,8 +555,10 @@ class CheckpointFrame:
     # -- unpack slow paths -----------------------------------------------------------
 
     def unpack_slow(self, holder: Holder) -> torch.Tensor:
-        """Everything the hot path does not handle: binding, replays, errors (Rules 3-6)."""
+        """Everything the hot path does not handle: binding, replays, errors (Rules 3-6, 10)."""
         with self.lock:
+            if self.pending is not None:
+                self.await_pending()  # Rule 10: the first consumer of a side-stream replay
             session = self.session
             if session is None:
                 session = _context_for_this_unpack()
@@ -614,8 +677,10 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
     """The unpack hook of every checkpoint: the hot path (Rule 5).
 
     A frame bound to a session returns its recomputed tensor reading only
-    ``holder.value`` and ``session.mode`` (and, for a session without a context of
-    its own, ``REGISTRY.contexts``): no context variable, no call, no lock. A
+    ``holder.value``, ``frame.pending`` and ``session.mode`` (and, for a session without
+    a context of its own, ``REGISTRY.contexts``): no context variable, no call, no lock.
+    A frame whose side-stream replay no consumer has waited for yet (Rule 10) goes to
+    the slow path once. A
     session-less frame while no session context is open follows Rule 3: on torch
     1.13 it reads ``holder.shared`` without a lock once replayed; on torch 2.x every
     such unpack takes the frame's lock (``unpack_plain``), because its per-backward
@@ -626,7 +691,7 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
     session = frame.session
     if session is not None:
         value = holder.value
-        if value is not None:
+        if value is not None and frame.pending is None:
             mode = session.mode
             if mode == RETAIN:
                 return value

@@ -12,15 +12,24 @@ arguments (CUDA first, else the first non-CPU type, else torch's default device 
 arguments once that device type is initialised, autocast for that device type and for
 the CPU, and the ``torch.device(...)`` context manager that was active in the forward.
 torch 1.13 knows CPU and CUDA only.
+
+Where a replay runs (Rule 10): on the caller's current stream, or on a stream the
+caller passes to ``recompute_handle``. The stream helpers below look devices up through
+torch's generic APIs (``torch.accelerator`` where present, else
+``torch.get_device_module`` / ``torch.<type>``), never by naming CUDA; the frame calls
+them through this module, so a test can stand in for a device with streams on a CPU
+machine.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
+
+from .errors import CheckpointError, error_text
 
 try:  # torch >= 2.0: ``with torch.device(...)`` is a function mode on a stack
     from torch.overrides import _get_current_function_mode_stack
@@ -28,7 +37,16 @@ try:  # torch >= 2.0: ``with torch.device(...)`` is a function mode on a stack
 except ImportError:  # torch 1.13
     _get_current_function_mode_stack = None
 
-__all__ = ["ForwardState"]
+__all__ = [
+    "ForwardState",
+    "device_module",
+    "has_streams",
+    "stream_device",
+    "check_stream",
+    "current_stream",
+    "on_stream",
+    "record_stream",
+]
 
 # torch >= 2.1: device-generic helpers; torch 1.13: CUDA-only helpers without a device type.
 _DEVICE_GENERIC = hasattr(_torch_checkpoint, "_infer_device_type")
@@ -40,15 +58,35 @@ def _infer_device_type(args: Sequence[Any]) -> str:
     return "cuda"  # torch 1.13's checkpoint only knows CUDA besides the CPU
 
 
-def _device_module(device_type: str) -> Any:
-    """``torch.cuda``, ``torch.xpu``, ...; None where there is no such module (cpu, meta)."""
-    module = getattr(torch, device_type, None)
+def device_module(device_type: str) -> Any:
+    """``torch.cuda``, ``torch.xpu``, ``torch.cpu``, ...; None where torch has none (meta).
+
+    ``torch.get_device_module`` (torch >= 2.3) also finds out-of-tree backends registered
+    under their own name; older torch has the module as an attribute of ``torch``.
+    """
+    lookup = getattr(torch, "get_device_module", None)
+    if lookup is not None:
+        try:
+            return lookup(device_type)
+        except (RuntimeError, ValueError, AttributeError):  # no module registered for the type
+            return None
+    return getattr(torch, device_type, None)
+
+
+def _rng_module(device_type: str) -> Any:
+    """The device module when it keeps RNG state of its own (not the CPU's), else None."""
+    module = device_module(device_type)
     return module if hasattr(module, "get_rng_state") else None
 
 
 def _initialized(module: Any) -> bool:
     # Never initialise a device by accident: only look at one that somebody else has.
-    return bool(getattr(module, "_initialized", False)) if module is not None else False
+    if module is None:
+        return False
+    probe = getattr(module, "is_initialized", None)
+    if callable(probe):
+        return bool(probe())
+    return bool(getattr(module, "_initialized", False))
 
 
 def _autocast_kwargs(device_type: str) -> Tuple[Optional[Dict[str, Any]], Dict[str, Any]]:
@@ -90,7 +128,7 @@ class ForwardState:
 
     def __init__(self, args: Sequence[Any], preserve_rng_state: bool) -> None:
         self.device_type = _infer_device_type(args)
-        self.had_device = _initialized(_device_module(self.device_type))
+        self.had_device = _initialized(_rng_module(self.device_type))
         self.cpu_rng: Optional[torch.Tensor] = None
         self.rng_devices: List[int] = []
         self.device_rng: List[torch.Tensor] = []
@@ -103,7 +141,7 @@ class ForwardState:
 
     def device_initialized_since(self) -> bool:
         """Whether the forward initialised the device whose RNG state could not be saved."""
-        return self.cpu_rng is not None and not self.had_device and _initialized(_device_module(self.device_type))
+        return self.cpu_rng is not None and not self.had_device and _initialized(_rng_module(self.device_type))
 
     def _fork_rng(self) -> Any:
         """Saves the caller's RNG streams and puts them back afterwards (Rule 2)."""
@@ -132,3 +170,123 @@ class ForwardState:
             if self.device_ctx is not None:
                 stack.enter_context(self.device_ctx)
             yield
+
+
+# -- streams (Rule 10) -------------------------------------------------------------------------
+
+
+def has_streams(device_type: str) -> bool:
+    """Whether tensors of ``device_type`` run on streams a replay can be put on.
+
+    torch >= 2.6 answers generically: the device type of the current accelerator
+    (``torch.accelerator.current_accelerator()``; never the CPU, whose ``torch.cpu.Stream``
+    only exists so that device-generic code runs). Older torch: a device module with
+    ``Stream`` and ``current_stream`` other than the CPU's.
+    """
+    accelerator = getattr(getattr(torch, "accelerator", None), "current_accelerator", None)
+    if accelerator is not None:
+        current = accelerator()
+        return current is not None and current.type == device_type
+    module = device_module(device_type)
+    return device_type != "cpu" and hasattr(module, "Stream") and hasattr(module, "current_stream")
+
+
+def stream_device(stream: Any) -> Optional[torch.device]:
+    """The device of a stream object (``torch.Stream``, ``torch.cuda.Stream``, ...), else None."""
+    device = getattr(stream, "device", None)
+    if not all(hasattr(stream, name) for name in ("record_event", "wait_event", "wait_stream")):
+        return None
+    if isinstance(device, (str, torch.device)):
+        return torch.device(device)
+    return None
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def check_stream(stream: Any, devices: Sequence[torch.device], where: str) -> torch.device:
+    """The device of ``stream``, checked against the devices of a checkpoint's inputs (Rule 10).
+
+    Args:
+        stream: what the caller passed (not None).
+        devices: the devices of the checkpoint's tensor inputs (empty: unknown).
+        where: the call, for messages.
+
+    Raises:
+        CheckpointError: the checkpoint runs on devices without streams (the CPU), the
+            stream belongs to such a device, or to another device than the checkpoint's.
+        ValueError: ``stream`` is not a stream.
+    """
+    if devices and not any(has_streams(d.type) for d in devices):
+        kinds = ", ".join(sorted({str(d) for d in devices}))
+        raise CheckpointError(
+            error_text(
+                f"{where}: the checkpoint's inputs are on {kinds}, which has no streams, so stream={stream!r} "
+                "cannot be honoured; pass stream=None (the replay then runs at once, on the calling thread)"
+            )
+        )
+    device = stream_device(stream)
+    if device is None:
+        raise ValueError(
+            error_text(
+                f"{where}: stream must be None or a stream of the checkpoint's device (e.g. torch.cuda.Stream() or "
+                f"torch.Stream('cuda')), got {type(stream).__name__}"
+            )
+        )
+    if not has_streams(device.type):
+        raise CheckpointError(
+            error_text(
+                f"{where}: stream {stream!r} is a stream of {device}, which has no streams a replay could run on; "
+                "pass stream=None, or a stream of the accelerator the checkpoint runs on"
+            )
+        )
+    if devices and not any(_same_device(device, d) for d in devices):
+        kinds = ", ".join(sorted({str(d) for d in devices}))
+        raise CheckpointError(
+            error_text(
+                f"{where}: stream {stream!r} is on {device} but the checkpoint's inputs are on {kinds}; pass a stream "
+                "of the device the checkpoint runs on (e.g. torch.cuda.Stream(device=x.device))"
+            )
+        )
+    return device
+
+
+def current_stream(device: torch.device) -> Any:
+    """The current stream of ``device`` on this thread (in a backward: the node's stream)."""
+    accelerator = getattr(torch, "accelerator", None)
+    current = getattr(accelerator, "current_stream", None)
+    if current is not None and has_streams(device.type):
+        return current(device)
+    return device_module(device.type).current_stream(device)
+
+
+@contextlib.contextmanager
+def on_stream(stream: Any) -> Iterator[None]:
+    """Makes ``stream`` current for the body (and its device current), then restores both.
+
+    Through the device module's stream context (``torch.cuda.stream``, ``torch.xpu.stream``),
+    else ``torch.accelerator.set_stream``, which switches the device index too.
+    """
+    device = stream_device(stream)
+    assert device is not None
+    context = getattr(device_module(device.type), "stream", None)
+    if context is not None:
+        with context(stream):
+            yield
+        return
+    accelerator = torch.accelerator  # torch >= 2.7 when there is no module context
+    index = accelerator.current_device_index()
+    previous = accelerator.current_stream(device)
+    accelerator.set_stream(stream)
+    try:
+        yield
+    finally:
+        accelerator.set_stream(previous)
+        accelerator.set_device_index(index)
+
+
+def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """Tells the caching allocator that ``stream`` uses ``tensor``: its memory is reused only
+    after the work ``stream`` has queued by then is done."""
+    tensor.record_stream(stream)

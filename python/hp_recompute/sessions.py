@@ -22,6 +22,7 @@ from typing import Any, ContextManager, Dict, Hashable, Iterator, List, Optional
 from .errors import CheckpointError, error_text
 from .frame import CheckpointFrame, RecomputeHandle
 from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, SCOPE_COUNTERS, Session
+from .replay_state import check_stream
 from .storage import storage_of
 
 __all__ = [
@@ -127,7 +128,7 @@ class SessionScope:
             self.sessions[session_id] = session
         return session
 
-    def recompute_handle(self, handle: RecomputeHandle, session_id: Hashable) -> None:
+    def recompute_handle(self, handle: RecomputeHandle, session_id: Hashable, stream: Any = None) -> None:
         """Prefetch: replay one checkpoint now and keep its tensors in session ``session_id``.
 
         The replay restores the forward's RNG and autocast state and leaves the caller's
@@ -139,24 +140,38 @@ class SessionScope:
         Args:
             handle: a handle from ``recompute_handle_collector_ctx()``.
             session_id: hashable, not None; e.g. ``"s3.mb0"``.
+            stream: None (default): the replay runs on the caller's current stream. A
+                stream of the checkpoint's device (``torch.cuda.Stream()``,
+                ``torch.Stream("cuda")``): the replay is queued on it, after the work
+                the caller's stream has queued so far, and its first consumer (the
+                backward that unpacks the tensors, or the clear) waits for it (Rule 10),
+                so the replay can overlap other work. The host returns once the replay
+                is queued.
 
         Raises:
-            ValueError: bad handle or session id.
+            ValueError: bad handle, session id or stream object.
             CheckpointError: the handle is bound to another session, its graph is gone,
                 it contains a nested checkpoint, it is being replayed (a call from inside
-                the checkpointed function), or the replay does not match the forward.
-                On failure the frame is unbound again; the session stays until cleared.
+                the checkpointed function), the replay does not match the forward, or
+                ``stream`` is not None for a checkpoint on a device without streams (the
+                CPU) or is a stream of another device. On failure the frame is unbound
+                again; the session stays until cleared.
 
         Example:
             >>> with recompute_handle_collector_ctx() as handles:
             ...     y = checkpoint(block, x)
+            >>> side = torch.cuda.Stream()
             >>> for h in handles:
-            ...     recompute_handle(h, "s0.mb0")
+            ...     recompute_handle(h, "s0.mb0", stream=side)   # overlaps what follows
         """
         # Arguments first, state after: a bad session id is reported as such even when the
         # handle's graph is gone.
         _check_session_id(session_id, "recompute_handle")
         frame = _frame_of(handle)
+        if stream is not None:  # Rule 10
+            name = frame.name() if frame is not None else "a checkpoint that saved nothing"
+            where = f"recompute_handle(<handle of {name}>, {session_id!r}, stream=...)"
+            check_stream(stream, frame.devices() if frame is not None else [], where)
         if frame is None:
             REGISTRY.count(self, "prefetches")
             return
@@ -176,7 +191,7 @@ class SessionScope:
                 if frame.session is not session or frame.session_replayed:
                     return
                 try:
-                    frame.replay_into_session()
+                    frame.replay_into_session(stream)
                 except BaseException:
                     frame.unbind(session)  # under the frame lock: nobody sees the failed binding
                     raise
@@ -350,9 +365,10 @@ class SessionScope:
 DEFAULT_SCOPE = SessionScope("default", _default=True)
 
 
-def recompute_handle(handle: RecomputeHandle, session_id: Hashable) -> None:
-    """``DEFAULT_SCOPE.recompute_handle``: prefetch ``handle`` into session ``session_id``."""
-    DEFAULT_SCOPE.recompute_handle(handle, session_id)
+def recompute_handle(handle: RecomputeHandle, session_id: Hashable, stream: Any = None) -> None:
+    """``DEFAULT_SCOPE.recompute_handle``: prefetch ``handle`` into session ``session_id``
+    (on ``stream`` when given, Rule 10)."""
+    DEFAULT_SCOPE.recompute_handle(handle, session_id, stream)
 
 
 def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) -> ContextManager:
