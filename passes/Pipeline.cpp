@@ -2,6 +2,7 @@
 
 #include "hpr/Transforms/Passes.h"
 
+#include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
 
@@ -57,6 +58,16 @@ void mlir::hpr::buildRecomputePipeline(
     OpPassManager &pm, const RecomputePipelineOptions &options) {
   buildPlanningPasses(pm, options);
   nestOnPrograms(pm).addPass(createHPRVerify());
+}
+
+LogicalResult mlir::hpr::verifyPlan(ModuleOp module) {
+  if (failed(mlir::verify(module)))
+    return failure();
+  PassManager pm(module.getContext());
+  pm.enableVerifier(false); // the checks change nothing
+  pm.addPass(createHPRVerifyComm());
+  nestOnPrograms(pm).addPass(createHPRVerify());
+  return pm.run(module);
 }
 
 void mlir::hpr::registerRecomputePipeline() {

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: gtest (through ctest), lit + FileCheck,
 # pytest twice: under the venv's torch 2.x (.venv, the primary target) and under
-# Debian's python3-torch (/usr/bin/python3), and the sanitizer leg (ctest and lit
-# again under ASan + UBSan in build-asan/, then bounded libFuzzer runs:
-# scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
+# Debian's python3-torch (.venv-system, a venv over /usr/bin/python3), and the
+# sanitizer leg (ctest and lit again under ASan + UBSan in build-asan/, then bounded
+# libFuzzer runs: scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -14,9 +14,10 @@ echo "=== ctest (gtest unit tests)"
 ctest --test-dir build --output-on-failure -j "$(nproc)" || status=1
 echo "=== lit (FileCheck tests)"
 /usr/bin/python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv build/test || status=1
-for python in .venv/bin/python /usr/bin/python3; do
+# Both venvs hold the package installed editable (scripts/setup.sh): no PYTHONPATH.
+for python in .venv/bin/python .venv-system/bin/python; do
   echo "=== pytest (python/) on $("$python" -c 'import torch; print("torch", torch.__version__)') ($python)"
-  PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider test/python || status=1
+  "$python" -m pytest -q -p no:cacheprovider test/python || status=1
 done
 echo "=== sanitizers and fuzzing (scripts/sanitize.sh)"
 bash scripts/sanitize.sh || status=1

@@ -15,7 +15,7 @@ status=0
 # target:dictionary:extra libFuzzer flags
 export LSAN_OPTIONS="suppressions=$PWD/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 for spec in schedule-csv:schedule-csv: schedule-json:json: model-json:json: \
-            mlir:mlir: torchscript-ir:: torchscript-pt:: pt2-program:json: pt2::; do
+            mlir:mlir: torchscript-ir:: torchscript-pt:: pt2-program:json: pt2:: plan-json:json:; do
   IFS=: read -r target dict extra <<<"$spec"
   bin="$build/bin/hpr-fuzz-$target"
   work="$(mktemp -d)"

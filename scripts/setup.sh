@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what hp-recompute needs to build, test and run: Debian packages (apt-get),
-# then the project venv .venv with torch 2.x and the Python test dependencies, pinned in
-# requirements.txt. Debian's own python3-torch (1.13 on Debian 12, 2.6 on Debian 13)
-# stays the second torch the Python suite runs on. Safe to rerun: it installs nothing
-# when everything is already present.
+# then the project venv .venv with torch 2.x and the Python test and build dependencies,
+# pinned in requirements.txt, and the project itself into it (pip install -e .). Debian's
+# own python3-torch (1.13 on Debian 12, 2.6 on Debian 13) stays the second torch the Python
+# suite runs on. Safe to rerun: it installs no package that is already present (the
+# project's editable install rebuilds incrementally).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,7 @@ packages=(
   clang-format-19  # the C++ style check (ctest clang-format)
   clang-19 libclang-rt-19-dev  # the sanitizer and libFuzzer build (build-asan, fuzz/)
   libtorch-dev python3-torch
+  python3-dev  # the Python extension hp_recompute._planner (nanobind)
   nlohmann-json3-dev libzip-dev pkgconf
   googletest libgtest-dev
   python3-pytest python3-jsonschema python3-hypothesis python3-venv
@@ -50,3 +52,23 @@ else
   echo "$want" > "$stamp"
   echo "setup: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 fi
+
+# The project itself, editable, into both venvs (pyproject.toml: scikit-build-core builds
+# the planner, incrementally, into build-py/): hp-recompute-plan, hp-recompute-opt,
+# hp_recompute and its extension then work from either venv with no PYTHONPATH. No build
+# isolation: the build tools are pinned, and the TorchScript importer links the venv's own
+# LibTorch. .venv-system sees Debian's packages (python3-torch 1.13, python3-pytest, ...).
+if [ ! -x .venv-system/bin/python ] || \
+   [ "$(cat .venv-system/requirements.sha256 2>/dev/null)" != "$(sha256sum requirements-build.txt | cut -d' ' -f1)" ]; then
+  echo "setup: creating .venv-system (Debian's python3 and its torch, with requirements-build.txt)"
+  rm -rf .venv-system
+  /usr/bin/python3 -m venv --system-site-packages .venv-system
+  .venv-system/bin/python -m pip install -q --disable-pip-version-check -r requirements-build.txt
+  sha256sum requirements-build.txt | cut -d' ' -f1 > .venv-system/requirements.sha256
+fi
+for venv in .venv .venv-system; do
+  echo "setup: installing hp-recompute into $venv (pip install -e .)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+    --config-settings=build-dir="build-py/${venv#.}" -e . > "$venv/pip-install.log" 2>&1 \
+    || { cat "$venv/pip-install.log"; exit 1; }
+done

@@ -39,23 +39,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "eager"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import bench_eager  # noqa: E402  (bench/eager: Block, Counter, run_step)
 import hp_recompute as hr  # noqa: E402
-from hp_recompute.replay_state import device_module, has_streams  # noqa: E402
+from hp_recompute.replay_state import device_module, has_streams, synchronize  # noqa: E402
 from hp_recompute.runner.memory import peak_meter  # noqa: E402
 
 from rows import add_row, fmt_bytes  # noqa: E402
 
 VARIANTS = ("native", "ours-plain", "ours-session", "ours-side")
-
-
-def synchronize(device: torch.device) -> None:
-    """Waits for the device (torch.accelerator where present, else its module); no-op on the CPU."""
-    if device.type == "cpu":
-        return
-    sync = getattr(getattr(torch, "accelerator", None), "synchronize", None)
-    if sync is not None:
-        sync(device)
-    else:
-        device_module(device.type).synchronize(device)
 
 
 def side_step(blocks: List[Any], inputs: List[torch.Tensor], params: List[torch.Tensor], stream: Any) -> None:

@@ -53,6 +53,8 @@ static sched::Action toAction(Operation *op,
   auto actionOp = cast<ActionOpInterface>(op);
   action.stage = static_cast<int>(actionOp.getStageIndex());
   action.microbatch = static_cast<int>(actionOp.getMicrobatchIndex());
+  if (auto tag = op->getAttrOfType<IntegerAttr>("tag"))
+    action.tag = tag.getInt();
   if (action.stage < 0)
     return action;
   auto forward = dyn_cast<ForwardOp>(op);

@@ -6,6 +6,8 @@
 #include "hpr/Support/InputFile.h"
 
 #include "llvm/Support/DynamicLibrary.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/Signals.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -26,16 +28,27 @@ using ImportTorchScriptFn = bool (*)(const char *path,
                                      std::vector<std::string> *warnings,
                                      ModelGraph *graph, std::string *error);
 
+/// Where libHPRTorchScript.so is: $HPR_TORCHSCRIPT_LIBRARY, else `lib/`
+/// beside the tool's `bin/` folder (build tree and installed package alike).
+static std::string torchScriptLibrary() {
+  if (const char *override = std::getenv("HPR_TORCHSCRIPT_LIBRARY"))
+    return override;
+  std::string tool = llvm::sys::fs::getMainExecutable(
+      nullptr, reinterpret_cast<void *>(&torchScriptLibrary));
+  llvm::SmallString<256> library(
+      llvm::sys::path::parent_path(llvm::sys::path::parent_path(tool)));
+  llvm::sys::path::append(library, "lib", HPR_TORCHSCRIPT_LIBRARY_NAME);
+  return std::string(library);
+}
+
 /// Imports through libHPRTorchScript.so, loaded on first use: LibTorch takes
 /// about 0.4 s to load, which planning from a JSON model or from a schedule
-/// alone should not pay. HPR_TORCHSCRIPT_LIBRARY overrides the build-tree
-/// path compiled in.
+/// alone should not pay.
 static llvm::Expected<ModelGraph>
 importTorchScriptOnDemand(llvm::StringRef path,
                           const TorchScriptOptions &options,
                           std::vector<std::string> *warnings) {
-  const char *override = std::getenv("HPR_TORCHSCRIPT_LIBRARY");
-  std::string library = override ? override : HPR_TORCHSCRIPT_LIBRARY;
+  std::string library = torchScriptLibrary();
   std::string loadError;
   auto handle = llvm::sys::DynamicLibrary::getPermanentLibrary(library.c_str(),
                                                                &loadError);

@@ -25,60 +25,9 @@ constexpr double kMaxTimeUs = 1e12;
 constexpr double kMaxFlops = 1e21;
 
 /// Collects the first schema violation with its path.
-class Reader {
+class Reader : public mlir::hpr::JsonFieldReader {
 public:
-  explicit Reader(llvm::StringRef file) : file(file) {}
-
-  llvm::Error fail(const std::string &path, const std::string &expected,
-                   const json &got) const {
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        llvm::formatv("{0}: {1}: expected {2}, got '{3}'", file,
-                      path.empty() ? "/" : path, expected,
-                      mlir::hpr::quoteJson(got))
-            .str());
-  }
-  llvm::Error failMsg(const std::string &path, const std::string &msg) const {
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        llvm::formatv("{0}: {1}: {2}", file, path.empty() ? "/" : path, msg)
-            .str());
-  }
-
-  /// The value of `key` in `obj`: null when absent and optional, an error
-  /// when absent and required.
-  llvm::Expected<const json *> find(const json &obj, const std::string &path,
-                                    const char *key, bool required) const {
-    auto it = obj.find(key);
-    if (it != obj.end())
-      return &*it;
-    if (required)
-      return failMsg(path,
-                     llvm::formatv("missing required key '{0}'", key).str());
-    return nullptr;
-  }
-
-  llvm::Error readString(const json &obj, const std::string &path,
-                         const char *key, std::string &out, bool required) {
-    llvm::Expected<const json *> value = find(obj, path, key, required);
-    if (!value || !*value)
-      return value.takeError();
-    if (!(*value)->is_string() || (*value)->get<std::string>().empty())
-      return fail(path + "/" + key, "a non-empty string", **value);
-    out = (*value)->get<std::string>();
-    return llvm::Error::success();
-  }
-
-  llvm::Error readBool(const json &obj, const std::string &path,
-                       const char *key, bool &out) {
-    llvm::Expected<const json *> value = find(obj, path, key, false);
-    if (!value || !*value)
-      return value.takeError();
-    if (!(*value)->is_boolean())
-      return fail(path + "/" + key, "true or false", **value);
-    out = (*value)->get<bool>();
-    return llvm::Error::success();
-  }
+  using JsonFieldReader::JsonFieldReader;
 
   /// A non-negative number up to `max`: the bounds keep every sum the
   /// simulator forms over a million actions finite (the largest time, 10^12
@@ -119,23 +68,6 @@ public:
     }
     return fail(path + "/" + key, "an integer between 0 and 2^40 (1 TiB)",
                 bytes);
-  }
-
-  llvm::Error checkKeys(const json &obj, const std::string &path,
-                        std::initializer_list<const char *> allowed) {
-    for (auto it = obj.begin(); it != obj.end(); ++it) {
-      bool known = false;
-      for (const char *key : allowed)
-        known |= it.key() == key;
-      if (!known) {
-        std::string list;
-        for (const char *key : allowed)
-          list += (list.empty() ? "" : ", ") + std::string(key);
-        return failMsg(path + "/" + it.key(),
-                       "unknown key (expected one of: " + list + ")");
-      }
-    }
-    return llvm::Error::success();
   }
 
   llvm::Error readRegion(const json &obj, const std::string &path,
@@ -236,9 +168,6 @@ public:
     }
     return graph;
   }
-
-private:
-  std::string file;
 };
 
 } // namespace
@@ -249,6 +178,13 @@ mlir::hpr::model::parseModelJson(llvm::StringRef text, llvm::StringRef file) {
   if (!doc)
     return doc.takeError();
   return Reader(file).read(*doc);
+}
+
+llvm::Error mlir::hpr::model::readRegionJson(const nlohmann::json &obj,
+                                             const std::string &path,
+                                             llvm::StringRef file,
+                                             Region &region) {
+  return Reader(file).readRegion(obj, path, region);
 }
 
 std::string mlir::hpr::model::printModelJson(const ModelGraph &graph) {

@@ -5,6 +5,7 @@
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <functional>
@@ -61,13 +62,18 @@ namespace {
 class ProgramBuilder {
 public:
   ProgramBuilder(OpBuilder &builder, const sched::Schedule &schedule,
-                 llvm::StringRef file)
-      : builder(builder), schedule(schedule), file(file) {}
+                 llvm::StringRef file, const PlannedFacts *planned)
+      : builder(builder), schedule(schedule), file(file), planned(planned) {}
 
   llvm::Error build(int rank);
 
 private:
   llvm::Error emit(const sched::Action &action, Location loc, bool grouped);
+  /// The location of the next primitive action of a planned program (its
+  /// JSON path); `cellLoc` otherwise.
+  Location nextLoc(Location cellLoc);
+  /// The session the current planned action names; null when it names none.
+  llvm::Expected<Value> namedSession(Location loc);
   /// The peer of a transfer: the rank of the stage on the other side.
   llvm::Expected<int64_t> peerOf(const sched::Action &action, Location loc);
   llvm::Error errorAt(Location loc, const llvm::Twine &message) const;
@@ -79,12 +85,26 @@ private:
   OpBuilder &builder;
   const sched::Schedule &schedule;
   llvm::StringRef file;
+  const PlannedFacts *planned;
   llvm::DenseMap<int64_t, IntegerAttr> indices;
+  // Planned programs: the rank being built, its next primitive action, the
+  // facts of the action being emitted, and the sessions bound so far.
+  int rank = 0;
+  size_t primitive = 0;
+  const PlannedAction *current = nullptr;
+  llvm::StringMap<Value> sessions;
+  /// Sessions whose forward was emitted by the current cell.
+  llvm::SmallVector<std::pair<std::string, ForwardOp>, 1> unbound;
 };
 } // namespace
 
 llvm::Error ProgramBuilder::errorAt(Location loc,
                                     const llvm::Twine &message) const {
+  if (auto name = dyn_cast<NameLoc>(loc)) // a planned action: its JSON path
+    return llvm::createStringError(llvm::formatv("{0}: {1}: {2}", file,
+                                                 name.getName().getValue(),
+                                                 message.str())
+                                       .str());
   auto fileLoc = cast<FileLineColLoc>(loc);
   return llvm::createStringError(
       llvm::formatv("{0}:{1}:{2}: {3}", fileLoc.getFilename().getValue(),
@@ -111,29 +131,65 @@ llvm::Expected<int64_t> ProgramBuilder::peerOf(const sched::Action &action,
   return schedule.stageToRank[neighbour];
 }
 
+Location ProgramBuilder::nextLoc(Location cellLoc) {
+  if (!planned)
+    return cellLoc;
+  current = &planned->actions[rank][primitive];
+  auto fileLoc =
+      FileLineColLoc::get(builder.getContext(), file, rank + 1, primitive + 1);
+  std::string path = llvm::formatv("/ranks/{0}/actions/{1}", rank, primitive);
+  ++primitive;
+  return NameLoc::get(builder.getStringAttr(path), fileLoc);
+}
+
+llvm::Expected<Value> ProgramBuilder::namedSession(Location loc) {
+  if (!current || current->session.empty())
+    return Value();
+  if (Value session = sessions.lookup(current->session))
+    return session;
+  auto [stage, mb] = planned->sessions.at(current->session);
+  return errorAt(loc, llvm::formatv("names session {0} before rank {1} binds "
+                                    "it: the forward of stage {2} mb {3} "
+                                    "must come first, on this rank",
+                                    current->session, rank, stage, mb));
+}
+
 llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
                                  bool grouped) {
   using Kind = sched::ActionKind;
+  if (action.parts.empty())
+    loc = nextLoc(loc);
   IntegerAttr stage = index(action.stage), mb = index(action.microbatch);
+  llvm::Expected<Value> session =
+      action.parts.empty() ? namedSession(loc) : Value();
+  if (!session)
+    return session.takeError();
+  UnitAttr retain = flag(current && current->retainOnUnpack);
   switch (action.kind) {
   case Kind::Idle:
     builder.create<IdleOp>(loc);
     return llvm::Error::success();
-  case Kind::Forward:
-    builder.create<ForwardOp>(loc, builder.getType<HandleType>(), stage, mb,
-                              flag(grouped), /*no_checkpoint=*/UnitAttr());
+  case Kind::Forward: {
+    auto forward = builder.create<ForwardOp>(
+        loc, builder.getType<HandleType>(), stage, mb, flag(grouped),
+        /*no_checkpoint=*/flag(current && current->plain));
+    if (!planned)
+      return llvm::Error::success();
+    for (const auto &[id, key] : planned->sessions)
+      if (key == std::pair(action.stage, action.microbatch))
+        unbound.push_back({id, forward});
     return llvm::Error::success();
+  }
   case Kind::BackwardInput:
-    builder.create<BackwardInputOp>(loc, stage, mb, Value(), UnitAttr(),
+    builder.create<BackwardInputOp>(loc, stage, mb, *session, retain,
                                     flag(grouped));
     return llvm::Error::success();
   case Kind::BackwardWeight:
-    builder.create<BackwardWeightOp>(loc, stage, mb, Value(), UnitAttr(),
+    builder.create<BackwardWeightOp>(loc, stage, mb, *session, retain,
                                      flag(grouped));
     return llvm::Error::success();
   case Kind::Backward:
-    builder.create<BackwardOp>(loc, stage, mb, Value(), UnitAttr(),
-                               flag(grouped));
+    builder.create<BackwardOp>(loc, stage, mb, *session, retain, flag(grouped));
     return llvm::Error::success();
   case Kind::SendF:
   case Kind::RecvF:
@@ -143,14 +199,15 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     if (!peerRank)
       return peerRank.takeError();
     IntegerAttr peer = index(*peerRank);
+    IntegerAttr tag = action.tag ? index(*action.tag) : IntegerAttr();
     if (action.kind == Kind::SendF)
-      builder.create<SendFOp>(loc, stage, mb, peer, flag(grouped));
+      builder.create<SendFOp>(loc, stage, mb, peer, flag(grouped), tag);
     else if (action.kind == Kind::RecvF)
-      builder.create<RecvFOp>(loc, stage, mb, peer, flag(grouped));
+      builder.create<RecvFOp>(loc, stage, mb, peer, flag(grouped), tag);
     else if (action.kind == Kind::SendB)
-      builder.create<SendBOp>(loc, stage, mb, peer, flag(grouped));
+      builder.create<SendBOp>(loc, stage, mb, peer, flag(grouped), tag);
     else
-      builder.create<RecvBOp>(loc, stage, mb, peer, flag(grouped));
+      builder.create<RecvBOp>(loc, stage, mb, peer, flag(grouped), tag);
     return llvm::Error::success();
   }
   case Kind::Unshard:
@@ -177,9 +234,17 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     return llvm::Error::success();
   case Kind::Recompute:
   case Kind::Clear:
-    return errorAt(loc, "the schedule already holds planner actions "
-                        "(RECOMPUTE/CLEAR); give the schedule before "
-                        "planning");
+    if (!planned)
+      return errorAt(loc, "the schedule already holds planner actions "
+                          "(RECOMPUTE/CLEAR); give the schedule before "
+                          "planning");
+    if (!*session)
+      return errorAt(loc, "names no session");
+    if (action.kind == Kind::Recompute)
+      builder.create<RecomputeOp>(loc, *session);
+    else
+      builder.create<ClearOp>(loc, *session);
+    return llvm::Error::success();
   }
   llvm_unreachable("unknown action kind");
 }
@@ -187,11 +252,22 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
 llvm::Error ProgramBuilder::build(int rank) {
   MLIRContext *context = builder.getContext();
   StringAttr fileAttr = StringAttr::get(context, file);
+  this->rank = rank;
+  primitive = 0;
+  current = nullptr;
+  sessions.clear();
   for (auto [index, action] : llvm::enumerate(schedule.ranks[rank])) {
     int cell = action.sourceCell >= 0 ? action.sourceCell : index;
     Location loc = FileLineColLoc::get(fileAttr, rank + 1, cell + 1);
     if (llvm::Error error = emit(action, loc, /*grouped=*/false))
       return error;
+    // A plan's session is bound after its forward's cell (an overlapped pair
+    // stays adjacent), where hpr-assign-sessions puts it.
+    for (auto &[id, forward] : unbound)
+      sessions[id] = builder.create<SessionOp>(
+          forward.getLoc(), builder.getType<SessionType>(), forward.getHandle(),
+          builder.getStringAttr(id));
+    unbound.clear();
   }
   return llvm::Error::success();
 }
@@ -232,7 +308,8 @@ computeOrderOf(const sched::Schedule &schedule, int rank) {
 
 llvm::Expected<OwningOpRef<ModuleOp>> mlir::hpr::buildPlanModule(
     MLIRContext &context, const model::StagedModel &staged,
-    const sched::Schedule &schedule, llvm::StringRef scheduleFile) {
+    const sched::Schedule &schedule, llvm::StringRef scheduleFile,
+    const PlannedFacts *planned) {
   if (static_cast<int>(staged.stages.size()) != schedule.numStages)
     return llvm::createStringError(llvm::formatv(
         "{0}: the schedule has {1} stages but the model was split into {2}",
@@ -250,7 +327,7 @@ llvm::Expected<OwningOpRef<ModuleOp>> mlir::hpr::buildPlanModule(
       builder.getDenseI64ArrayAttr(llvm::SmallVector<int64_t>(
           schedule.stageToRank.begin(), schedule.stageToRank.end())));
   builder.setInsertionPointToStart(&scheduleOp.getBody().emplaceBlock());
-  ProgramBuilder programs(builder, schedule, scheduleFile);
+  ProgramBuilder programs(builder, schedule, scheduleFile, planned);
   for (int rank = 0; rank < schedule.numRanks; ++rank) {
     auto program = builder.create<ProgramOp>(
         loc, rank,

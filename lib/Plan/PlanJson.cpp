@@ -57,9 +57,11 @@ mlir::hpr::plan_json::lastConsumers(ProgramOp program) {
   return ops;
 }
 
-/// The message tag of a transfer: (sending stage, microbatch, direction),
-/// the same number at both ends.
+/// The message tag of a transfer: the one it was read with, else (sending
+/// stage, microbatch, direction), the same number at both ends.
 static int64_t messageTag(Operation *op, int64_t stage, int64_t microbatch) {
+  if (auto tag = op->getAttrOfType<IntegerAttr>("tag"))
+    return tag.getInt();
   bool forward = isa<SendFOp, RecvFOp>(op);
   int64_t sender = stage;
   if (isa<RecvFOp>(op))

@@ -14,7 +14,9 @@
 
 #include "ActionTable.h"
 
+#include <map>
 #include <set>
+#include <tuple>
 
 namespace mlir::hpr::sched {
 
@@ -110,6 +112,8 @@ private:
   void checkCoverage();
   void checkOrder();
   void checkComms();
+  void checkTags();
+  void checkReduceGrad();
 };
 
 bool Validator::checkShape() {
@@ -331,6 +335,95 @@ void Validator::checkComms() {
   });
 }
 
+void Validator::checkTags() {
+  const auto &owner = schedule.stageToRank;
+  const int S = schedule.numStages;
+  bool tagged = false;
+  forEachLoc([&](const Action &a, const Loc &) {
+    tagged |= isComm(a.kind) && a.tag.has_value();
+  });
+  if (!tagged)
+    return;
+  // (rank, peer, is a send, tag) -> the first transfer that uses it.
+  std::map<std::tuple<int, int, bool, int64_t>, Loc> used;
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    if (!isComm(a.kind))
+      return;
+    if (!a.tag) {
+      reportAt(loc, "no message tag, but other transfers of this schedule "
+                    "have one; a tagged schedule tags every transfer");
+      return;
+    }
+    bool isSend = a.kind == ActionKind::SendF || a.kind == ActionKind::SendB;
+    bool towardsNext =
+        a.kind == ActionKind::SendF || a.kind == ActionKind::RecvB;
+    int neighbour = a.stage + (towardsNext ? 1 : -1);
+    if (neighbour < 0 || neighbour >= S)
+      return; // reported by checkComms
+    auto [it, inserted] =
+        used.insert({{loc.rank, owner[neighbour], isSend, *a.tag}, loc});
+    if (!inserted)
+      reportAt(loc, "tag " + std::to_string(*a.tag) + " is already used by " +
+                        where(it->second) + ", another " +
+                        (isSend ? "send to" : "receive from") + " rank " +
+                        std::to_string(owner[neighbour]) +
+                        "; a receive takes the first message from its source "
+                        "with its tag, so tags must be unique per peer and "
+                        "direction");
+  });
+  // Both ends of a transfer carry the same tag.
+  for (int s = 0; s < S; ++s)
+    for (int mb = 0; mb < schedule.numMicrobatches; ++mb)
+      for (auto [sendSlot, recvSlot, peer] :
+           {std::tuple{SlotSendF, SlotRecvF, s + 1},
+            std::tuple{SlotSendB, SlotRecvB, s - 1}}) {
+        if (peer < 0 || peer >= S)
+          continue;
+        Loc send = locate(sendSlot, s, mb), recv = locate(recvSlot, peer, mb);
+        if (!send.valid() || !recv.valid())
+          continue;
+        const auto &sendTag = primitiveAt(send).tag,
+                   &recvTag = primitiveAt(recv).tag;
+        if (sendTag && recvTag && *sendTag != *recvTag)
+          reportAt(recv, "tag " + std::to_string(*recvTag) +
+                             " differs from tag " + std::to_string(*sendTag) +
+                             " of its send at " + where(send) +
+                             "; both ends of a transfer carry one tag");
+      }
+}
+
+void Validator::checkReduceGrad() {
+  std::vector<Loc> lastGradient(schedule.numStages),
+      reduced(schedule.numStages);
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    if (a.kind == ActionKind::BackwardWeight ||
+        a.kind == ActionKind::Backward) {
+      Loc &last = lastGradient[a.stage];
+      if (!last.valid() || last.before(loc))
+        last = loc;
+    }
+  });
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    if (a.kind != ActionKind::ReduceGrad)
+      return;
+    Loc &first = reduced[a.stage];
+    const Loc &last = lastGradient[a.stage];
+    if (first.valid())
+      reportAt(loc, "second REDUCE_GRAD of stage " + std::to_string(a.stage) +
+                        " (first at " + where(first) +
+                        "); gradients are reduced once per stage, or they "
+                        "are scaled twice");
+    else if (last.valid() && last.rank == loc.rank && loc.before(last))
+      reportAt(loc, "REDUCE_GRAD before " + where(last) +
+                        ", the last W or B of stage " +
+                        std::to_string(a.stage) +
+                        "; gradients are reduced once per stage, after its "
+                        "last W and B");
+    if (!first.valid())
+      first = loc;
+  });
+}
+
 /// OVERLAP_F_B is exactly a forward followed by one backward action (I, W or
 /// B), as PyTorch's runtime executes it.
 void Validator::checkComposites() {
@@ -362,8 +455,11 @@ Violations Validator::run() {
     indexActions();
     checkCoverage();
     checkOrder();
-    if (hasCommunication(schedule))
+    if (hasCommunication(schedule)) {
       checkComms();
+      checkTags();
+    }
+    checkReduceGrad();
     if (found.list.empty()) {
       auto sim = simulateSchedule(schedule, SimulationCosts(), /*fileName=*/"");
       if (!sim)

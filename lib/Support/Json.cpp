@@ -121,3 +121,94 @@ std::string mlir::hpr::quoteJson(const json &value) {
     text = text.substr(0, 37) + "...";
   return text;
 }
+
+using mlir::hpr::JsonFieldReader;
+
+llvm::Error JsonFieldReader::fail(const std::string &path,
+                                  const std::string &expected,
+                                  const json &got) const {
+  return llvm::createStringError(
+      llvm::formatv("{0}: {1}: expected {2}, got '{3}'", file,
+                    path.empty() ? "/" : path, expected,
+                    mlir::hpr::quoteJson(got))
+          .str());
+}
+
+llvm::Error JsonFieldReader::failMsg(const std::string &path,
+                                     const std::string &msg) const {
+  return llvm::createStringError(
+      llvm::formatv("{0}: {1}: {2}", file, path.empty() ? "/" : path, msg)
+          .str());
+}
+
+llvm::Expected<const json *> JsonFieldReader::find(const json &obj,
+                                                   const std::string &path,
+                                                   const char *key,
+                                                   bool required) const {
+  auto it = obj.find(key);
+  if (it != obj.end())
+    return &*it;
+  if (required)
+    return failMsg(path,
+                   llvm::formatv("missing required key '{0}'", key).str());
+  return nullptr;
+}
+
+llvm::Error JsonFieldReader::readString(const json &obj,
+                                        const std::string &path,
+                                        const char *key, std::string &out,
+                                        bool required) const {
+  llvm::Expected<const json *> value = find(obj, path, key, required);
+  if (!value || !*value)
+    return value.takeError();
+  if (!(*value)->is_string() || (*value)->get<std::string>().empty())
+    return fail(path + "/" + key, "a non-empty string", **value);
+  out = (*value)->get<std::string>();
+  return llvm::Error::success();
+}
+
+llvm::Error JsonFieldReader::readBool(const json &obj, const std::string &path,
+                                      const char *key, bool &out) const {
+  llvm::Expected<const json *> value = find(obj, path, key, false);
+  if (!value || !*value)
+    return value.takeError();
+  if (!(*value)->is_boolean())
+    return fail(path + "/" + key, "true or false", **value);
+  out = (*value)->get<bool>();
+  return llvm::Error::success();
+}
+
+llvm::Error JsonFieldReader::readInt(const json &obj, const std::string &path,
+                                     const char *key, int64_t &out,
+                                     bool required, int64_t low,
+                                     int64_t high) const {
+  llvm::Expected<const json *> value = find(obj, path, key, required);
+  if (!value || !*value)
+    return value.takeError();
+  const json &number = **value;
+  bool inRange = number.is_number_integer() &&
+                 !(number.is_number_unsigned() &&
+                   number.get<uint64_t>() > static_cast<uint64_t>(high)) &&
+                 number.get<int64_t>() >= low && number.get<int64_t>() <= high;
+  if (!inRange)
+    return fail(path + "/" + key,
+                llvm::formatv("an integer in [{0}, {1}]", low, high).str(),
+                number);
+  out = number.get<int64_t>();
+  return llvm::Error::success();
+}
+
+llvm::Error
+JsonFieldReader::checkKeys(const json &obj, const std::string &path,
+                           std::initializer_list<const char *> allowed) const {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (llvm::is_contained(allowed, it.key()))
+      continue;
+    std::string list;
+    for (const char *key : allowed)
+      list += (list.empty() ? "" : ", ") + std::string(key);
+    return failMsg(path + "/" + it.key(),
+                   "unknown key (expected one of: " + list + ")");
+  }
+  return llvm::Error::success();
+}

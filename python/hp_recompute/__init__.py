@@ -3,13 +3,14 @@
 One recompute session per (stage, microbatch) is replayed once -- before the backward
 or earlier (prefetch) -- shared by the dx and dw backwards, and cleared after its last
 consumer. See NOTE [ Recompute sessions ] in ``hp_recompute/checkpoint.py`` and
-``docs/python-api.md``.
+``docs/python-api.md``. ``make_plan`` and ``verify_plan`` run the C++ planner in process.
 """
 
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .errors import CheckpointError
 from .frame import RecomputeHandle
+from .planner import PlanError, make_plan, verify_plan
 from .sessions import (
     DEFAULT_SCOPE,
     SessionScope,
@@ -26,6 +27,7 @@ from .wrapper import checkpoint_wrapper
 __all__ = [
     "DEFAULT_SCOPE",
     "CheckpointError",
+    "PlanError",
     "RecomputeHandle",
     "backward_input",
     "backward_weight",
@@ -33,6 +35,7 @@ __all__ = [
     "checkpoint_wrapper",
     "clear_recompute_session",
     "live_sessions",
+    "make_plan",
     "recompute_handle",
     "recompute_handle_collector_ctx",
     "recompute_session_ctx",
@@ -40,4 +43,5 @@ __all__ = [
     "SessionScope",
     "session_stats",
     "stats",
+    "verify_plan",
 ]

@@ -175,6 +175,18 @@ class ForwardState:
 # -- streams (Rule 10) -------------------------------------------------------------------------
 
 
+def synchronize(device: torch.device) -> None:
+    """Waits for the work queued on ``device``: ``torch.accelerator`` where present, else its
+    device module; nothing to wait for on the CPU."""
+    if device.type == "cpu":
+        return
+    sync = getattr(getattr(torch, "accelerator", None), "synchronize", None)
+    if sync is not None:
+        sync(device)
+    else:
+        device_module(device.type).synchronize(device)
+
+
 def has_streams(device_type: str) -> bool:
     """Whether tensors of ``device_type`` run on streams a replay can be put on.
 

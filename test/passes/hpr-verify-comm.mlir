@@ -200,3 +200,208 @@ hpr.schedule "lost_rank" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
   hpr.program rank 1 {
   }
 }
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "send_before_its_producer" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    // expected-error @+1 {{rank 0, action 0 (0SEND_F0): send before the action that produces it (rank 0, action 1 (0F0))}}
+    hpr.send_f stage 0 mb 0 peer 1
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "receive_after_its_consumer" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    %h0 = hpr.forward stage 1 mb 0
+    // expected-error @+1 {{rank 1, action 1 (1RECV_F0): receive after the action that needs it (rank 1, action 0 (1F0))}}
+    hpr.recv_f stage 1 mb 0 peer 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "duplicate_tag_towards_one_peer" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1 tag 7
+    %h1 = hpr.forward stage 0 mb 1
+    // expected-error @+1 {{rank 0, action 3 (0SEND_F1): tag 7 is already used by rank 0, action 1 (0SEND_F0), another send to rank 1; a receive takes the first message from its source with its tag, so tags must be unique per peer and direction}}
+    hpr.send_f stage 0 mb 1 peer 1 tag 7
+    hpr.recv_b stage 0 mb 0 peer 1 tag 1
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 tag 3
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 tag 7
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0 tag 1
+    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): tag 7 is already used by rank 1, action 0 (1RECV_F0), another receive from rank 0}}
+    hpr.recv_f stage 1 mb 1 peer 0 tag 7
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0 tag 3
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "tags_of_one_transfer_differ" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1 tag 0
+    hpr.recv_b stage 0 mb 0 peer 1 tag 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): tag 4 differs from tag 0 of its send at rank 0, action 1 (0SEND_F0); both ends of a transfer carry one tag}}
+    hpr.recv_f stage 1 mb 0 peer 0 tag 4
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0 tag 1
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "untagged_transfer_among_tagged" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1 tag 0
+    hpr.recv_b stage 0 mb 0 peer 1 tag 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 tag 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    // expected-error @+1 {{rank 1, action 3 (1SEND_B0): no message tag, but other transfers of this schedule have one; a tagged schedule tags every transfer}}
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "reduce_grad_before_the_last_w" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward_input stage 0 mb 0
+    hpr.backward_weight stage 0 mb 0
+    // expected-error @+1 {{rank 0, action 7 (0REDUCE_GRAD): REDUCE_GRAD before rank 0, action 10 (0W1), the last W or B of stage 0; gradients are reduced once per stage, after its last W and B}}
+    hpr.reduce_grad stage 0
+    hpr.recv_b stage 0 mb 1 peer 1
+    hpr.backward_input stage 0 mb 1
+    hpr.backward_weight stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.recv_f stage 1 mb 1 peer 0
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+    hpr.reduce_grad stage 1
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "reduce_grad_twice" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+    hpr.reduce_grad stage 0
+    // expected-error @+1 {{rank 0, action 5 (0REDUCE_GRAD): second REDUCE_GRAD of stage 0 (first at rank 0, action 4 (0REDUCE_GRAD)); gradients are reduced once per stage, or they are scaled twice}}
+    hpr.reduce_grad stage 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}

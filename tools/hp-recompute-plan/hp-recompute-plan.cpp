@@ -9,11 +9,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Analysis/Timeline.h"
+#include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
 #include "hpr/Model/ModelFile.h"
 #include "hpr/Model/ModelJson.h"
 #include "hpr/Model/Partition.h"
 #include "hpr/Plan/BuildModule.h"
+#include "hpr/Plan/Diagnostics.h"
+#include "hpr/Plan/PlanImport.h"
 #include "hpr/Plan/PlanJson.h"
 #include "hpr/Plan/PlanSummary.h"
 #include "hpr/Plan/SummaryTable.h"
@@ -25,6 +28,7 @@
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/ScheduleFile.h"
 #include "hpr/Schedule/Validate.h"
+#include "hpr/Support/InputFile.h"
 #include "hpr/Support/OutputFile.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -72,7 +76,7 @@ cl::opt<std::string>
                        "balanced)"),
               cl::cat(category));
 
-enum class CheckpointPolicy { All, Model, None, Auto };
+using mlir::hpr::CheckpointPolicy;
 cl::opt<CheckpointPolicy> checkpointPolicy(
     "checkpoint", cl::desc("Which regions to checkpoint"),
     cl::values(clEnumValN(CheckpointPolicy::All, "all",
@@ -143,26 +147,17 @@ cl::opt<bool> printSummary("summary",
                            cl::desc("Also print the per-rank summary table"),
                            cl::cat(category));
 
+cl::opt<std::string> verifyPlanFile(
+    "verify",
+    cl::desc("Check a finished plan JSON against the runtime contract "
+             "(docs/runner.md) and exit: 0 admitted, 1 refused"),
+    cl::value_desc("plan.json"), cl::cat(category));
+
 /// The bundled default model (examples/gpt/gpt.model.json), compiled in.
 const char *const kDefaultModelJson =
 #include "DefaultModel.inc"
     ;
 } // namespace
-
-/// The `--checkpoint` spelling of `policy`, for the summary and the plan.
-static const char *checkpointPolicyName(CheckpointPolicy policy) {
-  switch (policy) {
-  case CheckpointPolicy::All:
-    return "all";
-  case CheckpointPolicy::Model:
-    return "model";
-  case CheckpointPolicy::None:
-    return "none";
-  case CheckpointPolicy::Auto:
-    return "auto";
-  }
-  return "all";
-}
 
 /// Reports `error`; returns exit code 2 for a usage error, else 1.
 static int fail(Error error) {
@@ -176,82 +171,6 @@ static int fail(Error error) {
 static int usageError(const Twine &message) {
   WithColor::error(errs(), "hp-recompute-plan") << message << "\n";
   return 2;
-}
-
-/// Parses `24GiB`, `512MB`, `1000`.
-static std::optional<int64_t> parseBytes(StringRef text) {
-  static const std::pair<StringRef, int64_t> suffixes[] = {
-      {"KiB", 1LL << 10},
-      {"MiB", 1LL << 20},
-      {"GiB", 1LL << 30},
-      {"TiB", 1LL << 40},
-      {"KB", 1000},
-      {"MB", 1000000},
-      {"GB", 1000000000},
-      {"TB", 1000000000000LL},
-      {"B", 1}};
-  int64_t scale = 1;
-  for (auto [suffix, factor] : suffixes)
-    if (text.consume_back(suffix)) {
-      scale = factor;
-      break;
-    }
-  int64_t value, bytes;
-  if (text.getAsInteger(10, value) || value < 0 ||
-      __builtin_mul_overflow(value, scale, &bytes))
-    return std::nullopt;
-  return bytes;
-}
-
-static Expected<sched::Schedule> loadSchedule(std::string &name) {
-  Expected<sched::Schedule> schedule =
-      scheduleFile.empty()
-          ? sched::generateSchedule(scheduleGen,
-                                    {ranks, microbatches, stagesPerRank})
-          : sched::readScheduleFile(scheduleFile, csvDialect);
-  name = scheduleFile.empty() ? "<" + scheduleGen + ">" : scheduleFile;
-  if (!schedule)
-    return schedule.takeError();
-  // Validated as written, so that "action K" in a message is cell K of the
-  // file; then send/recv are added where the file has none.
-  if (Error error = sched::validateSchedule(*schedule, name))
-    return error;
-  sched::lowerCommunication(*schedule);
-  return schedule;
-}
-
-static Expected<model::StagedModel> loadModel(int numStages, bool useDefault) {
-  if (modelFile.empty() && !useDefault)
-    return mlir::hpr::makeUniformModel(numStages);
-  Expected<model::ModelGraph> graph = [&]() -> Expected<model::ModelGraph> {
-    if (!modelFile.empty()) {
-      model::TorchScriptOptions options;
-      options.regionDepth = regionDepth;
-      options.inputDtype = inputDtype;
-      options.profile = profile;
-      if (!inputShape.empty()) {
-        auto shapes = model::parseShapeList(inputShape);
-        if (!shapes)
-          return shapes.takeError();
-        options.inputShapes = *shapes;
-      }
-      std::vector<std::string> warnings;
-      auto result = model::readModelFile(modelFile, options, &warnings);
-      for (const std::string &warning : warnings)
-        WithColor::warning(errs(), "hp-recompute-plan") << warning << "\n";
-      return result;
-    }
-    return model::parseModelJson(kDefaultModelJson, "<bundled gpt example>");
-  }();
-  if (!graph)
-    return graph.takeError();
-  // `auto` starts from every candidate; hpr-select-checkpoints chooses.
-  bool everything = checkpointPolicy == CheckpointPolicy::All ||
-                    checkpointPolicy == CheckpointPolicy::Auto;
-  if (everything || checkpointPolicy == CheckpointPolicy::None)
-    for (model::Region &region : graph->regions)
-      region.checkpoint = everything && region.checkpointable;
-  return model::partitionModel(*graph, numStages, stageSpec);
 }
 
 /// FILE.hpr.json beside `-o FILE.csv` (--emit torch-csv).
@@ -309,51 +228,29 @@ openOutputs() {
   return outputs;
 }
 
-/// Prints an MLIR diagnostic as `FILE:ROW:COL: error: message`, the form of
-/// every other error of the tool (locations are schedule cells; the module
-/// itself, at row 0, is the whole schedule and prints as the tool).
-static void printDiagnostic(mlir::Diagnostic &diag, raw_ostream &os) {
-  auto loc = dyn_cast<mlir::FileLineColLoc>(diag.getLocation());
-  if (loc && loc.getLine() > 0)
-    os << loc.getFilename().getValue() << ":" << loc.getLine() << ":"
-       << loc.getColumn() << ": ";
-  else
-    os << "hp-recompute-plan: ";
-  switch (diag.getSeverity()) {
-  case mlir::DiagnosticSeverity::Error:
-    os << "error: ";
-    break;
-  case mlir::DiagnosticSeverity::Warning:
-    os << "warning: ";
-    break;
-  case mlir::DiagnosticSeverity::Note:
-    os << "note: ";
-    break;
-  case mlir::DiagnosticSeverity::Remark:
-    os << "remark: ";
-    break;
-  }
-  os << diag << "\n";
-  for (mlir::Diagnostic &note : diag.getNotes())
-    printDiagnostic(note, os);
-}
-
-/// Parses `--prefetch` into `options`; false when malformed.
-static bool parsePrefetch(mlir::hpr::RecomputePipelineOptions &options) {
-  using mlir::hpr::RecomputePolicy;
-  StringRef text = prefetch;
-  if (text == "jit" || text == "bubble") {
-    options.policy =
-        text == "jit" ? RecomputePolicy::Jit : RecomputePolicy::Bubble;
-    return true;
-  }
-  unsigned distance;
-  if (text.consume_front("lookahead=") && !text.getAsInteger(10, distance)) {
-    options.policy = RecomputePolicy::Lookahead;
-    options.distance = distance;
-    return true;
-  }
-  return false;
+/// `--verify PLAN`: reads a plan JSON back into IR and runs the admission
+/// check every runtime runs (verifyPlan).
+static int verifyPlanMain() {
+  auto buffer = mlir::hpr::readInputFile(verifyPlanFile, "plan");
+  if (!buffer)
+    return fail(buffer.takeError());
+  mlir::DialectRegistry registry;
+  mlir::hpr::registerAllDialects(registry);
+  mlir::MLIRContext context(registry);
+  context.printOpOnDiagnostic(false);
+  mlir::ScopedDiagnosticHandler diagnostics(
+      &context, [](mlir::Diagnostic &diag) {
+        mlir::hpr::printDiagnostic(diag, errs(), "hp-recompute-plan");
+        return mlir::success();
+      });
+  auto module = mlir::hpr::importPlanJson(context, (*buffer)->getBuffer(),
+                                          verifyPlanFile);
+  if (!module)
+    return fail(module.takeError());
+  if (mlir::failed(mlir::hpr::verifyImportedPlan(**module)))
+    return 1;
+  outs() << verifyPlanFile << ": admitted\n";
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -380,7 +277,7 @@ int main(int argc, char **argv) {
   // refused by the output-file policy).
   for (cl::opt<std::string> *option :
        {&modelFile, &scheduleFile, &scheduleGen, &memoryBudget, &inputShape,
-        &inputDtype, &stageSpec, &prefetch})
+        &inputDtype, &stageSpec, &prefetch, &verifyPlanFile})
     if (option->getNumOccurrences() && option->empty())
       return usageError("--" + option->ArgStr +
                         ": expected a value, got an empty string");
@@ -391,28 +288,22 @@ int main(int argc, char **argv) {
   if (regionDepth < 0)
     return usageError("--region-depth: expected 0 or more, got " +
                       Twine(regionDepth));
+  if (verifyPlanFile.getNumOccurrences()) {
+    for (const auto &entry : cl::getRegisteredOptions())
+      if (entry.second != &verifyPlanFile &&
+          entry.second->getNumOccurrences() &&
+          llvm::is_contained(entry.second->Categories, &category))
+        return usageError("--verify checks a finished plan and takes no "
+                          "other option; --" +
+                          entry.second->ArgStr + " is given");
+    return verifyPlanMain();
+  }
   if (!scheduleFile.empty() && !scheduleGen.empty())
     return usageError("--schedule and --schedule-gen are exclusive");
   std::optional<int64_t> budget;
-  if (!memoryBudget.empty() && !(budget = parseBytes(memoryBudget)))
+  if (!memoryBudget.empty() && !(budget = mlir::hpr::parseBytes(memoryBudget)))
     return usageError("--memory-budget: expected bytes such as 24GiB, got '" +
                       memoryBudget + "'");
-  mlir::hpr::RecomputePipelineOptions pipelineOptions;
-  if (!parsePrefetch(pipelineOptions))
-    return usageError("--prefetch: expected jit, lookahead=K or bubble, got '" +
-                      prefetch + "'");
-  if (checkpointPolicy == CheckpointPolicy::Auto) {
-    if (!budget)
-      return usageError("--checkpoint auto needs --memory-budget");
-    pipelineOptions.select = mlir::hpr::CheckpointSelection::Auto;
-  }
-  // The schedule is validated before import (loadSchedule): the same rules
-  // hpr-verify-comm would check on the IR again.
-  pipelineOptions.checkSchedule = false;
-  // Otherwise the budget is a check of the finished plan.
-  if (budget && (checkpointPolicy == CheckpointPolicy::Auto ||
-                 pipelineOptions.policy == mlir::hpr::RecomputePolicy::Bubble))
-    pipelineOptions.budget = *budget;
 
   // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
   bool useDefault = scheduleFile.empty() && scheduleGen.empty();
@@ -468,113 +359,82 @@ int main(int argc, char **argv) {
   auto outputs = openOutputs();
   if (!outputs)
     return fail(outputs.takeError());
-  if (useDefault)
-    scheduleGen = "zbv";
+  mlir::hpr::PlanRequest request;
+  request.modelFile = modelFile;
+  if (useDefault) { // The bundled default: the GPT example on ZBV.
+    request.modelJsonText = kDefaultModelJson;
+    request.modelJsonName = "<bundled gpt example>";
+  }
+  request.regionDepth = regionDepth;
+  request.inputShape = inputShape;
+  request.inputDtype = inputDtype;
+  request.profile = profile;
+  request.stageSpec = stageSpec;
+  request.checkpoint = checkpointPolicy;
+  request.scheduleFile = scheduleFile;
+  request.scheduleGen = useDefault ? std::string("zbv") : scheduleGen;
+  request.ranks = ranks;
+  request.microbatches = microbatches;
+  request.stagesPerRank = stagesPerRank;
+  request.csvDialect = csvDialect;
+  request.prefetch = prefetch;
+  request.budget = budget;
 
   mlir::DefaultTimingManager timing;
   mlir::applyDefaultTimingManagerCLOptions(timing);
   mlir::TimingScope rootTimer = timing.getRootScope();
-
-  mlir::TimingScope importTimer = rootTimer.nest("import");
-  mlir::TimingScope scheduleTimer = importTimer.nest("schedule");
-  std::string scheduleName;
-  Expected<sched::Schedule> schedule = loadSchedule(scheduleName);
-  if (!schedule)
-    return fail(schedule.takeError());
-  scheduleTimer.stop();
-  mlir::TimingScope modelTimer = importTimer.nest("model");
-  Expected<model::StagedModel> staged =
-      loadModel(schedule->numStages, useDefault);
-  if (!staged)
-    return fail(staged.takeError());
-  modelTimer.stop();
-
   mlir::DialectRegistry registry;
   mlir::hpr::registerAllDialects(registry);
   mlir::MLIRContext context(registry);
-  // Import creates a location per schedule cell; uniquing a million of them
-  // is cheaper without the context's locks. Passes and export use threads.
-  context.disableMultithreading();
   // Diagnostics name the action; the op's generic form would repeat it (or,
   // for the module, print the whole plan).
   context.printOpOnDiagnostic(false);
-  mlir::ScopedDiagnosticHandler diagnostics(&context,
-                                            [](mlir::Diagnostic &diag) {
-                                              printDiagnostic(diag, errs());
-                                              return mlir::success();
-                                            });
-  auto module =
-      mlir::hpr::buildPlanModule(context, *staged, *schedule, scheduleName);
-  if (!module)
-    return fail(module.takeError());
-  importTimer.stop();
-  context.enableMultithreading();
-
-  // The module is verified once, as planned, rather than after every pass
-  // (a third of the run on large schedules); the importer builds from a
-  // validated schedule, and op verifiers still point at its cells. The
-  // structural verifier runs before hpr-verify, which assumes its invariants.
-  mlir::TimingScope passTimer = rootTimer.nest("passes");
-  mlir::PassManager planning(&context);
-  planning.enableVerifier(false);
-  planning.enableTiming(passTimer);
-  mlir::hpr::buildPlanningPasses(planning, pipelineOptions);
-  if (mlir::failed(planning.run(**module)))
-    return 1; // The passes have reported their diagnostics.
-  if (mlir::failed(mlir::verify(**module)))
+  bool diagnosed = false;
+  mlir::ScopedDiagnosticHandler diagnostics(
+      &context, [&](mlir::Diagnostic &diag) {
+        diagnosed = true;
+        mlir::hpr::printDiagnostic(diag, errs(), "hp-recompute-plan");
+        return mlir::success();
+      });
+  std::vector<std::string> warnings;
+  auto planned = mlir::hpr::runPlanner(context, request, rootTimer, &warnings);
+  for (const std::string &warning : warnings)
+    WithColor::warning(errs(), "hp-recompute-plan") << warning << "\n";
+  if (!planned) {
+    if (!diagnosed) // otherwise the passes have said what is wrong
+      return fail(planned.takeError());
+    consumeError(planned.takeError());
     return 1;
-  mlir::PassManager checking(&context);
-  checking.enableVerifier(false);
-  checking.enableTiming(passTimer);
-  mlir::hpr::nestOnPrograms(checking).addPass(mlir::hpr::createHPRVerify());
-  if (mlir::failed(checking.run(**module)))
-    return 1;
-  passTimer.stop();
-
-  mlir::TimingScope summaryTimer = rootTimer.nest("summary and simulation");
-  Expected<mlir::hpr::PlanSummary> summary = mlir::hpr::summarizePlan(**module);
-  if (!summary)
-    return fail(summary.takeError());
-  summaryTimer.stop();
-  if (budget)
-    for (auto [rank, rankSummary] : enumerate(summary->ranks))
-      if (rankSummary.peakBytes > *budget)
-        return fail(createStringError(
-            "plan exceeds --memory-budget: rank %zu needs %lld bytes of "
-            "activations, budget %lld",
-            rank, (long long)rankSummary.peakBytes, (long long)*budget));
+  }
+  mlir::ModuleOp module = *planned->module;
+  const mlir::hpr::PlanSummary *summary = &planned->summary;
 
   mlir::TimingScope exportTimer = rootTimer.nest("export");
-  const char *checkpointName = checkpointPolicyName(checkpointPolicy);
   auto write = [&](raw_ostream &os) -> Error {
     switch (emit) {
     case EmitKind::Summary:
-      os << "plan: model '" << staged->name << "', schedule '" << schedule->name
-         << "' (" << schedule->numRanks << " ranks, " << schedule->numStages
-         << " stages, " << schedule->numMicrobatches
+      os << "plan: model '" << planned->modelName << "', schedule '"
+         << planned->scheduleName << "' (" << planned->numRanks << " ranks, "
+         << planned->numStages << " stages, " << planned->numMicrobatches
          << " microbatches), prefetch " << prefetch << ", checkpoint "
-         << checkpointName << "\n";
+         << planned->options.checkpoint << "\n";
       mlir::hpr::printSummaryTable(*summary, os);
       break;
     case EmitKind::Json:
-      mlir::hpr::writePlanJson(**module, *summary,
-                               mlir::hpr::PlannerOptions{prefetch.getValue(),
-                                                         checkpointName, budget,
-                                                         "hp-recompute-plan"},
-                               os);
+      mlir::hpr::writePlanJson(module, *summary, planned->options, os);
       break;
     case EmitKind::Mlir:
-      (*module)->print(os);
+      module->print(os);
       break;
     case EmitKind::Csv:
-      os << sched::printScheduleCsv(
-          mlir::hpr::extractSchedule(**module).schedule, csvDialect);
+      os << sched::printScheduleCsv(mlir::hpr::extractSchedule(module).schedule,
+                                    csvDialect);
       break;
     case EmitKind::Trace:
       mlir::hpr::writeTraceJson(*summary, os);
       break;
     case EmitKind::Svg:
-      mlir::hpr::writeTimelineSvg(**module, *summary, os);
+      mlir::hpr::writeTimelineSvg(module, *summary, os);
       break;
     case EmitKind::TorchCsv:
       llvm_unreachable("two files, written below");
@@ -583,7 +443,7 @@ int main(int argc, char **argv) {
   };
   mlir::hpr::OutputFile &output = *outputs->front();
   if (emit == EmitKind::TorchCsv)
-    mlir::hpr::writeTorchCsv(**module, sys::path::filename(outputFile),
+    mlir::hpr::writeTorchCsv(module, sys::path::filename(outputFile),
                              output.os(), (*outputs)[1]->os());
   else if (Error error = write(output.os()))
     return fail(std::move(error));
@@ -601,6 +461,6 @@ int main(int argc, char **argv) {
   // a tenth of the run and frees nothing the process keeps.
   // Under ASan the module is freed, so LeakSanitizer checks everything else.
   if (!LLVM_ADDRESS_SANITIZER_BUILD)
-    (void)module->release();
+    (void)planned->module.release();
   return 0;
 }

@@ -15,6 +15,8 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 namespace mlir::hpr::model {
@@ -29,6 +31,11 @@ inline constexpr int kModelJsonVersion = 1;
 /// `FILE: /json/path: expected ..., got '...'`.
 llvm::Expected<ModelGraph> parseModelJson(llvm::StringRef text,
                                           llvm::StringRef file);
+
+/// Reads one region object (an element of `/regions`; the plan JSON's
+/// `/model/stages/S/regions` hold the same objects) at JSON path `path`.
+llvm::Error readRegionJson(const nlohmann::json &obj, const std::string &path,
+                           llvm::StringRef file, Region &region);
 
 /// Prints \p graph in the model JSON format (indented, trailing newline);
 /// parseModelJson reads it back to an equal graph.

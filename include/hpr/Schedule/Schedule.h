@@ -60,6 +60,12 @@ struct Action {
   /// lowerCommunication take the cell of the compute action they serve, so
   /// diagnostics after lowering still point at the file. Not part of ==.
   int sourceCell = -1;
+  /// A transfer's message tag, when the schedule names one (a plan JSON read
+  /// back: runtimes match a receive to the first message from its source
+  /// with its tag). Both ends of a transfer carry the same tag, and a rank's
+  /// tags towards one peer in one direction are distinct (Validate.h rule
+  /// 7). Not part of ==.
+  std::optional<int64_t> tag;
 
   bool operator==(const Action &other) const;
   bool operator!=(const Action &other) const { return !(*this == other); }

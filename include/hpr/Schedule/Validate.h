@@ -34,7 +34,15 @@ namespace mlir::hpr::sched {
 ///     exactly one SEND (after its producer) and one RECV (before its
 ///     consumer), and there are no other transfers;
 ///  6. the unit-time simulation finishes (no deadlock) — only checked when
-///     rules 1-5 hold.
+///     rules 1-5 and 7 hold;
+///  7. message tags, where transfers carry them (a plan read back): every
+///     transfer has one, both ends of a transfer agree, and a rank's sends to
+///     one peer (and its receives from one peer) all have different tags —
+///     a runtime matches a receive to the first message from its source with
+///     its tag;
+///  8. REDUCE_GRAD at most once per stage, after the stage's last W and B: an
+///     earlier one reduces gradients that later Ws still add to, a second one
+///     scales them twice.
 llvm::Error validateSchedule(const Schedule &schedule,
                              llvm::StringRef fileName);
 

@@ -37,6 +37,42 @@ std::string dumpJson(const Json &value, int indent = -1) {
   return value.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
+/// Reads fields of a parsed document with errors at their JSON path:
+/// `FILE: /json/path: expected WHAT, got 'VALUE'`. Shared by the model and
+/// plan readers; each reports the first violation it finds.
+class JsonFieldReader {
+public:
+  using json = nlohmann::json;
+  explicit JsonFieldReader(llvm::StringRef file) : file(file) {}
+
+  llvm::Error fail(const std::string &path, const std::string &expected,
+                   const json &got) const;
+  llvm::Error failMsg(const std::string &path, const std::string &msg) const;
+  /// The value of `key` in `obj`: null when absent and optional, an error
+  /// when absent and required.
+  llvm::Expected<const json *> find(const json &obj, const std::string &path,
+                                    const char *key, bool required) const;
+  /// A non-empty string.
+  llvm::Error readString(const json &obj, const std::string &path,
+                         const char *key, std::string &out,
+                         bool required) const;
+  /// true or false; `out` is left alone when the key is absent.
+  llvm::Error readBool(const json &obj, const std::string &path,
+                       const char *key, bool &out) const;
+  /// An integer in [low, high] (booleans are not integers).
+  llvm::Error readInt(const json &obj, const std::string &path, const char *key,
+                      int64_t &out, bool required, int64_t low,
+                      int64_t high) const;
+  /// Refuses keys outside `allowed`.
+  llvm::Error checkKeys(const json &obj, const std::string &path,
+                        std::initializer_list<const char *> allowed) const;
+
+  llvm::StringRef fileName() const { return file; }
+
+private:
+  std::string file;
+};
+
 } // namespace mlir::hpr
 
 #endif // HPR_SUPPORT_JSON_H

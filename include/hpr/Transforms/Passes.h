@@ -82,6 +82,14 @@ void buildPlanningPasses(OpPassManager &pm,
 void buildRecomputePipeline(OpPassManager &pm,
                             const RecomputePipelineOptions &options);
 
+/// The admission check of a finished plan, written by the planner or read
+/// back (hpr/Plan/PlanImport.h): MLIR's structural verifier (the op
+/// verifiers), hpr-verify-comm (the schedule rules: pairing, data flow, tags,
+/// REDUCE_GRAD, deadlock) and hpr-verify (the sessions). Diagnostics go to
+/// the context's handler; the CLI, hp-recompute-opt's pipeline and every
+/// runtime (through the Python bindings) run these same rules.
+LogicalResult verifyPlan(ModuleOp module);
+
 /// Registers `hpr-recompute-pipeline`, which refuses options it would not
 /// read (RecomputePipelineOptions::verify); the passes themselves are
 /// registered by the generated registerHPRPasses().

@@ -13,7 +13,7 @@ Rule 1 (what is checked). At construction, before any communication: the plan's 
   stages and microbatches match the stages given (``group_size``, ``num_stages``,
   ``n_microbatches``, this rank's stage indices), and every region the plan checkpoints
   exists in its stage's module (``regions.checkpoint_regions``). The plan itself is
-  checked by ``validate_plan`` (every rank's program, not only ours), so a broken plan is
+  checked by ``verify_plan`` (every rank's program, not only ours), so a broken plan is
   refused on every rank before the first step.
 
 Rule 2 (stage mapping). Stages are placed where the plan puts them
@@ -50,7 +50,7 @@ Rule 5 (gradient reduction). A ``reduce_grad`` action of the plan runs torch's
   ``perform_reduce_grad`` (FSDP post-backward, and the gradient scaling of
   ``scale_grads``); a stage whose program has none gets it right after its last ``W`` or
   ``B`` of the step, which is where torch's own lowering (``_add_reduce_grad``) puts it.
-  ``validate_plan`` refuses a plan whose ``reduce_grad`` comes before the stage's last
+  ``verify_plan`` refuses a plan whose ``reduce_grad`` comes before the stage's last
   ``W`` or ``B``, or twice (gradients scaled too early or twice: wrong, silently).
 
 Rule 6 (metadata inference). On the first step torch's stages infer their input and
@@ -74,7 +74,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from ..checkpoint import recompute_handle_collector_ctx
 from ..plan.reader import Action, Plan, RunError, load_plan, parse_plan
-from ..plan.check import validate_plan
+from ..plan.verify import verify_plan
 from ..sessions import SessionScope
 from .regions import checkpoint_regions, plain_forwards
 from .torch_csv import load_torch_csv
@@ -123,7 +123,7 @@ class PlannedSchedule(PipelineScheduleMulti):
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
         super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
         self.plan = _read_plan(plan)
-        validate_plan(self.plan)
+        verify_plan(self.plan)
         self._check_stages(n_microbatches)
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping

@@ -19,13 +19,16 @@ stages by region name, executes every rank's action list with the eager session 
 Exit 0 only when all of them hold. Multi-process mode spawns N processes (gloo, 127.0.0.1,
 free port, ``multiprocess``); under torchrun each process is one rank (``torchrun``);
 ``--single-process`` runs all ranks in this process with a ready-queue over ranks and
-in-memory transfers. Every mode refuses a broken plan first (``plan.check``). See
-docs/runner.md.
+in-memory transfers; with ``--device DEV`` (an accelerator, e.g. ``cuda``) it runs the
+model, the reference and the transfers there, synchronises the device around each timed
+step and reports the step's peak at the device allocator (``device_peak_bytes``). Every
+mode refuses a broken plan first (``plan.verify``, the C++ verifier). See docs/runner.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -38,11 +41,13 @@ import torch
 from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
                         sgd_update, sum_losses, updated_buffers)
 from .executor import MODES, MemoryTransport, RankExecutor
+from .memory import peak_meter
 from .model import DEFAULT_MODEL, StageSpec, load_model, split_stages, stage_names
 from ..factory import raised_at
 from ..output_files import STDOUT, OutputError, check_outputs, text_writer, write_outputs
-from ..plan.check import validate_plan
+from ..plan.verify import verify_plan
 from ..plan.reader import Plan, RunError, load_plan
+from ..replay_state import device_module, synchronize
 from ..sessions import reset_stats, stats
 
 __all__ = ["main", "run", "REPORT_FORMAT"]
@@ -76,6 +81,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "(for benchmarks: the last two do not check recomputes against the plan)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--quiet", action="store_true", help="print only errors")
+    p.add_argument("--device", default="cpu",
+                   help="with --single-process: run on this device (cuda, cuda:1, ...); default cpu")
     args = p.parse_args(argv)
     if not 1 <= args.steps <= MAX_STEPS:
         p.error(f"--steps must be in [1, {MAX_STEPS}], got {args.steps}")
@@ -90,7 +97,26 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     for flag, value in (("--plan", args.plan), ("--model", args.model)):
         if value == "":
             p.error(f"{flag}: an empty value")
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        p.error(f"--device: not a torch device: '{args.device}' (e.g. cpu, cuda, cuda:1)")
+    if device.type != "cpu" and not args.single_process:
+        p.error(f"--device {args.device} needs --single-process (the multi-process and torchrun ranks run on "
+                f"the CPU over gloo)")
     return args
+
+
+def _device(args: argparse.Namespace) -> torch.device:
+    """``--device``, checked to be usable on this machine (RunError otherwise)."""
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        return device
+    module = device_module(device.type)
+    if module is None or not getattr(module, "is_available", lambda: False)():
+        raise RunError(f"hp_recompute.run: --device {args.device}: no {device.type} device is available to torch "
+                       f"{torch.__version__}; run on a machine with one, or drop --device")
+    return device
 
 
 def expected_recomputes(plan: Plan, specs: Sequence[StageSpec]) -> int:
@@ -104,8 +130,9 @@ def expected_recomputes(plan: Plan, specs: Sequence[StageSpec]) -> int:
 def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     """All ranks in this process: a ready-queue over ranks, transfers as in-memory handoffs."""
     torch.set_num_threads(args.threads)
-    model = load_model(args.model)
-    ref = load_model(args.model)
+    device = _device(args)
+    model = load_model(args.model, device)
+    ref = load_model(args.model, device)
     ref.module.load_state_dict(model.module.state_dict())
     specs = split_stages(plan, model)
     ref_specs = split_stages(plan, ref)
@@ -125,22 +152,28 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
         buffers_before = buffer_snapshot(model.module)
         ref_buffers = buffer_snapshot(ref.module)
         reset_stats()
+        # On an accelerator its allocator counts the step's peak for free; the CPU's would
+        # need the profiler, which costs time (the multi-process runner profiles one step).
+        memory = peak_meter(device) if device.type != "cpu" else None
+        synchronize(device)
         t0 = time.perf_counter()
         try:
-            while not all(ex.done for ex in execs):
-                progressed = False
-                for ex in execs:
-                    while not ex.done and ex.ready():
-                        ex.step_one()
-                        progressed = True
-                if not progressed:
-                    blocked = "; ".join(f"rank {ex.rank} at action {ex.pc} ({ex.actions[ex.pc].describe()})"
-                                        for ex in execs if not ex.done)
-                    raise RunError(f"hp_recompute.run: deadlock: every rank waits for a transfer: {blocked}")
+            with memory if memory is not None else contextlib.nullcontext():
+                while not all(ex.done for ex in execs):
+                    progressed = False
+                    for ex in execs:
+                        while not ex.done and ex.ready():
+                            ex.step_one()
+                            progressed = True
+                    if not progressed:
+                        blocked = "; ".join(f"rank {ex.rank} at action {ex.pc} ({ex.actions[ex.pc].describe()})"
+                                            for ex in execs if not ex.done)
+                        raise RunError(f"hp_recompute.run: deadlock: every rank waits for a transfer: {blocked}")
         except BaseException:
             for ex in execs:
                 ex.sessions.clear_all()
             raise
+        synchronize(device)
         elapsed = time.perf_counter() - t0
         st = stats()
         # counted as a failure below; cleared so that they do not leak into the next step
@@ -157,11 +190,13 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
             "step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
             "recomputes": st["replays"] + native, "sessions_left": len(left), "step_time_s": elapsed,
             "ranks": [{"rank": ex.rank, "peak_bytes": None} for ex in execs],
+            "device_peak_bytes": memory.peak if memory is not None else None,
             "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
         })
         sgd_update(model.module, grads, names)
         sgd_update(ref.module, want, names)
-    return {"mode": "single-process", "exact": True, "specs": specs, "steps": steps, "model_name": model.name}
+    return {"mode": "single-process", "exact": True, "specs": specs, "steps": steps, "model_name": model.name,
+            "device": str(device)}
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -239,6 +274,9 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
         "median_step_time_s": median_s, "planned_step_time_us": planned_us,
         "measured_over_planned_step_time": (median_s * 1e6 / planned_us) if planned_us else None,
         "ranks": ranks, "error": None,
+        "device": result.get("device", "cpu"),
+        "device_peak_bytes": max((s["device_peak_bytes"] for s in steps if s.get("device_peak_bytes") is not None),
+                                 default=None),
     }
 
 
@@ -263,8 +301,9 @@ def _write(path: Optional[str], report: Dict[str, Any]) -> None:
 
 def _summary_lines(report: Dict[str, Any]) -> List[str]:
     lines = [f"hp_recompute.run: {report['schedule']['name']} {report['world_size']} ranks x "
-             f"{report['schedule']['num_microbatches']} microbatches, {report['steps']} step(s), {report['mode']}, "
-             f"model {report['model']}, checkpoint {report['checkpoint_mode']}",
+             f"{report['schedule']['num_microbatches']} microbatches, {report['steps']} step(s), {report['mode']}"
+             + (f" on {report['device']}" if report.get("device", "cpu") != "cpu" else "")
+             + f", model {report['model']}, checkpoint {report['checkpoint_mode']}",
              f"grads_match {str(report['grads_match']).lower()} ({report['comparison']}, max_abs_diff "
              f"{report['max_abs_diff']:.3g}), loss {report['loss']:.6f}",
              f"sessions {report['sessions']}, recomputes {report['recomputes']} (expected "
@@ -274,6 +313,8 @@ def _summary_lines(report: Dict[str, Any]) -> List[str]:
                  if len(report["profiled_steps"]) == report["steps"] else "") + (
                  f", simulated {report['planned_step_time_us'] / 1000:.1f} ms"
                  if report["planned_step_time_us"] else "")]
+    if report.get("device_peak_bytes") is not None:
+        lines.append(f"peak bytes at the {report['device']} allocator (all ranks): {report['device_peak_bytes']}")
     for r in report["ranks"]:
         if r["measured_peak_bytes"] is not None:
             busy = (f"; busy {r['busy_us'] / 1000:.1f} ms, simulated {r['planned_busy_us'] / 1000:.1f} ms"
@@ -294,7 +335,7 @@ def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 
     Under torchrun only rank 0 has the report; the other ranks return None."""
     plan = load_plan(args.plan)
-    validate_plan(plan)  # before any rank runs
+    verify_plan(plan)  # before any rank runs
     from .torchrun import run_torchrun, torchrun_rank  # imports torch.distributed only when needed
 
     if torchrun_rank() is not None:

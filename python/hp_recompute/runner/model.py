@@ -8,7 +8,8 @@ parameters it owns, so that a stage is "its regions in order" and each plan regi
 A model is a ``PipelineModel``. ``--model FILE.py:FACTORY`` may return one directly (any
 architecture), or an ``nn.Module`` that one of the adapters below recognises (the bundled
 GPT and MLP examples). The first region receives the microbatch as ``x``; the last one
-returns the scalar loss.
+returns the scalar loss. ``load_model(spec, device)`` puts the module and every batch on
+``device`` (``--device``, single-process runs).
 """
 
 from __future__ import annotations
@@ -25,12 +26,21 @@ import torch.nn.functional as F
 
 from ..factory import call_factory
 from ..plan.reader import Plan, RunError
+from ..replay_state import device_module
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
            "DEFAULT_MODEL", "region_seed"]
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DEFAULT_MODEL = os.path.join(_REPO, "examples", "gpt", "model.py")
+
+def _examples_dir() -> str:
+    """The bundled examples: package data of an installed hp_recompute, else the checkout's ``examples/``."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    installed = os.path.join(package, "examples")
+    return installed if os.path.isdir(installed) else os.path.join(os.path.dirname(os.path.dirname(package)),
+                                                                   "examples")
+
+
+DEFAULT_MODEL = os.path.join(_examples_dir(), "gpt", "model.py")
 
 RegionFn = Callable[[Any, Any], Any]
 
@@ -129,10 +139,48 @@ def adapt(obj: Any) -> PipelineModel:
                    f"hp_recompute.runner.model.PipelineModel from the factory (docs/runner.md)")
 
 
-def load_model(spec: Optional[str]) -> PipelineModel:
-    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``)."""
+def _on(device: torch.device, value: Any) -> Any:
+    """``value`` with every tensor in it (tuples, lists, dicts) moved to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on(device, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on(device, v) for k, v in value.items()}
+    return value
+
+
+def load_model(spec: Optional[str], device: Optional[torch.device] = None) -> PipelineModel:
+    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``).
+
+    With ``device`` (not the CPU), the module is moved there and ``make_batch`` puts each
+    microbatch there; batches are still drawn from a CPU generator, so they are the same
+    on every device.
+    """
     spec = spec or os.path.normpath(DEFAULT_MODEL) + ":build"
-    return adapt(call_factory(spec, "hp_recompute.run: --model", RunError))
+    model = adapt(call_factory(spec, "hp_recompute.run: --model", RunError))
+    if device is not None and torch.device(device).type != "cpu":
+        target = torch.device(device)
+        model.module.to(target)
+        make = model.make_batch
+        model.make_batch = lambda g: _on(target, make(g))
+    return model
+
+
+def _device_of(x: Any) -> Optional[torch.device]:
+    """The device of ``x`` (or of the first tensor of a tuple/list batch) when it is not the CPU."""
+    if isinstance(x, (tuple, list)):
+        x = next((v for v in x if isinstance(v, torch.Tensor)), None)
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return x.device
+    return None
+
+
+def _seed_device(device: torch.device, seed: int) -> None:
+    """Seeds the generator of ``device`` only (its device module, under its device context)."""
+    module = device_module(device.type)
+    with module.device(device):
+        module.manual_seed(seed)
 
 
 def region_seed(microbatch_seed: int, name: str) -> int:
@@ -155,13 +203,17 @@ class Unit:
         plain step, so one global stream would give dropout other masks in each. Seeding
         every region from (microbatch seed, region name) makes the masks a function of
         the region and the microbatch only, in the pipeline, in its replays (the replay
-        seeds again) and in the reference step alike. Only the CPU generator is seeded
-        (the runner runs on CPU; ``torch.manual_seed`` also visits every other device's
-        generator and costs 100x more).
+        seeds again) and in the reference step alike. The CPU generator is seeded, and
+        the generator of the device ``x`` is on when that is not the CPU (``--device``);
+        never through ``torch.manual_seed``, which visits every device's generator and
+        costs 100x more.
         """
         for region in self.regions:
             if seed is not None:
                 torch.default_generator.manual_seed(region_seed(seed, region.name))
+                device = _device_of(x)
+                if device is not None:
+                    _seed_device(device, region_seed(seed, region.name))
             x = region.fn(x, batch)
         return x
 

@@ -41,7 +41,7 @@ hpr.model "m" {
 // CHECK:       hpr.program rank 1 {
 // CHECK-NEXT:    hpr.recv_f stage 1 mb 0 peer 0
 // CHECK-NEXT:    hpr.forward stage 1 mb 0
-// CHECK-NEXT:    hpr.send_b stage 1 mb 0 peer 0
+// CHECK-NEXT:    hpr.send_b stage 1 mb 0 peer 0 tag 3
 hpr.schedule "all_ops" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
   hpr.program rank 0 {
     hpr.unshard stage 0
@@ -63,7 +63,7 @@ hpr.schedule "all_ops" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
   hpr.program rank 1 {
     hpr.recv_f stage 1 mb 0 peer 0
     %h = hpr.forward stage 1 mb 0
-    hpr.send_b stage 1 mb 0 peer 0
+    hpr.send_b stage 1 mb 0 peer 0 tag 3
   }
 }
 

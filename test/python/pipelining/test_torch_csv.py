@@ -21,7 +21,7 @@ pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distribu
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 from hand_plan import ROWS, hand_sidecar, write_torch_csv  # noqa: E402
 from hp_recompute.pipelining import load_torch_csv  # noqa: E402
-from hp_recompute.plan import RunError, validate_plan  # noqa: E402
+from hp_recompute.plan import RunError, verify_plan  # noqa: E402
 
 Side = Dict[str, Any]
 Pair = Tuple[List[List[str]], Side]
@@ -47,12 +47,12 @@ def _send_before_its_forward(rows: List[List[str]], side: Side) -> None:
 
 # case -> (edit, what the admission check says, the cell it names)
 REFUSED = {
-    "REDUCE_GRAD before the last W": (_reduce_before_the_last_w, "the last backward of stage 0; gradients are "
-                                      "reduced once per stage, after its last backward_weight or backward",
+    "REDUCE_GRAD before the last W": (_reduce_before_the_last_w, "the last W or B of stage 0; gradients are "
+                                      "reduced once per stage, after its last W and B",
                                       "1:7 ('0REDUCE_GRAD')"),
-    "REDUCE_GRAD twice": (_reduce_twice, "a second reduce_grad of stage 0 (the first is action 13)",
+    "REDUCE_GRAD twice": (_reduce_twice, "second REDUCE_GRAD of stage 0 (first at rank 0, action 13",
                           "1:11 ('0REDUCE_GRAD')"),
-    "a send before its forward": (_send_before_its_forward, "a send must come after its producer",
+    "a send before its forward": (_send_before_its_forward, "send before the action that produces it",
                                   "1:1 ('0SEND_F0')"),
 }
 
@@ -64,7 +64,7 @@ def _pair() -> Pair:
 def test_the_hand_pair_reads_and_passes(tmp_path: Path) -> None:
     csv_path, _ = write_torch_csv(tmp_path)
     plan = load_torch_csv(str(csv_path))
-    validate_plan(plan)
+    verify_plan(plan)
     assert not plan.tagged
 
 
@@ -76,9 +76,9 @@ def test_a_broken_csv_is_refused_naming_the_cell_and_the_rule(tmp_path: Path, ca
     csv_path, _ = write_torch_csv(tmp_path, rows, side)
     plan = load_torch_csv(str(csv_path))  # it reads: the cells are all well formed
     with pytest.raises(RunError) as info:
-        validate_plan(plan)
+        verify_plan(plan)
     text = str(info.value)
-    assert text.startswith(f"hp_recompute: plan {csv_path}: rank 0 action "), text
+    assert text.startswith(f"hp_recompute: plan {csv_path} is refused before any rank runs"), text
     assert f"{csv_path}:{cell}" in text and message in text
 
 

@@ -23,6 +23,12 @@ def _c(op: str, stage: int, mb: int, **kw: Any) -> Dict[str, Any]:
     return {"op": op, "stage": stage, "microbatch": mb, **kw}
 
 
+def _region(name: str, checkpoint: bool) -> Dict[str, Any]:
+    """A region with the costs plan JSON requires (docs/schemas/plan.schema.json)."""
+    return {"name": name, "checkpoint": checkpoint, "fwd_flops": 1000, "fwd_time_us": 1.0, "saved_bytes": 64,
+            "input_bytes": 16, "param_bytes": 32}
+
+
 def hand_plan() -> Plan:
     """The plan JSON (version 2)."""
     rank0 = [_c("forward", 0, 0), _t("send_f", 0, 0, 1, 0), _c("forward", 0, 1), _t("send_f", 0, 1, 1, 2),
@@ -38,8 +44,8 @@ def hand_plan() -> Plan:
     return {"format": "hp-recompute-plan", "version": 2,
             "schedule": {"name": "hand", "num_ranks": 2, "num_stages": 2, "num_microbatches": 2,
                          "stage_to_rank": [0, 1]},
-            "model": {"name": "hand", "stages": [{"stage": 0, "regions": [{"name": "a", "checkpoint": True}]},
-                                                 {"stage": 1, "regions": [{"name": "b", "checkpoint": False}]}]},
+            "model": {"name": "hand", "stages": [{"stage": 0, "regions": [_region("a", True)]},
+                                                 {"stage": 1, "regions": [_region("b", False)]}]},
             "sessions": [{"id": "s0.mb0", "stage": 0, "microbatch": 0, "rank": 0, "regions": ["a"]},
                          {"id": "s0.mb1", "stage": 0, "microbatch": 1, "rank": 0, "regions": ["a"]}],
             "ranks": [{"rank": 0, "actions": rank0}, {"rank": 1, "actions": rank1}]}

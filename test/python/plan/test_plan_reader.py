@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict
 import pytest
 
 from hand_plan import hand_plan
-from hp_recompute.plan import RunError, load_plan, parse_plan, validate_plan
+from hp_recompute.plan import RunError, load_plan, parse_plan, verify_plan
 
 REPO = Path(__file__).resolve().parents[3]
 Plan = Dict[str, Any]
@@ -75,7 +75,7 @@ CASES = {
 
 
 def test_the_hand_plan_is_valid() -> None:
-    validate_plan(parse_plan(hand_plan(), "p.json"))
+    verify_plan(parse_plan(hand_plan(), "p.json"))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -1,14 +1,17 @@
-"""The runtimes' admission check (``hp_recompute.plan.check``) on a catalogue of hand-broken plans.
+"""The runtimes' admission check (``hp_recompute.plan.verify``: the C++ verifier through the bindings)
+on a catalogue of hand-broken plans.
 
 Each case edits a real plan (ZBV, 2 ranks, 4 microbatches, the bundled GPT's costs) the
 way a hand edit or a bad tool would, and must be refused naming what is wrong; the
-unbroken plan passes. The runner refuses before starting any rank (exit 1, in seconds).
+unbroken plan passes. ``hp-recompute-plan --verify`` refuses it with the same lines, and
+the runner refuses it before starting any rank (exit 1, in seconds).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,8 +19,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from hp_recompute.plan import validate_plan
-from hp_recompute.plan import RunError, parse_plan
+from hp_recompute.plan import RunError, parse_plan, plan_problems, verify_plan
 from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, REPO, make_plan, run_cli
 
 sys.path.insert(0, str(REPO / "test" / "python" / "plan"))
@@ -88,19 +90,19 @@ def _tag_mismatch(p: Plan) -> None:
 
 CATALOGUE = {
     "graph freed by the dx": (_graph_freed_by_dx, "frees_graph must mark the last backward"),
-    "tags disagree": (_tag_mismatch, "no rank 1 receives it (with tag"),
-    "missing recompute": (_drop("recompute"), "before its recompute"),
-    "missing clear": (_drop("clear"), "has no clear of session"),
-    "missing dw": (_drop("backward_weight", rank=1), "clears the session before its last backward"),
-    "missing forward": (_drop("forward", rank=1), "runs before the forward"),
+    "tags disagree": (_tag_mismatch, "differs from tag"),
+    "missing recompute": (_drop("recompute"), "which is never recomputed before it"),
+    "missing clear": (_drop("clear"), "is never cleared: its recomputed tensors leak"),
+    "missing dw": (_drop("backward_weight", rank=1), "dx without dw"),
+    "missing forward": (_drop("forward", rank=1), "names session s1.mb0 before rank 1 binds it"),
     "session on the wrong rank": (_session_on_wrong_rank, "but stage 0 runs on rank 0"),
-    "consumer bound to another session": (_consumer_of_another_session, "which belongs to another stage"),
-    "duplicated forward": (_duplicate_forward, "a second forward of stage 0 mb 0"),
-    "receive without a send": (_drop("send_f", rank=0), "never sends it"),
-    "send without a receive": (_drop("recv_f", rank=1), "no rank 1 receives it"),
-    "send to its own rank": (_send_to_own_rank, "a transfer to or from its own rank"),
-    "deadlock": (_receive_before_anyone_can_send, "deadlock: every remaining rank waits"),
-    "dw before dx": (_weight_before_input, "backward_weight before its backward_input"),
+    "consumer bound to another session": (_consumer_of_another_session, "not to this action's stage"),
+    "duplicated forward": (_duplicate_forward, "second forward of stage 0, microbatch 0"),
+    "receive without a send": (_drop("send_f", rank=0), "no SEND_F after it"),
+    "send without a receive": (_drop("recv_f", rank=1), "no RECV_F before it"),
+    "send to its own rank": (_send_to_own_rank, "peer 0, but stage 1 runs on rank 1"),
+    "deadlock": (_receive_before_anyone_can_send, "deadlock"),
+    "dw before dx": (_weight_before_input, "dw before its dx"),
 }
 
 
@@ -160,17 +162,17 @@ def _release_before_the_last_consumer(p: Plan) -> None:
     acts[_first(p, 0, lambda a: a["op"] == "backward_input" and "session" in a)]["retain_on_unpack"] = False
 
 
-#: Rules 2 (retain), 3a, 5 and 6 of plan/check.py; each edit works on any plan with a dx/dw split on rank 0.
+#: The rules a hostile trial found missing (REDUCE_GRAD, tags, data flow, retain flags); each edit works on any
+#: plan with a dx/dw split on rank 0.
 FOUND_MISSING = {
-    "reduce_grad before the last W": (_reduce_before_last_w, "the last backward of stage 0; gradients are "
-                                                             "reduced once per stage"),
-    "reduce_grad twice": (_reduce_twice, "a second reduce_grad of stage 0"),
-    "duplicate tag": (_duplicate_tag, "is already used by action"),
-    "send before its forward": (_send_before_its_forward, "a send must come after its producer"),
-    "receive after its forward": (_receive_after_its_forward, "a receive must come before its consumer"),
-    "retain on the last consumer": (_retain_on_the_last_consumer, "retain_on_unpack is true on the last consumer"),
-    "release before the last consumer": (_release_before_the_last_consumer,
-                                         "retain_on_unpack is false on a consumer of session"),
+    "reduce_grad before the last W": (_reduce_before_last_w, "the last W or B of stage 0; gradients are reduced "
+                                                             "once per stage"),
+    "reduce_grad twice": (_reduce_twice, "second REDUCE_GRAD of stage 0"),
+    "duplicate tag": (_duplicate_tag, "is already used by rank 0"),
+    "send before its forward": (_send_before_its_forward, "send before the action that produces it"),
+    "receive after its forward": (_receive_after_its_forward, "receive after the action that needs it"),
+    "retain on the last consumer": (_retain_on_the_last_consumer, "but sets retain_on_unpack"),
+    "release before the last consumer": (_release_before_the_last_consumer, "does not set retain_on_unpack"),
 }
 SOURCES = ["hand"] + (["zbv"] if PLAN_TOOL.exists() else [])
 
@@ -179,29 +181,27 @@ SOURCES = ["hand"] + (["zbv"] if PLAN_TOOL.exists() else [])
 @pytest.mark.parametrize("case", sorted(FOUND_MISSING))
 def test_a_rule_the_trial_found_missing_is_enforced(request: pytest.FixtureRequest, source: str, case: str) -> None:
     plan = hand_plan() if source == "hand" else copy.deepcopy(request.getfixturevalue("zbv_plan"))
-    validate_plan(parse_plan(copy.deepcopy(plan), "p.json"))  # the unbroken plan passes
+    verify_plan(parse_plan(copy.deepcopy(plan), "p.json"))  # the unbroken plan passes
     edit, message = FOUND_MISSING[case]
     edit(plan)
     with pytest.raises(RunError) as info:
-        validate_plan(parse_plan(plan, "p.json"))
+        verify_plan(parse_plan(plan, "p.json"))
     assert message in str(info.value)
-    assert str(info.value).startswith("hp_recompute: plan p.json: rank ")
+    assert str(info.value).startswith("hp_recompute: plan p.json is refused before any rank runs")
 
 
 def test_the_deadlock_check_matches_messages_by_tag_as_the_transfer_check_does() -> None:
-    """Both match (kind, stage, mb, source, destination, tag): a plan the transfer check admits runs to its end."""
-    from hp_recompute.plan.check import _check_deadlock
-
+    """A message whose two ends carry different tags is refused, never simulated as delivered."""
     plan = hand_plan()
     for a in plan["ranks"][0]["actions"] + plan["ranks"][1]["actions"]:
         if a["op"] in ("send_f", "recv_f") and a["microbatch"] == 0:
             a["tag"] = 40 if a["op"] == "send_f" else 41  # a message whose receive waits on another tag
-    with pytest.raises(RunError, match="deadlock: every remaining rank waits"):
-        _check_deadlock(parse_plan(plan, "p.json"))
+    with pytest.raises(RunError, match="differs from tag 40 of its send"):
+        verify_plan(parse_plan(plan, "p.json"))
 
 
 def test_the_unbroken_plan_passes(zbv_plan: Plan) -> None:
-    validate_plan(parse_plan(copy.deepcopy(zbv_plan), "p.json"))
+    verify_plan(parse_plan(copy.deepcopy(zbv_plan), "p.json"))
 
 
 @pytest.mark.parametrize("case", sorted(CATALOGUE))
@@ -210,9 +210,9 @@ def test_a_broken_plan_is_refused_naming_the_problem(zbv_plan: Plan, case: str) 
     plan = copy.deepcopy(zbv_plan)
     edit(plan)
     with pytest.raises(RunError) as info:
-        validate_plan(parse_plan(plan, "p.json"))
+        verify_plan(parse_plan(plan, "p.json"))
     assert message in str(info.value)
-    assert str(info.value).startswith("hp_recompute: plan p.json: ")
+    assert str(info.value).startswith("hp_recompute: plan p.json is refused before any rank runs")
 
 
 @pytest.mark.parametrize("case", ["receive without a send", "deadlock"])
@@ -239,5 +239,22 @@ def test_the_runner_refuses_a_rule_the_trial_found_missing(tmp_path: Path, zbv_p
     path.write_text(json.dumps(plan))
     proc = run_cli("--plan", str(path), "--timeout", "120")
     assert proc.returncode == 1
-    assert f"hp_recompute: plan {path}: rank " in proc.stderr and message in proc.stderr
+    assert f"hp_recompute: plan {path} is refused before any rank runs" in proc.stderr and message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not PLAN_TOOL.exists(), reason="hp-recompute-plan is not built")
+@pytest.mark.parametrize("case", sorted(CATALOGUE) + sorted(FOUND_MISSING))
+def test_the_cli_verifier_names_the_same_rule(tmp_path: Path, zbv_plan: Plan, case: str) -> None:
+    """One verifier: ``hp-recompute-plan --verify`` prints exactly the lines the runtimes refuse with."""
+    edit, message = {**CATALOGUE, **FOUND_MISSING}[case]
+    plan = copy.deepcopy(zbv_plan)
+    edit(plan)
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(plan))
+    proc = subprocess.run([str(PLAN_TOOL), "--verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    cli_lines = [line.replace("hp-recompute-plan: error: ", "") for line in proc.stderr.splitlines()]
+    assert any(message in line for line in cli_lines)
+    runtime_lines = [line for problem in plan_problems(parse_plan(plan, str(path))) for line in problem.splitlines()]
+    assert cli_lines == [line.replace("hp_recompute: error: ", "") for line in runtime_lines]

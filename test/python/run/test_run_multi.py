@@ -74,7 +74,8 @@ def test_missing_send_is_refused_before_the_ranks_start(tmp_path: Path) -> None:
                    timeout=60)
     assert proc.returncode == 1
     assert time.monotonic() - start < 20
-    assert "rank 1 action 5 (recv_f stage 1 mb 1 peer 0): rank 0 never sends it" in proc.stderr
+    assert "/ranks/0/actions/2: error: rank 0, action 2 (0F1): no SEND_F after it (stage 1 is on rank 1)" \
+        in proc.stderr
 
 
 def test_plan_from_a_pipe_runs_on_every_rank(tmp_path: Path) -> None:

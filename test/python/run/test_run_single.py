@@ -90,7 +90,7 @@ def test_leaked_session_is_refused(tmp_path: Path) -> None:
     bad = edit_plan(plan, tmp_path / "leak.json", drop_first_clear)
     code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "r.json"))
     assert code == 1
-    assert report["ok"] is False and "has no clear of session s" in report["error"]
+    assert report["ok"] is False and "is never cleared: its recomputed tensors leak" in report["error"]
 
 
 MODEL_PY = '''
@@ -183,8 +183,8 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
     swapped = edit_plan(plan, tmp_path / "swapped.json", send_before_forward)
     code, report = run_inproc("--plan", str(swapped), "--single-process", "--report", str(tmp_path / "r.json"))
     assert code == 1
-    assert ("rank 0 action 0 (send_f stage 0 mb 0 peer 1): sends before action 1 (forward stage 0 mb 0) "
-            "produces what it sends; a send must come after its producer") in report["error"]
+    assert ("/ranks/0/actions/0: error: rank 0, action 0 (0SEND_F0): send before the action that produces it "
+            "(rank 0, action 1 (0F0))") in report["error"]
 
     # checkpoint: only false, only on a forward (actions 0, 2: forwards; 1: send_f), and
     # never on one whose microbatch has a session.
@@ -209,7 +209,8 @@ def test_deadlocked_plan_is_reported(tmp_path: Path) -> None:
     bad = edit_plan(plan, tmp_path / "dead.json", drop_second_send)
     code, report = run_inproc("--plan", str(bad), "--single-process", "--report", str(tmp_path / "r.json"))
     assert code == 1
-    assert "rank 1 action 5 (recv_f stage 1 mb 1 peer 0): rank 0 never sends it" in report["error"]
+    assert "/ranks/0/actions/2: error: rank 0, action 2 (0F1): no SEND_F after it (stage 1 is on rank 1)" \
+        in report["error"]
 
 
 def test_native_mode_counts_replays_per_step(tmp_path: Path) -> None:

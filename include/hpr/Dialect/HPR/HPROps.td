@@ -219,14 +219,19 @@ class HPR_CommOp<string mnemonic>
   let description = [{
     `peer` is the other rank. `batched` marks a transfer issued together
     with the next one (the legacy `0SEND_F0_1RECV_B0` cells: every part but
-    the last carries it).
+    the last carries it). `tag` is the message tag of a plan read back from
+    JSON (runtimes match a receive to the first message from its source with
+    its tag); planned modules leave it out and the plan JSON derives it.
+    `hpr-verify-comm` checks that both ends agree and that a rank's tags
+    towards one peer in one direction are distinct.
   }];
   let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
                        HPR_IndexAttr:$peer,
-                       UnitAttr:$batched);
+                       UnitAttr:$batched,
+                       OptionalAttr<HPR_IndexAttr>:$tag);
   let assemblyFormat = [{
     `stage` $stage `mb` $microbatch `peer` $peer (`batched` $batched^)?
-    attr-dict
+    (`tag` $tag^)? attr-dict
   }];
 }
 

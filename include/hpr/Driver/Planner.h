@@ -1,0 +1,86 @@
+//===- Planner.h - Import, plan, verify: the planner as one call -*- C++
+//-*-===//
+//
+// What `hp-recompute-plan` does between reading its flags and writing its
+// outputs, as a function: read the schedule and the model, build the hpr
+// module, run the planning passes, the structural verifier and hpr-verify,
+// and summarize. The CLI and the Python bindings (hp_recompute.plan) both
+// call it, so a plan made in process is the plan the CLI makes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef HPR_DRIVER_PLANNER_H
+#define HPR_DRIVER_PLANNER_H
+
+#include "hpr/Model/Model.h"
+#include "hpr/Plan/PlanJson.h"
+#include "hpr/Plan/PlanSummary.h"
+#include "hpr/Schedule/Schedule.h"
+#include "hpr/Schedule/ScheduleCsv.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+#include "mlir/Support/Timing.h"
+#include "llvm/Support/Error.h"
+
+#include <optional>
+#include <string>
+
+namespace mlir::hpr {
+
+/// Which regions to checkpoint (`--checkpoint`).
+enum class CheckpointPolicy { All, Model, None, Auto };
+
+/// The `--checkpoint` spelling of `policy`.
+const char *checkpointPolicyName(CheckpointPolicy policy);
+
+/// Everything the planner is asked (the CLI's flags, docs/cli.md).
+struct PlanRequest {
+  /// The model: a file (.pt2, .pt, .ir, .json), or JSON text with a name
+  /// for messages; with neither, every stage is one unit-cost checkpointed
+  /// region (a schedule alone).
+  std::string modelFile;
+  std::string modelJsonText, modelJsonName;
+  int regionDepth = 1;
+  std::string inputShape;
+  std::string inputDtype = "float32";
+  bool profile = false;
+  std::string stageSpec;
+  CheckpointPolicy checkpoint = CheckpointPolicy::All;
+
+  /// The schedule: a file (.csv, .json) or a generator with its sizes.
+  std::string scheduleFile;
+  std::string scheduleGen;
+  int ranks = 4, microbatches = 8, stagesPerRank = 0;
+  sched::CsvDialect csvDialect = sched::CsvDialect::Current;
+
+  /// Placement: jit, lookahead=K or bubble; the per-rank budget in bytes.
+  std::string prefetch = "jit";
+  std::optional<int64_t> budget;
+};
+
+/// A finished, verified plan.
+struct PlannedModule {
+  OwningOpRef<ModuleOp> module;
+  PlanSummary summary;
+  std::string modelName, scheduleName;
+  int numRanks = 0, numStages = 0, numMicrobatches = 0;
+  /// The `planner` member of its plan JSON.
+  PlannerOptions options;
+};
+
+/// Parses `24GiB`, `512MB`, `1000`; none when malformed or negative.
+std::optional<int64_t> parseBytes(llvm::StringRef text);
+
+/// Plans `request`. Bad requests are UsageErrors; unreadable inputs and
+/// plans over the budget are errors with their file and position. Pass and
+/// verifier diagnostics go to `context`'s handler, and the result is then an
+/// error saying the plan failed verification. `timing` nests the phases.
+llvm::Expected<PlannedModule> runPlanner(MLIRContext &context,
+                                         const PlanRequest &request,
+                                         TimingScope &timing,
+                                         std::vector<std::string> *warnings);
+
+} // namespace mlir::hpr
+
+#endif // HPR_DRIVER_PLANNER_H

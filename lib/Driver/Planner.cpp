@@ -1,0 +1,231 @@
+//===- Planner.cpp - Import, plan, verify: the planner as one call --------===//
+
+#include "hpr/Driver/Planner.h"
+
+#include "hpr/Model/ModelFile.h"
+#include "hpr/Model/ModelJson.h"
+#include "hpr/Model/Partition.h"
+#include "hpr/Model/TorchScriptImport.h"
+#include "hpr/Plan/BuildModule.h"
+#include "hpr/Schedule/Generators.h"
+#include "hpr/Schedule/Lowering.h"
+#include "hpr/Schedule/ScheduleFile.h"
+#include "hpr/Schedule/Validate.h"
+#include "hpr/Support/OutputFile.h"
+#include "hpr/Transforms/Passes.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+const char *mlir::hpr::checkpointPolicyName(CheckpointPolicy policy) {
+  switch (policy) {
+  case CheckpointPolicy::All:
+    return "all";
+  case CheckpointPolicy::Model:
+    return "model";
+  case CheckpointPolicy::None:
+    return "none";
+  case CheckpointPolicy::Auto:
+    return "auto";
+  }
+  return "all";
+}
+
+std::optional<int64_t> mlir::hpr::parseBytes(llvm::StringRef text) {
+  static const std::pair<llvm::StringRef, int64_t> suffixes[] = {
+      {"KiB", 1LL << 10},
+      {"MiB", 1LL << 20},
+      {"GiB", 1LL << 30},
+      {"TiB", 1LL << 40},
+      {"KB", 1000},
+      {"MB", 1000000},
+      {"GB", 1000000000},
+      {"TB", 1000000000000LL},
+      {"B", 1}};
+  int64_t scale = 1;
+  for (auto [suffix, factor] : suffixes)
+    if (text.consume_back(suffix)) {
+      scale = factor;
+      break;
+    }
+  int64_t value, bytes;
+  if (text.getAsInteger(10, value) || value < 0 ||
+      __builtin_mul_overflow(value, scale, &bytes))
+    return std::nullopt;
+  return bytes;
+}
+
+static llvm::Error usage(const llvm::Twine &message) {
+  return llvm::make_error<UsageError>(message.str());
+}
+
+/// Parses `prefetch` into `options`; false when malformed.
+static bool parsePrefetch(llvm::StringRef text,
+                          RecomputePipelineOptions &options) {
+  if (text == "jit" || text == "bubble") {
+    options.policy =
+        text == "jit" ? RecomputePolicy::Jit : RecomputePolicy::Bubble;
+    return true;
+  }
+  unsigned distance;
+  if (text.consume_front("lookahead=") && !text.getAsInteger(10, distance)) {
+    options.policy = RecomputePolicy::Lookahead;
+    options.distance = distance;
+    return true;
+  }
+  return false;
+}
+
+static llvm::Expected<sched::Schedule> loadSchedule(const PlanRequest &request,
+                                                    std::string &name) {
+  llvm::Expected<sched::Schedule> schedule =
+      request.scheduleFile.empty()
+          ? sched::generateSchedule(
+                request.scheduleGen,
+                {request.ranks, request.microbatches, request.stagesPerRank})
+          : sched::readScheduleFile(request.scheduleFile, request.csvDialect);
+  name = request.scheduleFile.empty() ? "<" + request.scheduleGen + ">"
+                                      : request.scheduleFile;
+  if (!schedule)
+    return schedule.takeError();
+  // Validated as written, so that "action K" in a message is cell K of the
+  // file; then send/recv are added where the file has none.
+  if (llvm::Error error = sched::validateSchedule(*schedule, name))
+    return error;
+  sched::lowerCommunication(*schedule);
+  return schedule;
+}
+
+static llvm::Expected<model::StagedModel>
+loadModel(const PlanRequest &request, int numStages,
+          std::vector<std::string> *warnings) {
+  bool fromText = !request.modelJsonText.empty();
+  if (request.modelFile.empty() && !fromText)
+    return makeUniformModel(numStages);
+  llvm::Expected<model::ModelGraph> graph =
+      [&]() -> llvm::Expected<model::ModelGraph> {
+    if (fromText)
+      return model::parseModelJson(request.modelJsonText,
+                                   request.modelJsonName);
+    model::TorchScriptOptions options;
+    options.regionDepth = request.regionDepth;
+    options.inputDtype = request.inputDtype;
+    options.profile = request.profile;
+    if (!request.inputShape.empty()) {
+      auto shapes = model::parseShapeList(request.inputShape);
+      if (!shapes)
+        return shapes.takeError();
+      options.inputShapes = *shapes;
+    }
+    return model::readModelFile(request.modelFile, options, warnings);
+  }();
+  if (!graph)
+    return graph.takeError();
+  // `auto` starts from every candidate; hpr-select-checkpoints chooses.
+  bool everything = request.checkpoint == CheckpointPolicy::All ||
+                    request.checkpoint == CheckpointPolicy::Auto;
+  if (everything || request.checkpoint == CheckpointPolicy::None)
+    for (model::Region &region : graph->regions)
+      region.checkpoint = everything && region.checkpointable;
+  return model::partitionModel(*graph, numStages, request.stageSpec);
+}
+
+llvm::Expected<PlannedModule>
+mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
+                      TimingScope &timing, std::vector<std::string> *warnings) {
+  if (!request.scheduleFile.empty() == !request.scheduleGen.empty())
+    return usage("give one schedule: a file (--schedule) or a generator "
+                 "(--schedule-gen)");
+  RecomputePipelineOptions pipeline;
+  if (!parsePrefetch(request.prefetch, pipeline))
+    return usage("--prefetch: expected jit, lookahead=K or bubble, got '" +
+                 request.prefetch + "'");
+  if (request.checkpoint == CheckpointPolicy::Auto) {
+    if (!request.budget)
+      return usage("--checkpoint auto needs --memory-budget");
+    pipeline.select = CheckpointSelection::Auto;
+  }
+  // The schedule is validated before import (loadSchedule): the same rules
+  // hpr-verify-comm would check on the IR again.
+  pipeline.checkSchedule = false;
+  // Otherwise the budget is a check of the finished plan.
+  if (request.budget && (request.checkpoint == CheckpointPolicy::Auto ||
+                         pipeline.policy == RecomputePolicy::Bubble))
+    pipeline.budget = *request.budget;
+
+  TimingScope importTimer = timing.nest("import");
+  TimingScope scheduleTimer = importTimer.nest("schedule");
+  PlannedModule planned;
+  llvm::Expected<sched::Schedule> schedule =
+      loadSchedule(request, planned.scheduleName);
+  if (!schedule)
+    return schedule.takeError();
+  scheduleTimer.stop();
+  TimingScope modelTimer = importTimer.nest("model");
+  llvm::Expected<model::StagedModel> staged =
+      loadModel(request, schedule->numStages, warnings);
+  if (!staged)
+    return staged.takeError();
+  modelTimer.stop();
+
+  // Import creates a location per schedule cell; uniquing a million of them
+  // is cheaper without the context's locks. Passes and export use threads.
+  bool threaded = context.isMultithreadingEnabled();
+  context.disableMultithreading();
+  auto module =
+      buildPlanModule(context, *staged, *schedule, planned.scheduleName);
+  if (threaded)
+    context.enableMultithreading();
+  if (!module)
+    return module.takeError();
+  importTimer.stop();
+
+  // The module is verified once, as planned, rather than after every pass
+  // (a third of the run on large schedules); the importer builds from a
+  // validated schedule, and op verifiers still point at its cells. The
+  // structural verifier runs before hpr-verify, which assumes its invariants.
+  TimingScope passTimer = timing.nest("passes");
+  PassManager planning(&context);
+  planning.enableVerifier(false);
+  planning.enableTiming(passTimer);
+  buildPlanningPasses(planning, pipeline);
+  PassManager checking(&context);
+  checking.enableVerifier(false);
+  checking.enableTiming(passTimer);
+  nestOnPrograms(checking).addPass(createHPRVerify());
+  if (failed(planning.run(**module)) || failed(mlir::verify(**module)) ||
+      failed(checking.run(**module)))
+    return llvm::createStringError(
+        planned.scheduleName +
+        ": the plan failed verification (diagnostics above)");
+  passTimer.stop();
+
+  TimingScope summaryTimer = timing.nest("summary and simulation");
+  llvm::Expected<PlanSummary> summary = summarizePlan(**module);
+  if (!summary)
+    return summary.takeError();
+  summaryTimer.stop();
+  if (request.budget)
+    for (auto [rank, rankSummary] : llvm::enumerate(summary->ranks))
+      if (rankSummary.peakBytes > *request.budget)
+        return llvm::createStringError(
+            "plan exceeds --memory-budget: rank %zu needs %lld bytes of "
+            "activations, budget %lld",
+            rank, (long long)rankSummary.peakBytes, (long long)*request.budget);
+
+  planned.module = std::move(*module);
+  planned.summary = std::move(*summary);
+  planned.modelName = staged->name;
+  planned.numRanks = schedule->numRanks;
+  planned.numStages = schedule->numStages;
+  planned.numMicrobatches = schedule->numMicrobatches;
+  planned.scheduleName = schedule->name;
+  planned.options =
+      PlannerOptions{request.prefetch, checkpointPolicyName(request.checkpoint),
+                     request.budget, "hp-recompute-plan"};
+  return planned;
+}

@@ -1,0 +1,467 @@
+//===- PlanImport.cpp - Plan JSON -> hpr IR -------------------------------===//
+//
+// The plan's actions become a schedule (RECOMPUTE and CLEAR included) plus
+// the facts only a plan has (PlannedFacts), and buildPlanModule turns both
+// into IR, as it does for a schedule file. What a plan may get wrong is left
+// to verifyPlan; this file refuses only what the IR cannot express.
+//
+//===----------------------------------------------------------------------===//
+
+#include "hpr/Plan/PlanImport.h"
+
+#include "PlanJsonParts.h"
+
+#include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Model/ModelJson.h"
+#include "hpr/Plan/BuildModule.h"
+#include "hpr/Support/Json.h"
+#include "hpr/Transforms/Passes.h"
+
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/FormatVariadic.h"
+
+using namespace mlir;
+using namespace mlir::hpr;
+using json = nlohmann::json;
+using Kind = sched::ActionKind;
+
+namespace {
+/// The largest sizes a plan may declare; real plans are far below.
+constexpr int64_t kMaxCount = 1 << 20;
+/// The plan JSON member kept on an imported op until verifyImportedPlan.
+constexpr llvm::StringLiteral kFreesGraph = "frees_graph";
+
+class PlanReader : public JsonFieldReader {
+public:
+  using JsonFieldReader::JsonFieldReader;
+
+  llvm::Error read(const json &doc);
+
+  model::StagedModel staged;
+  sched::Schedule schedule;
+  PlannedFacts facts;
+  /// freesGraph[r][k]: action k of rank r says `frees_graph`.
+  std::vector<std::vector<bool>> freesGraph;
+
+private:
+  llvm::Error readSchedule(const json &doc);
+  llvm::Error readModel(const json &doc);
+  llvm::Error readSessions(const json &doc);
+  llvm::Error readRank(const json &actions, int rank);
+  llvm::Error readAction(const json &obj, const std::string &path, int rank,
+                         int index, sched::Action &action, bool &overlap,
+                         bool &batched);
+  /// `obj` at `path` must be an object (or an array with `array`).
+  llvm::Error expectKind(const json &obj, const std::string &path,
+                         bool array) const {
+    if (array ? obj.is_array() : obj.is_object())
+      return llvm::Error::success();
+    return fail(path, array ? "an array" : "an object", obj);
+  }
+};
+} // namespace
+
+llvm::Error PlanReader::readSchedule(const json &doc) {
+  llvm::Expected<const json *> found = find(doc, "", "schedule", true);
+  if (!found)
+    return found.takeError();
+  const json &obj = **found;
+  if (auto err = expectKind(obj, "/schedule", false))
+    return err;
+  int64_t ranks, stages, microbatches;
+  if (auto err = readString(obj, "/schedule", "name", schedule.name, false))
+    return err;
+  if (auto err =
+          readInt(obj, "/schedule", "num_ranks", ranks, true, 1, kMaxCount))
+    return err;
+  if (auto err =
+          readInt(obj, "/schedule", "num_stages", stages, true, 1, kMaxCount))
+    return err;
+  if (auto err = readInt(obj, "/schedule", "num_microbatches", microbatches,
+                         true, 1, kMaxCount))
+    return err;
+  schedule.numRanks = static_cast<int>(ranks);
+  schedule.numStages = static_cast<int>(stages);
+  schedule.numMicrobatches = static_cast<int>(microbatches);
+  llvm::Expected<const json *> map =
+      find(obj, "/schedule", "stage_to_rank", true);
+  if (!map)
+    return map.takeError();
+  if (!(*map)->is_array() || (*map)->size() != static_cast<size_t>(stages))
+    return fail("/schedule/stage_to_rank",
+                llvm::formatv("an array of {0} ranks", stages).str(), **map);
+  for (size_t stage = 0; stage < (*map)->size(); ++stage) {
+    const json &rank = (**map)[stage];
+    if (!rank.is_number_integer() || rank.get<int64_t>() < 0 ||
+        rank.get<int64_t>() >= ranks)
+      return fail(llvm::formatv("/schedule/stage_to_rank/{0}", stage).str(),
+                  llvm::formatv("a rank in [0, {0})", ranks).str(), rank);
+    schedule.stageToRank.push_back(static_cast<int>(rank.get<int64_t>()));
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error PlanReader::readModel(const json &doc) {
+  llvm::Expected<const json *> found = find(doc, "", "model", true);
+  if (!found)
+    return found.takeError();
+  const json &obj = **found;
+  if (auto err = expectKind(obj, "/model", false))
+    return err;
+  if (auto err = readString(obj, "/model", "name", staged.name, false))
+    return err;
+  llvm::Expected<const json *> stages = find(obj, "/model", "stages", true);
+  if (!stages)
+    return stages.takeError();
+  if (!(*stages)->is_array() ||
+      (*stages)->size() != static_cast<size_t>(schedule.numStages))
+    return fail(
+        "/model/stages",
+        llvm::formatv("an array of {0} stages", schedule.numStages).str(),
+        **stages);
+  for (size_t index = 0; index < (*stages)->size(); ++index) {
+    std::string path = llvm::formatv("/model/stages/{0}", index).str();
+    const json &stage = (**stages)[index];
+    if (auto err = expectKind(stage, path, false))
+      return err;
+    int64_t number;
+    if (auto err = readInt(stage, path, "stage", number, true, index, index))
+      return err;
+    llvm::Expected<const json *> regions = find(stage, path, "regions", true);
+    if (!regions)
+      return regions.takeError();
+    if (!(*regions)->is_array() || (*regions)->empty())
+      return fail(path + "/regions", "a non-empty array of regions", **regions);
+    model::Stage &out = staged.stages.emplace_back();
+    out.index = static_cast<int>(index);
+    for (size_t r = 0; r < (*regions)->size(); ++r)
+      if (auto err = model::readRegionJson(
+              (**regions)[r], llvm::formatv("{0}/regions/{1}", path, r).str(),
+              fileName(), out.regions.emplace_back()))
+        return err;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Error PlanReader::readSessions(const json &doc) {
+  llvm::Expected<const json *> found = find(doc, "", "sessions", false);
+  if (!found || !*found)
+    return found.takeError();
+  if (auto err = expectKind(**found, "/sessions", true))
+    return err;
+  std::map<std::pair<int, int>, std::string> byKey;
+  for (size_t index = 0; index < (*found)->size(); ++index) {
+    std::string path = llvm::formatv("/sessions/{0}", index).str();
+    const json &obj = (**found)[index];
+    if (auto err = expectKind(obj, path, false))
+      return err;
+    std::string id;
+    int64_t stage, microbatch, rank = -1;
+    if (auto err = readString(obj, path, "id", id, true))
+      return err;
+    if (auto err =
+            readInt(obj, path, "stage", stage, true, 0, schedule.numStages - 1))
+      return err;
+    if (auto err = readInt(obj, path, "microbatch", microbatch, true, 0,
+                           schedule.numMicrobatches - 1))
+      return err;
+    if (auto err =
+            readInt(obj, path, "rank", rank, false, 0, schedule.numRanks - 1))
+      return err;
+    int owner = schedule.stageToRank[stage];
+    if (rank >= 0 && rank != owner)
+      return failMsg(path + "/rank",
+                     llvm::formatv("session {0} is on rank {1}, but stage {2} "
+                                   "runs on rank {3}",
+                                   id, rank, stage, owner)
+                         .str());
+    if (facts.sessions.count(id))
+      return failMsg(path + "/id", "a second session with id " + id);
+    auto [it, inserted] = byKey.insert(
+        {{static_cast<int>(stage), static_cast<int>(microbatch)}, id});
+    if (!inserted)
+      return failMsg(path, llvm::formatv("a second session of stage {0} mb {1} "
+                                         "(the first is {2})",
+                                         stage, microbatch, it->second)
+                               .str());
+    facts.sessions[id] = it->first;
+  }
+  return llvm::Error::success();
+}
+
+static std::optional<Kind> kindOf(llvm::StringRef op) {
+  return llvm::StringSwitch<std::optional<Kind>>(op)
+      .Case("forward", Kind::Forward)
+      .Case("backward_input", Kind::BackwardInput)
+      .Case("backward_weight", Kind::BackwardWeight)
+      .Case("backward", Kind::Backward)
+      .Case("recompute", Kind::Recompute)
+      .Case("clear", Kind::Clear)
+      .Case("send_f", Kind::SendF)
+      .Case("recv_f", Kind::RecvF)
+      .Case("send_b", Kind::SendB)
+      .Case("recv_b", Kind::RecvB)
+      .Case("unshard", Kind::Unshard)
+      .Case("reshard", Kind::Reshard)
+      .Case("reduce_grad", Kind::ReduceGrad)
+      .Case("idle", Kind::Idle)
+      .Default(std::nullopt);
+}
+
+llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
+                                   int rank, int index, sched::Action &action,
+                                   bool &overlap, bool &batched) {
+  if (auto err = expectKind(obj, path, false))
+    return err;
+  if (auto err = checkKeys(obj, path,
+                           {"op", "stage", "microbatch", "session",
+                            "retain_on_unpack", "frees_graph", "peer", "tag",
+                            "overlap", "batched", "checkpoint"}))
+    return err;
+  std::string op;
+  if (auto err = readString(obj, path, "op", op, true))
+    return err;
+  std::optional<Kind> kind = kindOf(op);
+  if (!kind)
+    return fail(path + "/op",
+                "one of forward backward_input backward_weight backward "
+                "recompute clear send_f recv_f send_b recv_b unshard reshard "
+                "reduce_grad idle",
+                obj["op"]);
+  action.kind = *kind;
+  action.sourceCell = index;
+  PlannedAction &planned = facts.actions[rank].emplace_back();
+  bool frees = false;
+  freesGraph[rank].push_back(false);
+  int64_t value;
+  if (*kind != Kind::Idle) {
+    if (auto err =
+            readInt(obj, path, "stage", value, true, 0, schedule.numStages - 1))
+      return err;
+    action.stage = static_cast<int>(value);
+    if (schedule.stageToRank[action.stage] != rank)
+      return failMsg(path + "/stage",
+                     llvm::formatv("stage {0} runs on rank {1} "
+                                   "(/schedule/stage_to_rank), not on rank {2}",
+                                   action.stage,
+                                   schedule.stageToRank[action.stage], rank)
+                         .str());
+  }
+  if (*kind != Kind::Idle && !sched::hasNoMicrobatch(*kind)) {
+    if (auto err = readInt(obj, path, "microbatch", value, true, 0,
+                           schedule.numMicrobatches - 1))
+      return err;
+    action.microbatch = static_cast<int>(value);
+  }
+  if (sched::isComm(*kind)) {
+    int64_t peer;
+    if (auto err =
+            readInt(obj, path, "peer", peer, true, 0, schedule.numRanks - 1))
+      return err;
+    bool towardsNext = *kind == Kind::SendF || *kind == Kind::RecvB;
+    int neighbour = action.stage + (towardsNext ? 1 : -1);
+    if (neighbour >= 0 && neighbour < schedule.numStages &&
+        schedule.stageToRank[neighbour] != peer)
+      return failMsg(path + "/peer",
+                     llvm::formatv("peer {0}, but stage {1} runs on rank {2}",
+                                   peer, neighbour,
+                                   schedule.stageToRank[neighbour])
+                         .str());
+    if (obj.contains("tag")) {
+      if (auto err = readInt(obj, path, "tag", value, true, 0, INT64_MAX))
+        return err;
+      action.tag = value;
+    }
+    if (auto err = readBool(obj, path, "batched", batched))
+      return err;
+  }
+  bool consumer = *kind == Kind::BackwardInput ||
+                  *kind == Kind::BackwardWeight || *kind == Kind::Backward;
+  if (consumer || *kind == Kind::Recompute || *kind == Kind::Clear) {
+    bool sessionAction = !consumer;
+    if (sessionAction || obj.contains("session")) {
+      if (auto err = readString(obj, path, "session", planned.session, true))
+        return err;
+      auto it = facts.sessions.find(planned.session);
+      if (it == facts.sessions.end())
+        return fail(path + "/session", "an id listed in /sessions",
+                    obj["session"]);
+      if (it->second != std::pair(action.stage, action.microbatch))
+        return failMsg(path + "/session",
+                       llvm::formatv("session {0} belongs to stage {1} mb "
+                                     "{2}, not to this action's stage {3} mb "
+                                     "{4}",
+                                     planned.session, it->second.first,
+                                     it->second.second, action.stage,
+                                     action.microbatch)
+                           .str());
+    }
+    if (consumer && !planned.session.empty()) {
+      if (auto err =
+              readBool(obj, path, "retain_on_unpack", planned.retainOnUnpack))
+        return err;
+    }
+    if (consumer)
+      if (auto err = readBool(obj, path, "frees_graph", frees))
+        return err;
+  }
+  freesGraph[rank].back() = frees;
+  if (*kind == Kind::Forward) {
+    bool checkpoint = true;
+    if (auto err = readBool(obj, path, "checkpoint", checkpoint))
+      return err;
+    planned.plain = !checkpoint;
+  }
+  return readBool(obj, path, "overlap", overlap);
+}
+
+llvm::Error PlanReader::readRank(const json &actions, int rank) {
+  std::vector<sched::Action> &program = schedule.ranks.emplace_back();
+  facts.actions.emplace_back();
+  freesGraph.emplace_back();
+  // Composites are rebuilt from the flags: an overlapped forward and the
+  // action after it (OVERLAP_F_B); a run of batched transfers and the one
+  // that ends it (a legacy combined cell).
+  std::optional<sched::Action> open;
+  for (size_t index = 0; index < actions.size(); ++index) {
+    std::string path =
+        llvm::formatv("/ranks/{0}/actions/{1}", rank, index).str();
+    bool overlap = false, batched = false;
+    std::optional<sched::Action> action(std::in_place);
+    if (auto err =
+            readAction(actions[index], path, rank, static_cast<int>(index),
+                       *action, overlap, batched))
+      return err;
+    Kind group = open ? open->kind : Kind::Idle;
+    if (open && group == Kind::OverlapFB) {
+      if (!overlap || action->kind == Kind::Forward)
+        return failMsg(path, "expected the backward half of the overlapped "
+                             "forward before it (\"overlap\": true)");
+      open->parts.push_back(std::move(*action));
+      program.push_back(std::move(*open));
+      open.reset();
+      continue;
+    }
+    if (open && group == Kind::BatchedComm) {
+      if (!sched::isComm(action->kind))
+        return failMsg(path, "expected a transfer: the one before it is "
+                             "\"batched\" with the next");
+      open->parts.push_back(std::move(*action));
+      if (!batched) {
+        program.push_back(std::move(*open));
+        open.reset();
+      }
+      continue;
+    }
+    if (overlap || batched) {
+      if (overlap && action->kind != Kind::Forward)
+        return failMsg(path + "/overlap",
+                       "an overlapped pair starts with its forward");
+      open.emplace();
+      open->kind = overlap ? Kind::OverlapFB : Kind::BatchedComm;
+      open->sourceCell = static_cast<int>(index);
+      open->parts.push_back(std::move(*action));
+      continue;
+    }
+    program.push_back(std::move(*action));
+  }
+  if (open)
+    return failMsg(llvm::formatv("/ranks/{0}/actions", rank).str(),
+                   "the last action is \"overlap\" or \"batched\" with an "
+                   "action that does not follow");
+  return llvm::Error::success();
+}
+
+llvm::Error PlanReader::read(const json &doc) {
+  if (auto err = expectKind(doc, "", false))
+    return err;
+  std::string format;
+  if (auto err = readString(doc, "", "format", format, true))
+    return err;
+  if (format != "hp-recompute-plan")
+    return fail("/format", "\"hp-recompute-plan\"", doc["format"]);
+  int64_t version;
+  if (auto err = readInt(doc, "", "version", version, true, 0, INT64_MAX))
+    return err;
+  if (version == 1)
+    return failMsg("/version",
+                   "plan version 1 does not say where graphs are freed or "
+                   "how messages are tagged; write the plan again with "
+                   "hp-recompute-plan --emit json");
+  if (version != 2)
+    return fail("/version", "2", doc["version"]);
+  if (auto err = readSchedule(doc))
+    return err;
+  if (auto err = readModel(doc))
+    return err;
+  if (auto err = readSessions(doc))
+    return err;
+  llvm::Expected<const json *> ranks = find(doc, "", "ranks", true);
+  if (!ranks)
+    return ranks.takeError();
+  if (!(*ranks)->is_array() ||
+      (*ranks)->size() != static_cast<size_t>(schedule.numRanks))
+    return fail("/ranks",
+                llvm::formatv("an array of {0} ranks", schedule.numRanks).str(),
+                **ranks);
+  for (int rank = 0; rank < schedule.numRanks; ++rank) {
+    std::string path = llvm::formatv("/ranks/{0}", rank).str();
+    const json &obj = (**ranks)[rank];
+    if (auto err = expectKind(obj, path, false))
+      return err;
+    llvm::Expected<const json *> actions = find(obj, path, "actions", true);
+    if (!actions)
+      return actions.takeError();
+    if (auto err = expectKind(**actions, path + "/actions", true))
+      return err;
+    if (auto err = readRank(**actions, rank))
+      return err;
+  }
+  return llvm::Error::success();
+}
+
+llvm::Expected<OwningOpRef<ModuleOp>>
+mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
+                          llvm::StringRef fileName) {
+  llvm::Expected<json> doc = parseJson(text, fileName);
+  if (!doc)
+    return doc.takeError();
+  PlanReader reader(fileName);
+  if (auto err = reader.read(*doc))
+    return err;
+  auto module = buildPlanModule(context, reader.staged, reader.schedule,
+                                fileName, &reader.facts);
+  if (!module)
+    return module.takeError();
+  // The member is kept on its op for verifyImportedPlan, which judges it
+  // once the plan is otherwise sound.
+  for (ProgramOp program :
+       getSchedule(**module).getBody().getOps<ProgramOp>()) {
+    size_t index = 0;
+    for (Operation &op : program.getBody().getOps())
+      if (isa<ActionOpInterface>(op) &&
+          reader.freesGraph[program.getRank()][index++])
+        op.setAttr(kFreesGraph, UnitAttr::get(&context));
+  }
+  return module;
+}
+
+LogicalResult mlir::hpr::verifyImportedPlan(ModuleOp module) {
+  if (failed(verifyPlan(module)))
+    return failure();
+  // `frees_graph` marks exactly the last backward of each (stage, mb): the
+  // one place that decides it is the exporter's lastConsumers.
+  bool sound = true;
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>()) {
+    llvm::DenseSet<Operation *> last = plan_json::lastConsumers(program);
+    for (Operation &op : program.getBody().getOps())
+      if (isa<ActionOpInterface>(op) &&
+          op.hasAttr(kFreesGraph) != last.contains(&op)) {
+        op.emitError() << describeAction(&op)
+                       << ": frees_graph must mark the last backward of a "
+                          "stage and microbatch, and only it";
+        sound = false;
+      }
+  }
+  return success(sound);
+}

@@ -1,0 +1,99 @@
+"""The C++ planner from Python, in process: ``make_plan`` and ``verify_plan``.
+
+Why in process and not through the CLI: a training script or a notebook plans for the
+model and schedule it has at hand, and wants the plan as data and the planner's
+diagnostics as an exception, not a subprocess and a temporary file. Both calls run the
+C++ code of ``hp-recompute-plan`` through the extension ``hp_recompute._planner``
+(``mlir::hpr::runPlanner`` and the admission check ``verifyImportedPlan``): the same
+import, passes and verifier, so a plan made here is byte for byte the one the CLI writes
+(docs/python-api.md, "The planner from Python").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Union
+
+from .plan.reader import RunError, parse_plan, read_json
+from .plan.verify import _planner, plan_problems
+
+__all__ = ["PlanError", "make_plan", "verify_plan"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+CHECKPOINT_POLICIES = ("all", "model", "none", "auto")
+
+
+class PlanError(RunError):
+    """The planner refused: ``problems`` holds its diagnostics, one line each, located at a file
+    position, a schedule cell (``FILE:ROW:COL``) or a plan action (``FILE: /ranks/R/actions/K``)."""
+
+    def __init__(self, problems: List[str]) -> None:
+        super().__init__("hp_recompute: " + "\n".join(problems))
+        self.problems = list(problems)
+
+
+def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str] = None,
+              model: Optional[PathLike] = None, ranks: int = 4, microbatches: int = 8, stages_per_rank: int = 0,
+              checkpoint: str = "all", prefetch: str = "jit", memory_budget: Optional[int] = None,
+              stages: str = "") -> Dict[str, Any]:
+    """Plans a schedule for a model, as ``hp-recompute-plan ... --emit json`` does, and returns the plan.
+
+    Args:
+        schedule: a schedule file (torch pipelining CSV or JSON); or
+        schedule_gen: a built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, dualpipev)
+            sized by ``ranks``, ``microbatches`` and ``stages_per_rank`` (0: the schedule's own).
+        model: a model file (``.pt2`` or model JSON; TorchScript ``.pt``/``.ir`` need LibTorch
+            and are read by the CLI only); None plans the schedule alone (unit-cost stages).
+        checkpoint: ``all``, ``model``, ``none`` or ``auto`` (needs ``memory_budget``).
+        prefetch: ``jit``, ``lookahead=K`` or ``bubble``.
+        memory_budget: per-rank activation bytes (what ``auto`` and ``bubble`` fit within).
+        stages: an explicit stage split such as ``0:0-3,1:4-7``.
+
+    Returns:
+        The plan JSON (docs/plan-format.md) as a dict; runtimes take it as ``plan=``.
+
+    Raises:
+        PlanError: bad input, a schedule that breaks its rules, or a plan over the budget,
+            with the planner's located diagnostics.
+
+    Example:
+        >>> plan = hp_recompute.make_plan(schedule_gen="zbv", ranks=2, microbatches=4,
+        ...                               model="gpt.model.json", prefetch="bubble")
+        >>> plan["summary"]["recomputes"]
+    """
+    if (schedule is None) == (schedule_gen is None):
+        raise PlanError(["usage: give one schedule: a file (schedule=) or a generator (schedule_gen=)"])
+    if checkpoint not in CHECKPOINT_POLICIES:
+        raise PlanError([f"usage: checkpoint: expected one of {', '.join(CHECKPOINT_POLICIES)}, got '{checkpoint}'"])
+    if model is not None and os.fspath(model).endswith((".pt", ".ir")):
+        raise PlanError([f"usage: {os.fspath(model)}: a TorchScript model is read by the CLI only "
+                         f"(hp-recompute-plan --model ...), which loads LibTorch in its own process"])
+    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
+                                      or memory_budget < 0):
+        raise PlanError([f"usage: memory_budget: expected bytes (an int >= 0), got {memory_budget!r}"])
+    text, problems = _planner().plan(None if schedule is None else os.fspath(schedule), schedule_gen,
+                                     None if model is None else os.fspath(model), ranks, microbatches,
+                                     stages_per_rank, checkpoint, prefetch, memory_budget, stages)
+    if problems:
+        raise PlanError(problems)
+    return json.loads(text)
+
+
+def verify_plan(plan: Union[PathLike, Dict[str, Any]]) -> None:
+    """Runs the admission check every runtime runs before any rank does; raises ``PlanError`` if it fails.
+
+    Args:
+        plan: a plan JSON file, or a plan as a dict (``make_plan``'s result, edited or not).
+
+    Example:
+        >>> hp_recompute.verify_plan("plan.json")  # as hp-recompute-plan --verify plan.json
+    """
+    if isinstance(plan, dict):
+        parsed = parse_plan(plan, "<plan>")
+    else:
+        path = os.fspath(plan)
+        parsed = parse_plan(read_json(path, "plan"), path)
+    problems = plan_problems(parsed)
+    if problems:
+        raise PlanError(problems)

@@ -1,0 +1,110 @@
+"""The planner from Python (``hp_recompute.make_plan`` / ``verify_plan``, the ``_planner`` extension)
+against the CLI binary: the same plans, the same refusals, the same lines.
+
+The CLI is the independent side here: a separate process built from the same sources by CMake
+(build/), where the extension comes from the package's own build (pip install -e .).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hp_recompute as hr
+from plan_cli import PLAN_TOOL, REPO, plan_json, run_plan
+
+GPT = str(REPO / "examples" / "gpt" / "gpt.model.json")
+pytestmark = pytest.mark.skipif(not PLAN_TOOL.exists(), reason="hp-recompute-plan is not built")
+
+CASES = {
+    "zbv bubble, costed model": (dict(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT, prefetch="bubble"),
+                                 ["--schedule-gen", "zbv", "--ranks", "2", "--microbatches", "4", "--model", GPT,
+                                  "--prefetch", "bubble"]),
+    "1f1b auto under a budget": (dict(schedule_gen="1f1b", ranks=4, model=GPT, checkpoint="auto",
+                                      memory_budget=1447056, prefetch="bubble"),
+                                 ["--schedule-gen", "1f1b", "--ranks", "4", "--model", GPT, "--checkpoint", "auto",
+                                  "--memory-budget", "1447056", "--prefetch", "bubble"]),
+    "dualpipev lookahead, schedule alone": (dict(schedule_gen="dualpipev", ranks=4, microbatches=8,
+                                                 prefetch="lookahead=2"),
+                                            ["--schedule-gen", "dualpipev", "--ranks", "4", "--microbatches", "8",
+                                             "--prefetch", "lookahead=2"]),
+    "a torch CSV schedule file": (dict(schedule=str(REPO / "test" / "inputs" / "schedules" / "pytorch-zbv-5x11.csv")),
+                                  ["--schedule", str(REPO / "test" / "inputs" / "schedules" / "pytorch-zbv-5x11.csv")]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_make_plan_is_the_plan_the_cli_writes(case: str) -> None:
+    kwargs, flags = CASES[case]
+    assert hr.make_plan(**kwargs) == plan_json(*flags)
+
+
+def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_does(tmp_path: Path) -> None:
+    plan = hr.make_plan(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT)
+    hr.verify_plan(plan)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(plan))
+    hr.verify_plan(path)
+    broken = copy.deepcopy(plan)
+    broken["ranks"][0]["actions"].insert(2, {"op": "reduce_grad", "stage": 0})
+    path.write_text(json.dumps(broken))
+    with pytest.raises(hr.PlanError) as info:
+        hr.verify_plan(path)
+    proc = run_plan("--verify", str(path), check=False)
+    assert proc.returncode == 1
+    assert info.value.problems == proc.stderr.splitlines()
+    assert "REDUCE_GRAD before rank 0, action" in info.value.problems[0]
+
+
+@pytest.mark.parametrize("kwargs,line", [
+    (dict(schedule_gen="zbv", schedule="x.csv"), "usage: give one schedule"),
+    (dict(), "usage: give one schedule"),
+    (dict(schedule_gen="zbv", checkpoint="some"), "usage: checkpoint: expected one of all, model, none, auto"),
+    (dict(schedule_gen="zbv", checkpoint="auto"), "usage: --checkpoint auto needs --memory-budget"),
+    (dict(schedule_gen="zbv", prefetch="soon"), "usage: --prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
+    (dict(schedule_gen="zbv", memory_budget=-1), "usage: memory_budget: expected bytes (an int >= 0), got -1"),
+    (dict(schedule_gen="zbv", model="gpt.pt"), "usage: gpt.pt: a TorchScript model is read by the CLI only"),
+    (dict(schedule_gen="nosuch"), "nosuch: unknown schedule: expected one of gpipe"),
+    (dict(schedule="/nonexistent/s.csv"), "/nonexistent/s.csv: cannot read schedule file"),
+    (dict(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT, memory_budget=1000),
+     "plan exceeds --memory-budget: rank 0 needs"),
+])
+def test_a_refused_request_names_what_is_wrong(kwargs: dict, line: str) -> None:
+    with pytest.raises(hr.PlanError) as info:
+        hr.make_plan(**kwargs)
+    assert any(line in problem for problem in info.value.problems), info.value.problems
+
+
+def test_a_schedule_that_breaks_its_rules_is_located_at_its_cell(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0F0,0B0\n1B0,1F0\n")
+    with pytest.raises(hr.PlanError) as info:
+        hr.make_plan(schedule=str(bad))
+    proc = run_plan("--schedule", str(bad), check=False)
+    assert proc.returncode == 1
+    assert f"{bad}: rank 1, action 0 (1B0)" in str(info.value)
+    assert str(info.value).replace("hp_recompute: ", "") in proc.stderr
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "hp-recompute-plan").exists(),
+                    reason="the package is not installed in this interpreter's environment")
+def test_the_console_commands_are_the_tools() -> None:
+    """pip's entry points exec the installed tools: same output, same exit codes."""
+    tool = str(Path(sys.executable).parent / "hp-recompute-plan")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    installed = subprocess.run([tool, "--schedule-gen", "zbv", "--ranks", "2"], capture_output=True, text=True,
+                               env=env)
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout == run_plan("--schedule-gen", "zbv", "--ranks", "2").stdout
+    usage = subprocess.run([tool, "--ranks", "0", "--schedule-gen", "zbv", "--bogus"], capture_output=True,
+                           text=True, env=env)
+    assert usage.returncode == 2
+    opt = subprocess.run([str(Path(sys.executable).parent / "hp-recompute-opt"), "--version"], capture_output=True,
+                         text=True, env=env)
+    assert opt.returncode == 0 and "LLVM" in opt.stdout
