@@ -16,7 +16,7 @@ import os
 from typing import Any, Dict, List, Optional, Union
 
 from .plan.reader import RunError, parse_plan, read_json
-from .plan.verify import _planner, plan_problems
+from .plan.verify import plan_problems, planner_extension
 
 __all__ = ["PlanError", "make_plan", "verify_plan"]
 
@@ -72,7 +72,7 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
     if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
                                       or memory_budget < 0):
         raise PlanError([f"usage: memory_budget: expected bytes (an int >= 0), got {memory_budget!r}"])
-    text, problems = _planner().plan(None if schedule is None else os.fspath(schedule), schedule_gen,
+    text, problems = planner_extension().plan(None if schedule is None else os.fspath(schedule), schedule_gen,
                                      None if model is None else os.fspath(model), ranks, microbatches,
                                      stages_per_rank, checkpoint, prefetch, memory_budget, stages)
     if problems:

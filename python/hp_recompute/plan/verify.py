@@ -14,23 +14,24 @@ from __future__ import annotations
 
 import json
 import re
+from types import ModuleType
 from typing import List
 
 from .reader import Plan, RunError
 
-__all__ = ["verify_plan", "plan_problems"]
+__all__ = ["plan_problems", "planner_extension", "verify_plan"]
 
 _ACTION_PATH = re.compile(r"/ranks/(\d+)/actions/(\d+)")
 
 
-def _planner():  # type: ignore[no-untyped-def]
-    """The extension module; a clear error where the package was not built."""
+def planner_extension() -> ModuleType:
+    """The extension module ``hp_recompute._planner``; a clear error where the package was not installed."""
     try:
         from .. import _planner as planner
     except ImportError as error:  # a checkout without a build, or a foreign platform
         raise RunError("hp_recompute: the planner extension hp_recompute._planner is missing "
-                       f"({error}); install the package (pip install .) or build the checkout "
-                       "(bash scripts/build.sh)") from None
+                       f"({error}); install the package (pip install ., or in a checkout bash "
+                       "scripts/setup.sh, which installs it into .venv)") from None
     return planner
 
 
@@ -40,7 +41,7 @@ def plan_problems(plan: Plan) -> List[str]:
     An action of a plan read from a torch CSV is named by the CSV cell it came from as
     well (``Plan.origin``). An empty list admits the plan.
     """
-    problems = _planner().verify_plan(json.dumps(plan.raw), plan.path)
+    problems = planner_extension().verify_plan(json.dumps(plan.raw), plan.path)
     origin = plan.origin
     if origin is None:
         return list(problems)
