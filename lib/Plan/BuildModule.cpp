@@ -173,11 +173,8 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     auto forward = builder.create<ForwardOp>(
         loc, builder.getType<HandleType>(), stage, mb, flag(grouped),
         /*no_checkpoint=*/flag(current && current->plain));
-    if (!planned)
-      return llvm::Error::success();
-    for (const auto &[id, key] : planned->sessions)
-      if (key == std::pair(action.stage, action.microbatch))
-        unbound.push_back({id, forward});
+    if (current && !current->binds.empty())
+      unbound.push_back({current->binds, forward});
     return llvm::Error::success();
   }
   case Kind::BackwardInput:

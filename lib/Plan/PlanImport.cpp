@@ -42,6 +42,8 @@ public:
   PlannedFacts facts;
   /// freesGraph[r][k]: action k of rank r says `frees_graph`.
   std::vector<std::vector<bool>> freesGraph;
+  /// (stage, microbatch) -> the id of its session.
+  std::map<std::pair<int, int>, std::string> sessionOf;
 
 private:
   llvm::Error readSchedule(const json &doc);
@@ -149,7 +151,6 @@ llvm::Error PlanReader::readSessions(const json &doc) {
     return found.takeError();
   if (auto err = expectKind(**found, "/sessions", true))
     return err;
-  std::map<std::pair<int, int>, std::string> byKey;
   for (size_t index = 0; index < (*found)->size(); ++index) {
     std::string path = llvm::formatv("/sessions/{0}", index).str();
     const json &obj = (**found)[index];
@@ -177,7 +178,7 @@ llvm::Error PlanReader::readSessions(const json &doc) {
                          .str());
     if (facts.sessions.count(id))
       return failMsg(path + "/id", "a second session with id " + id);
-    auto [it, inserted] = byKey.insert(
+    auto [it, inserted] = sessionOf.insert(
         {{static_cast<int>(stage), static_cast<int>(microbatch)}, id});
     if (!inserted)
       return failMsg(path, llvm::formatv("a second session of stage {0} mb {1} "
@@ -307,6 +308,9 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
   }
   freesGraph[rank].back() = frees;
   if (*kind == Kind::Forward) {
+    if (auto it = sessionOf.find({action.stage, action.microbatch});
+        it != sessionOf.end())
+      planned.binds = it->second;
     bool checkpoint = true;
     if (auto err = readBool(obj, path, "checkpoint", checkpoint))
       return err;

@@ -30,6 +30,8 @@ struct PlannedAction {
   std::string session; ///< "" when it names none
   bool retainOnUnpack = false;
   bool plain = false;
+  /// A forward: the session its checkpoint handles are bound to ("" none).
+  std::string binds;
 };
 
 /// A plan's sessions and per-action facts, beside the schedule that holds

@@ -38,7 +38,7 @@ struct CollectingContext {
   }
 
   CollectingContext()
-      : context(registry(), mlir::MLIRContext::Threading::DISABLED),
+      : context(registry()),
         handler(&context, [this](mlir::Diagnostic &diag) {
           std::string line;
           llvm::raw_string_ostream os(line);
