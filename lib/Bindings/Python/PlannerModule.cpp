@@ -38,8 +38,7 @@ struct CollectingContext {
   }
 
   CollectingContext()
-      : context(registry()),
-        handler(&context, [this](mlir::Diagnostic &diag) {
+      : context(registry()), handler(&context, [this](mlir::Diagnostic &diag) {
           std::string line;
           llvm::raw_string_ostream os(line);
           mlir::hpr::printDiagnostic(diag, os, "hp_recompute");
