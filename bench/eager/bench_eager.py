@@ -68,11 +68,10 @@ class Counter:
         return self.module(x)
 
 
-def run_step(variant: str, blocks: List[Counter], inputs: List[torch.Tensor], params) -> None:
-    """One step of the stage: forwards of all microbatches, then I/W in zero-bubble order."""
-    m = len(inputs)
+def forwards(variant: str, blocks: List[Counter], inputs: List[torch.Tensor]):
+    """The forwards of all microbatches: (inputs requiring grad, losses, checkpoint handles) per microbatch."""
     xs, losses, handles = [], [], []
-    for mb in range(m):
+    for mb in range(len(inputs)):
         x = inputs[mb].detach().requires_grad_()
         with hr.recompute_handle_collector_ctx() as hs:
             h = x
@@ -86,6 +85,13 @@ def run_step(variant: str, blocks: List[Counter], inputs: List[torch.Tensor], pa
         xs.append(x)
         losses.append(h.pow(2).mean())
         handles.append(hs)
+    return xs, losses, handles
+
+
+def run_step(variant: str, blocks: List[Counter], inputs: List[torch.Tensor], params) -> None:
+    """One step of the stage: forwards of all microbatches, then I/W in zero-bubble order."""
+    m = len(inputs)
+    xs, losses, handles = forwards(variant, blocks, inputs)
     # One group per microbatch, entered for its dx and again for its dw: torch's way to
     # ask for one replay shared by several backward calls.
     groups = [torch_cp.GraphExecGroup() for _ in range(m)] if variant == "native-group" else None

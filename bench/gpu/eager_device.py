@@ -37,7 +37,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "eager"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-import bench_eager  # noqa: E402  (bench/eager: Block, Counter, run_step)
+import bench_eager  # noqa: E402  (bench/eager: Block, Counter, forwards, run_step)
 import hp_recompute as hr  # noqa: E402
 from hp_recompute.replay_state import device_module, has_streams, synchronize  # noqa: E402
 from hp_recompute.runner.memory import peak_meter  # noqa: E402
@@ -50,16 +50,7 @@ VARIANTS = ("native", "ours-plain", "ours-session", "ours-side")
 def side_step(blocks: List[Any], inputs: List[torch.Tensor], params: List[torch.Tensor], stream: Any) -> None:
     """ours-side: bench/eager's ours-session order, each microbatch prefetched one ahead on ``stream``."""
     m = len(inputs)
-    xs, losses, handles = [], [], []
-    for mb in range(m):
-        x = inputs[mb].detach().requires_grad_()
-        with hr.recompute_handle_collector_ctx() as hs:
-            h = x
-            for block in blocks:
-                h = hr.checkpoint(block, h)
-        xs.append(x)
-        losses.append(h.pow(2).mean())
-        handles.append(hs)
+    xs, losses, handles = bench_eager.forwards("ours-session", blocks, inputs)
 
     def prefetch(mb: int) -> None:
         for handle in handles[mb]:
