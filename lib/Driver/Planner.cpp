@@ -35,6 +35,16 @@ const char *mlir::hpr::checkpointPolicyName(CheckpointPolicy policy) {
   return "all";
 }
 
+std::optional<CheckpointPolicy>
+mlir::hpr::parseCheckpointPolicy(llvm::StringRef name) {
+  for (CheckpointPolicy policy :
+       {CheckpointPolicy::All, CheckpointPolicy::Model, CheckpointPolicy::None,
+        CheckpointPolicy::Auto})
+    if (name == checkpointPolicyName(policy))
+      return policy;
+  return std::nullopt;
+}
+
 std::optional<int64_t> mlir::hpr::parseBytes(llvm::StringRef text) {
   static const std::pair<llvm::StringRef, int64_t> suffixes[] = {
       {"KiB", 1LL << 10},
@@ -144,6 +154,9 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   if (!parsePrefetch(request.prefetch, pipeline))
     return usage("--prefetch: expected jit, lookahead=K or bubble, got '" +
                  request.prefetch + "'");
+  if (request.budget && *request.budget < 0)
+    return usage("--memory-budget: expected bytes >= 0, got " +
+                 llvm::Twine(*request.budget));
   if (request.checkpoint == CheckpointPolicy::Auto) {
     if (!request.budget)
       return usage("--checkpoint auto needs --memory-budget");
@@ -159,9 +172,9 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
 
   TimingScope importTimer = timing.nest("import");
   TimingScope scheduleTimer = importTimer.nest("schedule");
-  PlannedModule planned;
+  std::string scheduleFile; // what diagnostics name: the file or <generator>
   llvm::Expected<sched::Schedule> schedule =
-      loadSchedule(request, planned.scheduleName);
+      loadSchedule(request, scheduleFile);
   if (!schedule)
     return schedule.takeError();
   scheduleTimer.stop();
@@ -176,8 +189,7 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   // is cheaper without the context's locks. Passes and export use threads.
   bool threaded = context.isMultithreadingEnabled();
   context.disableMultithreading();
-  auto module =
-      buildPlanModule(context, *staged, *schedule, planned.scheduleName);
+  auto module = buildPlanModule(context, *staged, *schedule, scheduleFile);
   if (threaded)
     context.enableMultithreading();
   if (!module)
@@ -200,8 +212,7 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   if (failed(planning.run(**module)) || failed(mlir::verify(**module)) ||
       failed(checking.run(**module)))
     return llvm::createStringError(
-        planned.scheduleName +
-        ": the plan failed verification (diagnostics above)");
+        scheduleFile + ": the plan failed verification (diagnostics above)");
   passTimer.stop();
 
   TimingScope summaryTimer = timing.nest("summary and simulation");
@@ -217,15 +228,8 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
             "activations, budget %lld",
             rank, (long long)rankSummary.peakBytes, (long long)*request.budget);
 
-  planned.module = std::move(*module);
-  planned.summary = std::move(*summary);
-  planned.modelName = staged->name;
-  planned.numRanks = schedule->numRanks;
-  planned.numStages = schedule->numStages;
-  planned.numMicrobatches = schedule->numMicrobatches;
-  planned.scheduleName = schedule->name;
-  planned.options =
-      PlannerOptions{request.prefetch, checkpointPolicyName(request.checkpoint),
-                     request.budget, "hp-recompute-plan"};
-  return planned;
+  return PlannedModule{std::move(*module), std::move(*summary),
+                       PlannerOptions{request.prefetch,
+                                      checkpointPolicyName(request.checkpoint),
+                                      request.budget, "hp-recompute-plan"}};
 }

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Analysis/Timeline.h"
+#include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
 #include "hpr/Model/ModelFile.h"
@@ -408,14 +409,16 @@ int main(int argc, char **argv) {
   }
   mlir::ModuleOp module = *planned->module;
   const mlir::hpr::PlanSummary *summary = &planned->summary;
+  mlir::hpr::ScheduleOp scheduleOp = mlir::hpr::getSchedule(module);
 
   mlir::TimingScope exportTimer = rootTimer.nest("export");
   auto write = [&](raw_ostream &os) -> Error {
     switch (emit) {
     case EmitKind::Summary:
-      os << "plan: model '" << planned->modelName << "', schedule '"
-         << planned->scheduleName << "' (" << planned->numRanks << " ranks, "
-         << planned->numStages << " stages, " << planned->numMicrobatches
+      os << "plan: model '" << mlir::hpr::getModel(module).getName()
+         << "', schedule '" << scheduleOp.getName() << "' ("
+         << scheduleOp.getNumRanks() << " ranks, " << scheduleOp.getNumStages()
+         << " stages, " << scheduleOp.getNumMicrobatches()
          << " microbatches), prefetch " << prefetch << ", checkpoint "
          << planned->options.checkpoint << "\n";
       mlir::hpr::printSummaryTable(*summary, os);

@@ -33,6 +33,8 @@ enum class CheckpointPolicy { All, Model, None, Auto };
 
 /// The `--checkpoint` spelling of `policy`.
 const char *checkpointPolicyName(CheckpointPolicy policy);
+/// The policy spelled `name` (all, model, none, auto); none when unknown.
+std::optional<CheckpointPolicy> parseCheckpointPolicy(llvm::StringRef name);
 
 /// Everything the planner is asked (the CLI's flags, docs/cli.md).
 struct PlanRequest {
@@ -59,12 +61,11 @@ struct PlanRequest {
   std::optional<int64_t> budget;
 };
 
-/// A finished, verified plan.
+/// A finished, verified plan (its names and sizes are the module's
+/// hpr.model and hpr.schedule).
 struct PlannedModule {
   OwningOpRef<ModuleOp> module;
   PlanSummary summary;
-  std::string modelName, scheduleName;
-  int numRanks = 0, numStages = 0, numMicrobatches = 0;
   /// The `planner` member of its plan JSON.
   PlannerOptions options;
 };

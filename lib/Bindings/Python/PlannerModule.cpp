@@ -17,7 +17,6 @@
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/MLIRContext.h"
-#include "llvm/ADT/StringSwitch.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -120,12 +119,14 @@ NB_MODULE(_planner, m) {
         request.ranks = ranks;
         request.microbatches = microbatches;
         request.stagesPerRank = stagesPerRank;
-        request.checkpoint =
-            llvm::StringSwitch<mlir::hpr::CheckpointPolicy>(checkpoint)
-                .Case("model", mlir::hpr::CheckpointPolicy::Model)
-                .Case("none", mlir::hpr::CheckpointPolicy::None)
-                .Case("auto", mlir::hpr::CheckpointPolicy::Auto)
-                .Default(mlir::hpr::CheckpointPolicy::All);
+        std::optional<mlir::hpr::CheckpointPolicy> policy =
+            mlir::hpr::parseCheckpointPolicy(checkpoint);
+        if (!policy)
+          return std::pair<std::string, std::vector<std::string>>{
+              "",
+              {"usage: --checkpoint: expected all, model, none or auto, got '" +
+               checkpoint + "'"}};
+        request.checkpoint = *policy;
         request.prefetch = prefetch;
         request.budget = budget;
         request.stageSpec = stages;
@@ -135,7 +136,7 @@ NB_MODULE(_planner, m) {
       "schedule"_a.none(), "schedule_gen"_a.none(), "model"_a.none(), "ranks"_a,
       "microbatches"_a, "stages_per_rank"_a, "checkpoint"_a, "prefetch"_a,
       "memory_budget"_a.none(), "stages"_a,
-      "Runs the planner as hp-recompute-plan does (checkpoint must be one "
-      "of all, model, none, auto: the caller checks); returns (plan JSON "
-      "text, []) or (\"\", the problems, one line each).");
+      "Runs the planner as hp-recompute-plan does; returns (plan JSON text, "
+      "[]) or (\"\", the problems, one line each; a request the CLI would "
+      "refuse with exit 2 starts with \"usage: \").");
 }

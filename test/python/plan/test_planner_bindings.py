@@ -65,10 +65,11 @@ def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_doe
 @pytest.mark.parametrize("kwargs,line", [
     (dict(schedule_gen="zbv", schedule="x.csv"), "usage: give one schedule"),
     (dict(), "usage: give one schedule"),
-    (dict(schedule_gen="zbv", checkpoint="some"), "usage: checkpoint: expected one of all, model, none, auto"),
+    (dict(schedule_gen="zbv", checkpoint="some"), "usage: --checkpoint: expected all, model, none or auto, got 'some'"),
     (dict(schedule_gen="zbv", checkpoint="auto"), "usage: --checkpoint auto needs --memory-budget"),
     (dict(schedule_gen="zbv", prefetch="soon"), "usage: --prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
-    (dict(schedule_gen="zbv", memory_budget=-1), "usage: memory_budget: expected bytes (an int >= 0), got -1"),
+    (dict(schedule_gen="zbv", memory_budget=-1), "usage: --memory-budget: expected bytes >= 0, got -1"),
+    (dict(schedule_gen="zbv", memory_budget=True), "usage: memory_budget: expected bytes (an int), got True"),
     (dict(schedule_gen="zbv", model="gpt.pt"), "usage: gpt.pt: a TorchScript model is read by the CLI only"),
     (dict(schedule_gen="nosuch"), "nosuch: unknown schedule: expected one of gpipe"),
     (dict(schedule="/nonexistent/s.csv"), "/nonexistent/s.csv: cannot read schedule file"),
