@@ -214,11 +214,6 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
                                    bool &overlap, bool &batched) {
   if (auto err = expectKind(obj, path, false))
     return err;
-  if (auto err = checkKeys(obj, path,
-                           {"op", "stage", "microbatch", "session",
-                            "retain_on_unpack", "frees_graph", "peer", "tag",
-                            "overlap", "batched", "checkpoint"}))
-    return err;
   std::string op;
   if (auto err = readString(obj, path, "op", op, true))
     return err;
@@ -229,6 +224,27 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
                 "recompute clear send_f recv_f send_b recv_b unshard reshard "
                 "reduce_grad idle",
                 obj["op"]);
+  // A member that another kind of action takes is refused, not ignored.
+  bool consumer = *kind == Kind::BackwardInput ||
+                  *kind == Kind::BackwardWeight || *kind == Kind::Backward;
+  llvm::Error wrongKey = llvm::Error::success();
+  if (sched::isComm(*kind))
+    wrongKey = checkKeys(
+        obj, path,
+        {"op", "stage", "microbatch", "peer", "tag", "batched", "overlap"});
+  else if (consumer)
+    wrongKey = checkKeys(obj, path,
+                         {"op", "stage", "microbatch", "session",
+                          "retain_on_unpack", "frees_graph", "overlap"});
+  else if (*kind == Kind::Recompute || *kind == Kind::Clear)
+    wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch", "session"});
+  else if (*kind == Kind::Forward)
+    wrongKey = checkKeys(
+        obj, path, {"op", "stage", "microbatch", "checkpoint", "overlap"});
+  else
+    wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch"});
+  if (wrongKey)
+    return wrongKey;
   action.kind = *kind;
   action.sourceCell = index;
   PlannedAction &planned = facts.actions[rank].emplace_back();
@@ -276,8 +292,6 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     if (auto err = readBool(obj, path, "batched", batched))
       return err;
   }
-  bool consumer = *kind == Kind::BackwardInput ||
-                  *kind == Kind::BackwardWeight || *kind == Kind::Backward;
   if (consumer || *kind == Kind::Recompute || *kind == Kind::Clear) {
     bool sessionAction = !consumer;
     if (sessionAction || obj.contains("session")) {
