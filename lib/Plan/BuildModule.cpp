@@ -3,6 +3,7 @@
 #include "hpr/Plan/BuildModule.h"
 
 #include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Schedule/ScheduleUtils.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
@@ -121,9 +122,7 @@ IntegerAttr ProgramBuilder::index(int64_t value) {
 
 llvm::Expected<int64_t> ProgramBuilder::peerOf(const sched::Action &action,
                                                Location loc) {
-  bool towardsNext = action.kind == sched::ActionKind::SendF ||
-                     action.kind == sched::ActionKind::RecvB;
-  int neighbour = action.stage + (towardsNext ? 1 : -1);
+  int neighbour = sched::neighbourStage(action);
   if (neighbour < 0 || neighbour >= schedule.numStages)
     return errorAt(loc, llvm::formatv("transfer of stage {0} has no "
                                       "neighbouring stage {1}",

@@ -14,10 +14,10 @@
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/ModelJson.h"
 #include "hpr/Plan/BuildModule.h"
+#include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/Json.h"
 #include "hpr/Transforms/Passes.h"
 
-#include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 using namespace mlir;
@@ -190,25 +190,6 @@ llvm::Error PlanReader::readSessions(const json &doc) {
   return llvm::Error::success();
 }
 
-static std::optional<Kind> kindOf(llvm::StringRef op) {
-  return llvm::StringSwitch<std::optional<Kind>>(op)
-      .Case("forward", Kind::Forward)
-      .Case("backward_input", Kind::BackwardInput)
-      .Case("backward_weight", Kind::BackwardWeight)
-      .Case("backward", Kind::Backward)
-      .Case("recompute", Kind::Recompute)
-      .Case("clear", Kind::Clear)
-      .Case("send_f", Kind::SendF)
-      .Case("recv_f", Kind::RecvF)
-      .Case("send_b", Kind::SendB)
-      .Case("recv_b", Kind::RecvB)
-      .Case("unshard", Kind::Unshard)
-      .Case("reshard", Kind::Reshard)
-      .Case("reduce_grad", Kind::ReduceGrad)
-      .Case("idle", Kind::Idle)
-      .Default(std::nullopt);
-}
-
 llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
                                    int rank, int index, sched::Action &action,
                                    bool &overlap, bool &batched) {
@@ -217,7 +198,10 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
   std::string op;
   if (auto err = readString(obj, path, "op", op, true))
     return err;
-  std::optional<Kind> kind = kindOf(op);
+  // Composites are spelled by flags in a plan (`overlap`, `batched`).
+  std::optional<Kind> kind = sched::kindFromJsonName(op);
+  if (kind == Kind::OverlapFB || kind == Kind::BatchedComm)
+    kind.reset();
   if (!kind)
     return fail(path + "/op",
                 "one of forward backward_input backward_weight backward "
@@ -275,8 +259,7 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     if (auto err =
             readInt(obj, path, "peer", peer, true, 0, schedule.numRanks - 1))
       return err;
-    bool towardsNext = *kind == Kind::SendF || *kind == Kind::RecvB;
-    int neighbour = action.stage + (towardsNext ? 1 : -1);
+    int neighbour = sched::neighbourStage(action);
     if (neighbour >= 0 && neighbour < schedule.numStages &&
         schedule.stageToRank[neighbour] != peer)
       return failMsg(path + "/peer",

@@ -98,4 +98,23 @@ llvm::StringRef kindJsonName(ActionKind kind) {
   return "idle";
 }
 
+std::optional<ActionKind> kindFromJsonName(llvm::StringRef name) {
+  for (ActionKind kind :
+       {ActionKind::Idle, ActionKind::Forward, ActionKind::BackwardInput,
+        ActionKind::BackwardWeight, ActionKind::Backward, ActionKind::SendF,
+        ActionKind::RecvF, ActionKind::SendB, ActionKind::RecvB,
+        ActionKind::Unshard, ActionKind::Reshard, ActionKind::ReduceGrad,
+        ActionKind::Recompute, ActionKind::Clear, ActionKind::OverlapFB,
+        ActionKind::BatchedComm})
+    if (kindJsonName(kind) == name)
+      return kind;
+  return std::nullopt;
+}
+
+int neighbourStage(const Action &transfer) {
+  bool towardsNext =
+      transfer.kind == ActionKind::SendF || transfer.kind == ActionKind::RecvB;
+  return transfer.stage + (towardsNext ? 1 : -1);
+}
+
 } // namespace mlir::hpr::sched

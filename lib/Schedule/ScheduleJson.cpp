@@ -58,23 +58,12 @@ struct Reader {
       return error(path + "/op",
                    "expected a string, got " + mlir::hpr::quoteJson(*opIt));
     std::string op = opIt->get<std::string>();
-    static const ActionKind kinds[] = {
-        ActionKind::Idle,          ActionKind::Forward,
-        ActionKind::BackwardInput, ActionKind::BackwardWeight,
-        ActionKind::Backward,      ActionKind::SendF,
-        ActionKind::RecvF,         ActionKind::SendB,
-        ActionKind::RecvB,         ActionKind::Unshard,
-        ActionKind::Reshard,       ActionKind::ReduceGrad,
-        ActionKind::Recompute,     ActionKind::Clear,
-        ActionKind::OverlapFB,     ActionKind::BatchedComm};
-    bool found = false;
-    for (ActionKind kind : kinds)
-      if (kindJsonName(kind) == op) {
-        out = Action();
-        out.kind = kind;
-        found = true;
-      }
-    if (!found)
+    std::optional<ActionKind> kind = kindFromJsonName(op);
+    if (kind) {
+      out = Action();
+      out.kind = *kind;
+    }
+    if (!kind)
       return error(path + "/op",
                    "expected one of idle, forward, backward_input, "
                    "backward_weight, backward, send_f, recv_f, send_b, "

@@ -313,19 +313,9 @@ void Validator::checkComms() {
     }
   // Transfers that must not exist.
   forEachLoc([&](const Action &a, const Loc &loc) {
-    int s = a.stage, peer;
-    switch (a.kind) {
-    case ActionKind::SendF:
-    case ActionKind::RecvB:
-      peer = s + 1;
-      break;
-    case ActionKind::RecvF:
-    case ActionKind::SendB:
-      peer = s - 1;
-      break;
-    default:
+    if (!isComm(a.kind))
       return;
-    }
+    int s = a.stage, peer = neighbourStage(a);
     if (peer < 0 || peer >= S)
       reportAt(loc, "no stage " + std::to_string(peer) + " to exchange with");
     else if (!needsTransfer(s, peer))
@@ -355,9 +345,7 @@ void Validator::checkTags() {
       return;
     }
     bool isSend = a.kind == ActionKind::SendF || a.kind == ActionKind::SendB;
-    bool towardsNext =
-        a.kind == ActionKind::SendF || a.kind == ActionKind::RecvB;
-    int neighbour = a.stage + (towardsNext ? 1 : -1);
+    int neighbour = neighbourStage(a);
     if (neighbour < 0 || neighbour >= S)
       return; // reported by checkComms
     auto [it, inserted] =

@@ -11,6 +11,7 @@
 #include "hpr/Schedule/Schedule.h"
 
 #include <cstdint>
+#include <optional>
 
 #include "llvm/ADT/StringRef.h"
 
@@ -41,6 +42,13 @@ void inferScheduleShape(Schedule &schedule);
 
 /// The JSON `op` name of a kind (`forward`, `backward_input`, ...).
 llvm::StringRef kindJsonName(ActionKind kind);
+/// The kind whose JSON `op` name is `name`; none for an unknown name.
+std::optional<ActionKind> kindFromJsonName(llvm::StringRef name);
+
+/// The stage a transfer (SEND_F, RECV_F, SEND_B, RECV_B) exchanges with:
+/// stage + 1 for SEND_F and RECV_B, stage - 1 for RECV_F and SEND_B. It may
+/// lie outside the schedule; callers check.
+int neighbourStage(const Action &transfer);
 
 /// Calls `fn(part)` for every primitive action in `action`: the action itself,
 /// or each part of a composite. Idle actions are skipped.
