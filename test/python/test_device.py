@@ -127,13 +127,19 @@ def test_cpu_checkpoint_refuses_any_stream(stream):
     loss.backward()  # the checkpoint still serves a plain backward
 
 
-@pytest.mark.skipif(not hasattr(torch.cpu, "Stream"), reason="torch.cpu.Stream is new in torch 2.x")
-def test_cpu_stream_object_is_refused():
+@pytest.mark.parametrize("make_stream,message", [
+    pytest.param(lambda: torch.cpu.Stream(), "no streams", id="cpu-stream",
+                 marks=pytest.mark.skipif(not hasattr(torch.cpu, "Stream"),
+                                          reason="torch.cpu.Stream is new in torch 2.x")),
+    pytest.param(lambda: torch.cuda.Stream(), "cpu, which has no streams", id="cuda-stream",
+                 marks=needs_cuda),
+])
+def test_a_stream_for_a_cpu_checkpoint_is_refused(make_stream, message: str) -> None:
     x = torch.randn(3, 3, requires_grad=True)
     with hr.recompute_handle_collector_ctx() as handles:
         y = hr.checkpoint(lambda t: t.sin(), x)
-    with pytest.raises(hr.CheckpointError, match="no streams"):
-        hr.SessionScope("cpu stream object").recompute_handle(handles[0], "s0", stream=torch.cpu.Stream())
+    with pytest.raises(hr.CheckpointError, match=message):
+        hr.SessionScope("stream for a cpu checkpoint").recompute_handle(handles[0], "s0", stream=make_stream())
     y.sum().backward()
     assert torch.equal(x.grad, x.detach().cos())
 
@@ -431,14 +437,3 @@ def test_allocator_peak_of_a_session():
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated(dev) == base, "the clear left replayed memory allocated"
     del loss
-
-
-@needs_cuda
-def test_cuda_stream_for_a_cpu_checkpoint_is_refused():
-    x = torch.randn(3, requires_grad=True)
-    with hr.recompute_handle_collector_ctx() as handles:
-        y = hr.checkpoint(lambda t: t.sin(), x)
-    with pytest.raises(hr.CheckpointError, match="cpu, which has no streams"):
-        hr.SessionScope("cpu vs cuda").recompute_handle(handles[0], "s0", stream=torch.cuda.Stream())
-    y.sum().backward()
-    assert torch.equal(x.grad, x.detach().cos())
