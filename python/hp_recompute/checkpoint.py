@@ -112,6 +112,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
 from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
 
 import torch
@@ -128,6 +129,20 @@ _COLLECTOR: "contextvars.ContextVar[Optional[List[RecomputeHandle]]]" = contextv
 )
 
 _DETERMINISM_CHECKS = ("default", "none")
+
+
+class _OpenCollectors:
+    """How many collectors are open, in any thread: what a torch.compile trace can read.
+
+    Why not ``_COLLECTOR``: dynamo cannot trace ``ContextVar.get`` (a graph break, an
+    error under ``fullgraph=True``). It traces this plain attribute and guards on its
+    value, so a graph traced with no collector open is traced again (and refused) when
+    a collector is open. Counting every thread is conservative: a trace while another
+    thread collects is refused too.
+    """
+
+    count = 0
+    lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -148,9 +163,13 @@ def recompute_handle_collector_ctx() -> Iterator[List[RecomputeHandle]]:
     """
     handles: List[RecomputeHandle] = []
     token = _COLLECTOR.set(handles)
+    with _OpenCollectors.lock:
+        _OpenCollectors.count += 1
     try:
         yield handles
     finally:
+        with _OpenCollectors.lock:
+            _OpenCollectors.count -= 1
         _COLLECTOR.reset(token)
 
 
@@ -322,10 +341,10 @@ def _compiled_checkpoint(
     early_stop: bool,
 ) -> Any:
     """Under a torch.compile trace: torch's own checkpoint, which compiles (no handle, no session)."""
-    if _COLLECTOR.get() is not None:
+    if _OpenCollectors.count:
         raise CheckpointError(
             error_text(
-                f"checkpoint of {getattr(function, '__qualname__', function)!r} is traced by torch.compile inside "
+                f"checkpoint of {getattr(function, '__qualname__', type(function).__qualname__)!r} is traced by torch.compile inside "
                 "recompute_handle_collector_ctx(), and a compiled checkpoint has no recompute handle; run the "
                 "checkpointed forward eagerly (torch.compiler.disable on the caller) or compile only the blocks "
                 "inside the checkpointed function"

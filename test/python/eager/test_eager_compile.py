@@ -1,0 +1,99 @@
+"""torchtitan's compile order on our checkpoint: ``torch.compile(checkpoint_wrapper(block))``.
+
+Under a torch.compile trace ``hp_recompute.checkpoint`` is torch's own non-reentrant
+checkpoint (NOTE in checkpoint.py): these tests check that the whole wrapped block
+traces as one graph (``fullgraph=True``, and ``block.compile()`` in place), that it
+computes what torch's own wrapper computes under the same compile, and that a graph
+traced outside a collector is traced again, and refused, inside one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import hp_recompute as hr
+
+pytestmark = pytest.mark.skipif(not hasattr(torch, "compile") or not hasattr(torch, "compiler"),
+                                reason=f"torch {torch.__version__} has no torch.compiler (torch >= 2.1)")
+
+
+class Block(nn.Module):
+    """A pre-norm MLP block with dropout: the RNG must replay bit-identically."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def _torch_wrapper(block: nn.Module) -> nn.Module:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    return checkpoint_wrapper(block)
+
+
+def _step(model: nn.Module, seed: int) -> tuple:
+    torch.manual_seed(seed)
+    x = torch.randn(4, 16, requires_grad=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach(), x.grad, [p.grad for p in model.parameters()]
+
+
+def _compiled_pair(backend: str, in_place: bool):
+    torch.manual_seed(0)
+    ours = hr.checkpoint_wrapper(Block())
+    theirs = _torch_wrapper(Block())
+    theirs.load_state_dict(ours.state_dict())
+    if in_place:
+        ours.compile(backend=backend, fullgraph=True)
+        theirs.compile(backend=backend, fullgraph=True)
+        return ours, theirs
+    return torch.compile(ours, backend=backend, fullgraph=True), torch.compile(theirs, backend=backend, fullgraph=True)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["torch.compile(wrapper)", "wrapper.compile()"])
+def test_a_wrapped_block_compiles_as_one_graph_and_matches_torchs_wrapper(backend, in_place):
+    torch._dynamo.reset()
+    ours, theirs = _compiled_pair(backend, in_place)
+    for seed in (1, 2):  # the second call runs the cached graph
+        got, want = _step(ours, seed), _step(theirs, seed)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+        for g, w in zip(got[2], want[2]):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_the_compiled_wrapper_has_no_graph_break():
+    torch._dynamo.reset()
+    block = hr.checkpoint_wrapper(Block())
+    explained = torch._dynamo.explain(block)(torch.randn(4, 16, requires_grad=True))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_graph_traced_outside_a_collector_is_traced_again_and_refused_inside_one(fullgraph):
+    """A compiled checkpoint has no handle; inside a collector it must say so, also from the cache.
+
+    Under ``fullgraph=True`` dynamo reports an exception raised while tracing as its own
+    ``Unsupported`` error, which carries our message.
+    """
+    torch._dynamo.reset()
+    compiled = torch.compile(hr.checkpoint_wrapper(Block()), backend="aot_eager", fullgraph=fullgraph)
+    x = torch.randn(4, 16, requires_grad=True)
+    compiled(x).sum().backward()  # traced with no collector open
+    with hr.recompute_handle_collector_ctx() as handles:
+        with pytest.raises(Exception, match="traced by torch.compile inside recompute_handle_collector_ctx") as info:
+            compiled(x)
+    assert fullgraph or isinstance(info.value, hr.CheckpointError)
+    assert handles == []
+    compiled(x).sum().backward()  # the collector closed: the first graph runs again
