@@ -65,7 +65,9 @@ LogicalResult mlir::hpr::verifyPlan(ModuleOp module) {
     return failure();
   PassManager pm(module.getContext());
   pm.enableVerifier(false); // the checks change nothing
-  pm.addPass(createHPRVerifyComm());
+  HPRVerifyCommOptions comm;
+  comm.finishedPlan = true;
+  pm.addPass(createHPRVerifyComm(comm));
   nestOnPrograms(pm).addPass(createHPRVerify());
   return pm.run(module);
 }

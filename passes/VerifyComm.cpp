@@ -23,6 +23,7 @@ using namespace mlir::hpr;
 namespace {
 struct VerifyCommPass
     : public mlir::hpr::impl::HPRVerifyCommBase<VerifyCommPass> {
+  using HPRVerifyCommBase::HPRVerifyCommBase;
   void runOnOperation() override;
 };
 } // namespace
@@ -77,7 +78,9 @@ void VerifyCommPass::runOnOperation() {
                ? cells[index]
                : scheduleOp.getOperation();
   };
-  sched::Violations found = sched::findViolations(extracted.schedule);
+  sched::ValidateOptions options;
+  options.finishedPlan = finishedPlan;
+  sched::Violations found = sched::findViolations(extracted.schedule, options);
   for (const sched::Violation &violation : found.list) {
     InFlightDiagnostic diag =
         opAt(violation.rank, violation.index)->emitError(violation.message);

@@ -55,6 +55,8 @@ static sched::Action toAction(Operation *op,
   action.microbatch = static_cast<int>(actionOp.getMicrobatchIndex());
   if (auto tag = op->getAttrOfType<IntegerAttr>("tag"))
     action.tag = tag.getInt();
+  if (auto posts = op->getAttrOfType<DenseI64ArrayAttr>("posts"))
+    action.posts.emplace(posts.asArrayRef().begin(), posts.asArrayRef().end());
   if (action.stage < 0)
     return action;
   auto forward = dyn_cast<ForwardOp>(op);

@@ -103,10 +103,12 @@ static llvm::Expected<sched::Schedule> loadSchedule(const PlanRequest &request,
   if (!schedule)
     return schedule.takeError();
   // Validated as written, so that "action K" in a message is cell K of the
-  // file; then send/recv are added where the file has none.
+  // file; then send/recv are added where the file has none, and each stage's
+  // REDUCE_GRAD where the file has none.
   if (llvm::Error error = sched::validateSchedule(*schedule, name))
     return error;
   sched::lowerCommunication(*schedule);
+  sched::lowerReduceGrad(*schedule);
   return schedule;
 }
 

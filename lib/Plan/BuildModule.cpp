@@ -196,14 +196,18 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
       return peerRank.takeError();
     IntegerAttr peer = index(*peerRank);
     IntegerAttr tag = action.tag ? index(*action.tag) : IntegerAttr();
+    DenseI64ArrayAttr posts;
+    if (action.posts)
+      posts = builder.getDenseI64ArrayAttr(llvm::SmallVector<int64_t>(
+          action.posts->begin(), action.posts->end()));
     if (action.kind == Kind::SendF)
       builder.create<SendFOp>(loc, stage, mb, peer, flag(grouped), tag);
     else if (action.kind == Kind::RecvF)
-      builder.create<RecvFOp>(loc, stage, mb, peer, flag(grouped), tag);
+      builder.create<RecvFOp>(loc, stage, mb, peer, flag(grouped), tag, posts);
     else if (action.kind == Kind::SendB)
       builder.create<SendBOp>(loc, stage, mb, peer, flag(grouped), tag);
     else
-      builder.create<RecvBOp>(loc, stage, mb, peer, flag(grouped), tag);
+      builder.create<RecvBOp>(loc, stage, mb, peer, flag(grouped), tag, posts);
     return llvm::Error::success();
   }
   case Kind::Unshard:

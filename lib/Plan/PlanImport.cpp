@@ -44,6 +44,8 @@ public:
   std::vector<std::vector<bool>> freesGraph;
   /// (stage, microbatch) -> the id of its session.
   std::map<std::pair<int, int>, std::string> sessionOf;
+  /// The number of actions of the rank being read (`posts` indexes them).
+  size_t rankSize = 0;
 
 private:
   llvm::Error readSchedule(const json &doc);
@@ -212,7 +214,12 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
   bool consumer = *kind == Kind::BackwardInput ||
                   *kind == Kind::BackwardWeight || *kind == Kind::Backward;
   llvm::Error wrongKey = llvm::Error::success();
-  if (sched::isComm(*kind))
+  bool receive = *kind == Kind::RecvF || *kind == Kind::RecvB;
+  if (receive)
+    wrongKey = checkKeys(obj, path,
+                         {"op", "stage", "microbatch", "peer", "tag", "posts",
+                          "batched", "overlap"});
+  else if (sched::isComm(*kind))
     wrongKey = checkKeys(
         obj, path,
         {"op", "stage", "microbatch", "peer", "tag", "batched", "overlap"});
@@ -275,6 +282,25 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     if (auto err = readBool(obj, path, "batched", batched))
       return err;
   }
+  if (receive && obj.contains("posts")) {
+    // Which receives are posted where is rule 9's (hpr-verify-comm); here
+    // only that the member is a list of this rank's action indices.
+    const json &posts = obj["posts"];
+    if (!posts.is_array())
+      return fail(path + "/posts", "an array of action indices", posts);
+    std::vector<int> &indices = action.posts.emplace();
+    for (size_t k = 0; k < posts.size(); ++k) {
+      const json &entry = posts[k];
+      if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
+          entry.get<int64_t>() >= static_cast<int64_t>(rankSize))
+        return fail(llvm::formatv("{0}/posts/{1}", path, k).str(),
+                    llvm::formatv("an action index of rank {0} in [0, {1})",
+                                  rank, rankSize)
+                        .str(),
+                    entry);
+      indices.push_back(static_cast<int>(entry.get<int64_t>()));
+    }
+  }
   if (consumer || *kind == Kind::Recompute || *kind == Kind::Clear) {
     bool sessionAction = !consumer;
     if (sessionAction || obj.contains("session")) {
@@ -324,6 +350,7 @@ llvm::Error PlanReader::readRank(const json &actions, int rank) {
   // action after it (OVERLAP_F_B); a run of batched transfers and the one
   // that ends it (a legacy combined cell).
   std::optional<sched::Action> open;
+  rankSize = actions.size();
   for (size_t index = 0; index < actions.size(); ++index) {
     std::string path =
         llvm::formatv("/ranks/{0}/actions/{1}", rank, index).str();

@@ -13,8 +13,11 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/JSON.h"
 
+#include <map>
+#include <tuple>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -72,10 +75,91 @@ static int64_t messageTag(Operation *op, int64_t stage, int64_t microbatch) {
   return (sender * microbatches + microbatch) * 2 + (forward ? 0 : 1);
 }
 
+namespace {
+/// One message, seen from either end: forward or backward, the receiving
+/// stage, the microbatch.
+using MessageKey = std::tuple<bool, int64_t, int64_t>;
+
+MessageKey messageOf(Operation *op) {
+  auto action = cast<ActionOpInterface>(op);
+  bool forward = isa<SendFOp, RecvFOp>(op);
+  int64_t stage = action.getStageIndex();
+  if (isa<SendFOp>(op))
+    ++stage;
+  if (isa<SendBOp>(op))
+    --stage;
+  return {forward, stage, action.getMicrobatchIndex()};
+}
+
+int64_t peerOf(Operation *op) {
+  return llvm::TypeSwitch<Operation *, int64_t>(op)
+      .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>(
+          [](auto comm) { return static_cast<int64_t>(comm.getPeer()); })
+      .Default([](Operation *) { return -1; });
+}
+} // namespace
+
+ReceivePosts mlir::hpr::plan_json::receivePosts(ScheduleOp schedule) {
+  ReceivePosts result;
+  auto programs = llvm::to_vector(schedule.getBody().getOps<ProgramOp>());
+  // (sender, receiver) -> the sender's messages to the receiver, in order.
+  std::map<std::pair<int64_t, int64_t>, std::vector<MessageKey>> sent;
+  bool given = false;
+  for (ProgramOp program : programs)
+    for (Operation &op : program.getBody().getOps()) {
+      if (isa<SendFOp, SendBOp>(op))
+        sent[{program.getRank(), peerOf(&op)}].push_back(messageOf(&op));
+      given |= isa<RecvFOp, RecvBOp>(op) && op.hasAttr("posts");
+    }
+  for (ProgramOp program : programs) {
+    // The program's receives by message, and each action's index.
+    std::map<MessageKey, int64_t> receiveOf;
+    llvm::SmallVector<Operation *> receives;
+    llvm::DenseMap<Operation *, int64_t> indexOf;
+    int64_t index = 0;
+    for (Operation &op : program.getBody().getOps()) {
+      if (!isa<ActionOpInterface>(op))
+        continue;
+      if (isa<RecvFOp, RecvBOp>(op)) {
+        receiveOf.insert({messageOf(&op), index});
+        receives.push_back(&op);
+        indexOf[&op] = index;
+      }
+      ++index;
+    }
+    if (given) {
+      for (Operation *op : receives)
+        if (auto posts = op->getAttrOfType<DenseI64ArrayAttr>("posts"))
+          result[op].assign(posts.asArrayRef().begin(),
+                            posts.asArrayRef().end());
+        else
+          result[op];
+      continue;
+    }
+    std::map<int64_t, size_t> nextFromPeer;
+    llvm::DenseSet<int64_t> posted;
+    for (Operation *op : receives) {
+      int64_t self = indexOf[op], peer = peerOf(op);
+      llvm::SmallVector<int64_t> &list = result[op];
+      auto sends = sent.find({peer, program.getRank()});
+      size_t &next = nextFromPeer[peer];
+      while (sends != sent.end() && !posted.contains(self) &&
+             next < sends->second.size()) {
+        auto recv = receiveOf.find(sends->second[next++]);
+        if (recv != receiveOf.end() && posted.insert(recv->second).second)
+          list.push_back(recv->second);
+      }
+      if (posted.insert(self).second)
+        list.push_back(self);
+    }
+  }
+  return result;
+}
+
 void mlir::hpr::plan_json::forEachActionMember(
     Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
-    llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)>
-        member) {
+    llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)> member,
+    const ReceivePosts *posts) {
   auto action = cast<ActionOpInterface>(op);
   member("op", action.getPlanName());
   if (action.getStageIndex() >= 0)
@@ -93,6 +177,9 @@ void mlir::hpr::plan_json::forEachActionMember(
         if (comm.getBatched())
           member("batched", true);
       });
+  if (posts && isa<RecvFOp, RecvBOp>(op))
+    if (auto it = posts->find(op); it != posts->end())
+      member("posts", llvm::ArrayRef<int64_t>(it->second));
   if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
     if (Value session = consumer.getSessionValue()) {
       member("session", session.getDefiningOp<SessionOp>().getSid());
@@ -115,8 +202,11 @@ ordered_json mlir::hpr::plan_json::actionJson(
       [&](llvm::StringRef key, const ActionMemberValue &value) {
         std::visit(
             [&](auto v) {
-              if constexpr (std::is_same_v<decltype(v), llvm::StringRef>)
+              using T = decltype(v);
+              if constexpr (std::is_same_v<T, llvm::StringRef>)
                 entry[key.str()] = v.str();
+              else if constexpr (std::is_same_v<T, llvm::ArrayRef<int64_t>>)
+                entry[key.str()] = std::vector<int64_t>(v.begin(), v.end());
               else
                 entry[key.str()] = v;
             },
@@ -129,14 +219,27 @@ ordered_json mlir::hpr::plan_json::actionJson(
 /// nlohmann/json has none: no object per action is built, which made up most
 /// of the export of a million actions.
 static void writeActionJson(llvm::raw_ostream &os, Operation *op,
-                            const llvm::DenseSet<Operation *> &lastConsumers) {
+                            const llvm::DenseSet<Operation *> &lastConsumers,
+                            const ReceivePosts &posts) {
   llvm::json::OStream out(os);
   out.object([&] {
     forEachActionMember(
         op, lastConsumers,
         [&](llvm::StringRef key, const ActionMemberValue &value) {
-          std::visit([&](auto v) { out.attribute(key, v); }, value);
-        });
+          std::visit(
+              [&](auto v) {
+                if constexpr (std::is_same_v<decltype(v),
+                                             llvm::ArrayRef<int64_t>>)
+                  out.attributeArray(key, [&] {
+                    for (int64_t index : v)
+                      out.value(index);
+                  });
+                else
+                  out.attribute(key, v);
+              },
+              value);
+        },
+        &posts);
   });
 }
 
@@ -240,6 +343,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   os << "\n ]";
   // Ranks are independent: serialize them on all threads, write in order.
   auto programList = llvm::to_vector(programs);
+  ReceivePosts posts = receivePosts(schedule);
   std::vector<std::string> rankTexts(programList.size());
   mlir::parallelFor(
       module.getContext(), 0, programList.size(), [&](size_t index) {
@@ -254,7 +358,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
           if (!isa<ActionOpInterface>(op))
             continue; // a session
           rankOs << (first ? "\n   " : ",\n   ");
-          writeActionJson(rankOs, &op, last);
+          writeActionJson(rankOs, &op, last, posts);
           first = false;
         }
         rankOs << "\n  ]}";

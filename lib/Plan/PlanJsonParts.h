@@ -12,8 +12,11 @@
 #include "hpr/Dialect/HPR/HPROps.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/SmallVector.h"
 
 #include <nlohmann/json.hpp>
 
@@ -32,15 +35,32 @@ nlohmann::json scheduleJson(ScheduleOp schedule);
 /// `/model`: its name and per stage its regions; fills `checkpointed`.
 nlohmann::json modelJson(ModelOp model, CheckpointedRegions &checkpointed);
 /// A member value of a plan action (forEachActionMember).
-using ActionMemberValue = std::variant<int64_t, bool, llvm::StringRef>;
+using ActionMemberValue =
+    std::variant<int64_t, bool, llvm::StringRef, llvm::ArrayRef<int64_t>>;
+
+/// Receive op -> the receives to post when it is reached (`posts` in the plan
+/// JSON), as indices into its program's actions (sessions do not count), in
+/// posting order.
+using ReceivePosts = llvm::DenseMap<Operation *, llvm::SmallVector<int64_t>>;
+
+/// When each receive of `schedule` is posted. torch's point-to-point ops
+/// carry no tag, so two ranks match messages in posting order: a receive is
+/// posted, in its peer's send order, together with every receive from that
+/// peer that the peer sends before it, at the first of them a rank reaches
+/// (earlier than its own place, never later). A receive the peer does not
+/// send posts itself. The plan JSON writes it and the torch CSV writes its
+/// RECV cells in this order. Where a receive carries `posts` (a plan read
+/// back), every receive keeps what the plan says.
+ReceivePosts receivePosts(ScheduleOp schedule);
 
 /// Calls `member(key, value)` for each member of `op`'s element of
 /// `/ranks/*/actions`, in order: the one definition of that object, which the
-/// plan JSON streams and the torch CSV's sidecar builds (actionJson).
+/// plan JSON streams and the torch CSV's sidecar builds (actionJson). A
+/// receive's `posts` is written when `posts` is given.
 void forEachActionMember(
     Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
-    llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)>
-        member);
+    llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)> member,
+    const ReceivePosts *posts = nullptr);
 
 /// One element of `/sessions`.
 nlohmann::ordered_json sessionJson(SessionOp session,

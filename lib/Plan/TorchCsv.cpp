@@ -10,9 +10,7 @@
 #include "llvm/ADT/StringSwitch.h"
 
 #include <map>
-#include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 using namespace mlir;
@@ -49,71 +47,39 @@ static std::string torchCell(ActionOpInterface action) {
 }
 
 namespace {
-/// What one message is, seen from either end: its direction ('f' or 'b'), the
-/// receiving stage and the microbatch.
-using MessageKey = std::tuple<char, int64_t, int64_t>;
-
 /// One element of a rank's row before it is written: a cell, or a recompute
 /// or clear for the sidecar (`cell` empty).
 struct RowItem {
   std::string cell;
   ordered_json insert;
-  /// For a receive: from whom, and which message.
-  int64_t recvPeer = -1;
-  MessageKey message;
 };
 
-/// One rank's items and, per peer, the messages it sends there in order.
+/// One rank's items and the sidecar's lists.
 struct RankRow {
   std::vector<RowItem> items;
-  std::map<int64_t, std::vector<MessageKey>> sendsTo;
   ordered_json consumers = ordered_json::array();
   ordered_json plain = ordered_json::array();
 };
 } // namespace
 
-static MessageKey messageOf(ActionOpInterface action, bool isSend) {
-  bool forward = isa<SendFOp, RecvFOp>(action.getOperation());
-  int64_t stage = action.getStageIndex();
-  if (isSend)
-    stage += forward ? 1 : -1;
-  return {forward ? 'f' : 'b', stage, action.getMicrobatchIndex()};
-}
-
-/// The op after which a stage's gradients are complete: its last W or B, for
-/// each stage of `program` without a reduce_grad of its own.
-static llvm::DenseSet<Operation *> reduceGradPoints(ProgramOp program) {
-  std::map<int64_t, Operation *> last;
-  std::set<int64_t> reduced;
-  for (Operation &op : program.getBody().getOps()) {
-    if (isa<BackwardWeightOp, BackwardOp>(op))
-      last[cast<ActionOpInterface>(op).getStageIndex()] = &op;
-    if (auto action = dyn_cast<ActionOpInterface>(op))
-      if (action.getPlanName() == "reduce_grad")
-        reduced.insert(action.getStageIndex());
-  }
-  llvm::DenseSet<Operation *> points;
-  for (auto [stage, op] : last)
-    if (!reduced.count(stage))
-      points.insert(op);
-  return points;
-}
-
-static RankRow collectRow(ProgramOp program) {
+/// Rank `program`'s row. torch's point-to-point ops carry no tag, so two
+/// ranks match messages in posting order: each RECV cell is written where the
+/// plan posts it (`posts`, receivePosts), since torch's RECV only posts and
+/// the action that reads the data waits. The planner lowered REDUCE_GRAD
+/// (after each stage's last W or B, where torch's `_add_reduce_grad` puts
+/// it), which torch's compute+comms format expects in the CSV.
+static RankRow collectRow(ProgramOp program, const ReceivePosts &posts) {
   RankRow row;
   llvm::DenseSet<Operation *> last = lastConsumers(program);
-  // torch's lowering (`_add_reduce_grad`) puts REDUCE_GRAD (gradient scaling,
-  // FSDP's post-backward) after a stage's last W or B; its compute+comms
-  // format expects it in the CSV.
-  llvm::DenseSet<Operation *> reduceAfter = reduceGradPoints(program);
-  auto addReduce = [&](Operation &op) {
-    if (!reduceAfter.count(&op))
-      return;
-    RowItem item;
-    item.cell = std::to_string(cast<ActionOpInterface>(op).getStageIndex()) +
-                "REDUCE_GRAD";
-    row.items.push_back(std::move(item));
-  };
+  // The cell of each receive, by its index among the program's actions.
+  std::map<int64_t, std::string> receiveCell;
+  int64_t index = 0;
+  for (Operation &op : program.getBody().getOps())
+    if (auto action = dyn_cast<ActionOpInterface>(op)) {
+      if (isa<RecvFOp, RecvBOp>(op))
+        receiveCell[index] = torchCell(action);
+      ++index;
+    }
   std::string pendingForward; // the F of an overlapped pair
   for (Operation &op : program.getBody().getOps()) {
     auto action = dyn_cast<ActionOpInterface>(op);
@@ -144,53 +110,28 @@ static RankRow collectRow(ProgramOp program) {
         pendingForward = torchCell(action);
         continue;
       }
-      RowItem item;
-      item.cell =
-          "(" + pendingForward + ";" + torchCell(action) + ")OVERLAP_F_B";
-      row.items.push_back(std::move(item));
-      addReduce(op);
+      row.items.push_back(
+          {"(" + pendingForward + ";" + torchCell(action) + ")OVERLAP_F_B",
+           ordered_json()});
       continue;
     }
-    RowItem item;
-    item.cell = torchCell(action);
-    if (auto send = dyn_cast<SendFOp>(op))
-      row.sendsTo[send.getPeer()].push_back(messageOf(action, true));
-    if (auto send = dyn_cast<SendBOp>(op))
-      row.sendsTo[send.getPeer()].push_back(messageOf(action, true));
-    if (auto recv = dyn_cast<RecvFOp>(op)) {
-      item.recvPeer = recv.getPeer();
-      item.message = messageOf(action, false);
+    if (isa<RecvFOp, RecvBOp>(op)) {
+      if (auto it = posts.find(&op); it != posts.end())
+        for (int64_t posted : it->second)
+          if (auto cell = receiveCell.find(posted); cell != receiveCell.end())
+            row.items.push_back({cell->second, ordered_json()});
+      continue;
     }
-    if (auto recv = dyn_cast<RecvBOp>(op)) {
-      item.recvPeer = recv.getPeer();
-      item.message = messageOf(action, false);
-    }
-    row.items.push_back(std::move(item));
-    addReduce(op);
+    row.items.push_back({torchCell(action), ordered_json()});
   }
   return row;
 }
 
-/// Writes rank `rank`'s row. torch's point-to-point ops carry no tag, so two
-/// ranks match messages in posting order; a receive is therefore posted, in
-/// the sender's order, together with every receive from that peer the sender
-/// sends before it (moved earlier, never later: torch's RECV only posts, the
-/// action that reads the data waits).
-static ordered_json writeRow(int64_t rank, const std::vector<RankRow> &rows,
+/// Writes rank `rank`'s row and returns its sidecar entry.
+static ordered_json writeRow(int64_t rank, const RankRow &row,
                              llvm::raw_ostream &csv) {
-  const RankRow &row = rows[rank];
-  std::map<int64_t, size_t> nextFromPeer;
-  std::set<MessageKey> posted;
-  std::map<MessageKey, const RowItem *> recvOf;
-  for (const RowItem &item : row.items)
-    if (item.recvPeer >= 0)
-      recvOf[item.message] = &item;
   ordered_json inserts = ordered_json::array();
   int64_t cells = 0;
-  auto emit = [&](const std::string &cell) {
-    csv << (cells ? "," : "") << cell;
-    ++cells;
-  };
   for (const RowItem &item : row.items) {
     if (item.cell.empty()) {
       ordered_json entry = item.insert;
@@ -198,25 +139,8 @@ static ordered_json writeRow(int64_t rank, const std::vector<RankRow> &rows,
       inserts.push_back(std::move(entry));
       continue;
     }
-    if (item.recvPeer < 0) {
-      emit(item.cell);
-      continue;
-    }
-    // The verified plan pairs every receive with a send; a receive the peer
-    // does not send is still written, in its own place.
-    auto sends = rows[item.recvPeer].sendsTo.find(rank);
-    size_t &next = nextFromPeer[item.recvPeer];
-    while (sends != rows[item.recvPeer].sendsTo.end() &&
-           !posted.count(item.message) && next < sends->second.size()) {
-      MessageKey message = sends->second[next++];
-      auto recv = recvOf.find(message);
-      if (recv == recvOf.end())
-        continue;
-      posted.insert(message);
-      emit(recv->second->cell);
-    }
-    if (posted.insert(item.message).second)
-      emit(item.cell);
+    csv << (cells ? "," : "") << item.cell;
+    ++cells;
   }
   csv << "\n";
   return ordered_json{{"rank", rank},
@@ -233,14 +157,13 @@ void mlir::hpr::writeTorchCsv(ModuleOp module, StringRef csvName,
   CheckpointedRegions checkpointed;
   json model = modelJson(getModel(module), checkpointed);
   ordered_json sessions = ordered_json::array(), ranks = ordered_json::array();
-  std::vector<RankRow> rows;
+  ReceivePosts posts = receivePosts(schedule);
+  int64_t rank = 0;
   for (ProgramOp program : schedule.getBody().getOps<ProgramOp>()) {
     for (SessionOp session : program.getBody().getOps<SessionOp>())
       sessions.push_back(sessionJson(session, checkpointed));
-    rows.push_back(collectRow(program));
+    ranks.push_back(writeRow(rank++, collectRow(program, posts), csv));
   }
-  for (int64_t rank = 0, e = rows.size(); rank < e; ++rank)
-    ranks.push_back(writeRow(rank, rows, csv));
   ordered_json document = {{"format", "hp-recompute-torch-csv"},
                            {"version", 1},
                            {"csv", csvName.str()},

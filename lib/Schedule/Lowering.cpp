@@ -1,14 +1,18 @@
-//===- Lowering.cpp - Add send/recv to compute-only schedules -------------===//
+//===- Lowering.cpp - Add send/recv and REDUCE_GRAD to schedules ----------===//
 //
 // Each rank's program is rewritten in one pass: receives are placed right
 // before the compute that consumes them and sends right after the compute
 // that produces them. Sends never block, so the lowered schedule is
-// deadlock-free exactly when the compute-only one is.
+// deadlock-free exactly when the compute-only one is. REDUCE_GRAD waits for
+// nothing on another rank, so adding it keeps that property too.
 //
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Schedule/Lowering.h"
 #include "hpr/Schedule/ScheduleUtils.h"
+
+#include <map>
+#include <set>
 
 namespace mlir::hpr::sched {
 
@@ -63,6 +67,51 @@ void lowerCommunication(Schedule &schedule) {
       lowered.push_back(std::move(action));
       for (Action &send : sends)
         lowered.push_back(std::move(send));
+    }
+    program = std::move(lowered);
+  }
+}
+
+void lowerReduceGrad(Schedule &schedule) {
+  for (auto &program : schedule.ranks) {
+    // The last action holding a W or B of each stage, and the stages that
+    // already have their REDUCE_GRAD.
+    std::map<int, size_t> lastGradient;
+    std::set<int> reduced;
+    for (size_t index = 0; index < program.size(); ++index)
+      forEachPrimitive(program[index], [&](const Action &p) {
+        if (p.kind == ActionKind::BackwardWeight ||
+            p.kind == ActionKind::Backward)
+          lastGradient[p.stage] = index;
+        else if (p.kind == ActionKind::ReduceGrad)
+          reduced.insert(p.stage);
+      });
+    // torch lowers REDUCE_GRAD before the transfers, so the sends of the
+    // last W or B come first.
+    auto isSend = [](const Action &a) {
+      return a.kind == ActionKind::SendF || a.kind == ActionKind::SendB;
+    };
+    std::multimap<size_t, int> reduceAfter; // action index -> stage
+    for (auto [stage, index] : lastGradient) {
+      if (reduced.count(stage))
+        continue;
+      while (index + 1 < program.size() && isSend(program[index + 1]))
+        ++index;
+      reduceAfter.insert({index, stage});
+    }
+    if (reduceAfter.empty())
+      continue;
+    std::vector<Action> lowered;
+    lowered.reserve(program.size() + reduceAfter.size());
+    for (size_t index = 0; index < program.size(); ++index) {
+      int cell = program[index].sourceCell;
+      lowered.push_back(std::move(program[index]));
+      auto [begin, end] = reduceAfter.equal_range(index);
+      for (auto it = begin; it != end; ++it) {
+        Action reduce = makeAction(ActionKind::ReduceGrad, it->second, -1);
+        reduce.sourceCell = cell;
+        lowered.push_back(std::move(reduce));
+      }
     }
     program = std::move(lowered);
   }

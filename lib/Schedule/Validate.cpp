@@ -39,13 +39,14 @@ struct Loc {
 
 class Validator {
 public:
-  explicit Validator(const Schedule &schedule)
-      : schedule(schedule), numbering(schedule) {}
+  Validator(const Schedule &schedule, ValidateOptions options)
+      : schedule(schedule), options(options), numbering(schedule) {}
 
   Violations run();
 
 private:
   const Schedule &schedule;
+  ValidateOptions options;
   ActionNumbering numbering;
   ActionTable table;
   std::vector<uint8_t> dxIsFull; // per (stage, mb): the Dx slot holds a B
@@ -114,6 +115,7 @@ private:
   void checkComms();
   void checkTags();
   void checkReduceGrad();
+  void checkPosts();
 };
 
 bool Validator::checkShape() {
@@ -410,6 +412,141 @@ void Validator::checkReduceGrad() {
     if (!first.valid())
       first = loc;
   });
+  if (!options.finishedPlan)
+    return;
+  for (int s = 0; s < schedule.numStages; ++s)
+    if (lastGradient[s].valid() && !reduced[s].valid())
+      reportAt(lastGradient[s],
+               "no REDUCE_GRAD of stage " + std::to_string(s) +
+                   " after this, its last W or B; a plan reduces each "
+                   "stage's gradients exactly once, after its last W and B "
+                   "(rule 8)");
+}
+
+/// Rule 9: the posting order a plan gives its receives. torch's
+/// point-to-point ops carry no tag, so two ranks match messages in posting
+/// order; each receive must be posted once, no later than its own place, and
+/// a rank posts its receives from one peer in the order the peer sends them.
+void Validator::checkPosts() {
+  bool given = options.finishedPlan;
+  forEachLoc(
+      [&](const Action &a, const Loc &) { given |= a.posts.has_value(); });
+  if (!given)
+    return;
+  const auto &owner = schedule.stageToRank;
+  const int S = schedule.numStages;
+  auto isRecv = [](const Action &a) {
+    return a.kind == ActionKind::RecvF || a.kind == ActionKind::RecvB;
+  };
+  auto isSend = [](const Action &a) {
+    return a.kind == ActionKind::SendF || a.kind == ActionKind::SendB;
+  };
+  // A message by its sender: (forward?, sending stage, microbatch), and the
+  // rank on the other side of a transfer (-1 when it has none).
+  using Message = std::tuple<bool, int, int>;
+  auto messageOf = [](const Action &a) {
+    bool forward = a.kind == ActionKind::SendF || a.kind == ActionKind::RecvF;
+    bool send = a.kind == ActionKind::SendF || a.kind == ActionKind::SendB;
+    return Message{forward, send ? a.stage : neighbourStage(a), a.microbatch};
+  };
+  auto peerOf = [&](const Action &a) {
+    int neighbour = neighbourStage(a);
+    return neighbour >= 0 && neighbour < S ? owner[neighbour] : -1;
+  };
+  // Each rank's primitives by plan index (idle slots and composite parts
+  // count one each).
+  std::vector<std::vector<Loc>> flat(schedule.ranks.size());
+  for (int r = 0, nr = static_cast<int>(schedule.ranks.size()); r < nr; ++r)
+    for (int k = 0, n = static_cast<int>(schedule.ranks[r].size()); k < n;
+         ++k) {
+      const Action &a = schedule.ranks[r][k];
+      if (a.parts.empty())
+        flat[r].push_back(Loc{r, k, -1});
+      for (int p = 0, np = static_cast<int>(a.parts.size()); p < np; ++p)
+        flat[r].push_back(Loc{r, k, p});
+    }
+  // (rank, peer) -> the messages the rank sends there, in its order.
+  std::map<std::pair<int, int>, std::vector<Message>> sent;
+  forEachLoc([&](const Action &a, const Loc &loc) {
+    if (isSend(a) && peerOf(a) >= 0)
+      sent[{loc.rank, peerOf(a)}].push_back(messageOf(a));
+  });
+  for (int r = 0, nr = static_cast<int>(flat.size()); r < nr; ++r) {
+    const std::vector<Loc> &locs = flat[r];
+    std::vector<int> postedBy(locs.size(), -1);
+    // peer -> (message, the receive, the receive that posts it), in posting
+    // order.
+    std::map<int, std::vector<std::tuple<Message, Loc, Loc>>> posted;
+    for (int i = 0, n = static_cast<int>(locs.size()); i < n; ++i) {
+      const Action &a = primitiveAt(locs[i]);
+      if (!a.posts)
+        continue;
+      if (!isRecv(a)) {
+        reportAt(locs[i], "only a receive posts receives (rule 9)");
+        continue;
+      }
+      for (int j : *a.posts) {
+        if (j < 0 || j >= n || !isRecv(primitiveAt(locs[j]))) {
+          reportAt(locs[i],
+                   "posts " + std::to_string(j) +
+                       ", which is not a receive of rank " + std::to_string(r) +
+                       (j >= 0 && j < n ? " (" + where(locs[j]) + ")" : "") +
+                       "; posts lists the indices of receives (rule 9)");
+          continue;
+        }
+        if (postedBy[j] >= 0) {
+          reportAt(locs[i], "posts " + where(locs[j]) + " again (" +
+                                where(locs[postedBy[j]]) +
+                                " posts it first); each receive is posted "
+                                "once (rule 9)");
+          continue;
+        }
+        postedBy[j] = i;
+        if (j < i)
+          reportAt(locs[i],
+                   "posts " + where(locs[j]) +
+                       ", which comes before it; a receive is posted no "
+                       "later than its own place (rule 9)");
+        const Action &recv = primitiveAt(locs[j]);
+        if (peerOf(recv) >= 0)
+          posted[peerOf(recv)].push_back({messageOf(recv), locs[j], locs[i]});
+      }
+    }
+    for (int j = 0, n = static_cast<int>(locs.size()); j < n; ++j)
+      if (postedBy[j] < 0 && isRecv(primitiveAt(locs[j])))
+        reportAt(locs[j], "never posted: no receive lists it in posts; a plan "
+                          "posts each receive once, no later than its own "
+                          "place (rule 9)");
+    // Against the peer's send order, over the messages both sides name (a
+    // transfer without its other end is rule 5's).
+    for (auto &[peer, list] : posted) {
+      auto sends = sent.find({peer, r});
+      if (sends == sent.end())
+        continue;
+      std::map<Message, size_t> sendIndex;
+      for (size_t k = 0; k < sends->second.size(); ++k)
+        sendIndex.insert({sends->second[k], k});
+      size_t previous = 0;
+      const std::tuple<Message, Loc, Loc> *previousPost = nullptr;
+      for (const auto &entry : list) {
+        auto it = sendIndex.find(std::get<0>(entry));
+        if (it == sendIndex.end())
+          continue;
+        if (previousPost && it->second < previous) {
+          reportAt(std::get<2>(entry),
+                   "posts " + where(std::get<1>(entry)) + " after " +
+                       where(std::get<1>(*previousPost)) + ", but rank " +
+                       std::to_string(peer) +
+                       " sends its message first; receives from one peer "
+                       "are posted in the order it sends, since untagged "
+                       "messages match in posting order (rule 9)");
+          break;
+        }
+        previous = it->second;
+        previousPost = &entry;
+      }
+    }
+  }
 }
 
 /// OVERLAP_F_B is exactly a forward followed by one backward action (I, W or
@@ -448,7 +585,9 @@ Violations Validator::run() {
       checkTags();
     }
     checkReduceGrad();
-    if (found.list.empty()) {
+    bool sound = found.list.empty();
+    checkPosts();
+    if (sound) {
       auto sim = simulateSchedule(schedule, SimulationCosts(), /*fileName=*/"");
       if (!sim)
         llvm::handleAllErrors(
@@ -470,8 +609,8 @@ Violations Validator::run() {
 
 } // namespace
 
-Violations findViolations(const Schedule &schedule) {
-  return Validator(schedule).run();
+Violations findViolations(const Schedule &schedule, ValidateOptions options) {
+  return Validator(schedule, options).run();
 }
 
 llvm::Error validateSchedule(const Schedule &schedule,

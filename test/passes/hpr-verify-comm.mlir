@@ -405,3 +405,207 @@ hpr.schedule "reduce_grad_twice" ranks 2 stages 2 microbatches 1 stage_to_rank [
     hpr.send_b stage 1 mb 0 peer 0
   }
 }
+
+// -----
+// Rule 9, where receives carry `posts` (a plan read back): each receive is
+// posted once, no later than its place, and in the order its peer sends.
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "posted_where_they_stand_passes" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1 posts [4]
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 posts [6]
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 posts [0]
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.recv_f stage 1 mb 1 peer 0 posts [4]
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "posted_early_together_passes" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1 posts [4, 6]
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 posts []
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 posts [0, 4]
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.recv_f stage 1 mb 1 peer 0 posts []
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "posts_a_forward" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1 posts [4]
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 posts [6]
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    // expected-error @+2 {{rank 1, action 0 (1RECV_F0): posts 1, which is not a receive of rank 1 (rank 1, action 1 (1F0)); posts lists the indices of receives (rule 9)}}
+    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): never posted: no receive lists it in posts; a plan posts each receive once, no later than its own place (rule 9)}}
+    hpr.recv_f stage 1 mb 0 peer 0 posts [1]
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.recv_f stage 1 mb 1 peer 0 posts [4]
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "posted_twice" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1 posts [4]
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 posts [6]
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 posts [0, 4]
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): posts rank 1, action 4 (1RECV_F1) again (rank 1, action 0 (1RECV_F0) posts it first); each receive is posted once (rule 9)}}
+    hpr.recv_f stage 1 mb 1 peer 0 posts [4]
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "posted_after_its_place" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1 posts [4]
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 posts [6]
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 posts []
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): posts rank 1, action 0 (1RECV_F0), which comes before it; a receive is posted no later than its own place (rule 9)}}
+    hpr.recv_f stage 1 mb 1 peer 0 posts [0, 4]
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// -----
+
+hpr.model "two" {
+  hpr.stage 0 {
+    hpr.region "layers.0" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+  hpr.stage 1 {
+    hpr.region "layers.1" checkpoint flops 1.0e6 time_us 0.0 saved 4096 input 512 params 1024
+  }
+}
+hpr.schedule "posted_out_of_the_peers_send_order" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1 posts [4]
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1 posts [6]
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): posts rank 1, action 0 (1RECV_F0) after rank 1, action 4 (1RECV_F1), but rank 0 sends its message first; receives from one peer are posted in the order it sends, since untagged messages match in posting order (rule 9)}}
+    hpr.recv_f stage 1 mb 0 peer 0 posts [4, 0]
+    %h0 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.recv_f stage 1 mb 1 peer 0 posts []
+    %h1 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}

@@ -1,7 +1,8 @@
-//===- Lowering.h - Add send/recv to compute-only schedules -----*- C++ -*-===//
+//===- Lowering.h - Add send/recv and REDUCE_GRAD to schedules -*- C++ -*-===//
 //
 // PyTorch's `compute_only` schedules list only F/I/W/B (and OVERLAP_F_B);
-// lowering adds the point-to-point transfers between ranks.
+// lowering adds the point-to-point transfers between ranks and each stage's
+// REDUCE_GRAD.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +26,15 @@ bool hasCommunication(const Schedule &schedule);
 /// composite and the sends after it, in part order. A schedule that already
 /// has communication is left unchanged. Uses schedule.stageToRank.
 void lowerCommunication(Schedule &schedule);
+
+/// Adds the REDUCE_GRAD of every stage that has a W or B and none yet, right
+/// after the stage's last W or B (after the composite that holds it) and the
+/// sends that directly follow it, where torch's `_add_reduce_grad` puts it
+/// (torch adds REDUCE_GRAD before the transfers): the stage's gradients are
+/// complete there. A REDUCE_GRAD the schedule already has keeps its place (rule
+/// 8 of Validate.h checks it is after the last W and B). It takes the cell of
+/// the action it follows.
+void lowerReduceGrad(Schedule &schedule);
 
 } // namespace mlir::hpr::sched
 

@@ -66,6 +66,12 @@ struct Action {
   /// tags towards one peer in one direction are distinct (Validate.h rule
   /// 7). Not part of ==.
   std::optional<int64_t> tag;
+  /// A receive of a finished plan read back: the receives to post when it is
+  /// reached, in posting order, as indices into its rank's program counted
+  /// primitive by primitive (each part of a composite and each idle slot
+  /// counts one: the plan JSON's action index). Validate.h rule 9. Not part
+  /// of ==.
+  std::optional<std::vector<int>> posts;
 
   bool operator==(const Action &other) const;
   bool operator!=(const Action &other) const { return !(*this == other); }

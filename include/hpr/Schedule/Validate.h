@@ -42,9 +42,24 @@ namespace mlir::hpr::sched {
 ///     its tag;
 ///  8. REDUCE_GRAD at most once per stage, after the stage's last W and B: an
 ///     earlier one reduces gradients that later Ws still add to, a second one
-///     scales them twice.
+///     scales them twice; in a finished plan exactly once per stage that has
+///     a W or B;
+///  9. receive posting, where receives carry `posts` (a plan read back; in a
+///     finished plan every receive): each receive is posted exactly once, by
+///     itself or by a receive before it, and a rank posts its receives from
+///     one peer in the order that peer sends the messages (torch's
+///     point-to-point ops carry no tag and match in posting order). Its
+///     violations do not hold up rule 6 (posting early never blocks).
 llvm::Error validateSchedule(const Schedule &schedule,
                              llvm::StringRef fileName);
+
+/// What the schedule is checked as.
+struct ValidateOptions {
+  /// A finished plan (a plan JSON read back), not a schedule to plan: every
+  /// stage with a W or B has its REDUCE_GRAD (rule 8) and every receive is
+  /// posted (rule 9).
+  bool finishedPlan = false;
+};
 
 /// One violation of the rules above, for callers that report it at their own
 /// location of the action (the hpr IR's communication check).
@@ -65,7 +80,8 @@ struct Violations {
   std::vector<Violation> list;
   size_t dropped = 0;
 };
-Violations findViolations(const Schedule &schedule);
+Violations findViolations(const Schedule &schedule,
+                          ValidateOptions options = {});
 
 } // namespace mlir::hpr::sched
 

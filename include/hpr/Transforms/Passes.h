@@ -84,8 +84,9 @@ void buildRecomputePipeline(OpPassManager &pm,
 
 /// The admission check of a finished plan, written by the planner or read
 /// back (hpr/Plan/PlanImport.h): MLIR's structural verifier (the op
-/// verifiers), hpr-verify-comm (the schedule rules: pairing, data flow, tags,
-/// REDUCE_GRAD, deadlock) and hpr-verify (the sessions). Diagnostics go to
+/// verifiers), hpr-verify-comm with `plan` (the schedule rules: pairing, data
+/// flow, tags, deadlock; REDUCE_GRAD once per stage, every receive posted)
+/// and hpr-verify (the sessions). Diagnostics go to
 /// the context's handler; the CLI, hp-recompute-opt's pipeline and every
 /// runtime (through the Python bindings) run these same rules.
 LogicalResult verifyPlan(ModuleOp module);

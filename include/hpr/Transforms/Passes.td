@@ -68,11 +68,25 @@ def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
        receives blocking): otherwise the deadlock is reported at the first
        waiting op, naming the cycle of waiting ranks, with a note at each
        other waiting op.
+    7. message tags, where transfers carry them (`tag`): both ends agree, and
+       a rank's tags towards one peer in one direction are distinct;
+    8. at most one `hpr.reduce_grad` per stage, after its last dw and
+       backward; with `plan`, exactly one per stage that has either;
+    9. receive posting, where receives carry `posts` (with `plan`, every
+       receive): each receive is posted once, by itself or by a receive
+       before it, and the receives from one peer in the order the peer sends
+       (untagged messages match in posting order).
     Each violation is an error at its op (rank, action index and action in
     the message); the pass fails. It runs first in `hpr-recompute-pipeline`.
     The checks are those of `mlir::hpr::sched::findViolations`, applied to the
-    programs read back from the IR.
+    programs read back from the IR. `plan` checks a finished plan (what
+    `verifyPlan` admits for the runtimes) rather than a schedule to plan.
   }];
+  let options = [
+    Option<"finishedPlan", "plan", "bool", /*default=*/"false",
+           "Check a finished plan: every stage with a dw or backward has its "
+           "reduce_grad, every receive its posts">
+  ];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
 }
 

@@ -39,7 +39,7 @@ hpr.model "m" {
 // CHECK-NEXT:    hpr.reduce_grad stage 0
 // CHECK-NEXT:  }
 // CHECK:       hpr.program rank 1 {
-// CHECK-NEXT:    hpr.recv_f stage 1 mb 0 peer 0
+// CHECK-NEXT:    hpr.recv_f stage 1 mb 0 peer 0 tag 0 posts [0]{{$}}
 // CHECK-NEXT:    hpr.forward stage 1 mb 0
 // CHECK-NEXT:    hpr.send_b stage 1 mb 0 peer 0 tag 3
 hpr.schedule "all_ops" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
@@ -61,7 +61,7 @@ hpr.schedule "all_ops" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
     hpr.reduce_grad stage 0
   }
   hpr.program rank 1 {
-    hpr.recv_f stage 1 mb 0 peer 0
+    hpr.recv_f stage 1 mb 0 peer 0 tag 0 posts [0]
     %h = hpr.forward stage 1 mb 0
     hpr.send_b stage 1 mb 0 peer 0 tag 3
   }

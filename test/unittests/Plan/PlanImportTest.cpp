@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Plan/PlanImport.h"
+#include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
 
@@ -58,6 +59,15 @@ TEST_P(PlanImport, WrittenPlansReadBackAdmittedAndIdentical) {
   ASSERT_TRUE(static_cast<bool>(planned)) << toString(planned.takeError());
   std::string written =
       planJson(*planned->module, planned->summary, planned->options);
+  // The planner lowers one reduce_grad per stage into every plan, and a
+  // posting for every receive (both checked by verifyImportedPlan below).
+  auto count = [&](llvm::StringRef needle) {
+    return llvm::StringRef(written).count(needle);
+  };
+  EXPECT_EQ(count("{\"op\":\"reduce_grad\""),
+            getSchedule(*planned->module).getNumStages());
+  EXPECT_EQ(count("\"posts\":"),
+            count("{\"op\":\"recv_f\"") + count("{\"op\":\"recv_b\""));
 
   auto imported = importPlanJson(context, written, "plan.json");
   ASSERT_TRUE(static_cast<bool>(imported)) << toString(imported.takeError());

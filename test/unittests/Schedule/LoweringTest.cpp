@@ -79,4 +79,57 @@ TEST(Lowering, SingleRankNeedsNothing) {
   EXPECT_FALSE(hasCommunication(s));
 }
 
+TEST(LoweringReduceGrad, AfterEachStagesLastWOrB) {
+  // Rank 0 holds stages 0 and 3 (a V): each stage's REDUCE_GRAD follows its
+  // own last W or B and the sends right after it, where torch's
+  // _add_reduce_grad and _add_send_recv put it.
+  Schedule s = csv("0F0,3F0,3I0,3W0,0I0,0W0\n1F0,2F0,2B0,1B0\n");
+  s.stageToRank = {0, 1, 1, 0};
+  lowerCommunication(s);
+  lowerReduceGrad(s);
+  EXPECT_EQ(printScheduleCsv(s, CsvDialect::Current),
+            "0F0,0SEND_F0,3RECV_F0,3F0,3I0,3SEND_B0,3W0,3REDUCE_GRAD,0RECV_B0,"
+            "0I0,0W0,0REDUCE_GRAD\n"
+            "1RECV_F0,1F0,2F0,2SEND_F0,2RECV_B0,2B0,2REDUCE_GRAD,1B0,1SEND_B0,"
+            "1REDUCE_GRAD\n");
+  EXPECT_EQ(errorText(validateSchedule(s, "t.csv")), "");
+  // The same after the transfers are lowered (a schedule file that has
+  // them).
+  Schedule t = csv("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n");
+  lowerReduceGrad(t);
+  EXPECT_EQ(printScheduleCsv(t, CsvDialect::Current),
+            "0F0,0SEND_F0,0RECV_B0,0B0,0REDUCE_GRAD\n"
+            "1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD\n");
+}
+
+TEST(LoweringReduceGrad, AfterTheCompositeHoldingTheLastBackward) {
+  Schedule s = csv("0F0,0F1,(0F2;0B0)OVERLAP_F_B,0B1,0B2\n");
+  lowerReduceGrad(s);
+  EXPECT_EQ(printScheduleCsv(s, CsvDialect::Current),
+            "0F0,0F1,(0F2;0B0)OVERLAP_F_B,0B1,0B2,0REDUCE_GRAD\n");
+  s = csv("0F0,0F1,0B0,(0F2;0B1)OVERLAP_F_B,0I2,0W2\n");
+  lowerReduceGrad(s);
+  EXPECT_EQ(formatAction(s.ranks[0].back()), "0REDUCE_GRAD");
+  s = csv("0F0,0B0,0F1,(1F0;0B1)OVERLAP_F_B,1F1,1B0,1B1\n");
+  lowerReduceGrad(s);
+  EXPECT_EQ(printScheduleCsv(s, CsvDialect::Current),
+            "0F0,0B0,0F1,(1F0;0B1)OVERLAP_F_B,0REDUCE_GRAD,1F1,1B0,1B1,"
+            "1REDUCE_GRAD\n");
+}
+
+TEST(LoweringReduceGrad, OneTheScheduleHasKeepsItsPlace) {
+  Schedule s = csv("0F0,0B0,0F1,0B1,,0REDUCE_GRAD,1F0,1B0\n");
+  lowerReduceGrad(s);
+  EXPECT_EQ(printScheduleCsv(s, CsvDialect::Current),
+            "0F0,0B0,0F1,0B1,,0REDUCE_GRAD,1F0,1B0,1REDUCE_GRAD\n");
+  // The added one takes the cell of the action it follows.
+  EXPECT_EQ(s.ranks[0].back().sourceCell, 7);
+}
+
+TEST(LoweringReduceGrad, AStageWithoutBackwardsGetsNone) {
+  Schedule s = csv("0F0,1F0,1I0\n");
+  lowerReduceGrad(s);
+  EXPECT_EQ(printScheduleCsv(s, CsvDialect::Current), "0F0,1F0,1I0\n");
+}
+
 } // namespace

@@ -294,6 +294,94 @@ TEST(Validate, DeadlockOnlyVisibleThroughComms) {
       << msg;
 }
 
+/// The messages findViolations reports for `s` checked as a finished plan.
+std::string validatePlan(const Schedule &s) {
+  ValidateOptions options;
+  options.finishedPlan = true;
+  std::string joined;
+  for (const Violation &v : findViolations(s, options).list)
+    joined += v.message + "\n";
+  return joined;
+}
+
+/// kGood lowered as the planner lowers it, with the posting a plan gives it:
+/// rank 0 = 0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0I0,0W0,0RECV_B1,0I1,0W1,
+/// 0REDUCE_GRAD; rank 1 = 1RECV_F0,1F0,1I0,1SEND_B0,1W0,1RECV_F1,1F1,1I1,
+/// 1SEND_B1,1W1,1REDUCE_GRAD; every receive posts itself.
+Schedule plannedGood() {
+  Schedule s = csv(kGood);
+  lowerCommunication(s);
+  lowerReduceGrad(s);
+  for (auto &program : s.ranks)
+    for (int k = 0, n = static_cast<int>(program.size()); k < n; ++k)
+      if (program[k].kind == ActionKind::RecvF ||
+          program[k].kind == ActionKind::RecvB)
+        program[k].posts = std::vector<int>{k};
+  return s;
+}
+
+TEST(Validate, FinishedPlanNeedsReduceGradOncePerStage) {
+  Schedule s = plannedGood();
+  EXPECT_EQ(validatePlan(s), "");
+  ASSERT_EQ(formatAction(s.ranks[0].back()), "0REDUCE_GRAD");
+  s.ranks[0].pop_back();
+  EXPECT_EQ(validatePlan(s),
+            "rank 0, action 9 (0W1): no REDUCE_GRAD of stage 0 after this, its "
+            "last W or B; a plan reduces each stage's gradients exactly once, "
+            "after its last W and B (rule 8)\n");
+  // A schedule to plan may leave it to the planner.
+  EXPECT_EQ(validate(s), "");
+}
+
+TEST(Validate, PostsEachReceiveOnceInThePeersOrder) {
+  Schedule s = plannedGood();
+  ASSERT_EQ(formatAction(s.ranks[1][0]), "1RECV_F0");
+  ASSERT_EQ(formatAction(s.ranks[1][5]), "1RECV_F1");
+  // Posting both at the first is what a plan does when the second is waited
+  // for later: admitted.
+  s.ranks[1][0].posts = std::vector<int>{0, 5};
+  s.ranks[1][5].posts = std::vector<int>{};
+  EXPECT_EQ(validatePlan(s), "");
+  // Out of rank 0's send order.
+  s.ranks[1][0].posts = std::vector<int>{5, 0};
+  EXPECT_EQ(validatePlan(s),
+            "rank 1, action 0 (1RECV_F0): posts rank 1, action 0 (1RECV_F0) "
+            "after rank 1, action 5 (1RECV_F1), but rank 0 sends its message "
+            "first; receives from one peer are posted in the order it sends, "
+            "since untagged messages match in posting order (rule 9)\n");
+  // Twice, and later than its place.
+  s.ranks[1][0].posts = std::vector<int>{0};
+  s.ranks[1][5].posts = std::vector<int>{0, 5};
+  EXPECT_EQ(validatePlan(s),
+            "rank 1, action 5 (1RECV_F1): posts rank 1, action 0 (1RECV_F0) "
+            "again (rank 1, action 0 (1RECV_F0) posts it first); each receive "
+            "is posted once (rule 9)\n");
+  s.ranks[1][0].posts = std::vector<int>{};
+  EXPECT_EQ(validatePlan(s),
+            "rank 1, action 5 (1RECV_F1): posts rank 1, action 0 (1RECV_F0), "
+            "which comes before it; a receive is posted no later than its own "
+            "place (rule 9)\n");
+  // Never, and an index that is not a receive.
+  s.ranks[1][5].posts = std::vector<int>{1, 5};
+  EXPECT_EQ(validatePlan(s),
+            "rank 1, action 5 (1RECV_F1): posts 1, which is not a receive of "
+            "rank 1 (rank 1, action 1 (1F0)); posts lists the indices of "
+            "receives (rule 9)\n"
+            "rank 1, action 0 (1RECV_F0): never posted: no receive lists it in "
+            "posts; a plan posts each receive once, no later than its own "
+            "place (rule 9)\n");
+  // A finished plan posts every receive; a schedule without posts is not
+  // checked for them.
+  s = plannedGood();
+  s.ranks[0][4].posts.reset();
+  EXPECT_NE(validatePlan(s).find("rank 0, action 4 (0RECV_B0): never posted"),
+            std::string::npos);
+  for (auto &program : s.ranks)
+    for (Action &a : program)
+      a.posts.reset();
+  EXPECT_EQ(validate(s), "");
+}
+
 TEST(Validate, ReportsAllViolations) {
   std::string msg = validate(csv("0W0,0F0,0F0\n"));
   EXPECT_NE(msg.find("second forward"), std::string::npos) << msg;

@@ -212,8 +212,8 @@ def HPR_BackwardOp : HPR_BackwardOpBase<"backward", "backward"> {
   let summary = "full backward, dx and dw together (schedule action B)";
 }
 
-/// Point-to-point transfers between ranks.
-class HPR_CommOp<string mnemonic>
+/// Point-to-point transfers between ranks; a receive adds `recvArgs`.
+class HPR_CommOp<string mnemonic, dag recvArgs = (ins), string recvFormat = "">
     : HPR_StageMicrobatchOp<mnemonic, []> {
   let planName = "\"" # mnemonic # "\"";
   let description = [{
@@ -225,26 +225,35 @@ class HPR_CommOp<string mnemonic>
     `hpr-verify-comm` checks that both ends agree and that a rank's tags
     towards one peer in one direction are distinct.
   }];
-  let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
-                       HPR_IndexAttr:$peer,
-                       UnitAttr:$batched,
-                       OptionalAttr<HPR_IndexAttr>:$tag);
+  let arguments = !con((ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
+                            HPR_IndexAttr:$peer,
+                            UnitAttr:$batched,
+                            OptionalAttr<HPR_IndexAttr>:$tag), recvArgs);
   let assemblyFormat = [{
     `stage` $stage `mb` $microbatch `peer` $peer (`batched` $batched^)?
-    (`tag` $tag^)? attr-dict
+    (`tag` $tag^)? }] # recvFormat # [{ attr-dict
   }];
 }
+
+/// A receive; `posts` is what a plan read back from JSON says to post when
+/// it is reached (docs/plan-format.md): the indices of its program's actions
+/// (sessions not counted) that are receives, in posting order. Planned
+/// modules leave it out and the plan JSON derives it (`hpr-verify-comm`
+/// checks it, rule 9).
+class HPR_RecvOp<string mnemonic>
+    : HPR_CommOp<mnemonic, (ins OptionalAttr<DenseI64ArrayAttr>:$posts),
+                 [{ (`posts` $posts^)? }]>;
 
 def HPR_SendFOp : HPR_CommOp<"send_f"> {
   let summary = "send the forward activation to the next stage's rank";
 }
-def HPR_RecvFOp : HPR_CommOp<"recv_f"> {
+def HPR_RecvFOp : HPR_RecvOp<"recv_f"> {
   let summary = "receive the forward activation from the previous stage";
 }
 def HPR_SendBOp : HPR_CommOp<"send_b"> {
   let summary = "send the input gradient to the previous stage's rank";
 }
-def HPR_RecvBOp : HPR_CommOp<"recv_b"> {
+def HPR_RecvBOp : HPR_RecvOp<"recv_b"> {
   let summary = "receive the output gradient from the next stage's rank";
 }
 

@@ -11,8 +11,50 @@ def first(actions, pred):
     return next(i for i, a in enumerate(actions) if pred(a))
 
 
+def renumber(actions, index, step):
+    """Shifts the posts indices at or past ``index`` by ``step``: an action was inserted (1) or deleted (-1)."""
+    for a in actions:
+        if "posts" in a:
+            a["posts"] = [i + step if i >= index else i for i in a["posts"]]
+
+
+def self_posting(actions):
+    """The receives that post only themselves, by index."""
+    return [i for i, a in enumerate(actions) if a.get("posts") == [i]]
+
+
+def no_reduce(p):
+    actions = p["ranks"][0]["actions"]
+    i = first(actions, lambda a: a["op"] == "reduce_grad" and a["stage"] == 0)
+    del actions[i]
+    renumber(actions, i, -1)
+
+
+def posted_twice(p):
+    actions = p["ranks"][1]["actions"]
+    i, j = self_posting(actions)[:2]
+    actions[j]["posts"].append(i)
+
+
+def posted_out_of_order(p):
+    actions = p["ranks"][1]["actions"]
+    i, j = self_posting(actions)[:2]
+    actions[i]["posts"], actions[j]["posts"] = [j, i], []
+
+
+def never_posted(p):
+    actions = p["ranks"][1]["actions"]
+    del actions[self_posting(actions)[0]]["posts"]
+
+
 def reduce_early(p):
-    p["ranks"][0]["actions"].insert(3, {"op": "reduce_grad", "stage": 0})
+    """Moves stage 0's REDUCE_GRAD to action 3 (posts follow the actions they name)."""
+    actions = p["ranks"][0]["actions"]
+    i = first(actions, lambda a: a["op"] == "reduce_grad" and a["stage"] == 0)
+    del actions[i]
+    renumber(actions, i, -1)
+    renumber(actions, 3, 1)
+    actions.insert(3, {"op": "reduce_grad", "stage": 0})
 
 
 def reduce_twice(p):
@@ -39,7 +81,8 @@ def frees(p):
     actions[first(actions, lambda a: a["op"] == "backward_input")]["frees_graph"] = True
 
 
-for edit in (reduce_early, reduce_twice, duplicate_tag, send_early, retain, frees):
+for edit in (reduce_early, reduce_twice, duplicate_tag, send_early, retain, frees, no_reduce, posted_twice,
+             posted_out_of_order, never_posted):
     broken = copy.deepcopy(plan)
     edit(broken)
     with open(f"{sys.argv[2]}/{edit.__name__.replace('_', '-')}.json", "w") as out:
