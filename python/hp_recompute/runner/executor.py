@@ -1,17 +1,16 @@
-"""Executing one rank's planned actions with the eager session API.
+"""The runner's stages: a ``StageBackend`` of the plan interpreter over a ``PipelineModel``.
 
-Why: this is where a plan becomes autograd calls. Per (stage, microbatch) the executor
-keeps the stage input (a detached leaf), the output, and the checkpoint handles of its
-forward; the actions map one to one onto the eager API (docs/runner.md):
+Why: the interpreter (``plan/interpreter.py``, NOTE [ Executing a plan ]) says what each
+action means; this says what it does to the runner's stages. Per (stage, microbatch)
+the executor keeps the stage input (a detached leaf), the output and, between I and W,
+the gradients W needs (docs/runner.md):
 
 ====================  =====================================================================
-``forward``           stage units in order under ``recompute_handle_collector_ctx``; plan
-                      regions with ``checkpoint: true`` go through ``hp_recompute.checkpoint``
-``recompute``         ``recompute_handle(h, session)`` for each handle of that (stage, mb)
+``forward``           stage units in order; plan regions with ``checkpoint: true`` go
+                      through ``hp_recompute.checkpoint`` (``native``: torch's checkpoint)
 ``backward_input``    ``backward_split.backward_input``: dx, and the gradients W needs
 ``backward_weight``   ``backward_split.backward_weight``: dW from those, into ``.grad``
 ``backward``          ``autograd.grad(out, [x] + params, g)``: both in one call
-``clear``             ``clear_recompute_session``
 ``send_*``/``recv_*`` the transport (in memory, or torch.distributed point-to-point)
 others                no-op (``unshard``, ``reshard``, ``reduce_grad``: no data parallelism)
 ====================  =====================================================================
@@ -22,29 +21,25 @@ plan has no transfer there, V-shape schedules).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
-import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from ..backward_split import WeightGradState, backward_input, backward_weight
-from ..checkpoint import checkpoint as hr_checkpoint, recompute_handle_collector_ctx
-from ..factory import raised_at
+from ..checkpoint import checkpoint as hr_checkpoint
+from ..plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
+from ..plan.reader import Action, Plan, RunError
 from .model import PipelineModel, StageSpec, Unit
-from ..plan.reader import CONSUMER_OPS, Action, Plan, RunError
 from ..sessions import SessionScope
 
 __all__ = ["Transport", "MemoryTransport", "RankExecutor", "planted_failure", "MODES"]
 
 #: Checkpoint modes: the plan's sessions, torch.utils.checkpoint per backward call, none.
 MODES = ("plan", "native", "none")
-#: Actions that compute (their time is the rank's busy time; receives wait, sends are async).
-COMPUTE_OPS = ("forward", "recompute", "backward_input", "backward_weight", "backward", "clear")
 
 Key = Tuple[int, int]
 
@@ -143,15 +138,20 @@ class _ReplayKeepsBuffers:
 class _Micro:
     """State of one (stage, microbatch) between its forward and its last backward."""
 
-    __slots__ = ("x", "out", "handles", "batch", "weights")
+    __slots__ = ("x", "out", "batch", "weights")
 
-    def __init__(self, x: Any, out: torch.Tensor, handles: List[Any], batch: Any) -> None:
-        self.x, self.out, self.handles, self.batch = x, out, handles, batch
+    def __init__(self, x: Any, out: torch.Tensor, batch: Any) -> None:
+        self.x, self.out, self.batch = x, out, batch
         self.weights: Optional[WeightGradState] = None  # between backward_input and backward_weight
 
 
-class RankExecutor:
-    """Runs one rank's action list for one step at a time.
+class RankExecutor(StageBackend):
+    """The runner's backend: runs one rank's stages of a ``PipelineModel`` for one step at a time.
+
+    The plan's actions are interpreted by ``PlanInterpreter`` (NOTE [ Executing a plan ]);
+    this class says what a forward, a backward and a transfer are for the runner's
+    stages. Receives are posted by the transport's ``recv`` when they are read: messages
+    carry the plan's tags, so posting order cannot mismatch them.
 
     Args:
         rank: this rank.
@@ -169,7 +169,8 @@ class RankExecutor:
         self.rank, self.plan, self.specs, self.model, self.transport, self.mode = rank, plan, specs, model, transport, mode
         #: the rank's recompute sessions: its own namespace, cleared by the runner after each step
         self.sessions = sessions if sessions is not None else SessionScope(f"hp_recompute.run rank {rank}")
-        self.actions = plan.ranks[rank]
+        self.interpreter = PlanInterpreter("hp_recompute.run", plan, rank, self, self.sessions,
+                                           sessions=mode == "plan")
         named = dict(model.module.named_parameters())
         #: per stage of this rank, its (name, parameter) pairs
         self.params = {s.stage: [(n, named[n]) for n in s.params]
@@ -184,91 +185,85 @@ class RankExecutor:
     def reset(self, batches: List[Any], seeds: List[int]) -> None:
         """Starts a step on ``batches`` with their seeds (``reference.microbatch_seeds``)."""
         self.batches, self.seeds = batches, seeds
-        self.pc = 0
+        self.interpreter.reset()
         self.micro: Dict[Key, _Micro] = {}
         self.inbox_f: Dict[Key, torch.Tensor] = {}
         self.inbox_b: Dict[Key, torch.Tensor] = {}
         self.dx_out: Dict[Key, torch.Tensor] = {}
         self.losses: Dict[int, torch.Tensor] = {}
-        # (op, stage, plain forward, seconds) of every COMPUTE_OPS action, this step: the report's
-        # busy_us and measured_action_us (``hp_recompute.costs --from-run`` takes a run's costs from it)
-        self.action_s: List[Tuple[str, int, bool, float]] = []
         # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
         self.native_calls = 0
         self.native_forwards = 0
 
     @property
+    def action_s(self) -> List[Tuple[str, int, bool, float]]:
+        """(op, stage, plain forward, seconds) of every compute action, this step: the report's
+        busy_us and measured_action_us (``hp_recompute.costs --from-run`` takes a run's costs from it)."""
+        return self.interpreter.action_s
+
+    @property
     def busy_s(self) -> float:
-        """Time in COMPUTE_OPS actions, this step."""
-        return sum(seconds for *_, seconds in self.action_s)
+        return self.interpreter.busy_s
 
     @property
     def done(self) -> bool:
-        return self.pc >= len(self.actions)
+        return self.interpreter.done
+
+    @property
+    def pc(self) -> int:
+        return self.interpreter.pc
+
+    @property
+    def actions(self) -> List[Action]:
+        return self.interpreter.program
 
     def ready(self) -> bool:
-        """Whether the next action can run now (a receive needs its message)."""
-        a = self.actions[self.pc]
-        if a.op == "recv_f":
-            return self.transport.ready("f", a.stage - 1, a.microbatch, a.peer, self.rank)
-        if a.op == "recv_b":
-            return self.transport.ready("b", a.stage + 1, a.microbatch, a.peer, self.rank)
-        return True
+        return self.interpreter.ready()
+
+    def step_one(self) -> None:
+        self.interpreter.step_one()
 
     def run_all(self) -> None:
         """Runs the remaining actions in order (multi-process mode)."""
-        while not self.done:
-            self.step_one()
+        self.interpreter.run_all()
 
-    def step_one(self) -> None:
-        """Runs the next action; errors name the rank, the action index and the action."""
-        index, action = self.pc, self.actions[self.pc]
-        try:
-            if self.fail_at is not None and self.fail_at[:2] == (self.rank, index):
-                if self.fail_at[2] is not None:
-                    os.kill(os.getpid(), self.fail_at[2])
-                raise RuntimeError(f"planted failure (HPR_RUN_FAIL_AT={self.rank}:{index})")
-            start = time.perf_counter()
-            self._run(action)
-            if action.op in COMPUTE_OPS:
-                self.action_s.append((action.op, action.stage, bool(action.plain), time.perf_counter() - start))
-        except RunError:
-            raise
-        except BaseException as e:  # noqa: BLE001 - re-raised with its location; SystemExit from model code too
-            raise RunError(f"hp_recompute.run: rank {self.rank} action {index} ({action.describe()}): "
-                           f"{raised_at(e)}") from e
-        self.pc += 1
+    # -- the backend ---------------------------------------------------------------------
 
-    # -- actions -------------------------------------------------------------------------
+    def before(self, index: int, a: Action) -> None:
+        if self.fail_at is not None and self.fail_at[:2] == (self.rank, index):
+            if self.fail_at[2] is not None:
+                os.kill(os.getpid(), self.fail_at[2])
+            raise RuntimeError(f"planted failure (HPR_RUN_FAIL_AT={self.rank}:{index})")
 
-    def _run(self, a: Action) -> None:
+    def send(self, a: Action) -> None:
         key = (a.stage, a.microbatch)
-        op = a.op
-        if op == "forward":
-            self._forward(a)
-        elif op == "recompute":
-            if self.mode == "plan":
-                for handle in self._forward_of(a).handles:
-                    self.sessions.recompute_handle(handle, a.session)
-        elif op == "clear":
-            if self.mode == "plan":
-                self.sessions.clear_recompute_session(a.session)
-        elif op in CONSUMER_OPS:
-            self._backward(a)
-        elif op == "send_f":
-            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self._forward_of(a).out.detach(),
-                                a.tag)
-        elif op == "send_b":
-            if key not in self.dx_out:
-                raise RunError(f"hp_recompute.run: rank {self.rank}: send_b of stage {a.stage} mb {a.microbatch} "
-                               f"before its dx (backward_input or backward of that stage and microbatch)")
-            self.transport.send("b", a.stage, a.microbatch, self.rank, a.peer, self.dx_out.pop(key), a.tag)
-        elif op == "recv_f":
-            self.inbox_f[key] = self.transport.recv("f", a.stage - 1, a.microbatch, a.peer, self.rank, a.tag)
-        elif op == "recv_b":
-            self.inbox_b[key] = self.transport.recv("b", a.stage + 1, a.microbatch, a.peer, self.rank, a.tag)
-        if op in CONSUMER_OPS and a.frees_graph:
-            self.micro.pop(key, None)
+        if a.op == "send_f":
+            self.transport.send("f", a.stage, a.microbatch, self.rank, a.peer, self._forward_of(a).out.detach(), a.tag)
+            return
+        if key not in self.dx_out:
+            raise RunError(f"hp_recompute.run: rank {self.rank}: send_b of stage {a.stage} mb {a.microbatch} "
+                           f"before its dx (backward_input or backward of that stage and microbatch)")
+        self.transport.send("b", a.stage, a.microbatch, self.rank, a.peer, self.dx_out.pop(key), a.tag)
+
+    def _message(self, a: Action) -> Tuple[str, int]:
+        """A receive's (kind, sending stage)."""
+        return ("f", a.stage - 1) if a.op == "recv_f" else ("b", a.stage + 1)
+
+    def recv_ready(self, a: Action) -> bool:
+        kind, sender = self._message(a)
+        return self.transport.ready(kind, sender, a.microbatch, a.peer, self.rank)
+
+    def wait_recv(self, a: Action) -> None:
+        kind, sender = self._message(a)
+        inbox = self.inbox_f if kind == "f" else self.inbox_b
+        inbox[(a.stage, a.microbatch)] = self.transport.recv(kind, sender, a.microbatch, a.peer, self.rank, a.tag)
+
+    def flush(self) -> None:
+        self.transport.flush()
+
+    def release(self, stage: int, mb: int) -> None:
+        self.micro.pop((stage, mb), None)
+        self.inbox_b.pop((stage, mb), None)
 
     def _forward_of(self, a: Action) -> "_Micro":
         """The state a forward left for ``a``'s (stage, mb); a plan ordered wrongly is named."""
@@ -278,9 +273,9 @@ class RankExecutor:
                            f"before its forward or after its last backward")
         return m
 
-    def _unit_call(self, unit: Unit, h: Any, batch: Any, seed: int, plain: bool) -> Any:
+    def _unit_call(self, unit: Unit, h: Any, batch: Any, seed: int) -> Any:
         fn: Any = functools.partial(unit.__call__, batch=batch, seed=seed)
-        if not unit.checkpoint or plain or self.mode == "none":
+        if not unit.checkpoint or forwards_are_plain() or self.mode == "none":
             return fn(h)
         fn = _ReplayKeepsBuffers(fn, self.model.module, self.buffers_changed_by, unit.name)
         if self.mode == "plan":
@@ -293,7 +288,7 @@ class RankExecutor:
         self.native_forwards += 1
         return torch_checkpoint.checkpoint(counted, h, use_reentrant=False)
 
-    def _forward(self, a: Action) -> None:
+    def forward(self, a: Action) -> torch.Tensor:
         s, mb = a.stage, a.microbatch
         batch = self.batches[mb]
         if s == 0:
@@ -303,24 +298,25 @@ class RankExecutor:
                 raise RunError(f"hp_recompute.run: rank {self.rank}: forward of stage {s} mb {mb} has no input "
                                f"(no recv_f and stage {s - 1} did not run here first)")
             x = self.inbox_f.pop((s, mb)).detach().requires_grad_(True)
-        with recompute_handle_collector_ctx() as handles:
-            h = x
-            for unit in self.specs[s].units:
-                h = self._unit_call(unit, h, batch, self.seeds[mb], a.plain)
-            if s == self.plan.num_stages - 1:
-                h = h / self.plan.num_microbatches
-        self.micro[(s, mb)] = _Micro(x, h, list(handles), batch)
+        h = x
+        for unit in self.specs[s].units:
+            h = self._unit_call(unit, h, batch, self.seeds[mb])
+        if s == self.plan.num_stages - 1:
+            h = h / self.plan.num_microbatches
+        self.micro[(s, mb)] = _Micro(x, h, batch)
         if s == self.plan.num_stages - 1:
             self.losses[mb] = h.detach()
-        elif self.plan.stage_to_rank[s + 1] == self.rank:
-            self.inbox_f[(s + 1, mb)] = h.detach()
+        return h
 
-    def _backward(self, a: Action) -> None:
+    def pass_forward(self, a: Action, output: torch.Tensor) -> None:
+        self.inbox_f[(a.stage + 1, a.microbatch)] = output.detach()
+
+    def pass_backward(self, a: Action) -> None:
+        self.inbox_b[(a.stage - 1, a.microbatch)] = self.dx_out.pop((a.stage, a.microbatch))
+
+    def backward(self, a: Action, last: bool) -> None:
         s, mb = a.stage, a.microbatch
-        m = self.micro.get((s, mb))
-        if m is None:
-            raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb} before its forward "
-                           f"or after its last backward")
+        m = self._forward_of(a)
         grad_out = None
         if s != self.plan.num_stages - 1:
             if (s, mb) not in self.inbox_b:
@@ -330,37 +326,32 @@ class RankExecutor:
         want_x = a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor) and m.x.requires_grad
         trained = [(n, p) for n, p in self.params[s] if p.requires_grad]
         names, params = [n for n, _ in trained], [p for _, p in trained]
-        last = a.frees_graph  # the plan's last backward of (stage, mb): its graph is freed
+        keep = not a.frees_graph  # the plan's last backward of (stage, mb) frees its graph
         if a.op == "backward_weight" and m.weights is None:
             raise RunError(f"hp_recompute.run: rank {self.rank}: backward_weight of stage {s} mb {mb} has no "
                            f"backward_input before it")
-        ctx = (self.sessions.recompute_session_ctx(a.session, retain_on_unpack=a.retain_on_unpack)
-               if a.session is not None and self.mode == "plan" else contextlib.nullcontext())
         dx: Optional[torch.Tensor] = None
         wgrads: Sequence[Optional[torch.Tensor]] = ()
         grads_out = None if grad_out is None else [grad_out]
-        with ctx:  # NOTE [ dx/dw split ] in backward_split.py
-            if a.op == "backward":
-                inputs = ([m.x] if want_x else []) + params
-                grads = torch.autograd.grad([m.out], inputs, grads_out, retain_graph=not last,
-                                            allow_unused=True) if inputs else ()
-                dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
-                unreached = [n for n, g in zip(names, wgrads) if g is None]
-                if unreached:  # never a None gradient silently (as backward_weight's Rule 6)
-                    raise RunError(f"hp_recompute.run: rank {self.rank}: backward of stage {s} mb {mb}: weights "
-                                   f"{', '.join(unreached)} are not reached by the stage's graph; no gradient")
-            elif a.op == "backward_input":
-                dxs, m.weights = backward_input([m.out], grads_out, [m.x] if want_x else [], params,
-                                                retain_graph=not last, names=names)
-                dx = dxs[0] if want_x else None
-            else:
-                wgrads = backward_weight(m.weights, retain_graph=not last)
-                m.weights = None
-        if want_x:
-            if self.plan.stage_to_rank[s - 1] == self.rank:
-                self.inbox_b[(s - 1, mb)] = dx
-            else:
-                self.dx_out[(s, mb)] = dx
+        # NOTE [ dx/dw split ] in backward_split.py
+        if a.op == "backward":
+            inputs = ([m.x] if want_x else []) + params
+            grads = torch.autograd.grad([m.out], inputs, grads_out, retain_graph=keep,
+                                        allow_unused=True) if inputs else ()
+            dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
+            unreached = [n for n, g in zip(names, wgrads) if g is None]
+            if unreached:  # never a None gradient silently (as backward_weight's Rule 6)
+                raise RunError(f"hp_recompute.run: rank {self.rank}: backward of stage {s} mb {mb}: weights "
+                               f"{', '.join(unreached)} are not reached by the stage's graph; no gradient")
+        elif a.op == "backward_input":
+            dxs, m.weights = backward_input([m.out], grads_out, [m.x] if want_x else [], params,
+                                            retain_graph=keep, names=names)
+            dx = dxs[0] if want_x else None
+        else:
+            wgrads = backward_weight(m.weights, retain_graph=keep)
+            m.weights = None
+        if want_x:  # to send_b, or to the previous stage on this rank (pass_backward)
+            self.dx_out[(s, mb)] = dx
         for p, g in zip(params, wgrads):
             if g is None:
                 continue
@@ -368,5 +359,3 @@ class RankExecutor:
                 p.grad = g
             else:
                 p.grad.add_(g)
-        if last:
-            self.inbox_b.pop((s, mb), None)

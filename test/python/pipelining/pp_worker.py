@@ -6,7 +6,8 @@ FQNs are the full model's), and runs one step twice on copies of those stages:
 
 * reference: torch's own schedule class, the plan's checkpointed regions wrapped with
   torch's ``checkpoint_wrapper`` (``torch.utils.checkpoint``, non-reentrant);
-* planned: ``hp_recompute.pipelining.PlannedSchedule`` with the plan.
+* planned: ``hp_recompute.pipelining.PlannedSchedule`` with the plan, on plain blocks or on
+  blocks the user wrapped with ``hp_recompute.checkpoint_wrapper`` (``planned_wrap``).
 
 It writes losses, gradients and per-block forward calls of both runs to ``out/rank{R}.pt``.
 """
@@ -117,6 +118,24 @@ def stages_of_rank(cfg: Dict[str, Any], rank: int) -> List[int]:
     return list(range(rank, stages, ranks))
 
 
+def planned_wrapper(kind: Any) -> Any:
+    """How the planned run's blocks come: None (plain modules), or wrapped by the user with
+    ``hp_recompute.checkpoint_wrapper``, ``"full"`` or ``"selective"`` (torch's selective
+    checkpoint policy as ``context_fn``: matmul outputs saved, the rest replayed)."""
+    if kind is None:
+        return None
+    import functools
+
+    from hp_recompute import checkpoint_wrapper as ours
+
+    if kind == "full":
+        return ours
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    saved = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
+    return functools.partial(ours, context_fn=functools.partial(create_selective_checkpoint_contexts, saved))
+
+
 def main(rank: int, cfg: Dict[str, Any]) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.pipelining import PipelineStage
@@ -135,13 +154,14 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         x = torch.randn(cfg["batch"], cfg["dim"], generator=g)
         y = torch.randn(cfg["batch"], cfg["dim"], generator=g)
 
-        def make_stages(wrap: bool) -> List[Any]:
+        def make_stages(wrap: Any) -> List[Any]:
+            """``wrap``: torch's ``checkpoint_wrapper``, ours, or None (PlannedSchedule patches the regions)."""
             out = []
             for s in mine:
                 module = stage_module(full, split[s])
-                if wrap:
+                if wrap is not None:
                     for fqn in ckpt[s]:
-                        module.layers[fqn.split(".")[1]] = checkpoint_wrapper(module.get_submodule(fqn))
+                        module.layers[fqn.split(".")[1]] = wrap(module.get_submodule(fqn))
                 out.append(PipelineStage(module, s, cfg["stages"], torch.device("cpu")))
             return out
 
@@ -152,7 +172,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                     out[name.replace("_checkpoint_wrapped_module.", "")] = p.grad.detach().clone()
             return out
 
-        ref_stages = make_stages(wrap=True)
+        ref_stages = make_stages(checkpoint_wrapper)
         ref, ref_losses, ref_calls, _ = run_one(torch_schedule(cfg["torch_schedule"]), ref_stages, cfg, x, y)
         if rank == 0 and cfg.get("dump_csv"):
             ref._dump_csv(cfg["dump_csv"], format="compute_only")  # torch's own order, for the planner
@@ -164,14 +184,14 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
             if done.returncode != 0:
                 raise RuntimeError(f"planner failed: {done.stderr}")
         dist.barrier()
-        plan_stages = make_stages(wrap=False)
+        plan_stages = make_stages(planned_wrapper(cfg.get("planned_wrap")))
         _, plan_losses, plan_calls, plan_replays = run_one(PlannedSchedule, plan_stages, cfg, x, y, plan=cfg["plan"])
 
         extra: Dict[str, Any] = {}
         if cfg["plan"].endswith(".csv"):
             from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-            rt_stages = make_stages(wrap=True)
+            rt_stages = make_stages(checkpoint_wrapper)
             rt, rt_losses, _, _ = run_one(_PipelineScheduleRuntime, rt_stages, cfg, x, y, load_csv=cfg["plan"])
             extra = {"rt_losses": rt_losses, "rt_grads": grads(rt_stages),
                      "rt_row": [str(a) for a in rt.pipeline_order_with_comms[rank]]}

@@ -51,7 +51,7 @@ def stage_spec(stages: int) -> str:
 
 
 def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatches: int, emit: str = "json",
-             prefetch: str = "jit", dropout: float = 0.0) -> List[Dict[str, Any]]:
+             prefetch: str = "jit", dropout: float = 0.0, planned_wrap: Any = None) -> List[Dict[str, Any]]:
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp / "model.json", layers)
@@ -69,7 +69,7 @@ def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatch
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "stages": stages,
            "layers": layers, "dim": DIM, "batch": 2 * microbatches, "microbatches": microbatches,
            "dropout": dropout, "torch_schedule": torch_schedule, "dump_csv": dump, "plan_cmd": cmd,
-           "plan": str(plan), "out": str(out)}
+           "plan": str(plan), "out": str(out), "planned_wrap": planned_wrap}
     mp.start_processes(pp_worker.main, args=(cfg,), nprocs=ranks, start_method="spawn", join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
 
@@ -110,6 +110,16 @@ def test_planned_schedule_matches_torch(tmp_path: Path, torch_schedule: str, ran
     if torch_schedule in ("zbv", "izb"):
         # torch replays a block once per backward call, so the stages with a dx/dw split call it more often.
         assert any(res["ref_calls"][f] > 2 * microbatches for res in results for f in res["checkpointed"])
+
+
+@pytest.mark.parametrize("wrap", ["full", "selective"])
+def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_path: Path, wrap: str) -> None:
+    """torchtitan wraps its blocks before building stages; with ``hp_recompute.checkpoint_wrapper``
+    (its options, a selective policy's ``context_fn`` too, kept by torch's wrapper as a
+    ``functools.partial``) PlannedSchedule uses the wrapper as it is: exact gradients, one
+    replay per block and microbatch, prefetched into the bubble."""
+    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, planned_wrap=wrap)
+    check(results, 4)
 
 
 def test_planned_schedule_from_torch_csv_with_bubble_prefetch_and_dropout(tmp_path: Path) -> None:

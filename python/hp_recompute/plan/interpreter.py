@@ -1,0 +1,293 @@
+"""Executing one rank's plan: what each action means, written once.
+
+Why one module: a plan is run by two runtimes, the runner (``python -m hp_recompute.run``,
+its own stages over a ``PipelineModel``) and ``PlannedSchedule`` (torch's
+``PipelineStage`` objects). What an action *means* (which session a replay fills, which
+backward reads it with which retain flag, when a forward's handles die, which receives a
+``recv`` posts and who waits for them, that every session is cleared by the end of the
+step) is the plan's semantics and lives here. A runtime is a ``StageBackend``: it says
+how to run one stage's forward or backward and how to move one tensor, nothing about when.
+
+NOTE [ Executing a plan ]
+=========================
+The code cites these as "Rule N".
+
+Rule 1 (order). Actions run one at a time in the plan's order. Nothing is reordered,
+  inserted or inferred: the planner lowered into the plan where each gradient
+  reduction goes and which receives each ``recv`` posts (docs/plan-format.md), and the
+  verifier admitted the plan before any rank ran.
+
+Rule 2 (forward). ``backend.forward`` runs inside ``recompute_handle_collector_ctx``: the
+  handles of the checkpoints it creates belong to its (stage, microbatch). A forward the
+  plan marks ``"checkpoint": false`` runs inside ``plain_forwards()``, where planned
+  checkpoints run their regions plainly (saving their activations).
+
+Rule 2a (co-located neighbours). The plan has no transfer between two stages on one
+  rank (V-shaped schedules): a forward's output goes to the next stage, and the input
+  gradient of a ``backward_input`` or ``backward`` to the previous stage, in memory
+  (``backend.pass_forward`` / ``backend.pass_backward``) right after the action.
+
+Rule 3 (recompute). ``recompute`` replays every handle of its forward into the plan's
+  session (``scope.recompute_handle``).
+
+Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
+  ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
+  session, so the dx and the dw of a microbatch read one replay. The backend is told
+  whether the action is its stage's last ``W`` or ``B`` of the step (the "last backward"
+  of torch's stages: DDP reduces there).
+
+Rule 5 (frees_graph). After the plan's last backward of (stage, microbatch), the handles
+  of its forward are dropped and ``backend.release`` frees what the backend kept for it.
+
+Rule 6 (clear). ``clear`` is ``scope.clear_recompute_session``.
+
+Rule 7 (receives). A ``recv_*`` action posts the receives its ``posts`` lists, in that
+  order: torch's point-to-point ops carry no tag, so between two ranks receives match
+  sends in posting order, and the planner put the peer's send order there. The data is
+  waited for by the action that reads it: the forward of that stage and microbatch
+  (``recv_f``), its first ``backward_input`` or ``backward`` (``recv_b``). A receive
+  posted and never read is an error at the end of the step.
+
+Rule 8 (sends, reduce_grad, unshard, reshard). Each is one backend call at its place;
+  sends are asynchronous and waited for by ``finish``.
+
+Rule 9 (end of step). ``finish`` waits for the sends and clears the sessions still
+  open, returning their ids: the plan promised a clear for each, so a runtime reports
+  them as a failure. After an error ``abandon`` clears every session of the scope, so
+  no replayed tensor outlives the step.
+
+Rule 10 (without sessions). With ``sessions=False`` (the runner's ``native`` and
+  ``none`` modes: torch's checkpoint, or none) ``recompute`` and ``clear`` do nothing and
+  backwards run outside any session.
+
+Rule 11 (errors). An error of an action is raised as ``RunError`` naming the runtime,
+  the rank, the action's index and the action, and where the user's code raised it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from typing import Any, Dict, Iterator, List, Tuple
+
+from ..checkpoint import recompute_handle_collector_ctx
+from ..factory import raised_at
+from ..frame import RecomputeHandle
+from ..sessions import SessionScope
+from .reader import COMPUTE_OPS, CONSUMER_OPS, Action, Plan, RunError
+
+__all__ = ["StageBackend", "PlanInterpreter", "plain_forwards", "forwards_are_plain", "TIMED_OPS"]
+
+#: Actions whose time is the rank's busy time (receives wait, sends are async).
+TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
+#: What a receive's data is read by (Rule 7).
+_READERS = {"forward": "f", "backward_input": "b", "backward": "b"}
+
+Key = Tuple[int, int]
+
+_PLAIN = contextvars.ContextVar("hp_recompute_plain_forwards", default=False)
+
+
+@contextlib.contextmanager
+def plain_forwards() -> Iterator[None]:
+    """Inside, planned checkpoints run their regions plainly (Rule 2)."""
+    token = _PLAIN.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN.reset(token)
+
+
+def forwards_are_plain() -> bool:
+    """Whether a ``plain_forwards()`` block is open in this context."""
+    return _PLAIN.get()
+
+
+class StageBackend:
+    """How one runtime runs its rank's stages; ``PlanInterpreter`` decides when (NOTE).
+
+    Every method receives the plan's action; a backend keeps its own per-(stage,
+    microbatch) state (inputs, outputs, gradients in flight) and frees it in ``release``.
+    """
+
+    def forward(self, a: Action) -> Any:
+        """Runs the stage's forward; returns its output."""
+        raise NotImplementedError
+
+    def pass_forward(self, a: Action, output: Any) -> None:
+        """Hands forward ``a``'s output to stage ``a.stage + 1``, on this rank (Rule 2a)."""
+        raise NotImplementedError
+
+    def pass_backward(self, a: Action) -> None:
+        """Hands the input gradient of ``a`` to stage ``a.stage - 1``, on this rank (Rule 2a)."""
+        raise NotImplementedError
+
+    def backward(self, a: Action, last: bool) -> None:
+        """``a.op`` is ``backward_input``, ``backward_weight`` or ``backward``; ``last``: Rule 4."""
+        raise NotImplementedError
+
+    def release(self, stage: int, mb: int) -> None:
+        """The plan's last backward of (stage, mb) ran (Rule 5)."""
+
+    def send(self, a: Action) -> None:
+        raise NotImplementedError
+
+    def post_recv(self, a: Action) -> None:
+        """Posts receive ``a`` (Rule 7); a backend whose transport matches by tag may do nothing here."""
+
+    def recv_ready(self, a: Action) -> bool:
+        """Whether waiting for receive ``a`` would return at once (single-process scheduling)."""
+        return True
+
+    def wait_recv(self, a: Action) -> None:
+        raise NotImplementedError
+
+    def reduce_grad(self, a: Action) -> None:
+        """The stage's gradient reduction (data parallelism, gradient scaling)."""
+
+    def unshard(self, a: Action) -> None:
+        """Gathers the stage's sharded parameters."""
+
+    def reshard(self, a: Action) -> None:
+        """Frees the stage's gathered parameters."""
+
+    def flush(self) -> None:
+        """Waits for every send of the step."""
+
+    def before(self, index: int, a: Action) -> None:
+        """Called before action ``index`` runs (the runner's planted failures)."""
+
+
+class PlanInterpreter:
+    """Runs one rank's program, one step at a time, on a backend.
+
+    Args:
+        runtime: names the runtime in errors (``hp_recompute.run``).
+        plan: the plan (admitted by ``verify_plan``).
+        rank: this rank, whose program (``plan.ranks[rank]``) runs.
+        backend: runs the stages.
+        scope: the runtime's sessions (a runtime owns its scope; NOTE [ Recompute sessions ]).
+        sessions: False runs without sessions (Rule 10).
+    """
+
+    def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
+                 sessions: bool = True) -> None:
+        self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
+        self.scope, self.sessions = scope, sessions
+        here = [r == rank for r in plan.stage_to_rank]
+        #: stages whose next / previous stage runs on this rank too (Rule 2a)
+        self._next_here = {s for s in range(plan.num_stages - 1) if here[s] and here[s + 1]}
+        self._previous_here = {s + 1 for s in self._next_here}
+        last: Dict[int, int] = {}
+        for index, a in enumerate(self.program):
+            if a.op in ("backward_weight", "backward"):
+                last[a.stage] = index
+        self._last_backward = set(last.values())  # Rule 4
+        self.reset()
+
+    def reset(self) -> None:
+        """Starts a step."""
+        self.pc = 0
+        self.handles: Dict[Key, List[RecomputeHandle]] = {}
+        self.posted: Dict[Tuple[str, int, int], Action] = {}  # (kind, stage, mb) -> its receive, not yet read
+        #: (op, stage, plain, seconds) of every TIMED_OPS action of the step
+        self.action_s: List[Tuple[str, int, bool, float]] = []
+
+    @property
+    def done(self) -> bool:
+        return self.pc >= len(self.program)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds in TIMED_OPS actions, this step."""
+        return sum(seconds for *_, seconds in self.action_s)
+
+    def _pending(self, a: Action) -> Tuple[str, int, int]:
+        return (_READERS.get(a.op, ""), a.stage, a.microbatch)
+
+    def ready(self) -> bool:
+        """Whether the next action can run without waiting for a message (Rule 7)."""
+        receive = self.posted.get(self._pending(self.program[self.pc]))
+        return receive is None or self.backend.recv_ready(receive)
+
+    def run_all(self) -> None:
+        while not self.done:
+            self.step_one()
+
+    def step_one(self) -> None:
+        """Runs the next action (Rule 11)."""
+        index, a = self.pc, self.program[self.pc]
+        try:
+            self.backend.before(index, a)
+            start = time.perf_counter()
+            self._run(a)
+            if a.op in TIMED_OPS:
+                self.action_s.append((a.op, a.stage, a.plain, time.perf_counter() - start))
+        except RunError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - re-raised with its location; SystemExit from model code too
+            raise RunError(f"{self.runtime}: rank {self.rank} action {index} ({a.describe()}): {raised_at(e)}") from e
+        self.pc += 1
+
+    def _run(self, a: Action) -> None:
+        op, key = a.op, (a.stage, a.microbatch)
+        receive = self.posted.pop(self._pending(a), None)
+        if receive is not None:  # Rule 7
+            self.backend.wait_recv(receive)
+        if op == "forward":  # Rule 2
+            with recompute_handle_collector_ctx() as handles, (plain_forwards() if a.plain
+                                                               else contextlib.nullcontext()):
+                output = self.backend.forward(a)
+            self.handles[key] = list(handles)
+            if a.stage in self._next_here:  # Rule 2a
+                self.backend.pass_forward(a, output)
+        elif op == "recompute":  # Rule 3
+            if self.sessions:
+                for handle in self._handles_of(a):
+                    self.scope.recompute_handle(handle, a.session)
+        elif op == "clear":  # Rule 6
+            if self.sessions:
+                self.scope.clear_recompute_session(a.session)
+        elif op in CONSUMER_OPS:  # Rule 4
+            with (self.scope.recompute_session_ctx(a.session, a.retain_on_unpack)
+                  if a.session is not None and self.sessions else contextlib.nullcontext()):
+                self.backend.backward(a, self.pc in self._last_backward)
+            if a.op != "backward_weight" and a.stage in self._previous_here:  # Rule 2a
+                self.backend.pass_backward(a)
+            if a.frees_graph:  # Rule 5
+                self.handles.pop(key, None)
+                self.backend.release(a.stage, a.microbatch)
+        elif op in ("recv_f", "recv_b"):  # Rule 7
+            for j in a.posts:
+                posted = self.program[j]
+                self.backend.post_recv(posted)
+                self.posted[(posted.op[-1], posted.stage, posted.microbatch)] = posted
+        elif op in ("send_f", "send_b"):
+            self.backend.send(a)
+        elif op == "reduce_grad":  # Rule 8
+            self.backend.reduce_grad(a)
+        elif op == "unshard":
+            self.backend.unshard(a)
+        elif op == "reshard":
+            self.backend.reshard(a)
+
+    def _handles_of(self, a: Action) -> List[RecomputeHandle]:
+        handles = self.handles.get((a.stage, a.microbatch))
+        if handles is None:
+            raise RunError(f"{self.runtime}: rank {self.rank}: {a.op} of stage {a.stage} mb {a.microbatch} before "
+                           f"its forward or after its last backward")
+        return handles
+
+    def abandon(self) -> None:
+        """After an error: no replayed tensor outlives the step (Rule 9)."""
+        self.scope.clear_all()
+
+    def finish(self) -> List[object]:
+        """Ends the step (Rule 9); returns the ids of the sessions the plan left open."""
+        self.backend.flush()
+        if self.posted:
+            unread = ", ".join(f"{a.describe()}" for a in self.posted.values())
+            self.abandon()
+            raise RunError(f"{self.runtime}: rank {self.rank}: received but never read: {unread}")
+        return list(self.scope.clear_all())

@@ -1,0 +1,174 @@
+"""The plan interpreter both runtimes share (NOTE [ Executing a plan ] in plan/interpreter.py).
+
+A backend here records what it is asked to do, so the tests read, action by action, what
+the interpreter decided: which receives a ``recv`` posts and in which order, that the
+reader of a receive waits for it, the in-memory handoff between co-located stages, the
+"last backward" flag, and how an error or a left-over receive ends a step. The runtimes'
+own tests (test/python/run, test/python/pipelining) run the same interpreter on real
+stages.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+
+import hp_recompute as hr
+from hp_recompute.plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
+from hp_recompute.plan.reader import Action, RunError, parse_plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hand_plan import hand_plan  # noqa: E402
+
+
+class Recorder(StageBackend):
+    """Records each call as (method, op, stage, mb)."""
+
+    def __init__(self, fail_on: str = "") -> None:
+        self.calls: List[Tuple[Any, ...]] = []
+        self.fail_on = fail_on
+
+    def _note(self, what: str, a: Action, *extra: Any) -> None:
+        if what == self.fail_on:
+            raise ValueError(f"{what} failed")
+        self.calls.append((what, a.op, a.stage, a.microbatch, *extra))
+
+    def forward(self, a: Action) -> Any:
+        self._note("forward", a, forwards_are_plain())
+        return f"out{a.stage}.{a.microbatch}"
+
+    def pass_forward(self, a: Action, output: Any) -> None:
+        self._note("pass_forward", a, output)
+
+    def pass_backward(self, a: Action) -> None:
+        self._note("pass_backward", a)
+
+    def backward(self, a: Action, last: bool) -> None:
+        self._note("backward", a, last)
+
+    def send(self, a: Action) -> None:
+        self._note("send", a)
+
+    def post_recv(self, a: Action) -> None:
+        self._note("post", a)
+
+    def wait_recv(self, a: Action) -> None:
+        self._note("wait", a)
+
+    def reduce_grad(self, a: Action) -> None:
+        self._note("reduce_grad", a)
+
+
+def _run(raw: Dict[str, Any], rank: int, backend: Recorder) -> PlanInterpreter:
+    run = PlanInterpreter("test", parse_plan(raw, "hand.json"), rank, backend, hr.SessionScope("test"),
+                          sessions=False)
+    run.run_all()
+    run.finish()
+    return run
+
+
+def _compute_and_transfers(calls: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
+    return [c for c in calls if c[0] in ("post", "wait", "forward", "backward", "send", "reduce_grad")]
+
+
+def test_a_receive_posts_and_its_reader_waits():
+    backend = Recorder()
+    _run(hand_plan(), 1, backend)
+    assert _compute_and_transfers(backend.calls) == [
+        ("post", "recv_f", 1, 0), ("wait", "recv_f", 1, 0), ("forward", "forward", 1, 0, False),
+        ("backward", "backward", 1, 0, False), ("send", "send_b", 1, 0),
+        ("post", "recv_f", 1, 1), ("wait", "recv_f", 1, 1), ("forward", "forward", 1, 1, False),
+        ("backward", "backward", 1, 1, True), ("send", "send_b", 1, 1), ("reduce_grad", "reduce_grad", 1, -1)]
+
+
+def test_receives_are_posted_in_the_order_posts_gives_not_the_order_they_are_read():
+    """Rank 0 reads mb 1's gradient first; its peer sends mb 0's first: the first recv posts both."""
+    raw = hand_plan()
+    actions = raw["ranks"][0]["actions"]
+    first, second = 4, 9  # recv_b mb 0, recv_b mb 1
+    assert actions[first]["op"] == actions[second]["op"] == "recv_b"
+    actions[first]["posts"], actions[second]["posts"] = [second, first], []
+    backend = Recorder()
+    _run(raw, 0, backend)
+    transfers = [c for c in backend.calls if c[0] in ("post", "wait")]
+    assert transfers == [("post", "recv_b", 0, 1), ("post", "recv_b", 0, 0), ("wait", "recv_b", 0, 0),
+                         ("wait", "recv_b", 0, 1)]
+
+
+def test_co_located_stages_hand_over_in_memory_and_weights_pass_nothing():
+    """One rank runs both stages: the plan has no transfer; forward outputs and input gradients move."""
+    raw = hand_plan()
+    raw["schedule"]["num_ranks"], raw["schedule"]["stage_to_rank"] = 1, [0, 0]
+    raw["sessions"] = [{**s, "rank": 0} for s in raw["sessions"]]
+    ops = [copy.deepcopy(a) for rank in raw["ranks"] for a in rank["actions"]
+           if not a["op"].startswith(("send", "recv"))]
+    order = sorted(range(len(ops)), key=lambda i: {"forward": 0}.get(ops[i]["op"], 1))
+    raw["ranks"] = [{"rank": 0, "actions": [ops[i] for i in order]}]
+    backend = Recorder()
+    _run(raw, 0, backend)
+    handoffs = [c for c in backend.calls if c[0].startswith("pass")]
+    assert handoffs == [("pass_forward", "forward", 0, 0, "out0.0"), ("pass_forward", "forward", 0, 1, "out0.1"),
+                        ("pass_backward", "backward", 1, 0), ("pass_backward", "backward", 1, 1)]
+
+
+def test_the_last_backward_flag_marks_each_stages_last_w_or_b():
+    backend = Recorder()
+    _run(hand_plan(), 0, backend)
+    flags = [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]
+    assert flags == [("backward_input", 0, False), ("backward_weight", 0, False), ("backward", 1, True)]
+
+
+def test_a_plain_forward_runs_inside_plain_forwards():
+    raw = hand_plan()
+    raw["sessions"] = [s for s in raw["sessions"] if s["microbatch"] != 1]
+    actions = raw["ranks"][0]["actions"]
+    actions[2]["checkpoint"] = False  # forward stage 0 mb 1
+    raw["ranks"][0]["actions"] = [a for a in actions if a["op"] not in ("recompute", "clear")
+                                  or a["session"] != "s0.mb1"]
+    for a in raw["ranks"][0]["actions"]:
+        if a["op"] == "backward" and a["stage"] == 0:
+            a.pop("session", None), a.pop("retain_on_unpack", None)
+    # the removed recompute/clear shifted indices: posts point at the receives where they now stand
+    for i, a in enumerate(raw["ranks"][0]["actions"]):
+        if a["op"] == "recv_b":
+            a["posts"] = [i]
+    backend = Recorder()
+    _run(raw, 0, backend)
+    assert [c[4] for c in backend.calls if c[0] == "forward"] == [False, True]
+
+
+def test_an_error_names_the_runtime_rank_and_action_and_clears_the_sessions():
+    scope = hr.SessionScope("failing")
+    run = PlanInterpreter("test", parse_plan(hand_plan(), "hand.json"), 0, Recorder(fail_on="backward"), scope)
+    x = torch.ones(2, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = hr.checkpoint(torch.sin, x)
+    scope.recompute_handle(handles[0], "left")  # a session the step leaves open
+    with pytest.raises(RunError, match=r"^test: rank 0 action 6 \(backward_input stage 0 mb 0 session s0.mb0\): "
+                                       r"ValueError: backward failed"):
+        run.run_all()
+    assert scope.live_sessions() == ["left", "s0.mb0"]  # the failed backward's session too
+    run.abandon()
+    assert scope.live_sessions() == []
+    del y
+
+
+def test_a_receive_posted_and_never_read_ends_the_step_with_an_error():
+    raw = hand_plan()
+    actions = raw["ranks"][1]["actions"]
+    actions[0]["posts"] = [0, 4]  # mb 1's receive posted twice over: its own recv posts it again
+    actions[4]["posts"] = []
+    del actions[5:7]  # nobody reads mb 1's input
+    actions[-2]["op"] = "idle"  # its send_b has no dx
+    for key in ("stage", "microbatch", "peer", "tag"):
+        actions[-2].pop(key)
+    run = PlanInterpreter("test", parse_plan(raw, "hand.json"), 1, Recorder(), hr.SessionScope("unread"),
+                          sessions=False)
+    run.run_all()
+    with pytest.raises(RunError, match=r"rank 1: received but never read: recv_f stage 1 mb 1 peer 0"):
+        run.finish()
