@@ -3,7 +3,9 @@
 Why: a plan names regions (``tok_emb``, ``blocks.3``, ``ln_f+head``, docs/models.md), not
 Python code. The runner needs, per region, a function ``fn(x, batch) -> y`` and the
 parameters it owns, so that a stage is "its regions in order" and each plan region with
-``checkpoint: true`` can be wrapped in ``hp_recompute.checkpoint``.
+``checkpoint: true`` can be wrapped in ``hp_recompute.checkpoint``. Which regions each stage
+runs is the planner's choice (the plan's ``model.stages``, docs/models.md "Partition"); the
+runner has no partition rule of its own, so a plan of the CLI's uniform model is refused.
 
 A model is a ``PipelineModel``. ``--model FILE.py:FACTORY`` may return one directly (any
 architecture), or an ``nn.Module`` that one of the adapters below recognises (the bundled
@@ -14,6 +16,8 @@ returns the scalar loss. ``load_model(spec, device)`` puts the module and every 
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import re
 import zlib
@@ -190,7 +194,8 @@ def region_seed(microbatch_seed: int, name: str) -> int:
 
 @dataclass
 class Unit:
-    """A plan region as executed: one or more model regions, checkpointed as one call or not."""
+    """Model regions run as one call, checkpointed or not: a plan region (one model region), or
+    the reference step's chain of every region."""
 
     name: str
     checkpoint: bool
@@ -258,60 +263,61 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
     return specs
 
 
-def _uniform(plan: Plan, model: PipelineModel) -> List[StageSpec]:
-    """A plan of the CLI's uniform model (regions ``stage0``...): split the model evenly.
+def _bundled_model_json(model: PipelineModel) -> Optional[str]:
+    """The bundled example's model JSON that describes ``model`` (same name, same regions in
+    order), e.g. ``examples/gpt/gpt.model.json`` for the default GPT; None for any other model."""
+    names = [r.name for r in model.regions]
+    for path in sorted(glob.glob(os.path.join(_examples_dir(), "*", "*.model.json"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                graph = json.load(f)
+            if graph.get("name") == model.name and [r.get("name") for r in graph.get("regions", [])] == names:
+                return path
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
 
-    The checkpointable regions are cut into ``num_stages`` contiguous chunks (sizes differ
-    by at most one, larger first); non-checkpointable regions stay with their neighbours
-    (leading ones in stage 0, trailing ones in the last stage). The plan region ``stageK``
-    is the whole chunk, so a checkpointed stage makes one checkpoint call per chunk.
-    """
-    n = plan.num_stages
-    for s, regions in enumerate(plan.stages):
-        for j, pr in enumerate(regions):
-            if pr["name"] != f"stage{s}":
-                raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/name: expected "
-                               f"'stage{s}' (a plan of the uniform model) or one of model '{model.name}''s "
-                               f"regions, got '{pr['name']}'")
-    cp = [i for i, r in enumerate(model.regions) if r.checkpointable]
-    if len(cp) < n:
-        raise RunError(f"hp_recompute.run: model '{model.name}' has {len(cp)} checkpointable regions, "
-                       f"fewer than the plan's {n} stages")
-    sizes = [len(cp) // n + (1 if k < len(cp) % n else 0) for k in range(n)]
-    ends, at = [], 0
-    for size in sizes:
-        at += size
-        ends.append(cp[at - 1])  # last checkpointable region of the chunk
-    specs, start = [], 0
-    for s in range(n):
-        stop = len(model.regions) if s == n - 1 else ends[s] + 1
-        regions = model.regions[start:stop]
-        start = stop
-        checkpoint = any(r.get("checkpoint", False) for r in plan.stages[s])
-        name = plan.stages[s][0]["name"]
-        units: List[Unit] = []
-        for region in regions:
-            if checkpoint and region.checkpointable and units and units[-1].checkpoint:
-                units[-1].regions.append(region)
-            else:
-                units.append(Unit(name if (checkpoint and region.checkpointable) else region.name,
-                                  checkpoint and region.checkpointable, [region]))
-        specs.append(StageSpec(s, units))
-    return specs
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it lies under it (as a user would type it)."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
+
+
+def _refuse_uniform(plan: Plan, model: PipelineModel, s: int, j: int) -> RunError:
+    """The error for a plan of the CLI's uniform model (regions ``stage0``...), located at its
+    region ``/model/stages/S/regions/J``.
+
+    Why refused: the uniform model has one made-up region per stage, so the plan does not say
+    which of the model's regions each stage runs; that partition is the planner's (the balanced
+    or explicit split of docs/models.md, "Partition"), and the runner never makes up another."""
+    json_path = _bundled_model_json(model)
+    fix = (f"plan the model: hp-recompute-plan --model {_shown(json_path) if json_path else 'MODEL.json'} and this "
+           f"plan's schedule flags")
+    if json_path is None:
+        fix += (f", MODEL.json being model '{model.name}''s JSON graph with its regions "
+                f"[{', '.join(r.name for r in model.regions)}] (docs/models.md; python -m hp_recompute.export "
+                f"--model-json writes one for an nn.Module)")
+    return RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/name: region "
+                    f"'{plan.stages[s][j]['name']}' is the uniform model's (planned without --model), which does "
+                    f"not say which of model '{model.name}''s regions each stage runs; {fix}")
 
 
 def split_stages(plan: Plan, model: PipelineModel) -> List[StageSpec]:
-    """The model's stages as the plan names them (by region name, or evenly for ``stageK``).
+    """The model's stages as the plan names them: each plan region is the model's region of
+    that name, in the partition the planner chose.
 
-    A plan of the uniform model is recognised by any region name ``stageK`` that is not the
-    model's, so that a wrong name in stage 1 is reported at stage 1, not as stage 0's
-    ``stage0`` missing from the model."""
+    A plan of the CLI's uniform model (``/model/name`` ``uniform``, regions ``stageK`` that are
+    not the model's) is refused, located at its first such region: the runner has no partition
+    of its own."""
     model_names = {r.name for r in model.regions}
-    if any(re.fullmatch(r"stage\d+", r["name"]) and r["name"] not in model_names
-           for regions in plan.stages for r in regions):
-        specs = _uniform(plan, model)
-    else:
-        specs = _by_name(plan, model)
+    planned = plan.raw.get("model")
+    if isinstance(planned, dict) and planned.get("name") == "uniform":
+        for s, regions in enumerate(plan.stages):
+            for j, region in enumerate(regions):
+                if re.fullmatch(r"stage\d+", region["name"]) and region["name"] not in model_names:
+                    raise _refuse_uniform(plan, model, s, j)
+    specs = _by_name(plan, model)
     for spec in specs:
         seen: List[str] = []
         for unit in spec.units:

@@ -33,13 +33,14 @@ def make_plan(tmp: Path, *args: str, name: str = "p.json") -> Path:
     return out
 
 
-def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs ``python3 -m hp_recompute.run ARGS`` in a fresh interpreter."""
+def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python3 -m hp_recompute.run ARGS`` in a fresh interpreter (in ``cwd``, default this one's)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(PYTHON_DIR) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "hp_recompute.run", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+                          env=full_env, timeout=timeout, cwd=cwd)
 
 
 def run_inproc(*args: str) -> Tuple[int, Dict[str, Any]]:
@@ -68,6 +69,26 @@ def edit_plan(src: Path, dst: Path, fn) -> Path:
 def count_plan(plan_path: Path, op: str) -> int:
     plan = json.loads(plan_path.read_text())
     return sum(1 for r in plan["ranks"] for a in r["actions"] if a["op"] == op)
+
+
+def model_json(tmp: Path, name: str, regions: Sequence[str], plain: Sequence[str] = (),
+               file: str = "model.json") -> Path:
+    """Writes the model JSON graph (docs/models.md) of a test's own model: its region names in
+    order, each checkpointable one 10^6 FLOPs, those in ``plain`` not checkpointable and 10^3
+    FLOPs (an embedding or a head beside the blocks). Planned with it (``--model``), a plan names
+    the model's regions in the planner's partition, which is what the runner executes (it
+    refuses a plan of the uniform model, made without ``--model``)."""
+    graph = {"format": "hp-recompute-model", "version": 1, "name": name,
+             "regions": [{"name": r, "checkpointable": r not in plain, "fwd_flops": 1000 if r in plain else 1000000,
+                          "saved_bytes": 1024, "input_bytes": 256, "param_bytes": 1024} for r in regions]}
+    path = tmp / file
+    path.write_text(json.dumps(graph, indent=1))
+    return path
+
+
+def mlp_regions(layers: int) -> List[str]:
+    """The regions the runner's MLP adapter gives a module with ``layers`` layers."""
+    return ["inp", *(f"layers.{i}" for i in range(layers)), "head"]
 
 
 def flags(cfg: Sequence[str]) -> List[str]:

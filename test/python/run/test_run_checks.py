@@ -16,7 +16,8 @@ from typing import Dict
 import pytest
 import torch
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, make_plan, run_cli, run_inproc
+from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, make_plan, mlp_regions, model_json, run_cli,
+                          run_inproc)
 from hp_recompute.runner import executor as run_exec
 from hp_recompute.runner.memory import AllocatorPeak
 
@@ -57,6 +58,11 @@ def batchnorm():
 '''
 
 
+def _noisy_json(tmp: Path) -> Path:
+    """NOISY_MLP's model JSON graph (the MLP adapter's regions of its 4 layers), to plan it with."""
+    return model_json(tmp, "mlp", mlp_regions(4), plain=("inp", "head"))
+
+
 def _drop_one_weight_backward(p) -> None:
     actions = p["ranks"][0]["actions"]
     actions.pop(next(i for i, a in enumerate(actions) if a["op"] == "backward_weight"))
@@ -75,7 +81,7 @@ def _full_backward_to_input_only(p) -> None:
                                       (("1f1b", 2, 4), _full_backward_to_input_only)],
                          ids=["zbv-drops-a-W", "1f1b-B-becomes-I"])
 def test_a_plan_that_drops_a_backward_fails(tmp_path: Path, cfg, edit) -> None:
-    plan = make_plan(tmp_path, *flags(cfg))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(cfg))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "ok.json"))
     assert code == 0, report
     bad = edit_plan(plan, tmp_path / "bad.json", edit)
@@ -89,7 +95,7 @@ def test_a_plan_that_drops_a_backward_fails(tmp_path: Path, cfg, edit) -> None:
 @pytest.mark.parametrize("mode", ["plan", "native", "none"])
 def test_dropout_model_passes_in_every_checkpoint_mode(tmp_path: Path, mode: str) -> None:
     (tmp_path / "noisy.py").write_text(NOISY_MLP)
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_noisy_json(tmp_path)), *flags(("zbv", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--checkpoint-mode", mode, "--steps", "2",
                               "--model", f"{tmp_path}/noisy.py:dropout", "--report", str(tmp_path / "r.json"))
     assert code == 0, report
@@ -98,7 +104,7 @@ def test_dropout_model_passes_in_every_checkpoint_mode(tmp_path: Path, mode: str
 
 def test_dropout_model_passes_across_processes(tmp_path: Path) -> None:
     (tmp_path / "noisy.py").write_text(NOISY_MLP)
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_noisy_json(tmp_path)), *flags(("zbv", 2, 4)))
     report_path = tmp_path / "r.json"
     proc = run_cli("--plan", str(plan), "--model", f"{tmp_path}/noisy.py:dropout", "--report", str(report_path))
     assert proc.returncode == 0, proc.stderr
@@ -108,7 +114,7 @@ def test_dropout_model_passes_across_processes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["plan", "native"])
 def test_batchnorm_statistics_are_updated_once_per_microbatch(tmp_path: Path, mode: str, monkeypatch) -> None:
     (tmp_path / "noisy.py").write_text(NOISY_MLP)
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_noisy_json(tmp_path)), *flags(("zbv", 2, 4)))
     args = ("--plan", str(plan), "--single-process", "--checkpoint-mode", mode,
             "--model", f"{tmp_path}/noisy.py:batchnorm")
     code, report = run_inproc(*args, "--report", str(tmp_path / "r.json"))
@@ -135,7 +141,7 @@ def skips_a_layer():
     net.forward = forward_without_layer_2
     return net
 ''')
-    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_noisy_json(tmp_path)), *flags(("1f1b", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--model",
                               f"{tmp_path}/noisy.py:skips_a_layer", "--report", str(tmp_path / "r.json"))
     assert code == 1

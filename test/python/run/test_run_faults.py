@@ -1,5 +1,5 @@
 """The runner under hostile input and faults: its outputs, model code that exits or raises,
-a stopped rank, numeric flags out of range, and errors located at the right stage.
+a stopped rank, numeric flags out of range, and a plan of the uniform model (no partition to run).
 
 Every case checks the exit status and the message; none may print a traceback or hang.
 """
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import PYTHON_DIR, device_node, edit_plan, flags, make_plan, processes_with, run_cli
+from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, REPO, device_node, edit_plan, flags, make_plan, mlp_regions,
+                          model_json, processes_with, run_cli)
 
 # The bundled MLP adapter (inp, layers.N, head); HOW says what layers.1's forward does.
 MLP = '''
@@ -65,6 +66,11 @@ def exits_in_factory():
 '''
 
 
+def _mlp_json(tmp: Path) -> Path:
+    """MLP's model JSON graph (the adapter's regions of its 4 layers), to plan it with."""
+    return model_json(tmp, "mlp", mlp_regions(4), plain=("inp", "head"))
+
+
 @pytest.fixture
 def mlp(tmp_path: Path) -> str:
     (tmp_path / "mlp.py").write_text(MLP)
@@ -81,7 +87,7 @@ def _runner(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 def test_report_onto_a_character_device_keeps_thedevice_node(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     null = device_node(tmp_path, "null", 3)
     proc = _runner("--plan", str(plan), "--single-process", "--report", str(null))
     assert proc.returncode == 0, proc.stderr
@@ -90,7 +96,7 @@ def test_report_onto_a_character_device_keeps_thedevice_node(tmp_path: Path) -> 
 
 
 def test_report_onto_dev_full_is_a_write_error(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     full = device_node(tmp_path, "full", 7)
     proc = _runner("--plan", str(plan), "--single-process", "--report", str(full))
     assert proc.returncode == 1
@@ -108,7 +114,7 @@ sys.exit(run.main(sys.argv[1:]))
 
 
 def test_a_full_disk_leaves_the_old_report_byte_identical(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     report = tmp_path / "r.json"
     old = b'{"an": "older report"}\n'
     report.write_bytes(old)
@@ -123,7 +129,7 @@ def test_a_full_disk_leaves_the_old_report_byte_identical(tmp_path: Path) -> Non
 
 
 def test_report_onto_a_symlink_loop_is_refused_and_the_link_kept(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     loop = tmp_path / "loop.json"
     loop.symlink_to(loop)
     proc = _runner("--plan", str(plan), "--single-process", "--report", str(loop))
@@ -133,7 +139,7 @@ def test_report_onto_a_symlink_loop_is_refused_and_the_link_kept(tmp_path: Path)
 
 
 def test_an_empty_report_path_is_a_usage_error(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     proc = _runner("--plan", str(plan), "--single-process", "--report", "")
     assert proc.returncode == 2
     assert "hp_recompute.run: --report: an empty path; give a file, or - for stdout" in proc.stderr
@@ -141,7 +147,7 @@ def test_an_empty_report_path_is_a_usage_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("via", ["same-path", "hard-link"])
 def test_a_report_onto_the_plan_is_refused_before_the_run(tmp_path: Path, via: str) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     before = plan.read_bytes()
     report = plan if via == "same-path" else tmp_path / "r.json"
     if via == "hard-link":
@@ -155,7 +161,7 @@ def test_a_report_onto_the_plan_is_refused_before_the_run(tmp_path: Path, via: s
 
 
 def test_a_report_onto_the_model_file_is_refused(tmp_path: Path, mlp: str) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)))
     proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process", "--report", mlp)
     assert proc.returncode == 2
     assert f"--report {mlp} is the same file as the input --model {mlp}" in proc.stderr
@@ -163,7 +169,7 @@ def test_a_report_onto_the_model_file_is_refused(tmp_path: Path, mlp: str) -> No
 
 
 def test_report_to_stdout(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     proc = _runner("--plan", str(plan), "--single-process", "--report", "-")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"] is True  # the summary went to stderr
@@ -175,7 +181,7 @@ def test_report_to_stdout(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("factory,what", [("exits", "SystemExit: 0"), ("interrupted", "KeyboardInterrupt")])
 def test_model_code_that_exits_is_a_failed_run(tmp_path: Path, mlp: str, factory: str, what: str) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)))
     report = tmp_path / "r.json"
     proc = _runner("--plan", str(plan), "--model", f"{mlp}:{factory}", "--single-process", "--report", str(report))
     assert proc.returncode == 1, proc.stderr
@@ -192,7 +198,7 @@ def test_model_code_that_exits_is_a_failed_run(tmp_path: Path, mlp: str, factory
 @pytest.mark.parametrize("mode", ["--single-process", "multi-process"])
 def test_a_factory_that_raises_is_one_located_line(tmp_path: Path, mlp: str, factory: str, what: str,
                                                    mode: str) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)))
     report = tmp_path / "r.json"
     proc = _runner("--plan", str(plan), "--model", f"{mlp}:{factory}", "--report", str(report),
                    *([mode] if mode.startswith("--") else []))
@@ -223,7 +229,7 @@ def test_a_stopped_rank_is_killed_named_and_the_run_ends(tmp_path: Path) -> None
 
     Timed from the moment the rank is seen stopped, so that starting the processes on a
     busy machine does not count."""
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     report = tmp_path / "r.json"
     marker = f"hpr-stopped-{os.getpid()}"
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), HPR_RUN_FAIL_AT="1:6:stop", HPR_TEST_RUN=marker)
@@ -266,23 +272,54 @@ def test_a_stopped_rank_is_killed_named_and_the_run_ends(tmp_path: Path) -> None
     ("--model", "", "--model: an empty value"),
 ])
 def test_numeric_flags_out_of_range_are_usage_errors(tmp_path: Path, flag: str, value: str, message: str) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     proc = _runner("--plan", str(plan), flag, value, timeout=60)
     assert proc.returncode == 2
     assert message in proc.stderr
 
 
-# -- errors at the right stage -------------------------------------------------------------
+# -- a plan of the uniform model -----------------------------------------------------------
 
 
-def test_a_wrong_region_name_of_a_uniform_plan_is_located_at_its_stage(tmp_path: Path) -> None:
+UNIFORM = "is the uniform model's (planned without --model), which does not say which of model"
+
+
+@pytest.mark.parametrize("mode", ["--single-process", "multi-process"])
+def test_a_plan_of_the_uniform_model_is_refused_naming_the_model_json(tmp_path: Path, mode: str) -> None:
+    """No --model when planning: the runner has no partition of its own and says which JSON to plan."""
     plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    report = tmp_path / "r.json"
+    start = time.monotonic()
+    proc = run_cli("--plan", str(plan), "--report", str(report), *([mode] if mode.startswith("--") else []),
+                   cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    want = (f"hp_recompute.run: {plan}: /model/stages/0/regions/0/name: region 'stage0' {UNIFORM} 'gpt''s "
+            f"regions each stage runs; plan the model: hp-recompute-plan --model examples/gpt/gpt.model.json and "
+            f"this plan's schedule flags")
+    assert proc.stderr.strip() == want
+    assert json.loads(report.read_text())["error"] == want
+    assert time.monotonic() - start < 30  # refused before any rank was started
 
-    def rename(p):
-        p["model"]["stages"][1]["regions"][0]["name"] = "blocks.99"
 
-    bad = edit_plan(plan, tmp_path / "bad.json", rename)
-    proc = _runner("--plan", str(bad), "--single-process")
+def test_a_uniform_plan_for_the_bundled_mlp_names_its_json(tmp_path: Path) -> None:
+    """The bundled JSON is found by the model's name and regions; outside the checkout, by its full path."""
+    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    proc = run_cli("--plan", str(plan), "--model", f"{REPO}/examples/mlp/model.py:build", "--single-process",
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert (f"region 'stage0' {UNIFORM} 'mlp''s regions each stage runs; plan the model: hp-recompute-plan "
+            f"--model {REPO}/examples/mlp/mlp.model.json and this plan's schedule flags\n") == \
+        proc.stderr.split(": /model/stages/0/regions/0/name: ", 1)[1]
+
+
+def test_a_uniform_plan_for_a_model_of_ones_own_says_what_its_json_holds(tmp_path: Path, mlp: str) -> None:
+    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process")
     assert proc.returncode == 1
-    assert (f"hp_recompute.run: {bad}: /model/stages/1/regions/0/name: expected 'stage1' (a plan of the uniform "
-            f"model) or one of model 'gpt''s regions, got 'blocks.99'") in proc.stderr
+    assert (f"region 'stage0' {UNIFORM} 'mlp''s regions each stage runs; plan the model: hp-recompute-plan "
+            f"--model MODEL.json and this plan's schedule flags, MODEL.json being model 'mlp''s JSON graph with its "
+            f"regions [inp, layers.0, layers.1, layers.2, layers.3, head] (docs/models.md") in proc.stderr
+    # Planned with that JSON, the same model runs.
+    plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)), name="m.json")
+    proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process")
+    assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,5 @@
-"""Single-process runs of real plans: bit-exact gradients, one replay per session, no leaks.
+"""Single-process runs of real plans: bit-exact gradients, one replay per checkpointed region and
+session, no leaks.
 
 The expected numbers come from the plan (its sessions and region lists) and from a plain
 step of the model's own ``forward``, never from the runner itself.
@@ -11,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import GPT_MODEL_JSON, count_plan, edit_plan, flags, make_plan, run_inproc
+from hpr_run_util import GPT_MODEL_JSON, count_plan, edit_plan, flags, make_plan, model_json, run_inproc
 
 CONFIGS = [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)]
 
 
 @pytest.mark.parametrize("prefetch", ["jit", "lookahead=2", "bubble"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")
-def test_uniform_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
-    plan = make_plan(tmp_path, *flags(cfg), "--prefetch", prefetch)
+def test_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(cfg), "--prefetch", prefetch)
     code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "r.json"))
     raw = json.loads(plan.read_text())
     assert code == 0, report
@@ -27,8 +28,10 @@ def test_uniform_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
     assert report["grads_match"] is True and report["comparison"] == "torch.equal"
     assert report["max_abs_diff"] == 0.0
     assert report["sessions"] == len(raw["sessions"]) == count_plan(plan, "recompute")
-    # The uniform plan has one region per stage: one replay per session.
-    assert report["recomputes"] == report["sessions"]
+    # The stages are the planner's: each session replays its stage's checkpointed regions once.
+    assert report["stages"] == {str(s): [r["name"] for r in regions["regions"]]
+                                for s, regions in enumerate(raw["model"]["stages"])}
+    assert report["recomputes"] == sum(len(s["regions"]) for s in raw["sessions"]) == report["recomputes_expected"]
     assert report["sessions_left"] == 0
     assert report["counters"]["plain_replays"] == 0
     assert report["counters"]["clears"] == count_plan(plan, "clear")
@@ -81,7 +84,7 @@ def test_auto_plan_runs_plain_microbatches_bit_exact(tmp_path: Path, mode: str) 
 
 def test_leaked_session_is_refused(tmp_path: Path) -> None:
     """A plan that never clears one session is refused before it runs (exit 1)."""
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
 
     def drop_first_clear(p):
         actions = p["ranks"][0]["actions"]
@@ -123,9 +126,14 @@ def build_tuple():
 '''
 
 
+def tiny_json(tmp: Path) -> Path:
+    """The tiny model's JSON graph: four checkpointable regions l0..l3."""
+    return model_json(tmp, "tiny", ["l0", "l1", "l2", "l3"])
+
+
 def test_tuple_stage_boundaries_are_refused_naming_the_region(tmp_path: Path) -> None:
     (tmp_path / "tiny.py").write_text(MODEL_PY)
-    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(tiny_json(tmp_path)), *flags(("1f1b", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build_tuple",
                               "--report", str(tmp_path / "r.json"))
     assert code == 1
@@ -135,7 +143,7 @@ def test_tuple_stage_boundaries_are_refused_naming_the_region(tmp_path: Path) ->
 def test_custom_model_and_wrong_reference(tmp_path: Path) -> None:
     """--model FILE.py:FACTORY returning a PipelineModel; regions that differ from it are refused."""
     (tmp_path / "tiny.py").write_text(MODEL_PY)
-    plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(tiny_json(tmp_path)), *flags(("1f1b", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--model", f"{tmp_path}/tiny.py:build",
                               "--report", str(tmp_path / "r.json"))
     assert code == 0, report
@@ -148,7 +156,7 @@ def test_custom_model_and_wrong_reference(tmp_path: Path) -> None:
 
 
 def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--world-size", "3", "--report", str(tmp_path / "r.json"))
     assert code == 1
     assert "--world-size 3 does not match the plan's 2 ranks" in report["error"]
@@ -158,8 +166,7 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
     assert code == 1
     assert f"{bad}: /ranks/1/actions/1/peer: expected an integer in [0, 2)" in report["error"]
 
-    gpt = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)), name="g.json")
-    renamed = edit_plan(gpt, tmp_path / "renamed.json",
+    renamed = edit_plan(plan, tmp_path / "renamed.json",
                         lambda p: p["model"]["stages"][1]["regions"][0].update(name="blocks.99"))
     code, report = run_inproc("--plan", str(renamed), "--single-process", "--report", str(tmp_path / "r.json"))
     assert code == 1
@@ -200,7 +207,7 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
 
 
 def test_deadlocked_plan_is_reported(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
 
     def drop_second_send(p):
         actions = p["ranks"][0]["actions"]
@@ -216,7 +223,7 @@ def test_deadlocked_plan_is_reported(tmp_path: Path) -> None:
 def test_native_mode_counts_replays_per_step(tmp_path: Path) -> None:
     """--checkpoint-mode native: each step reports its own replays, not a running total."""
     (tmp_path / "tiny.py").write_text(MODEL_PY)
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(tiny_json(tmp_path)), *flags(("zbv", 2, 4)))
     totals = {}
     for steps in (1, 3):
         code, report = run_inproc("--plan", str(plan), "--single-process", "--checkpoint-mode", "native",
@@ -232,7 +239,7 @@ def test_native_mode_counts_replays_per_step(tmp_path: Path) -> None:
 
 
 def test_unusable_report_paths_are_refused_before_the_run(tmp_path: Path, capsys) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     from hp_recompute import run as runner
 
     for report, message in ((tmp_path / "missing" / "r.json", "no directory"), (tmp_path, "is a directory")):
@@ -242,7 +249,7 @@ def test_unusable_report_paths_are_refused_before_the_run(tmp_path: Path, capsys
 
 
 def test_report_goes_through_a_symlink_and_keeps_the_mode(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     target = tmp_path / "kept.json"
     target.write_text("{}")
     target.chmod(0o644)
@@ -255,7 +262,7 @@ def test_report_goes_through_a_symlink_and_keeps_the_mode(tmp_path: Path) -> Non
 
 
 def test_zero_threads_is_a_usage_error(tmp_path: Path) -> None:
-    plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
     from hp_recompute import run as runner
 
     with pytest.raises(SystemExit) as exit_info:
