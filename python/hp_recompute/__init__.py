@@ -4,8 +4,10 @@ One recompute session per (stage, microbatch) is replayed once -- before the bac
 or earlier (prefetch) -- shared by the dx and dw backwards, and cleared after its last
 consumer. See NOTE [ Recompute sessions ] in ``hp_recompute/checkpoint.py`` and
 ``docs/python-api.md``. ``make_plan`` and ``verify_plan`` run the C++ planner in process.
+``hp_recompute.fsdp`` reduces FSDP2 gradients once per step after a split backward.
 """
 
+from . import fsdp
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .errors import CheckpointError
@@ -34,6 +36,7 @@ __all__ = [
     "checkpoint",
     "checkpoint_wrapper",
     "clear_recompute_session",
+    "fsdp",
     "live_sessions",
     "make_plan",
     "recompute_handle",

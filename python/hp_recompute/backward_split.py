@@ -46,6 +46,13 @@ Rule 5 (torch without gradient edges). ``autograd.grad`` accepts graph edges sin
   W is ``autograd.grad(outputs, weights)``: correct gradients, the input path walked
   twice.
 
+Rule 7 (a module as the weights). ``weights`` may be the stage module itself: its
+  parameters that require grad, named by ``named_parameters()``. A module containing
+  FSDP2 modules (``fully_shard``, HSDP) makes the split drive FSDP: the weights are
+  FSDP's unsharded parameters, W adds into FSDP's unsharded gradients, and
+  ``hp_recompute.fsdp.reduce_gradients(module)`` reduces them once per step (NOTE [ FSDP2
+  and the dx/dw split ] in ``fsdp.py``).
+
 Checkpointed regions need nothing special: their saved tensors are unpacked through
 their frames in I and in W alike, so W reads what the session replayed (or replays
 again outside a session, as torch's own checkpoint does for each backward call).
@@ -54,7 +61,7 @@ again outside a session, as torch's own checkpoint does for each backward call).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -87,6 +94,7 @@ class WeightGradState:
     grad_outputs: List[Optional[torch.Tensor]]
     groups: List[_Group] = field(default_factory=list)
     recorded: Dict[Any, Grads] = field(default_factory=dict)
+    fsdp: Any = None  # hp_recompute.fsdp.SplitBinding when the weights are an FSDP module's (Rule 7)
 
 
 def _edge_node(t: torch.Tensor) -> Any:
@@ -183,7 +191,7 @@ def _weight_names(weights: Sequence[torch.Tensor], names: Optional[Sequence[str]
 
 
 def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Sequence[Optional[torch.Tensor]]],
-                   inputs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor],
+                   inputs: Sequence[torch.Tensor], weights: Union[Sequence[torch.Tensor], torch.nn.Module],
                    retain_graph: bool = True, names: Optional[Sequence[str]] = None) -> Tuple[Grads, WeightGradState]:
     """I: gradients of ``inputs``, and what ``backward_weight`` needs for ``weights``.
 
@@ -191,20 +199,35 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
         outputs: the stage outputs (or its loss).
         grad_outputs: their gradients (None: the outputs are scalar losses).
         inputs: tensors requiring grad whose gradients I returns (may be empty).
-        weights: parameters requiring grad that W will differentiate.
+        weights: parameters requiring grad that W will differentiate; or the stage
+            module, whose parameters requiring grad are the weights, named by
+            ``named_parameters()`` (Rule 7; an FSDP2 module must be given this way).
         retain_graph: keep the graph (True whenever W or another backward follows).
         names: one name per weight (e.g. from ``named_parameters()``) for the error
             of ``backward_weight`` (Rule 6); default: the weight's index and shape.
+            Not with a module.
 
     Returns:
         (one gradient per input, None where unused; the state for ``backward_weight``).
 
     Raises:
-        ValueError: ``names`` is not one str per weight.
+        ValueError: ``names`` is not one str per weight, or given with a module.
+        CheckpointError: an FSDP module's weight was never unsharded (no forward ran).
     """
     outputs = list(outputs)
     grads_out = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
-    state = WeightGradState(list(weights), _weight_names(weights, names), outputs, grads_out)
+    binding = None
+    if isinstance(weights, torch.nn.Module):  # Rule 7
+        if names is not None:
+            raise ValueError(error_text("backward_input: names are the module's own (named_parameters()); "
+                                        "pass names only with a list of weights"))
+        named = [(n, p) for n, p in weights.named_parameters() if p.requires_grad]
+        names, params = [n for n, _ in named], [p for _, p in named]
+        from . import fsdp as _fsdp
+
+        binding = _fsdp.bind(weights, params, names)
+        weights = binding.graph_weights if binding is not None else params
+    state = WeightGradState(list(weights), _weight_names(weights, names), outputs, grads_out, fsdp=binding)
     hooks = []
     if SPLIT_SUPPORTED and state.weights and not inputs:  # no input path: W is the whole backward
         roots = list(dict.fromkeys(o.grad_fn for o in outputs if o.grad_fn is not None))
@@ -234,18 +257,40 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
     finally:
         for h in hooks:
             h.remove()
+    if binding is not None:
+        binding.started(state.names)  # FSDP Rule 3
     return tuple(dinputs), state
 
 
 def backward_weight(state: WeightGradState, retain_graph: bool = False) -> Grads:
     """W: gradients of ``state.weights`` from what ``backward_input`` recorded (Rule 3).
 
-    Returns one gradient per weight. The state is released: W runs once per I.
+    Returns one gradient per weight. The state is released: W runs once per I. When
+    ``backward_input`` was given an FSDP module (Rule 7), W has already added these
+    (local, unreduced) gradients to FSDP's unsharded gradients; do not add them to
+    ``.grad`` too, ``hp_recompute.fsdp.reduce_gradients`` does (NOTE [ FSDP2 and the dx/dw
+    split ] Rule 4).
 
     Raises:
         CheckpointError: (Rule 6) W got no gradient for a weight, because the graph of the
-            outputs does not reach it; the message names every such weight.
+            outputs does not reach it; the message names every such weight. With FSDP:
+            the step of this W's I was already reduced (FSDP Rule 4).
     """
+    binding, state.fsdp = state.fsdp, None
+    if binding is None:
+        return _weight_grads(state, retain_graph)
+    binding.check_open(state.names)
+    unsharded = binding.unshard()  # FSDP Rule 4
+    try:
+        out = _weight_grads(state, retain_graph, fsdp=True)
+    finally:
+        binding.reshard(unsharded)
+    binding.accumulate(out)
+    binding.finished()
+    return out
+
+
+def _weight_grads(state: WeightGradState, retain_graph: bool, fsdp: bool = False) -> Grads:
     out: List[Optional[torch.Tensor]] = [None] * len(state.weights)
     if not SPLIT_SUPPORTED:  # Rule 5
         groups = [_Group(list(range(len(state.weights))), [])] if state.weights else []
@@ -274,12 +319,23 @@ def backward_weight(state: WeightGradState, retain_graph: bool = False) -> Grads
     state.groups, state.recorded, state.outputs, state.grad_outputs = [], {}, [], []
     if missing:
         which = f"weight {missing[0]} is" if len(missing) == 1 else f"weights {', '.join(missing)} are"
+        if fsdp:  # the module's own parameters: the graph is FSDP's unsharded ones (Rule 7)
+            raise CheckpointError(
+                error_text(
+                    f"backward_weight: {which} not reached by the graph of the outputs, so W would give no "
+                    "gradient and FSDP would reduce none (Rule 6): the module's forward did not use "
+                    f"{'it' if len(missing) == 1 else 'them'}; freeze such parameters (requires_grad_(False)) "
+                    "or give backward_input the submodule the outputs use; then "
+                    "hp_recompute.fsdp.discard_step(module) drops this step"
+                )
+            )
         raise CheckpointError(
             error_text(
                 f"backward_weight: {which} not reached by the graph of the outputs, so W would give no "
                 "gradient (is the module fully_shard-ed with reshard_after_forward=True? FSDP2 then "
-                "keeps its sharded parameters outside the graph: pass reshard_after_forward=False; otherwise "
-                "leave a weight the outputs do not use out of the weights of backward_input)"
+                "keeps its sharded parameters outside the graph: pass the module itself as the weights of "
+                "backward_input (Rule 7, NOTE [ FSDP2 and the dx/dw split ]); otherwise leave a weight the "
+                "outputs do not use out of the weights of backward_input, or freeze it)"
             )
         )
     return tuple(out)

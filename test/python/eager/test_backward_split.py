@@ -251,3 +251,21 @@ def test_fsdp2_reshard_after_forward_weights_raise_instead_of_none(reshard: str)
         assert "fully_shard-ed with reshard_after_forward=True" in proc.stdout
     else:
         assert proc.stdout.strip() == "EQUAL True", proc.stdout
+
+
+def test_a_module_as_the_weights_names_them_and_keeps_their_order() -> None:
+    """Rule 7 without FSDP: the module's parameters that require grad, named by named_parameters()."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
+    model[2].bias.requires_grad_(False)
+    x = torch.randn(4, 3, requires_grad=True)
+    out = model(x).sum()
+    want = torch.autograd.grad(out, [x] + [p for p in model.parameters() if p.requires_grad], retain_graph=True)
+    (dx,), state = backward_input([out], None, [x], model)
+    assert state.names == ["'0.weight'", "'0.bias'", "'2.weight'"]
+    got = backward_weight(state)
+    torch.testing.assert_close(dx, want[0])
+    for g, w in zip(got, want[1:]):
+        torch.testing.assert_close(g, w)
+    with pytest.raises(ValueError, match=r"^hp_recompute: backward_input: names are the module's own"):
+        backward_input([model(x).sum()], None, [x], model, names=["a"])

@@ -1,0 +1,512 @@
+"""The dx/dw split and prefetched replays on modules wrapped with FSDP2 (``fully_shard``), HSDP included.
+
+NOTE [ FSDP2 and the dx/dw split ]
+==================================
+FSDP2 drives itself from autograd hooks of one ``loss.backward()``: a pre-backward hook
+on each FSDP module's outputs unshards (all-gathers) its parameters, a post-backward
+node at its inputs reshards them and reduce-scatters the gradients AccumulateGrad left
+in the unsharded parameters' ``.grad``, and a final engine callback finishes the step.
+The split breaks all three: I (``autograd.grad`` towards the inputs) accumulates no
+weight gradient, so FSDP reduces nothing, or, after an earlier W, a partial sum; W
+(``autograd.grad`` from recorded edges towards the weights) passes no post-backward
+node; and a prefetched replay runs outside both forward and backward, on sharded
+DTensor parameters. The rules below make ``backward_input`` / ``backward_weight`` on a
+``fully_shard``-ed module give what ``loss.backward()`` gives; the code cites them as
+"FSDP Rule N".
+
+Rule 1 (the module is the weights). ``backward_input(outputs, grad_outputs, inputs,
+  module)`` takes the stage module in place of a weight list: the weights are its
+  parameters that require grad, named by ``named_parameters()``. If ``module`` contains
+  an ``FSDPModule`` (torch's ``fully_shard``), each parameter FSDP manages is
+  differentiated through the tensor the forward used, FSDP's unsharded parameter,
+  whatever object (sharded DTensor or unsharded tensor) the module holds at that time.
+  A weight list still works as before, but the split cannot drive FSDP from it: a
+  sharded DTensor in it is not reached by the graph (Rule 6 of NOTE [ dx/dw split ]),
+  and unsharded FSDP parameters get local, unreduced gradients.
+
+Rule 2 (a step). The first ``backward_input`` of ``module`` (or ``begin_step(module)``)
+  opens a step on every FSDP module in it: gradient sync (reduce-scatter, and the
+  all-reduce over the replicate dimension of HSDP) and FSDP's last-backward flag are
+  switched off (``set_requires_gradient_sync(False)``, ``set_is_last_backward(False)``)
+  and their previous values kept. A plain ``backward()`` of the module inside an open
+  step accumulates without reducing, like a W. One module owns a step: every call of the
+  step takes the same module (the stage's), and an FSDP module is in one open step at
+  most (a second raises); before FSDP's first forward there is no step to open (raises).
+
+Rule 3 (I). FSDP's own hooks run in I as in any backward: its pre-backward hook
+  unshards a module's parameters before its nodes run (so a replay inside I sees them
+  unsharded), its post-backward node reshards them if ``reshard_after_backward`` is set;
+  nothing is reduced (Rule 2). I registers itself as pending in the step.
+
+Rule 4 (W). W first unshards (``FSDPModule.unshard()``) every FSDP module whose
+  parameters it differentiates and that is sharded now (a later forward, or I, may have
+  resharded it), so W's nodes read parameter data as in one backward. It then adds each
+  weight's gradient to FSDP's unsharded gradient, as AccumulateGrad does in
+  ``loss.backward()`` (with FSDP's reduce-dtype accumulation), and reshards the modules
+  it unsharded if their ``reshard_after_backward`` is set, as FSDP's post-backward does.
+  It returns the microbatch's local, unreduced gradients, already accumulated: a caller
+  must not add them to ``.grad`` itself. A W whose I belongs to a step that was already
+  reduced raises, naming its weights.
+
+Rule 5 (reduce once). ``reduce_gradients(module)``, after the step's last W (the plan's
+  REDUCE_GRAD), runs FSDP's post-backward once per parameter group with sync on, the way
+  torch's ``PipelineStage.perform_reduce_grad`` does: one reduce-scatter per group with
+  a gradient (plus one all-reduce over the replicate dimension for HSDP), whose result
+  FSDP adds to the sharded ``p.grad``; then FSDP's final callback (wait for the
+  reductions, reshard as ``reshard_after_backward`` says), and the values of Rule 2 are
+  restored. Gradient accumulation over microbatches is the sum in the unsharded
+  gradients, reduced once. With an I of the step still waiting for its W it raises,
+  naming the weights, and reduces nothing. Without an open step it does nothing (FSDP
+  reduced every plain backward itself) and returns False.
+
+Rule 6 (prefetched replay). ``checkpoint_wrapper`` checkpoints its module through a
+  ``ReplayFunction``. During a replay (``THREAD.replay`` set: a prefetch, or a backward
+  that FSDP did not unshard for), when the wrapper has become an FSDP module whose
+  parameters are sharded, it unshards the wrapper before running the module and
+  reshards it after (in ``finally``: a replay that stops early leaves by an exception),
+  leaving it as FSDP had it. The replayed tensors keep aliasing FSDP's unsharded
+  storage, which FSDP refills before they are read (pre-backward hook of I, or W by
+  Rule 4). In the forward, in FSDP's backward and under ``torch.compile`` tracing it
+  just calls the module. This is torchtitan's order (``checkpoint_wrapper`` each block,
+  then ``fully_shard`` each block, then the root); a checkpoint around an FSDP module
+  (the other order), FSDP modules nested inside a checkpointed block and
+  ``unshard_in_backward=False`` are not covered.
+
+Rule 7 (torch). FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.6) is needed;
+  torch 1.13 has none, and ``reduce_gradients`` / ``begin_step`` raise CheckpointError
+  saying so. Public FSDP2 calls are used where they exist (``unshard``, ``reshard``,
+  ``set_requires_gradient_sync``, ``set_is_last_backward``). What has no public form --
+  the parameter groups, their post-backward and the root's final callback (as torch's
+  own pipelining uses them), the sharded/unsharded parameter of each FSDP parameter,
+  its sync flags -- is read through ``_Internals`` below only, checked on first use: a
+  torch without them raises CheckpointError naming what is missing, never a silent
+  unreduced gradient.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .errors import CheckpointError, error_text
+
+__all__ = ["begin_step", "discard_step", "is_fsdp_module", "reduce_gradients", "FSDP_AVAILABLE"]
+
+
+def _load_fsdp() -> Tuple[Any, Any]:
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except Exception:  # noqa: BLE001 -- ImportError; torch 1.13 under Python 3.11 raises ValueError
+        return None, None
+    return FSDPModule, fully_shard
+
+
+_FSDPModule, _fully_shard = _load_fsdp()
+#: Whether this torch has FSDP2 (Rule 7).
+FSDP_AVAILABLE = _FSDPModule is not None
+
+
+def is_fsdp_module(module: Any) -> bool:
+    """Whether ``module`` is an ``FSDPModule`` (always False without FSDP2)."""
+    return _FSDPModule is not None and isinstance(module, _FSDPModule)
+
+
+def _need_fsdp(what: str) -> None:
+    if not FSDP_AVAILABLE:
+        raise CheckpointError(
+            error_text(
+                f"{what}: torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, "
+                "torch >= 2.6); there is nothing to reduce (NOTE [ FSDP2 and the dx/dw split ] Rule 7)"
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# FSDP internals, in one place (Rule 7)
+# ---------------------------------------------------------------------------------------
+
+
+class _Internals:
+    """Every read of FSDP2 state that has no public API; checked against the installed torch."""
+
+    checked = False
+
+    @classmethod
+    def check(cls, module: Any) -> None:
+        if cls.checked:
+            return
+        state = cls.state(module)
+        missing = [n for n in ("_root_post_backward_final_callback", "_state_ctx") if not hasattr(state, n)]
+        for group in cls.groups(state):
+            missing += [n for n in ("post_backward", "fsdp_params", "reduce_grads", "all_reduce_grads",
+                                    "reshard_after_backward", "is_unsharded") if not hasattr(group, n)]
+            for fp in group.fsdp_params:
+                missing += [n for n in ("sharded_param",) if not hasattr(fp, n)]
+                break
+        if missing:
+            raise CheckpointError(
+                error_text(
+                    f"the FSDP2 of torch {torch.__version__} lacks {', '.join(sorted(set(missing)))}, which "
+                    "hp_recompute.fsdp drives the split with (NOTE [ FSDP2 and the dx/dw split ] Rule 7); "
+                    "use a plain backward() for FSDP modules on this torch"
+                )
+            )
+        cls.checked = True
+
+    @staticmethod
+    def state(module: Any) -> Any:
+        return _fully_shard.state(module)
+
+    @staticmethod
+    def groups(state: Any) -> List[Any]:
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:  # torch < 2.10: one group per state
+            group = getattr(state, "_fsdp_param_group", None)
+            groups = [] if group is None else [group]
+        return list(groups)
+
+    @staticmethod
+    def unsharded(fp: Any) -> Optional[torch.Tensor]:
+        """The tensor the forward used (exists after the first all-gather)."""
+        return getattr(fp, "_unsharded_param", None)
+
+    @staticmethod
+    def accumulate(fp: Any, grad: torch.Tensor) -> None:
+        """What AccumulateGrad, then FSDP's post-backward without sync, do with ``grad`` (Rule 4)."""
+        param = fp._unsharded_param
+        with torch.no_grad():
+            if param.grad is None:
+                param.grad = grad.detach().clone()
+            else:
+                param.grad += grad
+        for name in ("accumulate_unsharded_grad_if_needed", "to_accumulated_grad_if_needed"):
+            fn = getattr(fp, name, None)
+            if fn is not None:
+                fn()
+
+    @staticmethod
+    def has_grad(fp: Any) -> bool:
+        param = getattr(fp, "_unsharded_param", None)
+        return (param is not None and param.grad is not None) or getattr(fp, "unsharded_accumulated_grad",
+                                                                         None) is not None
+
+    @staticmethod
+    def drop_grad(fp: Any) -> None:
+        param = getattr(fp, "_unsharded_param", None)
+        if param is not None:
+            param.grad = None
+        if getattr(fp, "unsharded_accumulated_grad", None) is not None:
+            fp.unsharded_accumulated_grad = None
+
+
+def _fsdp_modules(module: torch.nn.Module) -> List[Any]:
+    return [m for m in module.modules() if is_fsdp_module(m)]
+
+
+# ---------------------------------------------------------------------------------------
+# Steps (Rules 2 and 5)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Step:
+    """One open step of a module: the FSDP modules in it and the settings Rule 2 changed."""
+
+    module_name: str
+    fsdp_modules: List[Any]
+    saved_sync: List[Tuple[Any, bool, bool]] = field(default_factory=list)  # (group, reduce, all_reduce)
+    saved_last: List[Tuple[Any, bool]] = field(default_factory=list)  # (state context, is_last_backward)
+    pending: Dict[int, List[str]] = field(default_factory=dict)  # I without W yet: id -> weight names
+    closed: bool = False
+
+
+_STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, _Step]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _open_step(module: torch.nn.Module, fsdp_modules: List[Any]) -> _Step:
+    with _LOCK:
+        step = _STEPS.get(module)
+        if step is not None:
+            return step
+        states = [_Internals.state(m) for m in fsdp_modules]
+        if any(getattr(st, "_is_root", True) is None for st in states):
+            raise CheckpointError(
+                error_text(
+                    f"{type(module).__name__}: FSDP has not initialised its modules yet (no forward ran), so a step "
+                    "cannot take over their gradient sync; run the forward first (NOTE [ FSDP2 and the dx/dw "
+                    "split ] Rule 2)"
+                )
+            )
+        mine = {id(m) for m in fsdp_modules}
+        for other_module, other in _STEPS.items():
+            shared = [m for m in other.fsdp_modules if id(m) in mine]
+            if shared:
+                raise CheckpointError(
+                    error_text(
+                        f"{type(module).__name__}: its FSDP module {type(shared[0]).__name__} is already in the open "
+                        f"step of {other.module_name}; give backward_input, begin_step and reduce_gradients the "
+                        "same module (the stage's) for the whole step (NOTE [ FSDP2 and the dx/dw split ] Rule 2)"
+                    )
+                )
+        step = _Step(type(module).__name__, fsdp_modules)
+        seen_ctx = set()
+        for m in fsdp_modules:
+            state = _Internals.state(m)
+            for group in _Internals.groups(state):
+                step.saved_sync.append((group, group.reduce_grads, group.all_reduce_grads))
+            ctx = state._state_ctx
+            if id(ctx) not in seen_ctx:
+                seen_ctx.add(id(ctx))
+                step.saved_last.append((ctx, ctx.is_last_backward))
+        for m in fsdp_modules:
+            m.set_requires_gradient_sync(False, recurse=False)
+        for ctx, _ in step.saved_last:
+            ctx.is_last_backward = False
+        _STEPS[module] = step
+        return step
+
+
+def _restore(step: _Step) -> None:
+    for group, reduce, all_reduce in step.saved_sync:
+        group.reduce_grads, group.all_reduce_grads = reduce, all_reduce
+    for ctx, last in step.saved_last:
+        ctx.is_last_backward = last
+
+
+def _close(module: torch.nn.Module, step: _Step) -> None:
+    step.closed = True
+    _restore(step)
+    with _LOCK:
+        if _STEPS.get(module) is step:
+            del _STEPS[module]
+
+
+def begin_step(module: torch.nn.Module) -> bool:
+    """Open a step on ``module`` now (Rule 2), e.g. before a plain ``backward()`` that must not reduce.
+
+    ``backward_input(..., module)`` opens it by itself; this is for a step whose first
+    backward is a plain one. Returns False when ``module`` contains no FSDP module.
+
+    Raises:
+        CheckpointError: this torch has no FSDP2 (Rule 7).
+    """
+    _need_fsdp("begin_step")
+    fsdp_modules = _fsdp_modules(module)
+    if not fsdp_modules:
+        return False
+    _Internals.check(fsdp_modules[0])
+    _open_step(module, fsdp_modules)
+    return True
+
+
+def reduce_gradients(module: torch.nn.Module) -> bool:
+    """Reduce the step's accumulated gradients of ``module`` once, after its last W (Rule 5).
+
+    Runs FSDP's post-backward of every parameter group with sync on (one reduce-scatter,
+    plus the replicate all-reduce for HSDP, per group with a gradient), so each
+    parameter's sharded ``.grad`` receives the sum over the step's microbatches, then
+    FSDP's final callback; restores FSDP's settings of before the step.
+
+    Args:
+        module: the module given to ``backward_input`` (e.g. the stage's root FSDP module).
+
+    Returns:
+        True if a step was reduced, False if none was open (FSDP reduced plain backwards).
+
+    Raises:
+        CheckpointError: an I of the step has no W yet (names its weights); or no FSDP2.
+
+    Example:
+        >>> for mb in range(n):
+        ...     _, state = hr.backward_input([loss[mb]], None, [], model)
+        ...     hr.backward_weight(state)
+        >>> hr.fsdp.reduce_gradients(model)   # the plan's REDUCE_GRAD
+    """
+    _need_fsdp("reduce_gradients")
+    step = _STEPS.get(module)
+    if step is None:
+        return False
+    if step.pending:
+        waiting = list(dict.fromkeys(n for names in step.pending.values() for n in names))
+        raise CheckpointError(
+            error_text(
+                f"reduce_gradients({step.module_name}): {len(step.pending)} backward_input of this step "
+                f"{'has' if len(step.pending) == 1 else 'have'} no backward_weight yet (weights "
+                f"{', '.join(waiting[:8])}{', ...' if len(waiting) > 8 else ''}); reducing now would leave their "
+                "gradients out of this step (NOTE [ FSDP2 and the dx/dw split ] Rule 5): run every W first, or "
+                "hp_recompute.fsdp.discard_step(module) to drop the step"
+            )
+        )
+    try:
+        for m in step.fsdp_modules:
+            m.set_requires_gradient_sync(True, recurse=False)
+        for ctx, _ in step.saved_last:
+            ctx.is_last_backward = True
+        states = [_Internals.state(m) for m in step.fsdp_modules]
+        for state in reversed(states):  # backward order: the last module's groups first
+            for group in reversed(_Internals.groups(state)):
+                group.post_backward()
+        roots = [s for s in states if getattr(s, "_is_root", False)] or states[:1]
+        for state in roots:
+            state._root_post_backward_final_callback()
+    finally:
+        _close(module, step)
+    return True
+
+
+def discard_step(module: torch.nn.Module) -> bool:
+    """Drop an open step of ``module`` (after a failed I or W): its unreduced gradients and pending Is.
+
+    Restores FSDP's settings of before the step; the sharded ``.grad`` is left as it
+    was. Returns False when no step was open.
+    """
+    step = _STEPS.get(module)
+    if step is None:
+        return False
+    for m in step.fsdp_modules:
+        for group in _Internals.groups(_Internals.state(m)):
+            for fp in group.fsdp_params:
+                _Internals.drop_grad(fp)
+    _close(module, step)
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# The split's binding (Rules 1, 3 and 4): used by backward_split
+# ---------------------------------------------------------------------------------------
+
+
+class SplitBinding:
+    """What the split needs about FSDP for one I and its W (created by ``bind``)."""
+
+    def __init__(self, module: torch.nn.Module, step: _Step, graph_weights: List[torch.Tensor],
+                 params: List[Optional[Any]], owners: List[Optional[Any]]) -> None:
+        self.module_ref = weakref.ref(module)
+        self.step = step
+        self.graph_weights = graph_weights
+        self.params = params  # FSDPParam per weight (None: not FSDP-managed)
+        self.owners = owners  # FSDPModule per weight
+
+    def started(self, names: Sequence[str]) -> None:
+        """I ran (Rule 3): its W is pending in the step."""
+        self.step.pending[id(self)] = list(names)
+
+    def check_open(self, names: Sequence[str]) -> None:
+        if self.step.closed:
+            which = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+            raise CheckpointError(
+                error_text(
+                    f"backward_weight: the step of {self.step.module_name} this W belongs to was already reduced "
+                    f"or discarded (reduce_gradients or discard_step ran after its backward_input), so the "
+                    f"gradients of weights {which} "
+                    "would be left out of every reduction (NOTE [ FSDP2 and the dx/dw split ] Rules 4 and 5): "
+                    "call reduce_gradients after the last W of the step"
+                )
+            )
+
+    def unshard(self) -> List[Any]:
+        """Rule 4: unshard the FSDP modules of this W that are sharded now; returns them."""
+        done: List[Any] = []
+        for owner in dict.fromkeys(o for o in self.owners if o is not None):
+            groups = _Internals.groups(_Internals.state(owner))
+            if all(g.is_unsharded for g in groups):
+                continue
+            owner.unshard()
+            done.append(owner)
+        return done
+
+    @staticmethod
+    def reshard(unsharded: List[Any]) -> None:
+        """Rule 4: as FSDP's post-backward, reshard what W unsharded if ``reshard_after_backward``."""
+        for owner in unsharded:
+            groups = _Internals.groups(_Internals.state(owner))
+            if any(g.reshard_after_backward for g in groups):
+                owner.reshard()
+
+    def accumulate(self, grads: Sequence[Optional[torch.Tensor]]) -> None:
+        for fp, g in zip(self.params, grads):
+            if fp is not None and g is not None:
+                _Internals.accumulate(fp, g)
+
+    def finished(self) -> None:
+        self.step.pending.pop(id(self), None)
+
+
+def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str]) -> Optional[SplitBinding]:
+    """Rule 1: the FSDP binding of ``module``'s ``weights``, opening the step; None without FSDP modules."""
+    if not FSDP_AVAILABLE:
+        return None
+    fsdp_modules = _fsdp_modules(module)
+    if not fsdp_modules:
+        return None
+    _Internals.check(fsdp_modules[0])
+    by_id: Dict[int, Tuple[Any, Any]] = {}
+    for m in fsdp_modules:
+        for group in _Internals.groups(_Internals.state(m)):
+            for fp in group.fsdp_params:
+                by_id[id(fp.sharded_param)] = (fp, m)
+                unsharded = _Internals.unsharded(fp)
+                if unsharded is not None:
+                    by_id[id(unsharded)] = (fp, m)
+    graph: List[torch.Tensor] = []
+    params: List[Optional[Any]] = []
+    owners: List[Optional[Any]] = []
+    for w, name in zip(weights, names):
+        fp, owner = by_id.get(id(w), (None, None))
+        if fp is not None:
+            unsharded = _Internals.unsharded(fp)
+            if unsharded is None:
+                raise CheckpointError(
+                    error_text(
+                        f"backward_input: weight {name!r} of FSDP module {type(owner).__name__} was never "
+                        "unsharded, so no forward of it can be in the graph: run the forward first "
+                        "(NOTE [ FSDP2 and the dx/dw split ] Rule 1)"
+                    )
+                )
+            w = unsharded
+        graph.append(w)
+        params.append(fp)
+        owners.append(owner)
+    step = _open_step(module, fsdp_modules)
+    return SplitBinding(module, step, graph, params, owners)
+
+
+# ---------------------------------------------------------------------------------------
+# Prefetched replays (Rule 6): used by checkpoint_wrapper
+# ---------------------------------------------------------------------------------------
+
+
+class ReplayFunction:
+    """Rule 6: what ``checkpoint_wrapper`` checkpoints: ``inner``, with its FSDP owner unsharded in replays.
+
+    A callable, not a module hook: a replay that stops early (``early_stop``) leaves the
+    function by an exception that module forward hooks do not see, and the reshard must
+    still run. Named as ``inner`` in messages (``frame.name()``).
+    """
+
+    __slots__ = ("owner", "inner", "__qualname__")
+
+    def __init__(self, owner: torch.nn.Module, inner: torch.nn.Module) -> None:
+        self.owner = owner
+        self.inner = inner
+        self.__qualname__ = getattr(inner, "__qualname__", type(inner).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .checkpoint import _is_compiling
+        from .frame import THREAD
+
+        if _is_compiling() or THREAD.replay is None or not is_fsdp_module(self.owner):
+            return self.inner(*args, **kwargs)
+        groups = _Internals.groups(_Internals.state(self.owner))
+        if not groups or all(g.is_unsharded for g in groups):
+            return self.inner(*args, **kwargs)
+        self.owner.unshard()
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            self.owner.reshard()  # as FSDP had it: sharded (Rule 6)

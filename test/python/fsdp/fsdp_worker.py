@@ -1,0 +1,222 @@
+"""One gloo rank of the FSDP2 / HSDP split tests (spawned by test_fsdp_split.py).
+
+Every rank builds the same tiny model (two checkpointed blocks and a head), wraps it
+the way torchtitan does (``checkpoint_wrapper`` per block, ``fully_shard`` per block,
+then the root; HSDP on a (replicate, shard) mesh), runs one step of ``microbatches``
+microbatches split into I and W (optionally with every block prefetched into the
+microbatch's session), reduces with ``hp_recompute.fsdp.reduce_gradients``, and saves
+what the test compares: the full gradients, the references' gradients, the collectives
+FSDP issued in each phase, replay counts and the parameters' shard state after a prefetch.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+
+DIM, BATCH = 8, 2
+
+
+def _data(rank: int, mb: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + mb)
+    return torch.randn(BATCH, DIM, generator=g)
+
+
+class _SkipsLast(torch.nn.Sequential):
+    """Runs every child but the last: a parameter the graph never reaches."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for child in list(self)[:-1]:
+            x = child(x)
+        return x
+
+
+def _model(unused: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(DIM, DIM), torch.nn.Tanh(), torch.nn.Linear(DIM, DIM))
+              for _ in range(2)]
+    if unused:
+        return _SkipsLast(*blocks, torch.nn.Linear(DIM, DIM), torch.nn.Linear(DIM, DIM))
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(DIM, DIM))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).sum()
+
+
+class _Comms:
+    """Counts the collectives FSDP issues (reduce-scatter, all-reduce, all-gather) per phase."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.counts: Dict[str, Dict[str, int]] = {}
+        self.phase = "setup"
+        for name in ("reduce_scatter_single", "reduce_scatter_tensor", "all_reduce", "all_gather_single",
+                     "all_gather_into_tensor"):
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            setattr(dist, name, self._counted(name, original))
+
+    def _counted(self, name: str, original: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            kind = name.split("_single")[0].split("_tensor")[0].replace("_into", "")
+            bucket = self.counts.setdefault(self.phase, {})
+            bucket[kind] = bucket.get(kind, 0) + 1
+            return original(*args, **kwargs)
+        return counted
+
+
+def _wrap(model: torch.nn.Module, reshard: bool, mesh: Any) -> torch.nn.Module:
+    import hp_recompute as hr
+    from torch.distributed.fsdp import fully_shard
+
+    for i in range(2):
+        model[i] = hr.checkpoint_wrapper(model[i])
+        fully_shard(model[i], mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return all(isinstance(p, DTensor) for p in module.parameters())
+
+
+def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    import torch.distributed as dist
+
+    import hp_recompute as hr
+
+    world, mbs, reshard = cfg["ranks"], cfg["microbatches"], cfg["reshard"]
+    mesh = None
+    if cfg.get("hsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    res: Dict[str, Any] = {}
+
+    # Reference 1: the unsharded model, every rank's data; FSDP averages over the ranks.
+    ref = _model()
+    for r in range(world):
+        for mb in range(mbs):
+            (_loss(ref(_data(r, mb))) / world).backward()
+    res["ref"] = [p.grad.clone() for p in ref.parameters()]
+
+    # Reference 2: the same FSDP wrapping with plain loss.backward() per microbatch.
+    plain = _wrap(_model(), reshard, mesh)
+    for mb in range(mbs):
+        _loss(plain(_data(rank, mb))).backward()
+    res["plain"] = [_full(p.grad).clone() for p in plain.parameters()]
+
+    comms = _Comms()
+    model = _wrap(_model(unused=cfg.get("bad") == "unreached"), reshard, mesh)
+    names = [n for n, _ in model.named_parameters()]
+    res["names"] = names
+    scope = hr.SessionScope(f"rank {rank}")
+    losses: List[torch.Tensor] = []
+    inputs: List[torch.Tensor] = []
+    handles: List[List[Any]] = []
+    comms.phase = "forward"
+    for mb in range(mbs):
+        x = _data(rank, mb).requires_grad_(not cfg.get("no_input"))  # stage 0: no input gradient
+        with hr.recompute_handle_collector_ctx() as hs:
+            losses.append(_loss(model(x)))
+        inputs.append(x)
+        handles.append(list(hs))
+    res["handles"] = [len(h) for h in handles]
+
+    hr.reset_stats()
+    states = []
+    bad = cfg.get("bad")
+    comms.phase = "backward"
+    for mb in range(mbs):
+        sid = f"s0.mb{mb}"
+        if mb == 0 and cfg.get("plain_first"):  # B of microbatch 0 in the split step
+            res["began"] = hr.fsdp.begin_step(model)
+            losses[0].backward()
+            continue
+        if cfg.get("prefetch"):
+            comms.phase = "prefetch"
+            res.setdefault("sharded_before_prefetch", []).append([_sharded(model[i]) for i in range(2)])
+            for h in handles[mb]:
+                scope.recompute_handle(h, sid)
+            res.setdefault("sharded_after_prefetch", []).append([_sharded(model[i]) for i in range(2)])
+            comms.phase = "backward"
+        with scope.recompute_session_ctx(sid, retain_on_unpack=True):
+            want_x = [inputs[mb]] if inputs[mb].requires_grad else []
+            dx, state = hr.backward_input([losses[mb]], None, want_x, model)
+        states.append((sid, state))
+    if bad == "unreached":
+        try:
+            with scope.recompute_session_ctx(states[0][0]):
+                hr.backward_weight(states[0][1])
+        except hr.CheckpointError as error:
+            res["error"] = str(error)
+        res["discarded"] = hr.fsdp.discard_step(model)
+        scope.clear_all()
+        return res
+    if bad == "reduce_before_w":
+        comms.phase = "reduce"
+        try:
+            hr.fsdp.reduce_gradients(model)
+        except hr.CheckpointError as error:
+            res["error"] = str(error)
+        res["discarded"] = hr.fsdp.discard_step(model)
+        sid, state = states[0]
+        try:
+            with scope.recompute_session_ctx(sid):
+                hr.backward_weight(state)
+        except hr.CheckpointError as error:
+            res["w_error"] = str(error)
+        scope.clear_all()
+        res["comms"] = comms.counts
+        res["grads"] = [p.grad for p in model.parameters()]
+        return res
+    for sid, state in states:  # the Ws after every I (zero-bubble order)
+        with scope.recompute_session_ctx(sid):
+            got = hr.backward_weight(state)
+        assert all(g is not None for g in got)
+        scope.clear_recompute_session(sid)
+    res["replays"] = hr.stats()["replays"]
+    res["session_replays"] = hr.stats()["session_replays"]
+    res["grads_before_reduce"] = [p.grad is not None for p in model.parameters()]
+    comms.phase = "reduce"
+    res["reduced"] = hr.fsdp.reduce_gradients(model)
+    comms.phase = "after"
+    res["reduced_again"] = hr.fsdp.reduce_gradients(model)  # no step open: nothing to do
+    res["grads"] = [_full(p.grad).clone() for p in model.parameters()]
+    res["sharded_after_step"] = [_sharded(model[i]) for i in range(2)]
+    res["comms"] = comms.counts
+    res["live_sessions"] = len(scope.live_sessions())
+
+    # A second step on the same model: the settings of the first were restored, and a
+    # plain backward (FSDP's own sync) adds to the sharded gradients as usual.
+    comms.phase = "plain_after"
+    _loss(model(_data(rank, 0))).backward()
+    res["plain_after"] = [_full(p.grad).clone() for p in model.parameters()]
+    return res
+
+
+def main(rank: int, cfg: Dict[str, Any]) -> None:
+    sys.path.insert(0, cfg["python"])
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=cfg["ranks"])
+    try:
+        res = run(rank, cfg)
+    except BaseException:  # noqa: BLE001 -- reported to the test
+        res = {"exception": traceback.format_exc()}
+    torch.save(res, Path(cfg["out"]) / f"rank{rank}.pt")
+    dist.destroy_process_group()
