@@ -63,13 +63,21 @@ void mlir::hpr::buildRecomputePipeline(
 LogicalResult mlir::hpr::verifyPlan(ModuleOp module) {
   if (failed(mlir::verify(module)))
     return failure();
-  PassManager pm(module.getContext());
-  pm.enableVerifier(false); // the checks change nothing
-  HPRVerifyCommOptions comm;
-  comm.finishedPlan = true;
-  pm.addPass(createHPRVerifyComm(comm));
-  nestOnPrograms(pm).addPass(createHPRVerify());
-  return pm.run(module);
+  // The schedule rules and the session rules are independent, so both run
+  // and a plan is refused with all its problems: a hand edit that drops an
+  // action leaves both a session unbalanced and the receives' posts (plan
+  // indices) pointing past it.
+  HPRVerifyCommOptions options;
+  options.finishedPlan = true;
+  PassManager comm(module.getContext());
+  comm.enableVerifier(false); // the checks change nothing
+  comm.addPass(createHPRVerifyComm(options));
+  PassManager sessions(module.getContext());
+  sessions.enableVerifier(false);
+  nestOnPrograms(sessions).addPass(createHPRVerify());
+  bool sound = succeeded(comm.run(module));
+  sound &= succeeded(sessions.run(module));
+  return success(sound);
 }
 
 void mlir::hpr::registerRecomputePipeline() {

@@ -86,7 +86,8 @@ void buildRecomputePipeline(OpPassManager &pm,
 /// back (hpr/Plan/PlanImport.h): MLIR's structural verifier (the op
 /// verifiers), hpr-verify-comm with `plan` (the schedule rules: pairing, data
 /// flow, tags, deadlock; REDUCE_GRAD once per stage, every receive posted)
-/// and hpr-verify (the sessions). Diagnostics go to
+/// and hpr-verify (the sessions), the last two both run whatever the other
+/// finds. Diagnostics go to
 /// the context's handler; the CLI, hp-recompute-opt's pipeline and every
 /// runtime (through the Python bindings) run these same rules.
 LogicalResult verifyPlan(ModuleOp module);
