@@ -10,7 +10,8 @@ The two together are turned into plan JSON and read by ``plan.reader.parse_plan`
 both inputs are checked by the same code; each action keeps where it came from (a CSV
 cell as ``FILE:ROW:COL``, or a sidecar entry by JSON path), so an error names the cell or
 the entry, never the JSON path of a plan the user has not seen. The plan is untagged:
-torch's point-to-point ops carry no tag.
+torch's point-to-point ops carry no tag, so messages match in posting order, and each
+``RECV`` cell posts its receive where it stands (the plan's ``posts`` lists the receive itself).
 """
 
 from __future__ import annotations
@@ -198,6 +199,8 @@ def _rank_actions(path: str, side_path: str, r: int, row: List[str], side: _Rank
                     if key in entry:
                         a[key] = entry[key]
                         source.fields[key] = f"{where}/consumers/{k}/{key}"
+            if a["op"] in ("recv_f", "recv_b"):
+                a["posts"] = [len(actions)]  # torch's RECV cell posts its receive where it stands
             if a["op"] == "forward" and (a["stage"], a.get("microbatch")) in plain:
                 a["checkpoint"] = False
                 source.fields["checkpoint"] = f"{where}/plain_forwards/{plain.pop((a['stage'], a['microbatch']))}"

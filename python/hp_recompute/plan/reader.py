@@ -53,6 +53,9 @@ class Action:
     overlap: bool = False
     #: A forward of a checkpointed stage that runs plainly (plan ``"checkpoint": false``).
     plain: bool = False
+    #: A receive: the indices (into its rank's actions) of the receives to post when it is reached, in
+    #: posting order (plan ``posts``; docs/plan-format.md); empty for every other action.
+    posts: Tuple[int, ...] = ()
 
     def describe(self) -> str:
         """Short text such as ``backward_input stage 3 mb 0 session s3.mb0``."""
@@ -324,6 +327,17 @@ def parse_plan(raw: Any, path: str = "<plan>", *, tagged: bool = True, locate: O
                     kw["tag"] = int_field(at, a, "tag", where, 0)
                 elif "tag" in a:
                     raise expected(at(f"{where}/tag"), "no tag (torch's point-to-point ops carry none)", a["tag"])
+            if "posts" in a:
+                posts = a["posts"]
+                if op not in ("recv_f", "recv_b"):
+                    raise expected(at(f"{where}/posts"), "no posts (only a receive posts receives)", posts)
+                if not isinstance(posts, list):
+                    raise expected(at(f"{where}/posts"), "a list of action indices", posts)
+                for k, index in enumerate(posts):
+                    if not _is_int(index) or not 0 <= index < len(acts):
+                        raise expected(at(f"{where}/posts/{k}"), f"an action index of rank {r} in [0, {len(acts)})",
+                                       index)
+                kw["posts"] = tuple(posts)
             if "frees_graph" in a:
                 if op not in CONSUMER_OPS or a["frees_graph"] is not True:
                     raise expected(at(f"{where}/frees_graph"), "true, on a backward", a["frees_graph"])

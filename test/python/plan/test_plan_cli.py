@@ -119,10 +119,10 @@ def test_memory_budget_rejects_plan_and_writes_nothing(tmp_path):
 
 def test_zbv_5x11_matches_pytorch_once_planner_actions_are_removed():
     """The generated ZBV schedule, as the CLI emits it, is PyTorch's action for
-    action: drop the planner's and the lowering's cells and compare."""
+    action: drop the planner's and the lowerings' cells (transfers, REDUCE_GRAD) and compare."""
     out = run_plan("--schedule-gen", "zbv", "--ranks", "5", "--microbatches", "11",
                    "--emit", "csv").stdout
-    added = ("RECOMPUTE", "CLEAR", "SEND_", "RECV_")
+    added = ("RECOMPUTE", "CLEAR", "SEND_", "RECV_", "REDUCE_GRAD")
     planned = [
         [cell for cell in row.split(",") if not any(a in cell for a in added)]
         for row in out.splitlines()

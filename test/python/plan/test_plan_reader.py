@@ -71,7 +71,26 @@ CASES = {
     "a boolean retain_on_unpack": (_set("ranks/0/actions/6/retain_on_unpack", 1),
                                    "/ranks/0/actions/6/retain_on_unpack", "expected a boolean, got '1'"),
     "version true": (_set("version", True), "/version", "expected 2, got 'true'"),
+    "posts as a string": (_set("ranks/1/actions/0/posts", "0"), "/ranks/1/actions/0/posts",
+                          "expected a list of action indices, got '\"0\"'"),
+    "posts past the rank's actions": (_set("ranks/1/actions/0/posts", [0, 9]), "/ranks/1/actions/0/posts/1",
+                                      "expected an action index of rank 1 in [0, 9), got '9'"),
+    "a boolean in posts": (_set("ranks/1/actions/0/posts", [True]), "/ranks/1/actions/0/posts/0", "got 'true'"),
+    "posts on a send": (_set("ranks/0/actions/1/posts", [1]), "/ranks/0/actions/1/posts",
+                        "expected no posts (only a receive posts receives), got '[1]'"),
 }
+
+
+def test_posts_are_read_for_receives_only() -> None:
+    plan = parse_plan(hand_plan(), "p.json")
+    assert [a.posts for a in plan.ranks[1]] == [(0,), (), (), (), (4,), (), (), (), ()]
+    assert [a.posts for a in plan.ranks[0] if a.op == "recv_b"] == [(4,), (9,)]
+    # Posting both at the first receive is a plan's too (rank 1's first receive posts the second early).
+    raw = hand_plan()
+    raw["ranks"][1]["actions"][0]["posts"], raw["ranks"][1]["actions"][4]["posts"] = [0, 4], []
+    plan = parse_plan(raw, "p.json")
+    assert (plan.ranks[1][0].posts, plan.ranks[1][4].posts) == ((0, 4), ())
+    verify_plan(plan)
 
 
 def test_the_hand_plan_is_valid() -> None:

@@ -88,6 +88,20 @@ def _tag_mismatch(p: Plan) -> None:
     acts[_index(acts, "recv_f")]["tag"] += 1
 
 
+def _keeping_posts(edit: Callable[[Plan], None]) -> Callable[[Plan], None]:
+    """``edit``, after which every receive's ``posts`` names the same receives as before (by index, so an edit
+    that moves, adds or drops actions would otherwise break them too): the edit plants one bug only."""
+    def wrapped(p: Plan) -> None:
+        named = [[(a, [acts[i] for i in a["posts"]]) for a in acts if "posts" in a]
+                 for acts in (r["actions"] for r in p["ranks"])]
+        edit(p)
+        for rank, pairs in zip(p["ranks"], named):
+            where = {id(a): i for i, a in enumerate(rank["actions"])}
+            for a, targets in pairs:
+                a["posts"] = [where[id(t)] for t in targets if id(t) in where]
+    return wrapped
+
+
 CATALOGUE = {
     "graph freed by the dx": (_graph_freed_by_dx, "frees_graph must mark the last backward"),
     "tags disagree": (_tag_mismatch, "differs from tag"),
@@ -128,6 +142,31 @@ def _reduce_twice(p: Plan) -> None:
     acts += [{"op": "reduce_grad", "stage": stage}, {"op": "reduce_grad", "stage": stage}]
 
 
+def _no_reduce_grad(p: Plan) -> None:
+    acts = p["ranks"][0]["actions"]
+    stage = acts[0]["stage"]
+    acts[:] = [a for a in acts if not (a["op"] == "reduce_grad" and a["stage"] == stage)]
+
+
+def _self_posting(acts: List[Dict[str, Any]]) -> List[int]:
+    """The receives that post only themselves (a receive whose peer sends it first), by index."""
+    return [i for i, a in enumerate(acts) if a.get("posts") == [i]]
+
+
+def _posted_twice(p: Plan) -> None:
+    """Rank 1's second receive posts its first receive again."""
+    acts = p["ranks"][1]["actions"]
+    first, second = _self_posting(acts)[:2]
+    acts[second]["posts"].append(first)
+
+
+def _posted_out_of_order(p: Plan) -> None:
+    """Rank 1's first receive posts its second one's message first: untagged messages would cross."""
+    acts = p["ranks"][1]["actions"]
+    first, second = _self_posting(acts)[:2]
+    acts[first]["posts"], acts[second]["posts"] = [second, first], []
+
+
 def _duplicate_tag(p: Plan) -> None:
     """Rank 0's second send to its peer takes the first one's tag, at both ends."""
     sends = [a for a in p["ranks"][0]["actions"] if a["op"] == "send_f"]
@@ -162,8 +201,9 @@ def _release_before_the_last_consumer(p: Plan) -> None:
     acts[_first(p, 0, lambda a: a["op"] == "backward_input" and "session" in a)]["retain_on_unpack"] = False
 
 
-#: The rules a hostile trial found missing (REDUCE_GRAD, tags, data flow, retain flags); each edit works on any
-#: plan with a dx/dw split on rank 0.
+#: The rules a hostile trial found missing (REDUCE_GRAD, tags, data flow, retain flags), and those of what the
+#: planner lowers into the plan (a REDUCE_GRAD per stage, when each receive is posted); each edit works on any
+#: plan with a dx/dw split on rank 0 and two receives from rank 0 on rank 1.
 FOUND_MISSING = {
     "reduce_grad before the last W": (_reduce_before_last_w, "the last W or B of stage 0; gradients are reduced "
                                                              "once per stage"),
@@ -173,7 +213,18 @@ FOUND_MISSING = {
     "receive after its forward": (_receive_after_its_forward, "receive after the action that needs it"),
     "retain on the last consumer": (_retain_on_the_last_consumer, "but sets retain_on_unpack"),
     "release before the last consumer": (_release_before_the_last_consumer, "does not set retain_on_unpack"),
+    "no reduce_grad": (_no_reduce_grad, "no REDUCE_GRAD of stage 0 after this, its last W or B; a plan reduces each "
+                                        "stage's gradients exactly once, after its last W and B (rule 8)"),
 }
+# Edits that move, add or drop actions keep the receives' posts pointing at the same receives.
+CATALOGUE = {case: (_keeping_posts(edit), message) for case, (edit, message) in CATALOGUE.items()}
+FOUND_MISSING = {case: (_keeping_posts(edit), message) for case, (edit, message) in FOUND_MISSING.items()}
+FOUND_MISSING.update({
+    "a receive posted twice": (_posted_twice, "posts it first); each receive is posted once (rule 9)"),
+    "receives posted out of the peer's order": (_posted_out_of_order, "but rank 0 sends its message first; receives "
+                                                "from one peer are posted in the order it sends, since untagged "
+                                                "messages match in posting order (rule 9)"),
+})
 SOURCES = ["hand"] + (["zbv"] if PLAN_TOOL.exists() else [])
 
 
@@ -230,7 +281,8 @@ def test_the_runner_refuses_before_any_rank_starts(tmp_path: Path, zbv_plan: Pla
     assert time.monotonic() - start < 60
 
 
-@pytest.mark.parametrize("case", ["duplicate tag", "reduce_grad before the last W", "retain on the last consumer"])
+@pytest.mark.parametrize("case", ["duplicate tag", "reduce_grad before the last W", "retain on the last consumer",
+                                  "no reduce_grad", "receives posted out of the peer's order"])
 def test_the_runner_refuses_a_rule_the_trial_found_missing(tmp_path: Path, zbv_plan: Plan, case: str) -> None:
     edit, message = FOUND_MISSING[case]
     plan = copy.deepcopy(zbv_plan)
