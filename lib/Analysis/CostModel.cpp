@@ -3,6 +3,7 @@
 #include "hpr/Analysis/CostModel.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/ErrorHandling.h"
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -18,48 +19,122 @@ static double measuredOr(std::optional<llvm::APFloat> measured,
   return fallback;
 }
 
+llvm::StringRef mlir::hpr::regionTimeKey(RegionTime time) {
+  switch (time) {
+  case RegionTime::Forward:
+    return "fwd_time_us";
+  case RegionTime::CheckpointForward:
+    return "checkpoint_fwd_time_us";
+  case RegionTime::Replay:
+    return "replay_time_us";
+  case RegionTime::BackwardInput:
+    return "bwd_input_time_us";
+  case RegionTime::BackwardWeight:
+    return "bwd_weight_time_us";
+  case RegionTime::Backward:
+    return "bwd_time_us";
+  }
+  llvm_unreachable("unknown region time");
+}
+
+std::optional<RegionTime> mlir::hpr::regionTimeOf(sched::ActionKind kind,
+                                                  bool firstStage,
+                                                  bool checkpointedForward,
+                                                  bool regionCheckpointed) {
+  using Kind = sched::ActionKind;
+  switch (kind) {
+  case Kind::Forward:
+    return regionCheckpointed && checkpointedForward
+               ? RegionTime::CheckpointForward
+               : RegionTime::Forward;
+  case Kind::Recompute:
+    if (!regionCheckpointed)
+      return std::nullopt;
+    return RegionTime::Replay;
+  // The model input needs no gradient: the first stage's I computes nothing,
+  // and its W is one full backward from the output.
+  case Kind::BackwardInput:
+    if (firstStage)
+      return std::nullopt;
+    return RegionTime::BackwardInput;
+  case Kind::BackwardWeight:
+    return firstStage ? RegionTime::Backward : RegionTime::BackwardWeight;
+  case Kind::Backward:
+    return RegionTime::Backward;
+  default:
+    return std::nullopt;
+  }
+}
+
+double mlir::hpr::regionTimeUs(RegionOp region, RegionTime time) {
+  double forwardUs = region.getFwdTimeUs().convertToDouble();
+  if (forwardUs <= 0)
+    forwardUs = region.getFwdFlops().convertToDouble() / kFlopsPerUs;
+  auto inputUs = [&] {
+    return measuredOr(region.getBwdInputTimeUs(), kInputPerForward * forwardUs);
+  };
+  auto weightUs = [&] {
+    return measuredOr(region.getBwdWeightTimeUs(),
+                      kWeightPerForward * forwardUs);
+  };
+  switch (time) {
+  case RegionTime::Forward:
+    return forwardUs;
+  case RegionTime::CheckpointForward:
+    return measuredOr(region.getCheckpointFwdTimeUs(), forwardUs);
+  case RegionTime::Replay:
+    return measuredOr(region.getReplayTimeUs(), forwardUs);
+  case RegionTime::BackwardInput:
+    return inputUs();
+  case RegionTime::BackwardWeight:
+    return weightUs();
+  case RegionTime::Backward:
+    return measuredOr(region.getBwdTimeUs(), inputUs() + weightUs());
+  }
+  llvm_unreachable("unknown region time");
+}
+
 std::vector<StageCost> mlir::hpr::computeStageCosts(
     ModelOp model, llvm::function_ref<bool(RegionOp)> isCheckpointed) {
+  using Kind = sched::ActionKind;
   std::vector<StageCost> costs;
   bool anyCost = false;
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
+    bool firstStage = costs.empty();
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
-      double timeUs = region.getFwdTimeUs().convertToDouble();
-      if (timeUs <= 0)
-        timeUs = region.getFwdFlops().convertToDouble() / kFlopsPerUs;
-      double inputUs =
-          measuredOr(region.getBwdInputTimeUs(), kInputPerForward * timeUs);
-      double weightUs =
-          measuredOr(region.getBwdWeightTimeUs(), kWeightPerForward * timeUs);
-      cost.backwardInputUs += inputUs;
-      cost.backwardWeightUs += weightUs;
-      cost.backwardUs += measuredOr(region.getBwdTimeUs(), inputUs + weightUs);
+      bool checkpointed =
+          isCheckpointed ? isCheckpointed(region) : region.getCheckpoint();
+      // Each action's time is the sum of its regions' times (regionTimeOf).
+      auto add = [&](double &sum, Kind kind, bool checkpointedForward) {
+        if (std::optional<RegionTime> time = regionTimeOf(
+                kind, firstStage, checkpointedForward, checkpointed))
+          sum += regionTimeUs(region, *time);
+      };
+      add(cost.forwardUs, Kind::Forward, /*checkpointedForward=*/true);
+      add(cost.plainForwardUs, Kind::Forward, /*checkpointedForward=*/false);
+      add(cost.recomputeUs, Kind::Recompute, true);
+      add(cost.backwardInputUs, Kind::BackwardInput, true);
+      add(cost.backwardWeightUs, Kind::BackwardWeight, true);
+      add(cost.backwardUs, Kind::Backward, true);
       cost.gradBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
       cost.workspaceBytes = std::max<int64_t>(
           cost.workspaceBytes, region.getBwdWorkspaceBytes().value_or(0));
-      cost.plainForwardUs += timeUs;
       cost.plainKeptBytes += region.getSavedBytes();
-      if (isCheckpointed ? isCheckpointed(region) : region.getCheckpoint()) {
+      if (checkpointed) {
         cost.checkpointed = true;
-        cost.forwardUs += measuredOr(region.getCheckpointFwdTimeUs(), timeUs);
-        cost.recomputeUs += measuredOr(region.getReplayTimeUs(), timeUs);
         cost.keptBytes += region.getInputBytes();
         cost.recomputedBytes += region.getSavedBytes();
       } else {
-        cost.forwardUs += timeUs;
         cost.keptBytes += region.getSavedBytes();
       }
     }
     anyCost |= cost.plainForwardUs > 0;
-    // The model input needs no gradient: the first stage's I computes
-    // nothing and keeps nothing, and its W is one full backward.
-    if (costs.empty()) {
-      cost.backwardWeightUs = cost.backwardUs;
-      cost.backwardInputUs = 0;
+    // The first stage's I keeps nothing for its W (regionTimeOf: its W is
+    // one full backward).
+    if (firstStage)
       cost.weightStateBytes = 0;
-    }
     costs.push_back(cost);
   }
   // A stage's output is the next stage's input.

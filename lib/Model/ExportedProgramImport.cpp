@@ -470,11 +470,11 @@ llvm::Expected<OpFacts> ProgramReader::readNode(const json &node,
   std::string where = "node '" + name + "' (" + target + ")";
   OpFacts op;
   // torch.ops.aten.linear.default -> aten::linear
+  op.kind = canonicalOpKind(target);
   llvm::StringRef qualified = llvm::StringRef(target);
   qualified.consume_front("torch.ops.");
   llvm::SmallVector<llvm::StringRef> parts;
   qualified.split(parts, '.');
-  op.kind = parts.size() >= 2 ? (parts[0] + "::" + parts[1]).str() : target;
   op.where = file + ": " + where;
   // Counted 0, these would plan a model whose costs are not its own.
   bool torchOp = target != qualified && parts.size() >= 2;

@@ -1,15 +1,19 @@
 //===- RegionCosts.cpp - Regions and per-op cost rules --------------------===//
 //
-// Splits the executed ops into regions (docs/models.md, "Region rules") and
-// sums their costs: FLOPs from a rule table, saved bytes from a table of what
-// autograd saves per op (PyTorch's derivatives.yaml), deduplicated by tensor
-// storage, parameters and buffers excluded. Shared by the TorchScript and the
-// torch.export importers; nothing here depends on LibTorch.
+// The op table (hpr/Model/OpCosts.h: names, views, FLOPs), and the region
+// rules on top of it: splits the executed ops into regions (docs/models.md,
+// "Region rules") and sums their costs: FLOPs from the table, saved bytes from
+// a table of what autograd saves per op (PyTorch's derivatives.yaml),
+// deduplicated by tensor storage, parameters and buffers excluded. Shared by
+// the TorchScript and the torch.export importers, and (names, views, FLOPs)
+// by the Python exporter through hp_recompute._planner; nothing here depends
+// on LibTorch.
 //
 //===----------------------------------------------------------------------===//
 
 #include "RegionCosts.h"
 
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -29,52 +33,88 @@ namespace {
 /// Views and metadata: no FLOPs, nothing saved, and outside regions they do
 /// not open a region of their own.
 const llvm::StringSet<> kViews = {
-    "aten::view",        "aten::_unsafe_view",
-    "aten::reshape",     "aten::t",
-    "aten::transpose",   "aten::permute",
-    "aten::expand",      "aten::expand_as",
-    "aten::slice",       "aten::select",
-    "aten::split",       "aten::split_with_sizes",
-    "aten::chunk",       "aten::unsqueeze",
-    "aten::squeeze",     "aten::detach",
-    "aten::alias",       "aten::as_strided",
-    "aten::flatten",     "aten::unbind",
-    "aten::view_as",     "aten::reshape_as",
-    "aten::size",        "aten::dim",
-    "aten::numel",       "aten::Int",
-    "aten::Float",       "aten::ScalarImplicit",
-    "aten::__getitem__", "aten::len",
-    "aten::format",      "aten::warn",
-    "aten::__is__",      "aten::__isnot__",
-    "aten::device",      "aten::is_floating_point"};
+    "aten::view",          "aten::_unsafe_view",
+    "aten::reshape",       "aten::t",
+    "aten::transpose",     "aten::permute",
+    "aten::expand",        "aten::expand_as",
+    "aten::slice",         "aten::select",
+    "aten::split",         "aten::split_with_sizes",
+    "aten::chunk",         "aten::unsqueeze",
+    "aten::squeeze",       "aten::detach",
+    "aten::alias",         "aten::as_strided",
+    "aten::flatten",       "aten::unbind",
+    "aten::view_as",       "aten::reshape_as",
+    "aten::size",          "aten::dim",
+    "aten::numel",         "aten::Int",
+    "aten::Float",         "aten::ScalarImplicit",
+    "aten::__getitem__",   "aten::len",
+    "aten::format",        "aten::warn",
+    "aten::__is__",        "aten::__isnot__",
+    "aten::device",        "aten::is_floating_point",
+    "aten::_reshape_alias"};
 
-/// Data movement and creation: no FLOPs, nothing saved.
-const llvm::StringSet<> kZeroFlop = {
-    "aten::clone",        "aten::contiguous",
-    "aten::copy_",        "aten::empty",
-    "aten::empty_like",   "aten::zeros",
-    "aten::zeros_like",   "aten::ones",
-    "aten::ones_like",    "aten::full",
-    "aten::full_like",    "aten::arange",
-    "aten::embedding",    "aten::cat",
-    "aten::stack",        "aten::to",
-    "aten::type_as",      "aten::tril",
-    "aten::triu",         "aten::eq",
-    "aten::ne",           "aten::lt",
-    "aten::le",           "aten::gt",
-    "aten::ge",           "aten::new_zeros",
-    "aten::new_empty",    "aten::fill_",
-    "aten::zero_",        "aten::scalar_tensor",
-    "aten::dropout",      "aten::feature_dropout",
-    "aten::index_select", "aten::gather",
-    "aten::detach_",      "aten::lift_fresh"};
+/// Data movement and creation: no FLOPs, nothing saved. No arithmetic on
+/// data: filling with a constant (`full_like`, as `full`) or with random
+/// numbers (`bernoulli_`: the mask CPU's dropout draws, see kDropouts), and a
+/// dtype change (`to`, `type_as`, `_to_copy`).
+const llvm::StringSet<> kZeroFlop = {"aten::clone",
+                                     "aten::contiguous",
+                                     "aten::copy_",
+                                     "aten::empty",
+                                     "aten::empty_like",
+                                     "aten::zeros",
+                                     "aten::zeros_like",
+                                     "aten::ones",
+                                     "aten::ones_like",
+                                     "aten::full",
+                                     "aten::full_like",
+                                     "aten::arange",
+                                     "aten::embedding",
+                                     "aten::cat",
+                                     "aten::stack",
+                                     "aten::to",
+                                     "aten::type_as",
+                                     "aten::tril",
+                                     "aten::triu",
+                                     "aten::eq",
+                                     "aten::ne",
+                                     "aten::lt",
+                                     "aten::le",
+                                     "aten::gt",
+                                     "aten::ge",
+                                     "aten::new_zeros",
+                                     "aten::new_empty",
+                                     "aten::fill_",
+                                     "aten::zero_",
+                                     "aten::scalar_tensor",
+                                     "aten::index_select",
+                                     "aten::gather",
+                                     "aten::detach_",
+                                     "aten::lift_fresh",
+                                     "aten::lift_fresh_copy",
+                                     "aten::_to_copy",
+                                     "aten::empty_strided",
+                                     "aten::new_ones",
+                                     "aten::new_full",
+                                     "aten::bernoulli",
+                                     "aten::bernoulli_",
+                                     "aten::rand",
+                                     "aten::randn",
+                                     "aten::rand_like",
+                                     "aten::randn_like"};
+
+/// Dropout in training: one multiply by the mask and one by the scale
+/// 1 / (1 - p) per element, 2 FLOPs (docs/models.md). CPU runs it as
+/// bernoulli_ (0) on a new mask, div_ of the mask and a mul, CUDA as one
+/// native_dropout kernel: 2 per element either way. In eval, 0.
+const llvm::StringSet<> kDropouts = {"aten::dropout", "aten::feature_dropout"};
 
 /// Reductions: one FLOP per input element.
 const llvm::StringSet<> kReductions = {
-    "aten::sum",         "aten::mean",      "aten::amax", "aten::amin",
-    "aten::max",         "aten::min",       "aten::norm", "aten::var",
-    "aten::std",         "aten::logsumexp", "aten::prod", "aten::nll_loss",
-    "aten::nll_loss_nd", "aten::mse_loss"};
+    "aten::sum",         "aten::mean",       "aten::amax",    "aten::amin",
+    "aten::max",         "aten::min",        "aten::norm",    "aten::var",
+    "aten::std",         "aten::logsumexp",  "aten::prod",    "aten::nll_loss",
+    "aten::nll_loss_nd", "aten::nll_loss2d", "aten::mse_loss"};
 
 /// Element-wise and normalization ops: one FLOP per output element.
 const llvm::StringSet<> kElementwise = {"aten::add",
@@ -107,6 +147,7 @@ const llvm::StringSet<> kElementwise = {"aten::add",
                                         "aten::layer_norm",
                                         "aten::batch_norm",
                                         "aten::group_norm",
+                                        "aten::native_group_norm",
                                         "aten::masked_fill",
                                         "aten::masked_fill_",
                                         "aten::where",
@@ -133,31 +174,66 @@ bool isConv(llvm::StringRef kind) {
          kind == "aten::conv3d" || kind == "aten::convolution" ||
          kind == "aten::_convolution";
 }
+
+/// Kernels the dispatcher runs for an op, with the op's arguments in the
+/// op's order (the first ones at least, which the rules read), named by that
+/// op: the exporter sees the kernel, the importers the op. native_group_norm
+/// takes its groups elsewhere and keeps its own name.
+const llvm::StringMap<llvm::StringRef> kKernelOps = {
+    {"_softmax", "softmax"},
+    {"_log_softmax", "log_softmax"},
+    {"native_layer_norm", "layer_norm"},
+    {"native_batch_norm", "batch_norm"},
+    {"_native_batch_norm_legit", "batch_norm"},
+    {"_native_batch_norm_legit_no_training", "batch_norm"},
+    {"native_dropout", "dropout"},
+    {"max_pool2d_with_indices", "max_pool2d"},
+    {"_adaptive_avg_pool2d", "adaptive_avg_pool2d"},
+    {"nll_loss_forward", "nll_loss"},
+    {"nll_loss2d_forward", "nll_loss2d"},
+    {"mkldnn_convolution", "convolution"},
+    {"_scaled_dot_product_flash_attention", "scaled_dot_product_attention"},
+    {"_scaled_dot_product_flash_attention_for_cpu",
+     "scaled_dot_product_attention"},
+    {"_scaled_dot_product_efficient_attention", "scaled_dot_product_attention"},
+    {"_scaled_dot_product_cudnn_attention", "scaled_dot_product_attention"}};
+
 bool needsGrad(const TensorFacts *t) { return t && t->requiresGrad; }
+
+} // namespace
 
 //===----------------------------------------------------------------------===//
 // FLOPs
 //===----------------------------------------------------------------------===//
 
-/// Returns the op's forward FLOPs, or -1 when no rule covers it.
-double opFlops(const OpFacts &op) {
+std::optional<double> mlir::hpr::model::opFlops(const OpFacts &op) {
   llvm::StringRef kind = op.kind;
   const TensorFacts *out = op.output();
+  auto arg = [&](size_t i, OpArg::Kind kind) -> const OpArg * {
+    return i < op.inputs.size() && op.inputs[i].kind == kind ? &op.inputs[i]
+                                                             : nullptr;
+  };
   if (kViews.contains(kind) || kZeroFlop.contains(kind))
     return 0;
+  if (kDropouts.contains(kind)) {
+    const OpArg *p = arg(1, OpArg::Kind::Double);
+    const OpArg *train = arg(2, OpArg::Kind::Bool);
+    bool active = p && p->doubleValue > 0 && train && train->boolValue;
+    return active && out ? 2.0 * double(out->numel()) : 0;
+  }
   if (kMatmuls.contains(kind)) {
     // 2 * (output elements) * (contracted length); the contracted length is
     // the last dim of the first matrix operand.
     size_t a = (kind == "aten::addmm" || kind == "aten::baddbmm") ? 1 : 0;
     const TensorFacts *lhs = op.input(a);
     if (!lhs || !out || lhs->dim() == 0)
-      return -1;
+      return std::nullopt;
     return 2.0 * double(out->numel()) * double(lhs->size(-1));
   }
   if (isConv(kind)) {
     const TensorFacts *weight = op.input(1);
     if (!weight || !out || weight->dim() == 0 || weight->size(0) == 0)
-      return -1;
+      return std::nullopt;
     // Each output element is a dot product over Cin/groups * prod(kernel).
     return 2.0 * double(out->numel()) *
            double(weight->numel() / weight->size(0));
@@ -167,22 +243,28 @@ double opFlops(const OpFacts &op) {
     // (a causal mask does not halve the count).
     const TensorFacts *q = op.input(0), *k = op.input(1);
     if (!q || !k || !out || k->dim() < 2)
-      return -1;
+      return std::nullopt;
     double s = double(k->size(-2));
     return 2.0 * double(q->numel()) * s + 2.0 * double(out->numel()) * s;
   }
   if (kind == "aten::cross_entropy_loss") {
     const TensorFacts *in = op.input(0);
-    return in ? 2.0 * double(in->numel()) : -1; // log_softmax + nll_loss
+    if (!in)
+      return std::nullopt;
+    return 2.0 * double(in->numel()); // log_softmax + nll_loss
   }
   if (kReductions.contains(kind)) {
     const TensorFacts *in = op.input(0);
-    return in ? double(in->numel()) : -1;
+    if (!in)
+      return std::nullopt;
+    return double(in->numel());
   }
   if (kElementwise.contains(kind))
     return out ? double(out->numel()) : 0;
-  return -1;
+  return std::nullopt;
 }
+
+namespace {
 
 //===----------------------------------------------------------------------===//
 // Saved tensors
@@ -284,14 +366,15 @@ Saved opSaved(const OpFacts &op) {
   };
   // Float32 statistics per normalized group (mean and rstd / invstd).
   auto stats = [&](int64_t groups) { saved.extraBytes += 2 * groups * 4; };
+  if (kDropouts.contains(kind)) {
+    const OpArg *p = arg(1, OpArg::Kind::Double);
+    const OpArg *train = arg(2, OpArg::Kind::Bool);
+    if (out && p && p->doubleValue > 0 && train && train->boolValue &&
+        out->requiresGrad)
+      saved.extraBytes += out->numel(); // a bool mask (fused kernel)
+    return saved;
+  }
   if (kViews.contains(kind) || kZeroFlop.contains(kind)) {
-    if (kind == "aten::dropout" || kind == "aten::feature_dropout") {
-      const OpArg *p = arg(1, OpArg::Kind::Double);
-      const OpArg *train = arg(2, OpArg::Kind::Bool);
-      if (out && p && p->doubleValue > 0 && train && train->boolValue &&
-          out->requiresGrad)
-        saved.extraBytes += out->numel(); // a bool mask (fused kernel)
-    }
     if (kind == "aten::embedding" && needsGrad(in(0)))
       keep(in(1)); // the indices
     if ((kind == "aten::index_select" || kind == "aten::gather") &&
@@ -385,10 +468,14 @@ Saved opSaved(const OpFacts &op) {
       stats(x->size(1)); // save_mean / save_invstd per channel
     return saved;
   }
-  if (kind == "aten::group_norm") {
+  if (kind == "aten::group_norm" || kind == "aten::native_group_norm") {
     const TensorFacts *x = in(0);
     keep(x);
-    if (const OpArg *groups = arg(1, OpArg::Kind::Int); x && groups)
+    // group_norm(input, num_groups, ...); native_group_norm(input, weight,
+    // bias, N, C, HxW, group, eps).
+    const OpArg *groups =
+        arg(kind == "aten::group_norm" ? 1 : 6, OpArg::Kind::Int);
+    if (x && groups)
       stats(x->size(0) * groups->intValue);
     return saved;
   }
@@ -428,7 +515,8 @@ Saved opSaved(const OpFacts &op) {
     keep(in(1));
     return saved;
   }
-  if (kind == "aten::nll_loss" || kind == "aten::nll_loss_nd") {
+  if (kind == "aten::nll_loss" || kind == "aten::nll_loss_nd" ||
+      kind == "aten::nll_loss2d") {
     keep(in(0));
     keep(in(1));
     saved.extraBytes += 4;
@@ -536,8 +624,29 @@ const TensorFacts *OpFacts::output() const {
              : nullptr;
 }
 
-bool mlir::hpr::model::detail::isViewOp(llvm::StringRef kind) {
+bool mlir::hpr::model::isViewOp(llvm::StringRef kind) {
   return kViews.contains(kind);
+}
+
+std::string mlir::hpr::model::canonicalOpKind(llvm::StringRef name) {
+  llvm::StringRef ns, op;
+  if (name.contains("::")) {
+    std::tie(ns, op) = name.split("::");
+  } else {
+    // torch.ops.aten.mm.default, aten.mm.default, aten.mm
+    llvm::StringRef qualified = name;
+    qualified.consume_front("torch.ops.");
+    llvm::SmallVector<llvm::StringRef> parts;
+    qualified.split(parts, '.');
+    if (parts.size() < 2 || parts[0].empty() || parts[1].empty())
+      return name.str();
+    ns = parts[0];
+    op = parts[1];
+  }
+  if (ns == "aten")
+    if (auto it = kKernelOps.find(op); it != kKernelOps.end())
+      op = it->second;
+  return (ns + "::" + op).str();
 }
 
 std::string
@@ -649,17 +758,16 @@ llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
     std::map<uint64_t, int64_t> saved, inputs, paramBytes;
     for (size_t index : seg.ops) {
       const OpFacts &op = ops[index];
-      double flops = opFlops(op);
+      std::optional<double> flops = opFlops(op);
       Saved kept = opSaved(op);
-      if (flops < 0 || !kept.known) {
+      if (!flops || !kept.known) {
         if (warned.insert(op.kind).second)
           warnings.push_back(llvm::formatv(
               "{0}: warning: no cost rule for '{1}' (in region '{2}'); "
               "counted as 0 FLOPs and 0 saved bytes",
               op.where, op.kind, seg.name));
-        flops = std::max(flops, 0.0);
       }
-      region.fwdFlops += flops;
+      region.fwdFlops += flops.value_or(0);
       region.savedBytes += kept.extraBytes;
       for (const TensorFacts &t : kept.tensors)
         if (t.storage && !params.count(t.storage))

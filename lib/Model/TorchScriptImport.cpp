@@ -124,7 +124,7 @@ OpArg argOf(const c10::IValue &value) {
 
 OpFacts factsOf(const OpRecord &record) {
   OpFacts op;
-  op.kind = record.kind;
+  op.kind = canonicalOpKind(record.kind);
   op.where = record.where;
   op.chain = record.chain;
   for (const c10::IValue &in : record.inputs)

@@ -19,8 +19,8 @@ and one replay through ``recompute_handle`` (``replay_time_us``).
 ``--from-run REPORT`` measures nothing: it takes the costs from a run instead
 (``python -m hp_recompute.run --report``, multi-process). Each of the report's
 ``measured_action_us`` (the median time of one action of one stage in that run) scales
-the region times the planner sums for that action (``_region_field``, as
-``computeStageCosts`` in lib/Analysis/CostModel.cpp sums them) by measured / priced,
+the region times the planner sums for that action (the planner's own rule,
+``regionTimeOf`` in lib/Analysis/CostModel.cpp, through ``hp_recompute._planner``) by measured / priced,
 starting from the costs the run's plan was priced with. Planned again with these costs,
 the simulated step uses the durations the actions had in the run, under the same
 contention, so that the comparison of simulated and measured step time tests the
@@ -55,6 +55,7 @@ from .output_files import OutputError, check_outputs, text_writer, write_outputs
 from .runner.model import DEFAULT_MODEL, PipelineModel, load_model
 from .runner.memory import AllocatorPeak
 from .plan.reader import RunError, read_json
+from .plan.verify import planner_extension
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
 
@@ -217,22 +218,6 @@ def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: i
             for name, keys in results[0].items()}
 
 
-def _region_field(op: str, stage: int, plain: bool, checkpointed: bool) -> Optional[str]:
-    """The field of a region that the planner adds into the duration of ``op`` of its stage
-    (``computeStageCosts`` and ``actionDurationUs``), or None when the region adds nothing."""
-    if op == "forward":
-        return "checkpoint_fwd_time_us" if checkpointed and not plain else "fwd_time_us"
-    if op == "recompute":
-        return "replay_time_us" if checkpointed else None
-    if op == "backward_input":
-        return "bwd_input_time_us" if stage > 0 else None  # the first stage's I is priced 0
-    if op == "backward_weight":
-        return "bwd_time_us" if stage == 0 else "bwd_weight_time_us"  # the first stage's W is its B
-    if op == "backward":
-        return "bwd_time_us"
-    return None  # clear
-
-
 def _finite(value: Any) -> bool:
     """A JSON number the planner reads: not a boolean, not NaN or infinite."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -282,10 +267,12 @@ def times_from_run(names: Sequence[str], report_path: str,
                            f"costs measured by python -m hp_recompute.costs before taking them from a run")
         times[name] = {k: float(region[k]) for k in keys}
         times[name].update({k: region[k] for k in BYTES_KEYS if k in region})  # measured with the times
+    planner = planner_extension()
     for rank in ranks:
         for measured in rank["measured_action_us"]:
             op, stage, plain = measured["op"], measured["stage"], measured["plain"]
-            fields = [(r["name"], _region_field(op, stage, plain, checkpointed[r["name"]]))
+            # The region fields the planner sums into this action's time (regionTimeOf).
+            fields = [(r["name"], planner.region_time_field(op, stage, not plain, checkpointed[r["name"]]))
                       for r in stages.get(stage, [])]
             fields = [(name, key) for name, key in fields if key]
             modelled = sum(times[name][key] for name, key in fields)

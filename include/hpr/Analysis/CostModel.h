@@ -32,10 +32,13 @@
 #define HPR_ANALYSIS_COSTMODEL_H
 
 #include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Schedule/Schedule.h"
 
 #include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/StringRef.h"
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace mlir::hpr {
@@ -45,6 +48,37 @@ namespace mlir::hpr {
 /// hp_recompute.costs` (torch 2.13, CPU, one thread; docs/models.md).
 inline constexpr double kInputPerForward = 1.5;
 inline constexpr double kWeightPerForward = 1.1;
+
+/// The times a region carries (model JSON and plan JSON fields).
+enum class RegionTime {
+  Forward,           ///< fwd_time_us
+  CheckpointForward, ///< checkpoint_fwd_time_us
+  Replay,            ///< replay_time_us
+  BackwardInput,     ///< bwd_input_time_us
+  BackwardWeight,    ///< bwd_weight_time_us
+  Backward,          ///< bwd_time_us
+};
+
+/// The JSON field of `time`, e.g. "bwd_input_time_us".
+llvm::StringRef regionTimeKey(RegionTime time);
+
+/// The cost rule, the one place that says which of a region's times the
+/// planner adds into an action of its stage: a forward takes each region's
+/// checkpoint_fwd_time_us when the region is checkpointed and the forward
+/// runs under checkpoint (`checkpointedForward`), else its fwd_time_us; a
+/// recompute the checkpointed regions' replay_time_us; I, W and B their
+/// bwd_input_time_us, bwd_weight_time_us and bwd_time_us, except on the
+/// first stage (`firstStage`), whose I is priced 0 (the model input needs no
+/// gradient) and whose W is its B. None: the region adds nothing (a
+/// transfer, a clear, a recompute of a plain region). computeStageCosts sums
+/// by it, and `python -m hp_recompute.costs --from-run` scales by it.
+std::optional<RegionTime> regionTimeOf(sched::ActionKind kind, bool firstStage,
+                                       bool checkpointedForward,
+                                       bool regionCheckpointed);
+
+/// `region`'s `time` in us: measured, else the fallback of the file
+/// comment (FLOPs at 1 TFLOP/s, kInputPerForward, ...).
+double regionTimeUs(RegionOp region, RegionTime time);
 
 struct StageCost {
   bool checkpointed = false; ///< has at least one checkpointed region

@@ -6,13 +6,20 @@
 // IR and runs the admission check (mlir::hpr::verifyImportedPlan), the same
 // code as `hp-recompute-plan --verify`. Diagnostics come back as the lines
 // the CLI prints, so every runtime names a broken rule in the same words.
+// The cost rules are reached here too: `op_kind`, `is_view_op` and
+// `op_flops` are the importers' op table (hpr/Model/OpCosts.h) for the
+// exporter, `region_time_field` the rule that sums an action's time from its
+// regions (mlir::hpr::regionTimeOf) for `hp_recompute.costs --from-run`.
 //
 //===----------------------------------------------------------------------===//
 
+#include "hpr/Analysis/CostModel.h"
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
+#include "hpr/Model/OpCosts.h"
 #include "hpr/Plan/Diagnostics.h"
 #include "hpr/Plan/PlanImport.h"
+#include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/OutputFile.h"
 #include "hpr/Transforms/Passes.h"
 
@@ -92,6 +99,76 @@ planText(const mlir::hpr::PlanRequest &request) {
   return {json, {}};
 }
 
+//===----------------------------------------------------------------------===//
+// Op costs: Python values as the op table's facts
+//===----------------------------------------------------------------------===//
+
+/// A torch.Tensor (or anything with its shape, stride(), element_size() and
+/// requires_grad), described without LibTorch.
+static std::optional<mlir::hpr::model::TensorFacts>
+tensorFacts(nb::handle value) {
+  if (!nb::hasattr(value, "shape") || !nb::hasattr(value, "stride") ||
+      !nb::hasattr(value, "element_size"))
+    return std::nullopt;
+  mlir::hpr::model::TensorFacts facts;
+  for (nb::handle size : value.attr("shape"))
+    facts.sizes.push_back(nb::cast<int64_t>(size));
+  for (nb::handle stride : value.attr("stride")())
+    facts.strides.push_back(nb::cast<int64_t>(stride));
+  facts.elementSize = nb::cast<int64_t>(value.attr("element_size")());
+  if (nb::hasattr(value, "requires_grad"))
+    facts.requiresGrad = nb::cast<bool>(value.attr("requires_grad"));
+  return facts;
+}
+
+/// One argument as the dispatcher passed it: a tensor, a list of tensors or
+/// of ints, a bool, an int, a float; anything else is None to the rules.
+static mlir::hpr::model::OpArg opArg(nb::handle value) {
+  using Kind = mlir::hpr::model::OpArg::Kind;
+  mlir::hpr::model::OpArg arg;
+  if (value.is_none())
+    return arg;
+  if (nb::isinstance<nb::bool_>(value)) { // before int: a bool is an int
+    arg.kind = Kind::Bool;
+    arg.boolValue = nb::cast<bool>(value);
+  } else if (nb::isinstance<nb::int_>(value)) {
+    arg.kind = Kind::Int;
+    arg.intValue = nb::cast<int64_t>(value);
+  } else if (nb::isinstance<nb::float_>(value)) {
+    arg.kind = Kind::Double;
+    arg.doubleValue = nb::cast<double>(value);
+  } else if (auto facts = tensorFacts(value)) {
+    arg.kind = Kind::Tensor;
+    arg.tensors.push_back(std::move(*facts));
+  } else if (nb::isinstance<nb::list>(value) ||
+             nb::isinstance<nb::tuple>(value)) {
+    bool ints = true;
+    for (nb::handle item : value) {
+      if (nb::isinstance<nb::int_>(item) && !nb::isinstance<nb::bool_>(item))
+        arg.ints.push_back(nb::cast<int64_t>(item));
+      else
+        ints = false;
+      if (auto facts = tensorFacts(item))
+        arg.tensors.push_back(std::move(*facts));
+    }
+    arg.kind = ints ? Kind::IntList : Kind::TensorList;
+  }
+  return arg;
+}
+
+/// The forward FLOPs of op `name` on `inputs` giving `outputs`, as the
+/// importers price it; nullopt where the table has no rule.
+static std::optional<double>
+opFlopsOf(const std::string &name, nb::sequence inputs, nb::sequence outputs) {
+  mlir::hpr::model::OpFacts op;
+  op.kind = mlir::hpr::model::canonicalOpKind(name);
+  for (nb::handle input : inputs)
+    op.inputs.push_back(opArg(input));
+  for (nb::handle output : outputs)
+    op.outputs.push_back(opArg(output));
+  return mlir::hpr::model::opFlops(op);
+}
+
 NB_MODULE(_planner, m) {
   m.doc() = "hp-recompute's C++ planner, in process (docs/python-api.md).";
   m.def(
@@ -139,4 +216,52 @@ NB_MODULE(_planner, m) {
       "Runs the planner as hp-recompute-plan does; returns (plan JSON text, "
       "[]) or (\"\", the problems, one line each; a request the CLI would "
       "refuse with exit 2 starts with \"usage: \").");
+  m.def(
+      "op_kind",
+      [](const std::string &name) {
+        return mlir::hpr::model::canonicalOpKind(name);
+      },
+      "name"_a,
+      "The name the planner's op table knows op `name` by, \"ns::op\": "
+      "\"aten.mm.default\", \"aten.mm\", \"torch.ops.aten.mm.default\" and "
+      "\"aten::mm\" are all \"aten::mm\"; a kernel is named by its op "
+      "(\"aten._softmax.default\" -> \"aten::softmax\").");
+  m.def(
+      "is_view_op",
+      [](const std::string &name) {
+        return mlir::hpr::model::isViewOp(
+            mlir::hpr::model::canonicalOpKind(name));
+      },
+      "name"_a,
+      "Whether op `name` (any spelling op_kind accepts) only views its "
+      "input: no FLOPs, and outside regions it opens none.");
+  m.def("op_flops", &opFlopsOf, "name"_a, "inputs"_a, "outputs"_a,
+        "Forward FLOPs of op `name` (any spelling op_kind accepts) called "
+        "with `inputs` (the positional arguments: tensors, lists, scalars) "
+        "and giving `outputs` (its result tensors in order), by the rules "
+        "the .pt2 and TorchScript importers price it with; None when no rule "
+        "covers the op (the importers warn and count 0).");
+  m.def(
+      "region_time_field",
+      [](const std::string &action, int stage, bool checkpointedForward,
+         bool regionCheckpointed) -> std::optional<std::string> {
+        std::optional<mlir::hpr::sched::ActionKind> kind =
+            mlir::hpr::sched::kindFromJsonName(action);
+        if (!kind)
+          return std::nullopt;
+        std::optional<mlir::hpr::RegionTime> time =
+            mlir::hpr::regionTimeOf(*kind, /*firstStage=*/stage == 0,
+                                    checkpointedForward, regionCheckpointed);
+        if (!time)
+          return std::nullopt;
+        return mlir::hpr::regionTimeKey(*time).str();
+      },
+      "action"_a, "stage"_a, "checkpointed_forward"_a, "region_checkpointed"_a,
+      "The region field (e.g. \"bwd_input_time_us\") the planner adds into "
+      "the time of an `action` (a plan JSON op name: \"forward\", "
+      "\"backward_input\", ...) of stage `stage` for a region that is "
+      "`region_checkpointed`, a forward running under checkpoint when "
+      "`checkpointed_forward`; None when the region adds nothing (the "
+      "first stage's backward_input, a plain region's recompute, a "
+      "transfer). The rule of computeStageCosts.");
 }

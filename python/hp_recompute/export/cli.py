@@ -34,6 +34,8 @@ import torch.nn as nn
 
 from ..factory import call_factory, raised_at
 from ..output_files import OutputError, check_outputs, text_writer, write_outputs
+from ..plan.reader import RunError
+from ..plan.verify import planner_extension
 from .ir import module_to_ir
 from .measure import Segment, measure_regions
 
@@ -169,6 +171,10 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
     if elements > MAX_INPUT_ELEMENTS:
         raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
                           f"{MAX_INPUT_ELEMENTS} are built")
+    try:
+        planner_extension()  # prices the ops (measure.py): missing, say so before the model runs
+    except RunError as e:
+        raise ExportError(str(e)) from None
     model.train()
     described = ", ".join("x".join(map(str, s)) + f" {str(d).replace('torch.', '')}"
                           for s, d in zip(shapes, dtypes))

@@ -1,10 +1,18 @@
 """Measure what each region of an eager model costs (used by ``hp_recompute.export``).
 
-Why a separate module: the exporter's numbers are the ground truth the C++
-importer's per-op rules are tested against, so the measurement is kept small
-and independent of the TorchScript graph: it runs the *eager* model once and
-observes autograd (``torch.autograd.graph.saved_tensors_hooks``) and the
+Why a separate module: the exporter's byte counts are the ground truth the C++
+importer's saved-bytes rules are tested against, so the measurement is kept
+small and independent of the TorchScript graph: it runs the *eager* model once
+and observes autograd (``torch.autograd.graph.saved_tensors_hooks``) and the
 dispatcher (``TorchDispatchMode``).
+
+FLOPs are not restated here: each dispatched op is priced by the importers' own
+op table (``lib/Model/RegionCosts.cpp``) through the planner extension
+(``hp_recompute._planner.op_flops``, which names a dispatched kernel such as
+``aten._softmax.default`` by its op, ``aten::softmax``), so a model exported as
+``.pt2`` and read by the planner gets the FLOPs the sidecar has. An op the table
+has no rule for is counted 0 with a warning, as the importers do; which ops are
+views (they open no segment, below) is the same table's answer.
 
 Region rule (mirrors the C++ importer, see docs/models.md): with the stack of
 currently running submodules (outermost first), the region is the first path
@@ -19,14 +27,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import warnings
+
 import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..plan.verify import planner_extension
 from ..storage import storage_of
 
-__all__ = ["Segment", "region_of", "measure_regions", "op_flops"]
+__all__ = ["Segment", "region_of", "measure_regions"]
 
 
 def region_of(stack: Sequence[str], depth: int) -> Optional[str]:
@@ -55,75 +66,13 @@ class Segment:
     output_shapes: List[List[int]] = field(default_factory=list)
 
 
-# Ops that only move or reinterpret data: no FLOPs (docs/models.md, rule table).
-_ZERO_FLOP = {
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "t", "transpose", "permute",
-    "expand", "slice", "select", "split", "split_with_sizes", "chunk", "unsqueeze",
-    "squeeze", "detach", "alias", "as_strided", "clone", "contiguous", "copy_",
-    "empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like", "full",
-    "arange", "lift_fresh", "lift_fresh_copy", "embedding", "index_select", "gather",
-    "cat", "stack", "flatten", "unbind", "new_empty", "new_zeros", "fill_", "zero_",
-    "_to_copy", "to", "scalar_tensor", "eq", "ne", "lt", "le", "gt", "ge", "tril", "triu",
-}
-# Pure views: outside regions they never open a segment of their own.
-_VIEWS = {
-    "view", "_unsafe_view", "_reshape_alias", "reshape", "t", "transpose", "permute",
-    "expand", "slice", "select", "split", "split_with_sizes", "chunk", "unsqueeze",
-    "squeeze", "detach", "alias", "as_strided", "flatten", "unbind",
-}
-# The kernels scaled_dot_product_attention dispatches to (the math fallback
-# decomposes into bmm/softmax, which the rules above count).
-_SDPA_KERNELS = {"_scaled_dot_product_flash_attention_for_cpu",
-                 "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention"}
-
-_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "norm", "var", "std",
-               "nll_loss_forward", "nll_loss", "nll_loss2d_forward", "logsumexp", "prod"}
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def op_flops(name: str, args: Sequence[object], out: object) -> float:
-    """Forward FLOPs of one aten op as seen by the dispatcher (multiply-add = 2)."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-    if name in ("mm", "addmm"):
-        a, b = (args[0], args[1]) if name == "mm" else (args[1], args[2])
-        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
-    if name in ("bmm", "baddbmm"):
-        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
-        return 2.0 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
-    if name in _SDPA_KERNELS:
-        # q @ k^T and attention @ v, as torch.utils.flop_counter's sdpa formula
-        # counts them: q [.., L, E], k [.., S, E], v [.., S, Ev].
-        q, k, v = args[0], args[1], args[2]
-        rows = _numel(q.shape[:-1])
-        return 2.0 * rows * k.shape[-2] * q.shape[-1] + 2.0 * rows * k.shape[-2] * v.shape[-1]
-    if name == "mv":
-        return 2.0 * args[0].shape[0] * args[0].shape[1]
-    if name == "dot":
-        return 2.0 * args[0].shape[0]
-    if name in ("convolution", "_convolution", "mkldnn_convolution"):
-        weight, groups = args[1], args[-1] if isinstance(args[-1], int) else 1
-        kernel = _numel(weight.shape[2:])
-        return 2.0 * outs[0].numel() * (weight.shape[1]) * kernel if groups else 0.0
-    if name in _ZERO_FLOP or not outs:
-        return 0.0
-    if name in _REDUCTIONS and tensors:
-        return float(tensors[0].numel())
-    return float(outs[0].numel())
-
-
 class _Tracker:
     """Holds the module stack and the segments while the eager forward runs."""
 
     def __init__(self, depth: int, param_storages: Dict[int, int]) -> None:
+        self.planner = planner_extension()
+        self.views: Dict[str, bool] = {}  # op name -> is a view (the planner's table)
+        self.unpriced: Dict[str, int] = {}  # op kind without a FLOP rule -> its first segment
         self.depth = depth
         self.stack: List[str] = []
         self.segments: List[Segment] = []
@@ -154,14 +103,21 @@ class _Tracker:
         return tensor
 
     def on_op(self, name: str, args: Sequence[object], out: object) -> None:
-        flops = op_flops(name, args, out)
+        """Books dispatched op ``name`` (``aten.mm.default``) on positional ``args`` giving ``out``."""
         flat_in = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
         flat_out = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        if name in _VIEWS and self.segments and not self.stack:
+        view = self.views.get(name)
+        if view is None:
+            view = self.views[name] = self.planner.is_view_op(name)
+        if view and self.segments and not self.stack:
             seg = self.segments[-1]  # a bare view outside modules opens no segment
         else:
             seg = self.current()
         index = len(self.segments) - 1  # seg is always the last segment
+        flops = self.planner.op_flops(name, args, flat_out)
+        if flops is None:  # no rule: 0, and one warning per op (after the run: the name is known)
+            self.unpriced.setdefault(self.planner.op_kind(name), index)
+            flops = 0.0
         seg.flops += flops
         for t in flat_in:
             storage = storage_of(t)
@@ -185,8 +141,7 @@ class _OpMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         out = func(*args, **(kwargs or {}))
-        name = func.overloadpacket.__name__
-        self.tracker.on_op(name, list(args) + list((kwargs or {}).values()), out)
+        self.tracker.on_op(str(func), list(args) + list((kwargs or {}).values()), out)
         return out
 
 
@@ -200,7 +155,10 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
 
     ``saved`` holds the distinct storages autograd saved for backward (parameters
     and buffers excluded), ``inputs``/``params`` the distinct storages each segment
-    read that an earlier segment (or the caller) produced / that are parameters.
+    read that an earlier segment (or the caller) produced / that are parameters;
+    ``flops`` the planner's FLOPs of its ops (module doc). An op without a FLOP rule
+    is a ``UserWarning`` naming it and its region, once per op. Raises
+    ``RunError`` (``hp_recompute.plan.reader``) when the planner extension is missing.
     """
     param_storages = {storage_of(p).data_ptr(): storage_of(p).nbytes()
                       for p in list(model.parameters()) + list(model.buffers())}
@@ -230,6 +188,10 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
         for handle in handles:
             handle.remove()
     _name_outside(tracker.segments)
+    for kind, index in tracker.unpriced.items():
+        warnings.warn(f"hp_recompute: no FLOP rule for '{kind}' (in region "
+                      f"'{tracker.segments[index].name}'); counted as 0 FLOPs, as hp-recompute-plan "
+                      f"counts it", stacklevel=2)
     return tracker.segments
 
 

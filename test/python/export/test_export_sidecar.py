@@ -141,3 +141,20 @@ def test_bundled_model_json_matches_schema(name):
     bad = dict(doc, regions=[dict(doc["regions"][0], saved_bytes=-1)])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+class _Cumsum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, -1) * 2
+
+
+def test_an_op_without_a_flop_rule_counts_0_with_one_warning():
+    """The exporter prices ops by the planner's table (hp_recompute._planner.op_flops) and, as
+    the importers do, counts an op without a rule as 0 FLOPs and says so once per op."""
+    from hp_recompute.export.measure import measure_regions
+
+    model = torch.nn.Sequential(_Cumsum(), _Cumsum())
+    with pytest.warns(UserWarning, match=r"no FLOP rule for 'aten::cumsum' \(in region '0'\)") as caught:
+        segments = measure_regions(model, (torch.randn(4, 8, requires_grad=True),))
+    assert len([w for w in caught if "no FLOP rule" in str(w.message)]) == 1
+    assert [(s.name, s.flops) for s in segments] == [("0", 32.0), ("1", 32.0)]  # the mul only

@@ -9,6 +9,11 @@ two measurements of the eager model made by torch itself:
 * ``fwd_flops`` with ``torch.utils.flop_counter.FlopCounterMode`` per module,
   within 15% (the planner also counts element-wise work, which the counter
   leaves out).
+
+And the exporter's ``fwd_flops`` (the dispatched kernels, priced by the
+planner's op table through ``hp_recompute._planner``) equal the importer's for
+the same model's ``.pt2`` (its ops, priced by the same table): one table, two
+views of one model, no difference allowed.
 """
 
 import json
@@ -18,6 +23,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn as nn
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 BUILD = os.environ.get("HPR_BUILD_DIR", os.path.join(ROOT, "build"))
@@ -118,3 +124,51 @@ def test_bundled_sdpa_program_plans():
     measured = {s.name: sum(s.saved.values()) for s in measure_regions(model, inputs)}
     for r in blocks:
         assert r["saved_bytes"] == pytest.approx(measured[r["name"]], rel=0.05)
+
+
+class _DropoutBlock(nn.Module):
+    """The ops the two FLOP tables used to price differently: dropout (training), full_like,
+    type_as; and a layer norm, a GELU, a softmax, whose kernels have other names."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.nn.functional.gelu(self.fc(self.norm(x))))
+        h = h + torch.full_like(h, 0.5)
+        return torch.softmax(h, dim=-1).type_as(x) + x
+
+
+class _DropoutModel(nn.Module):
+    def __init__(self, width: int = 16, depth: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_DropoutBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).sum()
+
+
+@pytest.mark.parametrize("factory,shapes,dtype", EXAMPLES + [("dropout", [[8, 16]], "float32")])
+def test_exporter_flops_are_the_importers(tmp_path, factory, shapes, dtype):
+    """The sidecar's FLOPs (measure_regions) equal what the planner prices the .pt2 at."""
+    if factory == "dropout":
+        torch.manual_seed(0)
+        model = _DropoutModel()
+    else:
+        model = hexport.load_factory(os.path.join(ROOT, "examples", factory))
+    model.train()
+    inputs = hexport.make_inputs(shapes, hexport.parse_dtypes(dtype, len(shapes)))
+    path = str(tmp_path / "model.pt2")
+    torch.export.save(torch.export.export(model, tuple(inputs)), path)
+    regions = planned_regions(path)
+    segments = measure_regions(model, inputs)
+    assert [s.name for s in segments] == list(regions)
+    for seg in segments:
+        assert regions[seg.name]["fwd_flops"] == pytest.approx(seg.flops, rel=1e-9), seg.name
+    assert all(s.flops > 0 for s in segments if s.checkpointable)

@@ -39,6 +39,25 @@ def test_measured_times_are_written_and_planned_with(tmp_path: Path) -> None:
     assert plan["summary"]["step_time_us"] >= one_microbatch
 
 
+def test_from_run_scales_the_fields_the_planner_sums() -> None:
+    """``--from-run`` has no rule of its own: it asks the planner's (``regionTimeOf``) which
+    region field each action adds, the first stage's I adding none and its W being its B."""
+    sys.path.insert(0, str(PYTHON_DIR))
+    from hp_recompute.plan.verify import planner_extension
+
+    field = planner_extension().region_time_field
+    assert field("forward", 1, True, True) == "checkpoint_fwd_time_us"
+    assert field("forward", 1, False, True) == "fwd_time_us"  # a no_checkpoint forward
+    assert field("recompute", 1, True, True) == "replay_time_us"
+    assert field("recompute", 1, True, False) is None
+    assert field("backward_input", 1, True, False) == "bwd_input_time_us"
+    assert field("backward_input", 0, True, False) is None
+    assert field("backward_weight", 1, True, False) == "bwd_weight_time_us"
+    assert field("backward_weight", 0, True, False) == "bwd_time_us"
+    assert field("backward", 0, True, True) == "bwd_time_us"
+    assert field("clear", 1, True, True) is None
+
+
 def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path) -> None:
     """Planned again with ``--from-run`` costs, each rank's simulated busy time is the sum of
     the durations its actions had in the run: the Python mapping of actions to region fields

@@ -164,4 +164,31 @@ TEST(CostModel, ChoiceCanBePricedBeforeItIsMade) {
                    .checkpointed);
 }
 
+// The rule written out as a table, independently of computeStageCosts (which
+// sums by it) and of `hp_recompute.costs --from-run` (which scales by it
+// through the bindings): which region field each action adds.
+TEST(CostModel, RegionTimeRuleNamesTheFieldEachActionAdds) {
+  using Kind = sched::ActionKind;
+  auto field = [](Kind kind, bool first, bool ckptForward,
+                  bool ckptRegion) -> std::string {
+    std::optional<RegionTime> time =
+        regionTimeOf(kind, first, ckptForward, ckptRegion);
+    return time ? regionTimeKey(*time).str() : "-";
+  };
+  EXPECT_EQ(field(Kind::Forward, false, true, true), "checkpoint_fwd_time_us");
+  EXPECT_EQ(field(Kind::Forward, false, false, true), "fwd_time_us");
+  EXPECT_EQ(field(Kind::Forward, false, true, false), "fwd_time_us");
+  EXPECT_EQ(field(Kind::Recompute, false, true, true), "replay_time_us");
+  EXPECT_EQ(field(Kind::Recompute, false, true, false), "-");
+  EXPECT_EQ(field(Kind::BackwardInput, false, true, true), "bwd_input_time_us");
+  EXPECT_EQ(field(Kind::BackwardInput, true, true, true), "-");
+  EXPECT_EQ(field(Kind::BackwardWeight, false, true, false),
+            "bwd_weight_time_us");
+  EXPECT_EQ(field(Kind::BackwardWeight, true, true, false), "bwd_time_us");
+  EXPECT_EQ(field(Kind::Backward, true, true, false), "bwd_time_us");
+  EXPECT_EQ(field(Kind::Backward, false, true, true), "bwd_time_us");
+  EXPECT_EQ(field(Kind::Clear, false, true, true), "-");
+  EXPECT_EQ(field(Kind::SendF, false, true, true), "-");
+}
+
 } // namespace
