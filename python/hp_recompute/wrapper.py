@@ -14,9 +14,25 @@ import torch
 
 from .checkpoint import checkpoint
 from .errors import CheckpointError, error_text
-from .fsdp import FSDP_AVAILABLE, ReplayFunction
+from .fsdp import ReplayFunction
 
 __all__ = ["checkpoint_wrapper"]
+
+if torch.distributed.is_available():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper as _TorchWrapper
+
+    class CheckpointWrapper(_TorchWrapper):
+        """torch's ``CheckpointWrapper``, checkpointing a ``ReplayFunction`` of the wrapped module.
+
+        A prefetched replay of a wrapper that ``fully_shard`` has made an FSDP module then
+        runs on unsharded parameters (NOTE [ FSDP2 and the dx/dw split ] Rule 6 in
+        ``fsdp.py``); without FSDP the function is the module itself. Same class name, so
+        ``fully_shard`` calls it ``FSDPCheckpointWrapper``, as torch's.
+        """
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.checkpoint_fn(ReplayFunction(self, self._checkpoint_wrapped_module), *args, **kwargs)
 
 
 def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> torch.nn.Module:
@@ -28,49 +44,15 @@ def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> tor
             ``preserve_rng_state``, ``determinism_check``, ``debug``, ``early_stop``).
 
     Returns:
-        torch's ``CheckpointWrapper`` (with FSDP2, our subclass of it of the same name)
-        around ``module``: same parameter and state-dict names as ``module``. ``fully_shard`` may wrap it afterwards (torchtitan's order);
-        a prefetch then unshards it for the replay (FSDP Rule 6 in ``fsdp.py``).
+        a ``CheckpointWrapper`` (torch's, subclassed) around ``module``: same parameter and
+        state-dict names as ``module``. ``fully_shard`` may wrap it afterwards
+        (torchtitan's order); a prefetch then unshards it for the replay (FSDP Rule 6).
 
     Example:
         >>> model.layers[3] = checkpoint_wrapper(model.layers[3])
     """
     if not torch.distributed.is_available():
         raise CheckpointError(error_text("checkpoint_wrapper needs a torch built with torch.distributed"))
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
-
     # Keywords only: the positional parameters differ between torch 1.13 and 2.x.
-    return _wrapper_class()(
-        module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=checkpoint, **checkpoint_kwargs
-    )
-
-
-_WRAPPER_CLASS = None
-
-
-def _wrapper_class() -> type:
-    """torch's ``CheckpointWrapper``, checkpointing a ``ReplayFunction`` where FSDP2 exists.
-
-    A prefetched replay of a wrapper that ``fully_shard`` has made an FSDP module then
-    runs on unsharded parameters (NOTE [ FSDP2 and the dx/dw split ] Rule 6 in
-    ``fsdp.py``). Same class name, so ``fully_shard`` calls it ``FSDPCheckpointWrapper``.
-    """
-    global _WRAPPER_CLASS
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    if not FSDP_AVAILABLE:
-        return CheckpointWrapper
-    if _WRAPPER_CLASS is None:
-        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return self.checkpoint_fn(ReplayFunction(self, self._checkpoint_wrapped_module), *args, **kwargs)
-
-        _WRAPPER_CLASS = type("CheckpointWrapper", (CheckpointWrapper,),
-                              {"forward": forward, "__module__": __name__, "__doc__": _wrapper_class.__doc__})
-    return _WRAPPER_CLASS
-
-
-def __getattr__(name: str) -> Any:
-    """``hp_recompute.wrapper.CheckpointWrapper``: what pickle looks the subclass up by."""
-    if name == "CheckpointWrapper":
-        return _wrapper_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return CheckpointWrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=checkpoint,
+                             **checkpoint_kwargs)
