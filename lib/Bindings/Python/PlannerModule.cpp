@@ -242,6 +242,23 @@ NB_MODULE(_planner, m) {
         "the .pt2 and TorchScript importers price it with; None when no rule "
         "covers the op (the importers warn and count 0).");
   m.def(
+      "neighbour_stage",
+      [](const std::string &action, int stage) -> std::optional<int> {
+        std::optional<mlir::hpr::sched::ActionKind> kind =
+            mlir::hpr::sched::kindFromJsonName(action);
+        if (!kind || !mlir::hpr::sched::isComm(*kind))
+          return std::nullopt;
+        mlir::hpr::sched::Action transfer;
+        transfer.kind = *kind;
+        transfer.stage = stage;
+        return mlir::hpr::sched::neighbourStage(transfer);
+      },
+      "action"_a, "stage"_a,
+      "The stage a transfer `action` (\"send_f\", \"recv_f\", \"send_b\", "
+      "\"recv_b\") of stage `stage` exchanges with (stage + 1 for send_f "
+      "and recv_b, stage - 1 for the others; it may lie outside the "
+      "schedule); None for any other action.");
+  m.def(
       "region_time_field",
       [](const std::string &action, int stage, bool checkpointedForward,
          bool regionCheckpointed) -> std::optional<std::string> {

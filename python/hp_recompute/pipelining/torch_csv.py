@@ -25,15 +25,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torch.distributed.pipelining.schedules import _Action
 
-from ..plan.reader import Plan, RunError, expected, int_field, parse_plan, read_json, read_text
+from ..plan.reader import TRANSFER_OPS, Plan, RunError, expected, int_field, parse_plan, read_json, read_text
+from ..plan.verify import planner_extension
 
 __all__ = ["load_torch_csv", "sidecar_path"]
 
 _OPS = {"F": "forward", "I": "backward_input", "W": "backward_weight", "B": "backward", "SEND_F": "send_f",
         "RECV_F": "recv_f", "SEND_B": "send_b", "RECV_B": "recv_b", "UNSHARD": "unshard", "RESHARD": "reshard",
         "REDUCE_GRAD": "reduce_grad"}
-# Which neighbour a transfer of stage s talks to.
-_PEER_STEP = {"send_f": 1, "recv_f": -1, "send_b": -1, "recv_b": 1}
 # What a consumer entry of the sidecar adds to its backward's cell.
 _BOUND_FIELDS = ("session", "retain_on_unpack", "frees_graph")
 _ACTION_PATH = re.compile(r"/ranks/(\d+)/actions/(\d+)(?:/(\w+))?")
@@ -114,8 +113,8 @@ def _cell_actions(path: str, row: int, col: int, cell: str, s2r: List[int]) -> L
         entry: Dict[str, Any] = {"op": op, "stage": sub.stage_index}
         if sub.microbatch_index is not None:
             entry["microbatch"] = sub.microbatch_index
-        if op in _PEER_STEP:
-            neighbour = sub.stage_index + _PEER_STEP[op]
+        if op in TRANSFER_OPS:  # torch's cell names no peer: the rank of the stage it talks to
+            neighbour = planner_extension().neighbour_stage(op, sub.stage_index)
             if not 0 <= sub.stage_index < len(s2r) or not 0 <= neighbour < len(s2r):
                 raise RunError(f"hp_recompute: {path}:{row + 1}:{col + 1}: '{cell}' has no neighbour stage")
             entry["peer"] = s2r[neighbour]

@@ -33,6 +33,7 @@ from ..backward_split import WeightGradState, backward_input, backward_weight
 from ..checkpoint import checkpoint as hr_checkpoint
 from ..plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
 from ..plan.reader import Action, Plan, RunError
+from ..plan.verify import planner_extension
 from .model import PipelineModel, StageSpec, Unit
 from ..sessions import SessionScope
 
@@ -177,6 +178,7 @@ class RankExecutor(StageBackend):
                        for s in specs if plan.stage_to_rank[s.stage] == rank}
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
         self.fail_at = planted_failure()
+        self.planner = planner_extension()
         self.buffers_changed_by: Dict[str, List[torch.Tensor]] = {}  # unit -> buffers its forward updates
         self.reset([], [])
 
@@ -247,7 +249,7 @@ class RankExecutor(StageBackend):
 
     def _message(self, a: Action) -> Tuple[str, int]:
         """A receive's (kind, sending stage)."""
-        return ("f", a.stage - 1) if a.op == "recv_f" else ("b", a.stage + 1)
+        return a.op[-1], self.planner.neighbour_stage(a.op, a.stage)
 
     def recv_ready(self, a: Action) -> bool:
         kind, sender = self._message(a)
