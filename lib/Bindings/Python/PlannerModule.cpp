@@ -17,6 +17,7 @@
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
 #include "hpr/Model/OpCosts.h"
+#include "hpr/Model/TorchScriptImport.h"
 #include "hpr/Plan/Diagnostics.h"
 #include "hpr/Plan/PlanImport.h"
 #include "hpr/Schedule/ScheduleUtils.h"
@@ -241,6 +242,31 @@ NB_MODULE(_planner, m) {
         "and giving `outputs` (its result tensors in order), by the rules "
         "the .pt2 and TorchScript importers price it with; None when no rule "
         "covers the op (the importers warn and count 0).");
+  m.def(
+      "parse_shape_list",
+      [](const std::string &text) {
+        auto shapes = mlir::hpr::model::parseShapeList(text);
+        if (!shapes)
+          throw nb::value_error(llvm::toString(shapes.takeError()).c_str());
+        return *shapes;
+      },
+      "text"_a,
+      "Parses an --input-shape value as hp-recompute-plan does "
+      "(\"4x40x48,4x40\" -> [[4, 40, 48], [4, 40]]); ValueError with the "
+      "CLI's located message otherwise.");
+  m.def(
+      "parse_dtype_list",
+      [](const std::string &text, size_t numInputs) {
+        auto names = mlir::hpr::model::parseDtypeList(text, numInputs);
+        if (!names)
+          throw nb::value_error(llvm::toString(names.takeError()).c_str());
+        return *names;
+      },
+      "text"_a, "num_inputs"_a,
+      "Parses an --input-dtype value for `num_inputs` inputs as "
+      "hp-recompute-plan does: one canonical torch dtype name per input "
+      "(\"half\" -> \"float16\"); ValueError with the CLI's located "
+      "message otherwise.");
   m.def(
       "neighbour_stage",
       [](const std::string &action, int stage) -> std::optional<int> {

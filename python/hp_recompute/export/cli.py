@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -44,15 +43,6 @@ __all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "expor
 SIDECAR_FORMAT = "hp-recompute-export"
 MODEL_FORMAT = "hp-recompute-model"
 
-_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-    "double": torch.float64, "int64": torch.int64, "long": torch.int64,
-    "int32": torch.int32, "int": torch.int32, "int16": torch.int16, "int8": torch.int8,
-    "uint8": torch.uint8, "bool": torch.bool,
-}
-
-
 class ExportError(RuntimeError):
     """A user error; the message starts with ``hp_recompute:`` and says how to fix it.
     ``usage``: a usage error (exit 2), such as an output that is an input."""
@@ -62,30 +52,30 @@ class ExportError(RuntimeError):
         self.usage = usage
 
 
+def _planner() -> Any:
+    """The planner extension, which parses the input flags and prices the ops (measure.py);
+    missing, an ``ExportError`` before any model runs."""
+    try:
+        return planner_extension()
+    except RunError as e:
+        raise ExportError(str(e)) from None
+
+
 def parse_shapes(text: str) -> List[List[int]]:
-    """``"4x40x48,4x40"`` -> ``[[4, 40, 48], [4, 40]]`` (same grammar as the C++ CLI)."""
-    shapes = []
-    for shape in text.split(","):
-        if not re.fullmatch(r"\s*[1-9][0-9]*(\s*x\s*[1-9][0-9]*)*\s*", shape):
-            raise ExportError(f"hp_recompute: --input-shape: expected shapes like "
-                              f"'4x40x48,4x40', got '{shape}'")
-        shapes.append([int(d) for d in shape.split("x")])
-    return shapes
+    """``"4x40x48,4x40"`` -> ``[[4, 40, 48], [4, 40]]``: the C++ CLI's own parser, through the bindings."""
+    try:
+        return _planner().parse_shape_list(text)
+    except ValueError as e:
+        raise ExportError(f"hp_recompute: {e}") from None
 
 
 def parse_dtypes(text: str, count: int) -> List[torch.dtype]:
-    """One dtype for all inputs or one per input, by PyTorch name."""
-    names = [n.strip() for n in text.split(",")]
-    for name in names:
-        if name not in _DTYPES:
-            raise ExportError(f"hp_recompute: --input-dtype: unknown dtype '{name}'; "
-                              f"use one of {', '.join(sorted(_DTYPES))}")
-    if len(names) == 1:
-        names = names * count
-    if len(names) != count:
-        raise ExportError(f"hp_recompute: --input-dtype: expected 1 or {count} dtypes, "
-                          f"got {len(names)}")
-    return [_DTYPES[n] for n in names]
+    """One dtype for all ``count`` inputs or one per input, by PyTorch name (the C++ CLI's parser)."""
+    try:
+        names = _planner().parse_dtype_list(text, count)
+    except ValueError as e:
+        raise ExportError(f"hp_recompute: {e}") from None
+    return [getattr(torch, name) for name in names]
 
 
 def load_factory(spec: str) -> nn.Module:
@@ -171,10 +161,6 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
     if elements > MAX_INPUT_ELEMENTS:
         raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
                           f"{MAX_INPUT_ELEMENTS} are built")
-    try:
-        planner_extension()  # prices the ops (measure.py): missing, say so before the model runs
-    except RunError as e:
-        raise ExportError(str(e)) from None
     model.train()
     described = ", ".join("x".join(map(str, s)) + f" {str(d).replace('torch.', '')}"
                           for s, d in zip(shapes, dtypes))

@@ -104,8 +104,11 @@ def test_cli_writes_pt_sidecar_ir_and_model_json(tmp_path):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--input-shape", "4xx3"], "--input-shape: expected shapes like"),
-    (["--input-shape", "8x32", "--input-dtype", "complex"], "unknown dtype 'complex'"),
+    (["--input-shape", "4xx3"], "hp_recompute: --input-shape:1:3: expected a positive integer dimension in shape "
+                                "'4xx3', got ''"),
+    (["--input-shape", "8x32", "--input-dtype", "complex"], "hp_recompute: --input-dtype:1:1: expected a dtype "
+                                                            "(float32, float16, bfloat16, float64, int64, int32, "
+                                                            "int16, int8, uint8, bool), got 'complex'"),
     (["--input-shape", "8x32", "--module", "nofile.py:build"], "no such file 'nofile.py'"),
     (["--input-shape", "8x32", "--module", "MLP"], "expected FILE.py:FACTORY"),
     (["--input-shape", "8x32", "--region-depth", "2"], "no regions at --region-depth 2"),
@@ -128,6 +131,15 @@ def test_cli_bad_input(tmp_path, argv, message):
     assert proc.stderr.startswith("hp_recompute:") and "Traceback" not in proc.stderr
     assert message in proc.stderr
     assert list(tmp_path.iterdir()) == [], "no output, not even part of one"
+
+
+def test_the_exporter_reads_input_flags_with_the_planners_grammar():
+    """One parser (lib/Model/ShapeList.cpp) for the exporter and hp-recompute-plan's TorchScript import."""
+    assert hexport.parse_shapes(" 4 x 040, 2") == [[4, 40], [2]]
+    assert hexport.parse_dtypes("short, half", 2) == [torch.int16, torch.float16]
+    assert hexport.parse_dtypes("long", 3) == [torch.int64] * 3
+    with pytest.raises(hexport.ExportError, match=r"--input-dtype: expected 1 or 2 dtypes \(one per input\), got 3"):
+        hexport.parse_dtypes("int8,int8,int8", 2)
 
 
 @pytest.mark.parametrize("name", ["gpt", "mlp", "cnn"])
