@@ -174,9 +174,8 @@ private:
   llvm::Expected<OpArg> readArg(const json &arg, const std::string &where,
                                 const std::string &path);
   llvm::Expected<OpFacts> readNode(const json &node, size_t index);
-  llvm::Expected<std::vector<std::string>> moduleChain(const json &node,
-                                                       const std::string &where,
-                                                       const std::string &path);
+  llvm::Error moduleChain(const json &node, const std::string &where,
+                          const std::string &path, OpFacts &op);
   void placeResult(OpFacts &op, Value &result, size_t index);
 
   std::string file;
@@ -386,36 +385,35 @@ llvm::Expected<OpArg> ProgramReader::readArg(const json &arg,
 }
 
 /// The node's module call stack, outermost first, from `nn_module_stack`
-/// ("KEY,FQN,TYPE;KEY,FQN,TYPE;..."); the root module (FQN "") is left out
-/// and a repeated call's `@N` suffix dropped. A region's module called more
-/// than once (`@N`) is refused, whether or not other code ran in between.
-llvm::Expected<std::vector<std::string>>
-ProgramReader::moduleChain(const json &node, const std::string &where,
-                           const std::string &path) {
-  std::vector<std::string> chain;
+/// ("KEY,FQN,TYPE;KEY,FQN,TYPE;..."), into \p op: the root module (FQN "") is
+/// left out, and a module whose call is marked repeated (an `@N` suffix on its
+/// key or FQN) noted in `repeatedCalls`, without the suffix (segmentOps refuses
+/// a region's module called more than once).
+llvm::Error ProgramReader::moduleChain(const json &node,
+                                       const std::string &where,
+                                       const std::string &path, OpFacts &op) {
   const json &meta = field(node, "metadata");
   const json &stack = field(meta, "nn_module_stack");
   if (stack.is_null())
-    return chain;
+    return llvm::Error::success();
   if (!stack.is_string())
     return wrongType(where, path + "/metadata/nn_module_stack",
                      "a string \"KEY,FQN,TYPE;...\"", stack);
   llvm::SmallVector<llvm::StringRef> entries;
   llvm::StringRef(stack.get_ref<const std::string &>())
       .split(entries, ';', -1, /*KeepEmpty=*/false);
-  std::vector<std::string> repeated;
   for (llvm::StringRef entry : entries) {
-    auto [fqn, call] = entry.split(',').second.split(',').first.split('@');
+    // torch.export marks a repeated call in the key ("L__self__blocks.0@1");
+    // the FQN may carry the suffix too.
+    auto [key, rest] = entry.split(',');
+    auto [fqn, call] = rest.split(',').first.split('@');
     if (fqn.empty())
       continue;
-    chain.push_back(fqn.str());
-    if (!call.empty())
-      repeated.push_back(fqn.str());
+    op.chain.push_back(fqn.str());
+    if (!call.empty() || key.contains('@'))
+      op.repeatedCalls.push_back(fqn.str());
   }
-  std::string region = regionOf(chain, regionDepth);
-  if (!region.empty() && llvm::is_contained(repeated, region))
-    return repeatedRegionCall(file + ": " + where, region);
-  return chain;
+  return llvm::Error::success();
 }
 
 /// Gives a result its storage (see the file comment) and requires_grad.
@@ -490,10 +488,8 @@ llvm::Expected<OpFacts> ProgramReader::readNode(const json &node,
                            "are unknown); export with it decomposed into "
                            "aten ops, or give the model as model JSON with "
                            "measured costs (docs/models.md)");
-  auto chain = moduleChain(node, where, path);
-  if (!chain)
-    return chain.takeError();
-  op.chain = std::move(*chain);
+  if (auto err = moduleChain(node, where, path, op))
+    return err;
   if (!field(node, "inputs").is_array() || !field(node, "outputs").is_array())
     return fail(where, path + ": expected arrays 'inputs' and 'outputs'");
   for (auto [i, input] : llvm::enumerate(field(node, "inputs"))) {

@@ -5,13 +5,15 @@
 // "Region rules") and sums their costs: FLOPs from the table, saved bytes from
 // a table of what autograd saves per op (PyTorch's derivatives.yaml),
 // deduplicated by tensor storage, parameters and buffers excluded. Shared by
-// the TorchScript and the torch.export importers, and (names, views, FLOPs)
-// by the Python exporter through hp_recompute._planner; nothing here depends
-// on LibTorch.
+// the TorchScript and the torch.export importers, and (names, views, FLOPs,
+// the segmentation of segmentOps) by the Python exporter through
+// hp_recompute._planner; nothing here depends on LibTorch.
 //
 //===----------------------------------------------------------------------===//
 
 #include "RegionCosts.h"
+
+#include "hpr/Model/Segments.h"
 
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/StringSet.h"
@@ -543,13 +545,6 @@ Saved opSaved(const OpFacts &op) {
 // Segments
 //===----------------------------------------------------------------------===//
 
-struct Segment {
-  std::string name; // region name, or "" for outside code until named
-  bool checkpointable = true;
-  std::vector<size_t> ops;
-  std::vector<std::string> callees;
-};
-
 bool isIndex(llvm::StringRef part) {
   return !part.empty() &&
          llvm::all_of(part, [](char c) { return c >= '0' && c <= '9'; });
@@ -678,36 +673,39 @@ mlir::hpr::model::detail::repeatedRegionCall(llvm::StringRef where,
           .str());
 }
 
-llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
-    const std::string &file, const std::vector<OpFacts> &ops,
-    const std::set<uint64_t> &params, const RegionOptions &options,
-    std::vector<std::string> &warnings) {
-  // 1. Segment the ops (mirrors python/hp_recompute/export/measure.py).
+llvm::Expected<std::vector<Segment>>
+mlir::hpr::model::segmentOps(llvm::StringRef file, llvm::ArrayRef<OpFacts> ops,
+                             int regionDepth) {
   std::vector<Segment> segments;
+  std::vector<std::vector<std::string>> callees; // per segment
   std::set<std::string> opened; // names of the checkpointable segments
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpFacts &op = ops[i];
-    std::string region = regionOf(op.chain, options.regionDepth);
+    std::string region = regionOf(op.chain, regionDepth);
     if (region.empty() && kViews.contains(op.kind) && op.chain.empty() &&
         !segments.empty()) {
       segments.back().ops.push_back(i); // a bare view opens nothing
       continue;
     }
     if (!region.empty()) {
+      if (llvm::is_contained(op.repeatedCalls, region))
+        return repeatedRegionCall(op.where, region);
       if (segments.empty() || !segments.back().checkpointable ||
           segments.back().name != region) {
         if (!opened.insert(region).second)
           return repeatedRegionCall(op.where, region);
-        segments.push_back(Segment{region, true, {}, {}});
+        segments.push_back(Segment{region, true, {}});
+        callees.emplace_back();
       }
     } else if (segments.empty() || segments.back().checkpointable) {
-      segments.push_back(Segment{"", false, {}, {}});
+      segments.push_back(Segment{"", false, {}});
+      callees.emplace_back();
     }
     Segment &seg = segments.back();
     seg.ops.push_back(i);
     if (!seg.checkpointable && !op.chain.empty() &&
-        !llvm::is_contained(seg.callees, op.chain.front()))
-      seg.callees.push_back(op.chain.front());
+        !llvm::is_contained(callees.back(), op.chain.front()))
+      callees.back().push_back(op.chain.front());
   }
   if (llvm::none_of(segments,
                     [](const Segment &s) { return s.checkpointable; })) {
@@ -723,7 +721,7 @@ llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
         llvm::formatv("{0}: no regions at region depth {1}: the model calls "
                       "no element of a ModuleList/Sequential that deep "
                       "(submodule calls: {2})",
-                      file, options.regionDepth, list.empty() ? "none" : list)
+                      file, regionDepth, list.empty() ? "none" : list)
             .str());
   }
   // Name outside code after the top-level submodules it calls.
@@ -731,11 +729,11 @@ llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
   for (const Segment &seg : segments)
     if (seg.checkpointable)
       used.insert(seg.name);
-  for (Segment &seg : segments) {
+  for (auto [seg, called] : llvm::zip(segments, callees)) {
     if (seg.checkpointable)
       continue;
     std::string base;
-    for (const std::string &callee : seg.callees)
+    for (const std::string &callee : called)
       base += (base.empty() ? "" : "+") + callee;
     if (base.empty())
       base = "top";
@@ -745,6 +743,18 @@ llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
     seg.name = name;
     used.insert(name);
   }
+  return segments;
+}
+
+llvm::Expected<ModelGraph> mlir::hpr::model::detail::buildRegions(
+    const std::string &file, const std::vector<OpFacts> &ops,
+    const std::set<uint64_t> &params, const RegionOptions &options,
+    std::vector<std::string> &warnings) {
+  // 1. Segment the ops (segmentOps, which the Python exporter calls too).
+  auto segmented = segmentOps(file, ops, options.regionDepth);
+  if (!segmented)
+    return segmented.takeError();
+  const std::vector<Segment> &segments = *segmented;
 
   // 2. Costs.
   std::map<uint64_t, size_t> producer; // storage -> segment

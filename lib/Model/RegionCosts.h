@@ -2,8 +2,9 @@
 //
 // Private to lib/Model. The importers (TorchScript, torch.export) describe
 // every executed op with the facts of hpr/Model/OpCosts.h, which hold no
-// LibTorch type; buildRegions splits those ops into regions and applies one
-// rule table (FLOPs; what autograd saves per op) to both importers alike.
+// LibTorch type; buildRegions splits those ops into regions (segmentOps) and
+// applies one rule table (FLOPs; what autograd saves per op) to both
+// importers alike.
 //
 //===----------------------------------------------------------------------===//
 
@@ -45,11 +46,11 @@ std::string regionOf(const std::vector<std::string> &chain, int depth);
 /// checkpoints; calls of one module cannot be told apart as regions.
 llvm::Error repeatedRegionCall(llvm::StringRef where, llvm::StringRef region);
 
-/// Splits \p ops into regions (docs/models.md, "Region rules") and applies
+/// Splits \p ops into regions (segmentOps, hpr/Model/Segments.h) and applies
 /// the cost rules. \p params holds the storages of parameters and buffers,
 /// which count as param_bytes, never as saved or input bytes. Ops without a
-/// rule become one warning per op kind, naming the op and its region. A
-/// region's module called again after other code is an error.
+/// rule become one warning per op kind, naming the op and its region; the
+/// errors are segmentOps' (a region's module called again, no regions).
 llvm::Expected<ModelGraph> buildRegions(const std::string &file,
                                         const std::vector<OpFacts> &ops,
                                         const std::set<uint64_t> &params,

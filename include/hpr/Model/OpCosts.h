@@ -57,6 +57,8 @@ struct OpFacts {
   std::string kind;               ///< canonicalOpKind, e.g. "aten::linear"
   std::string where;              ///< location for messages
   std::vector<std::string> chain; ///< module call stack, outermost first
+  /// The entries of `chain` whose call is not that module's first.
+  std::vector<std::string> repeatedCalls;
   std::vector<OpArg> inputs;
   std::vector<OpArg> outputs;
 

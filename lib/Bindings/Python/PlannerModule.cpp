@@ -8,8 +8,9 @@
 // the CLI prints, so every runtime names a broken rule in the same words.
 // The cost rules are reached here too: `op_kind`, `is_view_op` and
 // `op_flops` are the importers' op table (hpr/Model/OpCosts.h) for the
-// exporter, `region_time_field` the rule that sums an action's time from its
-// regions (mlir::hpr::regionTimeOf) for `hp_recompute.costs --from-run`.
+// exporter, `segment_ops` their region rules (hpr/Model/Segments.h),
+// `region_time_field` the rule that sums an action's time from its regions
+// (mlir::hpr::regionTimeOf) for `hp_recompute.costs --from-run`.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +18,7 @@
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
 #include "hpr/Model/OpCosts.h"
+#include "hpr/Model/Segments.h"
 #include "hpr/Model/TorchScriptImport.h"
 #include "hpr/Plan/Diagnostics.h"
 #include "hpr/Plan/PlanImport.h"
@@ -30,6 +32,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 namespace nb = nanobind;
@@ -170,6 +173,39 @@ opFlopsOf(const std::string &name, nb::sequence inputs, nb::sequence outputs) {
   return mlir::hpr::model::opFlops(op);
 }
 
+/// The segments of the ops the exporter observed: `ops` holds per op
+/// (name, module call stack, the stack's modules whose call is not their
+/// first). Returns per op its segment index and per segment (name,
+/// checkpointable); ValueError with the importers' message otherwise.
+static std::pair<std::vector<size_t>,
+                 std::vector<std::tuple<std::string, bool>>>
+segmentOpsOf(const std::string &name, nb::sequence ops, int regionDepth) {
+  std::vector<mlir::hpr::model::OpFacts> facts;
+  for (nb::handle item : ops) {
+    auto [opName, chain, repeated] =
+        nb::cast<std::tuple<std::string, std::vector<std::string>,
+                            std::vector<std::string>>>(item);
+    mlir::hpr::model::OpFacts op;
+    op.kind = mlir::hpr::model::canonicalOpKind(opName);
+    op.where =
+        name + ": op " + std::to_string(facts.size()) + " (" + opName + ")";
+    op.chain = std::move(chain);
+    op.repeatedCalls = std::move(repeated);
+    facts.push_back(std::move(op));
+  }
+  auto segments = mlir::hpr::model::segmentOps(name, facts, regionDepth);
+  if (!segments)
+    throw nb::value_error(llvm::toString(segments.takeError()).c_str());
+  std::vector<size_t> segmentOf(facts.size());
+  std::vector<std::tuple<std::string, bool>> described;
+  for (auto [index, seg] : llvm::enumerate(*segments)) {
+    for (size_t op : seg.ops)
+      segmentOf[op] = index;
+    described.emplace_back(seg.name, seg.checkpointable);
+  }
+  return {segmentOf, described};
+}
+
 NB_MODULE(_planner, m) {
   m.doc() = "hp-recompute's C++ planner, in process (docs/python-api.md).";
   m.def(
@@ -242,6 +278,16 @@ NB_MODULE(_planner, m) {
         "and giving `outputs` (its result tensors in order), by the rules "
         "the .pt2 and TorchScript importers price it with; None when no rule "
         "covers the op (the importers warn and count 0).");
+  m.def("segment_ops", &segmentOpsOf, "name"_a, "ops"_a, "region_depth"_a,
+        "Forms the regions of an executed op list as the .pt2 and "
+        "TorchScript importers do (docs/models.md, \"Region rules\"). "
+        "`ops`: per op in program order (op name in any spelling op_kind "
+        "accepts, its module call stack as module paths outermost first, "
+        "the paths of that stack whose call is not the module's first). "
+        "Returns (per op its segment index, per segment (name, "
+        "checkpointable)); ValueError with the importers' message (`name` "
+        "and the op located in it) for a region's module called more than "
+        "once or no region at that depth.");
   m.def(
       "parse_shape_list",
       [](const std::string &text) {

@@ -36,7 +36,7 @@ from ..output_files import OutputError, check_outputs, text_writer, write_output
 from ..plan.reader import RunError
 from ..plan.verify import planner_extension
 from .ir import module_to_ir
-from .measure import Segment, measure_regions
+from .measure import RegionError, Segment, measure_regions
 
 __all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "export", "main"]
 
@@ -168,15 +168,14 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
         inputs = make_inputs(shapes, dtypes)
         traced = torch.jit.trace(model, inputs, check_trace=False) if ir is not None or not as_program else None
         program = torch.export.export(model, tuple(inputs)) if as_program else None
-        segments = measure_regions(model, inputs, region_depth)
+        segments = measure_regions(model, inputs, region_depth, name=source or out)
     except ExportError:
         raise
+    except RegionError as e:  # the planner's segmentation: repeated region call, no regions
+        raise ExportError(f"hp_recompute: {e}") from None
     except BaseException as e:  # noqa: BLE001 - the model's own error for these inputs, SystemExit included
         raise ExportError(f"hp_recompute: the model fails on inputs {described} (--input-shape, "
                           f"--input-dtype): {raised_at(e)}") from None
-    if not any(s.checkpointable for s in segments):
-        raise ExportError(f"hp_recompute: no regions at --region-depth {region_depth}: "
-                          "the model calls no element of a ModuleList/Sequential that deep")
     name = name or os.path.splitext(os.path.basename(out))[0]
     sidecar = {
         "format": SIDECAR_FORMAT,

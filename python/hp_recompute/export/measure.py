@@ -11,15 +11,18 @@ op table (``lib/Model/RegionCosts.cpp``) through the planner extension
 (``hp_recompute._planner.op_flops``, which names a dispatched kernel such as
 ``aten._softmax.default`` by its op, ``aten::softmax``), so a model exported as
 ``.pt2`` and read by the planner gets the FLOPs the sidecar has. An op the table
-has no rule for is counted 0 with a warning, as the importers do; which ops are
-views (they open no segment, below) is the same table's answer.
+has no rule for is counted 0 with a warning, as the importers do.
 
-Region rule (mirrors the C++ importer, see docs/models.md): with the stack of
-currently running submodules (outermost first), the region is the first path
-that ends in an integer component and has exactly ``depth`` integer components
-(``blocks.3`` at depth 1); at depth 0 it is the outermost called submodule.
-Work outside every region forms non-checkpointable regions named after the
-top-level submodules it calls (``tok_emb``, ``ln_f+head``), or ``top``.
+Regions are not restated either (docs/models.md, "Region rules"): while the
+forward runs, each dispatched op is recorded with the module call stack it ran
+in (and which of those modules were called before), and each measured fact
+(an op's FLOPs and the storages it read and produced, a tensor autograd saved)
+with the op it belongs to. After the forward the whole op list goes to
+``hp_recompute._planner.segment_ops``, the importers' own segmentation
+(``segmentOps`` in ``hpr/Model/Segments.h``): it says which segment each op is
+in, names the segments, and refuses a region's module called twice or a depth
+with no region, in the importers' words (a ``RegionError`` here). The facts are
+then summed per segment.
 """
 
 from __future__ import annotations
@@ -37,18 +40,11 @@ from torch.utils._pytree import tree_flatten
 from ..plan.verify import planner_extension
 from ..storage import storage_of
 
-__all__ = ["Segment", "region_of", "measure_regions"]
+__all__ = ["RegionError", "Segment", "measure_regions"]
 
 
-def region_of(stack: Sequence[str], depth: int) -> Optional[str]:
-    """Returns the region a call stack of module paths is in, or None (see module doc)."""
-    if depth == 0:
-        return stack[0] if stack else None
-    for path in stack:
-        parts = path.split(".")
-        if parts[-1].isdigit() and sum(p.isdigit() for p in parts) == depth:
-            return path
-    return None
+class RegionError(ValueError):
+    """The planner's segmentation refused the model's module calls (its message, unchanged)."""
 
 
 @dataclass
@@ -61,75 +57,137 @@ class Segment:
     inputs: Dict[int, int] = field(default_factory=dict)
     params: Dict[int, int] = field(default_factory=dict)
     flops: float = 0.0
-    callees: List[str] = field(default_factory=list)
     input_shapes: List[List[int]] = field(default_factory=list)
     output_shapes: List[List[int]] = field(default_factory=list)
 
 
-class _Tracker:
-    """Holds the module stack and the segments while the eager forward runs."""
+@dataclass
+class _Op:
+    """What one dispatched op did, recorded while it ran (its segment is known only later)."""
 
-    def __init__(self, depth: int, param_storages: Dict[int, int]) -> None:
+    name: str
+    chain: Tuple[Tuple[str, ...], Tuple[str, ...]]  # (module paths, those called before)
+    context: int  # module entries and exits before it (_Tracker.context)
+    view: bool
+    flops: float
+    reads: List[Tuple[int, int, bool]]  # (storage ptr, bytes, is a parameter/buffer)
+    writes: List[int]  # storage ptrs of its results
+
+
+class _Tracker:
+    """Records the module stack, the ops and the saved tensors while the eager forward runs."""
+
+    def __init__(self, param_storages: Dict[int, int]) -> None:
         self.planner = planner_extension()
         self.views: Dict[str, bool] = {}  # op name -> is a view (the planner's table)
-        self.unpriced: Dict[str, int] = {}  # op kind without a FLOP rule -> its first segment
-        self.depth = depth
-        self.stack: List[str] = []
-        self.segments: List[Segment] = []
+        self.unpriced: Dict[str, int] = {}  # op kind without a FLOP rule -> its first op
+        self.stack: List[Tuple[str, bool]] = []  # (module path, called before)
+        self.chain: Tuple[Tuple[str, ...], Tuple[str, ...]] = ((), ())
+        self.context = 0
+        self.calls: Dict[str, int] = {}  # module path -> calls so far
+        self.shapes: Dict[str, List[List[List[int]]]] = {}  # path -> [inputs, outputs], 1st call
+        self.ops: List[_Op] = []
+        self.saves: List[Tuple[int, int, int, int]] = []  # (ops before, context, ptr, bytes)
         self.param_storages = param_storages
-        self.producer: Dict[int, int] = {}  # storage ptr -> segment index
         self.keep: List[torch.Tensor] = []  # keeps storages alive: no address reuse
 
-    def current(self) -> Segment:
-        """The segment the running code belongs to, opened on demand."""
-        region = region_of(self.stack, self.depth)
-        last = self.segments[-1] if self.segments else None
-        if region is not None:
-            if last is None or not last.checkpointable or last.name != region:
-                self.segments.append(Segment(region, True))
-        elif last is None or last.checkpointable:
-            self.segments.append(Segment("", False))
-        seg = self.segments[-1]
-        if not seg.checkpointable and self.stack and self.stack[0] not in seg.callees:
-            seg.callees.append(self.stack[0])
-        return seg
+    def _moved(self) -> None:
+        self.context += 1
+        self.chain = (tuple(p for p, _ in self.stack), tuple(p for p, again in self.stack if again))
+
+    def enter(self, path: str, args: object) -> None:
+        calls = self.calls[path] = self.calls.get(path, 0) + 1
+        if calls == 1:
+            self.shapes[path] = [_shapes(args), []]
+        self.stack.append((path, calls > 1))
+        self._moved()
+
+    def leave(self, path: str, out: object) -> None:
+        if self.calls[path] == 1:
+            self.shapes[path][1] = _shapes(out)
+        self.stack.pop()
+        self._moved()
 
     def on_saved(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = storage_of(tensor)
         ptr = storage.data_ptr()
         if ptr not in self.param_storages:
-            self.current().saved[ptr] = storage.nbytes()
+            self.saves.append((len(self.ops), self.context, ptr, storage.nbytes()))
         self.keep.append(tensor)
         return tensor
 
     def on_op(self, name: str, args: Sequence[object], out: object) -> None:
-        """Books dispatched op ``name`` (``aten.mm.default``) on positional ``args`` giving ``out``."""
+        """Records dispatched op ``name`` (``aten.mm.default``) on positional ``args`` giving ``out``."""
         flat_in = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
         flat_out = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
         view = self.views.get(name)
         if view is None:
             view = self.views[name] = self.planner.is_view_op(name)
-        if view and self.segments and not self.stack:
-            seg = self.segments[-1]  # a bare view outside modules opens no segment
-        else:
-            seg = self.current()
-        index = len(self.segments) - 1  # seg is always the last segment
         flops = self.planner.op_flops(name, args, flat_out)
         if flops is None:  # no rule: 0, and one warning per op (after the run: the name is known)
-            self.unpriced.setdefault(self.planner.op_kind(name), index)
+            self.unpriced.setdefault(self.planner.op_kind(name), len(self.ops))
             flops = 0.0
-        seg.flops += flops
+        reads = []
         for t in flat_in:
             storage = storage_of(t)
             ptr = storage.data_ptr()
-            if ptr in self.param_storages:
-                seg.params[ptr] = storage.nbytes()
-            elif self.producer.get(ptr, -1) != index:
-                seg.inputs[ptr] = storage.nbytes()
+            reads.append((ptr, storage.nbytes(), ptr in self.param_storages))
+        writes = []
         for t in flat_out:
-            ptr = storage_of(t).data_ptr()
-            self.producer.setdefault(ptr, index)
+            writes.append(storage_of(t).data_ptr())
             self.keep.append(t)
+        self.ops.append(_Op(name, self.chain, self.context, view, flops, reads, writes))
+
+    def save_owner(self, before: int, context: int) -> Optional[int]:
+        """The op a tensor saved after ``before`` ops, in module context ``context``, is saved for.
+
+        Autograd saves an op's inputs before the op dispatches and its results after, both
+        within the op's module call: the next op if it ran in that call (and is no view, which
+        saves nothing), else the previous one.
+        """
+        following = before if before < len(self.ops) and self.ops[before].context == context else None
+        previous = before - 1 if before > 0 and self.ops[before - 1].context == context else None
+        if following is not None and not self.ops[following].view:
+            return following
+        for index in (previous, following, before - 1 if before > 0 else None):
+            if index is not None:
+                return index
+        return before if before < len(self.ops) else None
+
+    def segments(self, name: str, depth: int) -> List[Segment]:
+        """Asks the planner for the segments of the recorded ops and sums each one's facts."""
+        try:
+            segment_of, described = self.planner.segment_ops(
+                name, [(op.name,) + op.chain for op in self.ops], depth)
+        except ValueError as e:
+            raise RegionError(str(e)) from None
+        segments = [Segment(seg_name, checkpointable) for seg_name, checkpointable in described]
+        for seg in segments:
+            if seg.checkpointable and seg.name in self.shapes:
+                seg.input_shapes, seg.output_shapes = self.shapes[seg.name]
+        saves: List[List[Tuple[int, int]]] = [[] for _ in self.ops]
+        for before, context, ptr, nbytes in self.saves:
+            owner = self.save_owner(before, context)
+            if owner is not None:
+                saves[owner].append((ptr, nbytes))
+        producer: Dict[int, int] = {}  # storage ptr -> segment index
+        for op, index, saved in zip(self.ops, segment_of, saves):
+            seg = segments[index]
+            seg.flops += op.flops
+            for ptr, nbytes in saved:
+                seg.saved[ptr] = nbytes
+            for ptr, nbytes, is_param in op.reads:
+                if is_param:
+                    seg.params[ptr] = nbytes
+                elif producer.get(ptr, -1) != index:
+                    seg.inputs[ptr] = nbytes
+            for ptr in op.writes:
+                producer.setdefault(ptr, index)
+        for kind, first in self.unpriced.items():
+            warnings.warn(f"hp_recompute: no FLOP rule for '{kind}' (in region "
+                          f"'{segments[segment_of[first]].name}'); counted as 0 FLOPs, as "
+                          f"hp-recompute-plan counts it", stacklevel=3)
+        return segments
 
 
 class _OpMode(TorchDispatchMode):
@@ -150,32 +208,36 @@ def _shapes(value: object) -> List[List[int]]:
 
 
 def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
-                    depth: int = 1) -> List[Segment]:
+                    depth: int = 1, name: str = "") -> List[Segment]:
     """Runs ``model(*inputs)`` once with autograd on and returns its segments in order.
 
     ``saved`` holds the distinct storages autograd saved for backward (parameters
     and buffers excluded), ``inputs``/``params`` the distinct storages each segment
     read that an earlier segment (or the caller) produced / that are parameters;
-    ``flops`` the planner's FLOPs of its ops (module doc). An op without a FLOP rule
-    is a ``UserWarning`` naming it and its region, once per op. Raises
-    ``RunError`` (``hp_recompute.plan.reader``) when the planner extension is missing.
+    ``flops`` the planner's FLOPs of its ops (module doc); ``input_shapes`` and
+    ``output_shapes`` a region module's arguments and results. An op without a FLOP
+    rule is a ``UserWarning`` naming it and its region, once per op.
+
+    Args:
+        depth: the region depth (docs/models.md, "Region rules").
+        name: names the model in the planner's messages (default: its class name).
+
+    Raises:
+        RegionError: the planner's segmentation refused the run (a region's module called
+            more than once, no region at ``depth``), with its message.
+        RunError: (``hp_recompute.plan.reader``) the planner extension is missing.
     """
     param_storages = {storage_of(p).data_ptr(): storage_of(p).nbytes()
                       for p in list(model.parameters()) + list(model.buffers())}
-    tracker = _Tracker(depth, param_storages)
+    tracker = _Tracker(param_storages)
     names = {m: n for n, m in model.named_modules() if n}
     handles = []
 
     def pre_hook(module: nn.Module, args: object) -> None:
-        tracker.stack.append(names[module])
-        region = region_of(tracker.stack, depth)
-        if region == names[module]:
-            tracker.current().input_shapes = _shapes(args)
+        tracker.enter(names[module], args)
 
     def post_hook(module: nn.Module, args: object, out: object) -> None:
-        if region_of(tracker.stack, depth) == names[module]:
-            tracker.current().output_shapes = _shapes(out)
-        tracker.stack.pop()
+        tracker.leave(names[module], out)
 
     for module in names:
         handles.append(module.register_forward_pre_hook(pre_hook))
@@ -187,23 +249,4 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     finally:
         for handle in handles:
             handle.remove()
-    _name_outside(tracker.segments)
-    for kind, index in tracker.unpriced.items():
-        warnings.warn(f"hp_recompute: no FLOP rule for '{kind}' (in region "
-                      f"'{tracker.segments[index].name}'); counted as 0 FLOPs, as hp-recompute-plan "
-                      f"counts it", stacklevel=2)
-    return tracker.segments
-
-
-def _name_outside(segments: List[Segment]) -> None:
-    """Names outside segments after the top-level modules they call, uniquely."""
-    used = {s.name for s in segments if s.checkpointable}
-    for seg in segments:
-        if seg.checkpointable:
-            continue
-        base = "+".join(seg.callees) if seg.callees else "top"
-        name, k = base, 2
-        while name in used:
-            name, k = f"{base}.{k}", k + 1
-        seg.name = name
-        used.add(name)
+    return tracker.segments(name or type(model).__name__, depth)

@@ -111,7 +111,7 @@ def test_cli_writes_pt_sidecar_ir_and_model_json(tmp_path):
                                                             "int16, int8, uint8, bool), got 'complex'"),
     (["--input-shape", "8x32", "--module", "nofile.py:build"], "no such file 'nofile.py'"),
     (["--input-shape", "8x32", "--module", "MLP"], "expected FILE.py:FACTORY"),
-    (["--input-shape", "8x32", "--region-depth", "2"], "no regions at --region-depth 2"),
+    (["--input-shape", "8x32", "--region-depth", "2"], "model.py:build: no regions at region depth 2: the model calls no element"),
     (["--input-shape", "8x33"], "the model fails on inputs 8x33 float32 (--input-shape, --input-dtype): "
                                 "RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
     (["--input-shape", "8x32,8x32"], "the model fails on inputs 8x32 float32, 8x32 float32"),
@@ -170,3 +170,98 @@ def test_an_op_without_a_flop_rule_counts_0_with_one_warning():
         segments = measure_regions(model, (torch.randn(4, 8, requires_grad=True),))
     assert len([w for w in caught if "no FLOP rule" in str(w.message)]) == 1
     assert [(s.name, s.flops) for s in segments] == [("0", 32.0), ("1", 32.0)]  # the mul only
+
+
+# Regions are the planner's (hp_recompute._planner.segment_ops, the importers' segmentOps): the
+# exporter records the module call stack per op and asks; these are the cases where a copy of the
+# rules in Python disagreed with the C++.
+
+_TWICE = '''
+import torch.nn as nn
+
+
+class Twice(nn.Module):
+    def __init__(self, order):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.order = order
+
+    def forward(self, x):
+        for i in self.order:
+            x = self.blocks[i](x)
+        return x.sum()
+
+
+def adjacent():
+    return Twice([0, 0, 1])
+
+
+def after_other_code():
+    return Twice([0, 1, 0])
+'''
+
+REPEATED = ("module 'blocks.0' is called more than once, and a region is one call of one module "
+            "(regions are named by module path, which the runtime checkpoints)")
+
+
+def export_twice(tmp_path, factory: str, out: str) -> subprocess.CompletedProcess:
+    """Runs the exporter on the model of ``_TWICE`` that ``factory`` builds, writing ``out``."""
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    (src / "twice.py").write_text(_TWICE)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    return subprocess.run([sys.executable, "-m", "hp_recompute.export", "--module",
+                           f"{src / 'twice.py'}:{factory}", "--input-shape", "4x8", "-o", out,
+                           "--model-json", os.path.splitext(out)[0] + ".model.json"],
+                          env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("factory", ["adjacent", "after_other_code"])
+def test_cli_refuses_a_region_module_called_twice(tmp_path, factory):
+    """A region is one call of one module: the exporter refuses a second call as the importers
+    do (it used to write a second region of the same name, which the planner refused)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = export_twice(tmp_path, factory, str(out / "m.pt"))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"hp_recompute: {tmp_path / 'src' / 'twice.py'}:{factory}: op ")
+    assert REPEATED in proc.stderr and "Traceback" not in proc.stderr
+    assert list(out.iterdir()) == [], "no output, not even part of one"
+
+
+class _WithIdentity(torch.nn.Module):
+    """blocks.1 runs no op: no region, as the importers see it (no op, no region)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Identity(),
+                                           torch.nn.Linear(8, 6)])
+        self.head = torch.nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).sum()
+
+
+def test_a_region_module_that_runs_no_op_is_no_region():
+    from hp_recompute.export.measure import measure_regions
+
+    segments = measure_regions(_WithIdentity(), (torch.randn(4, 8),))
+    assert [(s.name, s.checkpointable) for s in segments] == [
+        ("blocks.0", True), ("blocks.2", True), ("head", False)]
+    assert (segments[1].input_shapes, segments[1].output_shapes) == ([[4, 8]], [[4, 6]])
+    assert segments[2].input_shapes == []  # outside code has no module arguments
+
+
+def test_a_non_ascii_digit_is_no_index():
+    """Only 0-9 make a path component an index (the C++ rule; Python's isdigit() takes more)."""
+    from hp_recompute.export.measure import RegionError, measure_regions
+
+    model = torch.nn.Sequential()
+    model.add_module("\u0663", torch.nn.Linear(8, 8))  # ARABIC-INDIC DIGIT THREE
+    with pytest.raises(RegionError, match=r"^m: no regions at region depth 1: .*"
+                                          r"\(submodule calls: \u0663\)$"):
+        measure_regions(model, (torch.randn(4, 8),), name="m")
+    model.add_module("3", torch.nn.Linear(8, 8))
+    assert [s.name for s in measure_regions(model, (torch.randn(4, 8),))] == ["\u0663", "3"]

@@ -154,12 +154,30 @@ class _DropoutModel(nn.Module):
         return self.head(x).sum()
 
 
-@pytest.mark.parametrize("factory,shapes,dtype", EXAMPLES + [("dropout", [[8, 16]], "float32")])
+class _IdentityModel(nn.Module):
+    """blocks.1 is an nn.Identity: it runs no op, so the .pt2 has no node in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(16, 16), nn.Identity(), nn.Linear(16, 16)])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).sum()
+
+
+@pytest.mark.parametrize("factory,shapes,dtype", EXAMPLES + [("dropout", [[8, 16]], "float32"),
+                                                            ("identity", [[8, 16]], "float32")])
 def test_exporter_flops_are_the_importers(tmp_path, factory, shapes, dtype):
-    """The sidecar's FLOPs (measure_regions) equal what the planner prices the .pt2 at."""
+    """The sidecar's FLOPs (measure_regions) equal what the planner prices the .pt2 at, on the
+    same regions (one segmentation: segment_ops)."""
     if factory == "dropout":
         torch.manual_seed(0)
         model = _DropoutModel()
+    elif factory == "identity":
+        model = _IdentityModel()
     else:
         model = hexport.load_factory(os.path.join(ROOT, "examples", factory))
     model.train()
@@ -172,3 +190,43 @@ def test_exporter_flops_are_the_importers(tmp_path, factory, shapes, dtype):
     for seg in segments:
         assert regions[seg.name]["fwd_flops"] == pytest.approx(seg.flops, rel=1e-9), seg.name
     assert all(s.flops > 0 for s in segments if s.checkpointable)
+
+
+def test_exporter_regions_are_the_importers_for_an_identity_region(tmp_path):
+    """The exporter's model JSON and the planner's for the .pt2 name the same regions, with the
+    same costs: no region for blocks.1, which runs no op (the exporter used to make one)."""
+    torch.manual_seed(0)
+    model = _IdentityModel()
+    shapes, dtypes = [[8, 16]], [torch.float32]
+    out = str(tmp_path / "m.pt2")
+    hexport.export(model, shapes, dtypes, out, model_json=str(tmp_path / "exported.json"))
+    imported = planned_regions(out)
+    exported = json.loads((tmp_path / "exported.json").read_text())["regions"]
+    assert [r["name"] for r in exported] == list(imported) == ["blocks.0", "blocks.2", "head"]
+    for r in exported:
+        for key in ["checkpointable", "saved_bytes", "input_bytes", "param_bytes"]:
+            assert r[key] == imported[r["name"]][key], (r["name"], key)
+        assert r["fwd_flops"] == int(imported[r["name"]]["fwd_flops"]), r["name"]
+
+
+def test_exporter_refuses_a_repeated_region_call_as_the_importer_does(tmp_path):
+    """The exporter's message for a region module called twice is the .pt2 importer's, both
+    from segmentOps; only the located op differs."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_export_sidecar import REPEATED, _TWICE, export_twice
+
+    namespace: dict = {}
+    exec(_TWICE, namespace)
+    for factory in ["adjacent", "after_other_code"]:
+        model = namespace[factory]()
+        path = str(tmp_path / f"{factory}.pt2")
+        torch.export.save(torch.export.export(model, (torch.randn(4, 8),)), path)
+        planned = subprocess.run([PLAN, "--model", path, "--schedule-gen", "1f1b", "--ranks",
+                                  "1", "--microbatches", "1", "--emit", "json"],
+                                 capture_output=True, text=True)
+        assert planned.returncode == 1 and REPEATED in planned.stderr, planned.stderr
+        exported = export_twice(tmp_path, factory, str(tmp_path / f"{factory}-out.pt2"))
+        assert exported.returncode == 1 and REPEATED in exported.stderr, exported.stderr
+        tail = planned.stderr[planned.stderr.index("module 'blocks.0'"):].strip()
+        assert exported.stderr[exported.stderr.index("module 'blocks.0'"):].strip() == tail
+        assert not os.path.exists(str(tmp_path / f"{factory}-out.pt2"))

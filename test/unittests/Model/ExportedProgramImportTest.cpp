@@ -315,6 +315,14 @@ TEST(ExportedProgramImport, RepeatedRegionCallIsAnError) {
                             "module 'layers.0' is called more than once"),
             std::string::npos)
       << errorOf(p);
+  // As torch 2.13 writes it: the suffix on the key only.
+  p = program();
+  p["graph_module"]["graph"]["nodes"][2]["metadata"]["nn_module_stack"] =
+      "L__self__,,M;L__self__layers.0@1,layers.0,Block";
+  EXPECT_NE(errorOf(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
+                            "module 'layers.0' is called more than once"),
+            std::string::npos)
+      << errorOf(p);
   p = program();
   p["graph_module"]["graph"]["nodes"][1]["metadata"]["nn_module_stack"] =
       "L__self__,,M";
