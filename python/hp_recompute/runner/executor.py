@@ -75,6 +75,10 @@ class Transport:
         """``tag`` is the plan's message tag (the same at both ends)."""
         raise NotImplementedError
 
+    def post(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> None:
+        """Posts a receive: its buffer exists from here on (the plan's memory model counts it
+        from the ``recv`` action); ``recv`` waits for it. Default: ``recv`` does both."""
+
     def recv(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -151,8 +155,8 @@ class RankExecutor(StageBackend):
 
     The plan's actions are interpreted by ``PlanInterpreter`` (NOTE [ Executing a plan ]);
     this class says what a forward, a backward and a transfer are for the runner's
-    stages. Receives are posted by the transport's ``recv`` when they are read: messages
-    carry the plan's tags, so posting order cannot mismatch them.
+    stages. A receive is posted where the plan's ``posts`` say and waited for by its
+    reader; messages carry the plan's tags, so no posting order can mismatch them.
 
     Args:
         rank: this rank.
@@ -250,6 +254,10 @@ class RankExecutor(StageBackend):
     def _message(self, a: Action) -> Tuple[str, int]:
         """A receive's (kind, sending stage)."""
         return a.op[-1], self.planner.neighbour_stage(a.op, a.stage)
+
+    def post_recv(self, a: Action) -> None:
+        kind, sender = self._message(a)
+        self.transport.post(kind, sender, a.microbatch, a.peer, self.rank, a.tag)
 
     def recv_ready(self, a: Action) -> bool:
         kind, sender = self._message(a)

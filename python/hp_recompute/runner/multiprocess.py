@@ -46,7 +46,7 @@ from .memory import AllocatorPeak
 from .executor import RankExecutor, Transport
 from .model import load_model, split_stages
 from ..factory import raised_at
-from ..plan.reader import Plan, RunError, parse_plan
+from ..plan.reader import Plan, RunError, build_plan
 from ..sessions import SessionScope, reset_stats, stats
 
 __all__ = ["GlooTransport", "run_multi"]
@@ -64,15 +64,18 @@ class GlooTransport(Transport):
     """``isend``/``irecv`` on the default gloo group; receives wait at most ``timeout`` seconds.
 
     Each message carries the plan's tag (it encodes direction, sending stage and
-    microbatch), so an out-of-order message can never be taken for another. Sends are waited for at ``flush`` (end of step): an early wait
-    could deadlock a plan that relies on asynchronous sends. Each send drops the sends
-    that have completed, so their buffers are not held to the end of the step.
+    microbatch), so an out-of-order message can never be taken for another. A receive's
+    ``irecv`` is issued where it is posted, into its own buffer, and waited for by
+    ``recv``. Sends are waited for at ``flush`` (end of step): an early wait could
+    deadlock a plan that relies on asynchronous sends. Each send drops the sends that have
+    completed, so their buffers are not held to the end of the step.
     """
 
     def __init__(self, num_mb: int, shapes: Dict[int, Tuple[torch.Size, torch.dtype]], timeout: float) -> None:
         self.num_mb, self.shapes = num_mb, shapes
         self.timeout = datetime.timedelta(seconds=timeout)
         self.pending: List[Tuple[Any, torch.Tensor]] = []
+        self.posted: Dict[Tuple[str, int, int], Tuple[Any, torch.Tensor]] = {}  # (kind, stage, mb) -> irecv
 
     def send(self, kind: str, stage: int, mb: int, src: int, dst: int, tensor: torch.Tensor, tag: int) -> None:
         if tag < 0:
@@ -82,12 +85,18 @@ class GlooTransport(Transport):
         self.pending = [(work, t) for work, t in self.pending if not work.is_completed()]
         self.pending.append((dist.isend(tensor, dst, tag=tag), tensor))
 
-    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> torch.Tensor:
+    def post(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> None:
         # The activation of stage s and the gradient w.r.t. it have the same shape.
         shape, dtype = self.shapes[stage if kind == "f" else stage - 1]
         buf = torch.empty(shape, dtype=dtype)
+        self.posted[(kind, stage, mb)] = (dist.irecv(buf, src, tag=tag), buf)
+
+    def recv(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> torch.Tensor:
+        if (kind, stage, mb) not in self.posted:
+            self.post(kind, stage, mb, src, dst, tag)
+        work, buf = self.posted.pop((kind, stage, mb))
         try:
-            dist.irecv(buf, src, tag=tag).wait(self.timeout)
+            work.wait(self.timeout)
         except RuntimeError as e:
             raise ConnectionError(f"receiving the {'activation' if kind == 'f' else 'gradient'} of stage {stage} "
                                   f"mb {mb} from rank {src} failed (timeout {self.timeout.total_seconds():g} s): "
@@ -198,7 +207,7 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
         dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=cfg["world"], timeout=timeout)
         with open(os.path.join(cfg["dir"], "plan.json"), encoding="utf-8") as f:
-            plan = parse_plan(json.load(f), cfg["plan"])
+            plan = build_plan(json.load(f), cfg["plan"])  # the parent admitted it
         model = load_model(cfg["model"])
         model.module.load_state_dict(torch.load(os.path.join(cfg["dir"], "init.pt")))
         steps = run_rank_steps(rank, plan, model, cfg, sessions)
