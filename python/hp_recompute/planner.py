@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from .plan.reader import RunError, parse_plan, read_json
+from .plan.reader import RunError, read_text
 from .plan.verify import plan_problems, planner_extension
 
 __all__ = ["PlanError", "make_plan", "verify_plan"]
@@ -84,10 +84,9 @@ def verify_plan(plan: Union[PathLike, Dict[str, Any]]) -> None:
         >>> hp_recompute.verify_plan("plan.json")  # as hp-recompute-plan --verify plan.json
     """
     if isinstance(plan, dict):
-        parsed = parse_plan(plan, "<plan>")
+        problems = plan_problems(json.dumps(plan), "<plan>")
     else:
         path = os.fspath(plan)
-        parsed = parse_plan(read_json(path, "plan"), path)
-    problems = plan_problems(parsed)
+        problems = plan_problems(read_text(path, "plan"), path)
     if problems:
         raise PlanError(problems)

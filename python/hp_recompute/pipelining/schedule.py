@@ -13,8 +13,9 @@ Rule 1 (what is checked). At construction, before any communication: the plan's 
   stages and microbatches match the stages given (``group_size``, ``num_stages``,
   ``n_microbatches``, this rank's stage indices), and every region the plan checkpoints
   exists in its stage's module (``regions.checkpoint_regions``). The plan itself is
-  checked by ``verify_plan`` (every rank's program, not only ours), so a broken plan is
-  refused on every rank before the first step.
+  admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
+  rank's program, not only ours), so a broken plan is refused on every rank before the
+  first step.
 
 Rule 2 (stage mapping). Stages are placed where the plan puts them
   (``stage_index_to_group_rank`` is the plan's ``stage_to_rank``); a neighbour on the same
@@ -39,7 +40,7 @@ Rule 4 (sessions). A schedule owns its sessions: they live in its own ``SessionS
 
 Rule 5 (gradient reduction). The planner puts one ``reduce_grad`` per stage into every
   plan, after the stage's last ``W`` and ``B`` (where torch's ``_add_reduce_grad`` puts
-  it), and ``verify_plan`` refuses a plan without it, with it too early or twice
+  it), and the admission check refuses a plan without it, with it too early or twice
   (gradients scaled too early or twice: wrong, silently).
 
 Rule 6 (metadata inference). On the first step torch's stages infer their input and
@@ -60,8 +61,8 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
-from ..plan.reader import Action, Plan, RunError, load_plan, parse_plan
-from ..plan.verify import verify_plan
+from ..plan.reader import Action, Plan, RunError
+from ..plan.verify import admit_plan, load_plan
 from ..sessions import SessionScope
 from .regions import checkpoint_regions
 from .torch_csv import load_torch_csv
@@ -71,11 +72,12 @@ __all__ = ["PlannedSchedule"]
 PlanSource = Union[str, os.PathLike, Dict[str, Any], Plan]
 
 
-def _read_plan(plan: PlanSource) -> Plan:
+def _admitted(plan: PlanSource) -> Plan:
+    """Rule 1: the plan, admitted by the planner's verifier (every rank's program, not only ours)."""
     if isinstance(plan, Plan):
-        return plan
+        return admit_plan(plan.raw, plan.path)
     if isinstance(plan, dict):
-        return parse_plan(plan, "<plan dict>")
+        return admit_plan(plan, "<plan dict>")
     path = os.fspath(plan)
     if path.endswith(".csv"):
         return load_torch_csv(path)
@@ -109,8 +111,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         if not stages:
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
         super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
-        self.plan = _read_plan(plan)
-        verify_plan(self.plan)
+        self.plan = _admitted(plan)
         self._check_stages(n_microbatches)
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping

@@ -5,11 +5,12 @@ format="compute_comms")`` loads it; its cells are parsed here with torch's own
 ``_Action.from_str``). Torch's action set has no recompute and no clear, so the sidecar
 ``FILE.hpr.json`` carries them (docs/plan-format.md, "torch CSV"): per rank, each
 recompute or clear with the index of the cell it runs before, the session and
-``retain_on_unpack`` of each backward and whether it frees the graph, and the forwards that run without checkpointing.
-The two together are turned into plan JSON and read by ``plan.reader.parse_plan``, so
-both inputs are checked by the same code; each action keeps where it came from (a CSV
-cell as ``FILE:ROW:COL``, or a sidecar entry by JSON path), so an error names the cell or
-the entry, never the JSON path of a plan the user has not seen. The plan is untagged:
+``retain_on_unpack`` of each backward and whether it frees the graph, and the forwards
+that run without checkpointing. The two together are turned into plan JSON and admitted
+by the planner's own reader and verifier (``plan.verify.admit_plan``), as a plan file
+is; each action keeps where it came from (a CSV cell as ``FILE:ROW:COL``, or a sidecar
+entry by JSON path), so an error names the cell or the entry, never the JSON path of a
+plan the user has not seen. The plan is untagged:
 torch's point-to-point ops carry no tag, so messages match in posting order, and each
 ``RECV`` cell posts its receive where it stands (the plan's ``posts`` lists the receive itself).
 """
@@ -25,8 +26,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torch.distributed.pipelining.schedules import _Action
 
-from ..plan.reader import TRANSFER_OPS, Plan, RunError, expected, int_field, parse_plan, read_json, read_text
-from ..plan.verify import planner_extension
+from ..plan.reader import TRANSFER_OPS, Plan, RunError, expected, int_field, read_json, read_text
+from ..plan.verify import admit_plan, planner_extension
 
 __all__ = ["load_torch_csv", "sidecar_path"]
 
@@ -70,9 +71,6 @@ class _Sources:
         if src.insert is not None:
             return f"{self.side_path}: {src.insert}/{key}" if key else f"{self.side_path}: {src.insert}"
         return f"{src.location}: {key}" if key else src.location
-
-    def origin(self, rank: int, index: int) -> str:
-        return self.ranks[rank][index].location
 
 
 def _read_sidecar(path: str, csv_path: str) -> Dict[str, Any]:
@@ -179,7 +177,7 @@ def _rank_entry(path: str, side_path: str, r: int, entry: Any, row: List[str]) -
 
 def _rank_actions(path: str, side_path: str, r: int, row: List[str], side: _RankSide, s2r: List[int],
                   sources: List[_Source]) -> List[Dict[str, Any]]:
-    """Row ``r`` of the CSV with its sidecar entry merged in, as plan actions; ``sources`` gets their origins."""
+    """Row ``r`` of the CSV with its sidecar entry merged in, as plan actions; ``sources`` gets where each came from."""
     where = f"/ranks/{r}"
     actions: List[Dict[str, Any]] = []
     consumers, plain = dict(side.consumers), dict(side.plain)
@@ -232,4 +230,4 @@ def load_torch_csv(path: str) -> Plan:
         ranks.append({"rank": r, "actions": actions})
     raw = {"format": "hp-recompute-plan", "version": 2, "schedule": sched, "model": side.get("model"),
            "sessions": side.get("sessions", []), "ranks": ranks}
-    return parse_plan(raw, path, tagged=False, locate=sources.locate, origin=sources.origin)
+    return admit_plan(raw, path, sources.locate)

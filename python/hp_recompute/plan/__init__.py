@@ -1,7 +1,7 @@
-"""Plans as runtimes read them: ``reader`` parses plan JSON (docs/plan-format.md) with located
-errors, ``verify`` admits a plan through the C++ planner's verifier before any rank runs."""
+"""Plans as runtimes read them: ``verify`` admits a plan through the C++ planner's reader and
+verifier before any rank runs, ``reader`` builds the runtime's view of an admitted plan."""
 
-from .reader import Action, Plan, RunError, load_plan, parse_plan
-from .verify import plan_problems, verify_plan
+from .reader import Action, Plan, RunError
+from .verify import admit_plan, load_plan, plan_problems
 
-__all__ = ["Action", "Plan", "RunError", "load_plan", "parse_plan", "plan_problems", "verify_plan"]
+__all__ = ["Action", "Plan", "RunError", "admit_plan", "load_plan", "plan_problems"]

@@ -164,7 +164,7 @@ class PlanInterpreter:
 
     Args:
         runtime: names the runtime in errors (``hp_recompute.run``).
-        plan: the plan (admitted by ``verify_plan``).
+        plan: the plan (admitted: ``plan.verify.admit_plan``).
         rank: this rank, whose program (``plan.ranks[rank]``) runs.
         backend: runs the stages.
         scope: the runtime's sessions (a runtime owns its scope; NOTE [ Recompute sessions ]).

@@ -1,14 +1,14 @@
-"""Reading a plan JSON (docs/plan-format.md) for the runner, with located errors.
+"""The runtime's view of a plan (docs/plan-format.md), and the readers of JSON inputs.
 
-Why a separate module: the runner trusts nothing upstream (DESIGN: runtimes read the
-plan and nothing else), so it checks the fields it relies on and reports the JSON path
-of the first bad one, the way the C++ tools do (``p.json: /ranks/1/actions/4/peer: ...``).
-Hostile files get located errors too, never a traceback: bytes that are not UTF-8 and JSON
-nested too deep by line and column, integers too long for Python and ``NaN`` at the JSON
-path of the field that refuses them; booleans are not integers. A torch CSV's reader passes
-``locate`` so that a path of the plan it builds is reported as the CSV cell or sidecar
-entry it came from.
-The full schema lives in docs/schemas/plan.schema.json; this is the runner's subset.
+Why no checks of the plan here: a plan is admitted by the C++ planner's own reader and
+verifier first (``plan.verify.admit_plan``: every member, every rule, located at its JSON
+path, the CLI's words), so ``build_plan`` only turns an admitted plan into the objects
+the runtimes execute. What stays here is what is not a planner rule: reading JSON files
+with located errors (bytes that are not UTF-8 and JSON nested too deep by line and
+column, integers too long for Python and ``NaN`` at the JSON path of the field that
+refuses them), for the inputs no planner reads (torch CSV sidecars, run reports, model
+JSON given to the runtimes); the ops a runtime can execute; and the runner's report
+fields (``/summary``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["RunError", "Action", "Plan", "expected", "int_field", "load_plan", "parse_plan", "read_json", "read_text"]
+__all__ = ["RunError", "Action", "Plan", "build_plan", "expected", "int_field", "read_json", "read_text"]
 
 COMPUTE_OPS = ("forward", "backward_input", "backward_weight", "backward")
 CONSUMER_OPS = ("backward_input", "backward_weight", "backward")
@@ -27,8 +27,6 @@ ALL_OPS = COMPUTE_OPS + ("recompute", "clear") + TRANSFER_OPS + NOOP_OPS
 #: Maps a JSON path of the plan (``/ranks/1/actions/4/peer``) to the place a user can find it:
 #: ``p.json: /ranks/1/actions/4/peer`` for plan JSON, a CSV cell for a torch CSV.
 Locate = Callable[[str], str]
-#: Names where action ``index`` of ``rank`` came from, for the admission check's messages.
-Origin = Callable[[int, int], str]
 
 
 class RunError(RuntimeError):
@@ -86,15 +84,8 @@ class Plan:
     sessions: Dict[str, Dict[str, Any]]
     ranks: List[List[Action]]
     summary: Dict[str, Any] = field(default_factory=dict)
-    #: Transfers carry message tags (plan JSON); False for a torch CSV (torch's ops are untagged).
+    #: Every transfer carries a message tag (plan JSON); False for a torch CSV (torch's ops are untagged).
     tagged: bool = True
-    #: Where an action came from when it is not ``/ranks/R/actions/I`` of ``path`` (a torch CSV cell).
-    origin: Optional[Origin] = None
-
-    def where(self, rank: int, index: int) -> str:
-        """``rank 1 action 5 (recv_f stage 1 mb 1 peer 0)``, and the CSV cell it came from if any."""
-        text = f"rank {rank} action {index} ({self.ranks[rank][index].describe()})"
-        return text if self.origin is None else f"{text}, {self.origin(rank, index)}"
 
     def weight_grad_order(self) -> Dict[int, List[int]]:
         """stage -> microbatches in the order their weight gradients are produced.
@@ -160,14 +151,6 @@ def int_field(at: Locate, obj: Dict[str, Any], key: str, where: str, low: int = 
     if not ok:
         bound = f" in [{low}, {high})" if high is not None else f" >= {low}"
         raise expected(at(f"{where}/{key}"), f"an integer{bound}", value)
-    return value
-
-
-def _bool(at: Locate, obj: Dict[str, Any], key: str, where: str) -> bool:
-    """An optional boolean field (absent: false); ``"false"`` is a string, not false."""
-    value = obj.get(key, False)
-    if not isinstance(value, bool):
-        raise expected(at(f"{where}/{key}"), "a boolean", value)
     return value
 
 
@@ -240,152 +223,35 @@ def read_json(path: str, what: str) -> Any:
                        f"a {what} nests a few levels") from None
 
 
-def load_plan(path: str) -> Plan:
-    """Reads and checks the plan file ``path``."""
-    return parse_plan(read_json(path, "plan"), path)
+def build_plan(raw: Dict[str, Any], path: str) -> Plan:
+    """The runtime's view of ``raw``, a plan the admission check accepted (``plan.verify.admit_plan``).
 
-
-def parse_plan(raw: Any, path: str = "<plan>", *, tagged: bool = True, locate: Optional[Locate] = None,
-               origin: Optional[Origin] = None) -> Plan:
-    """Checks the runner's subset of plan JSON version 2 and returns a ``Plan``.
-
-    Args:
-        raw: the parsed JSON.
-        path: the file, for messages.
-        tagged: whether every transfer carries a message tag (plan JSON); a plan built from a
-            torch CSV has none (torch's point-to-point ops are untagged) and passes False.
-        locate: where a JSON path of ``raw`` is in the user's files (default ``PATH: /json/path``).
-        origin: where an action came from, for the admission check (``Plan.where``).
+    Checks only what no planner rule covers: that this runtime executes every op (an op
+    it skipped would be a silently wrong step) and the report fields of ``/summary``.
     """
-    at: Locate = locate or (lambda where: f"{path}: {where}")
-    if not isinstance(raw, dict):
-        raise expected(at("/"), "a JSON object", raw)
-    if raw.get("format") != "hp-recompute-plan":
-        raise expected(at("/format"), "'hp-recompute-plan'", raw.get("format"))
-    if raw.get("version") == 1 and not isinstance(raw.get("version"), bool):
-        raise RunError(f"hp_recompute: {at('/version')}: plan version 1 does not say where graphs are freed or "
-                       f"how messages are tagged; write the plan again with hp-recompute-plan --emit json")
-    if not _is_int(raw.get("version")) or raw.get("version") != 2:
-        raise expected(at("/version"), "2", raw.get("version"))
-    sched = raw.get("schedule")
-    if not isinstance(sched, dict):
-        raise expected(at("/schedule"), "an object", sched)
-    num_ranks = int_field(at, sched, "num_ranks", "/schedule", 1)
-    num_stages = int_field(at, sched, "num_stages", "/schedule", 1)
-    num_mb = int_field(at, sched, "num_microbatches", "/schedule", 1)
-    s2r = sched.get("stage_to_rank")
-    if not isinstance(s2r, list) or len(s2r) != num_stages:
-        raise expected(at("/schedule/stage_to_rank"), f"a list of {num_stages} ranks", s2r)
-    for i, r in enumerate(s2r):
-        if not _is_int(r) or not 0 <= r < num_ranks:
-            raise expected(at(f"/schedule/stage_to_rank/{i}"), f"a rank in [0, {num_ranks})", r)
-
-    model = raw.get("model")
-    stages_raw = model.get("stages") if isinstance(model, dict) else None
-    if not isinstance(stages_raw, list) or len(stages_raw) != num_stages:
-        raise expected(at("/model/stages"), f"a list of {num_stages} stages", stages_raw)
-    stages: List[List[Dict[str, Any]]] = []
-    for i, st in enumerate(stages_raw):
-        regions = st.get("regions") if isinstance(st, dict) else None
-        if not isinstance(regions, list) or not regions:
-            raise expected(at(f"/model/stages/{i}/regions"), "a non-empty list", regions)
-        for j, region in enumerate(regions):
-            if not isinstance(region, dict) or not isinstance(region.get("name"), str):
-                raise expected(at(f"/model/stages/{i}/regions/{j}/name"), "a string", region)
-            _bool(at, region, "checkpoint", f"/model/stages/{i}/regions/{j}")
-        stages.append(regions)
-
-    sessions = _sessions(at, raw.get("sessions", []), s2r, num_mb)
-    session_of = {(sess["stage"], sess["microbatch"]): sid for sid, sess in sessions.items()}
-
-    ranks_raw = raw.get("ranks")
-    if not isinstance(ranks_raw, list) or len(ranks_raw) != num_ranks:
-        raise expected(at("/ranks"), f"a list of {num_ranks} ranks", ranks_raw)
+    at: Locate = lambda where: f"{path}: {where}"  # noqa: E731
+    sched = raw["schedule"]
     ranks: List[List[Action]] = []
-    for r, rank in enumerate(ranks_raw):
-        acts = rank.get("actions") if isinstance(rank, dict) else None
-        if not isinstance(acts, list):
-            raise expected(at(f"/ranks/{r}/actions"), "a list", acts)
-        out: List[Action] = []
-        for i, a in enumerate(acts):
-            where = f"/ranks/{r}/actions/{i}"
-            if not isinstance(a, dict) or not isinstance(a.get("op"), str) or a["op"] not in ALL_OPS:
-                raise expected(at(f"{where}/op"), "one of " + " ".join(ALL_OPS),
-                               a.get("op") if isinstance(a, dict) else a)
-            op = a["op"]
-            kw: Dict[str, Any] = {"op": op, "overlap": _bool(at, a, "overlap", where)}
-            if op not in NOOP_OPS:
-                kw["stage"] = int_field(at, a, "stage", where, 0, num_stages)
-                kw["microbatch"] = int_field(at, a, "microbatch", where, 0, num_mb)
-            elif "stage" in a or op == "reduce_grad":  # per stage, no microbatch (a reduce_grad needs its stage)
-                kw["stage"] = int_field(at, a, "stage", where, 0, num_stages)
-            if kw.get("stage", -1) >= 0 and s2r[kw["stage"]] != r:
-                raise expected(at(f"{where}/stage"), f"a stage on rank {r}", kw["stage"])
-            if op in TRANSFER_OPS:
-                kw["peer"] = int_field(at, a, "peer", where, 0, num_ranks)
-                if tagged:
-                    kw["tag"] = int_field(at, a, "tag", where, 0)
-                elif "tag" in a:
-                    raise expected(at(f"{where}/tag"), "no tag (torch's point-to-point ops carry none)", a["tag"])
-            if "posts" in a:
-                posts = a["posts"]
-                if op not in ("recv_f", "recv_b"):
-                    raise expected(at(f"{where}/posts"), "no posts (only a receive posts receives)", posts)
-                if not isinstance(posts, list):
-                    raise expected(at(f"{where}/posts"), "a list of action indices", posts)
-                for k, index in enumerate(posts):
-                    if not _is_int(index) or not 0 <= index < len(acts):
-                        raise expected(at(f"{where}/posts/{k}"), f"an action index of rank {r} in [0, {len(acts)})",
-                                       index)
-                kw["posts"] = tuple(posts)
-            if "frees_graph" in a:
-                if op not in CONSUMER_OPS or a["frees_graph"] is not True:
-                    raise expected(at(f"{where}/frees_graph"), "true, on a backward", a["frees_graph"])
-                kw["frees_graph"] = True
-            if "checkpoint" in a:
-                if op != "forward" or a["checkpoint"] is not False:
-                    raise expected(at(f"{where}/checkpoint"), "false, on a forward", a["checkpoint"])
-                if (kw["stage"], kw["microbatch"]) in session_of:
-                    raise expected(at(f"{where}/checkpoint"), "no session for a plain forward",
-                                session_of[(kw["stage"], kw["microbatch"])])
-                kw["plain"] = True
-            sid = a.get("session")
-            if op in ("recompute", "clear") and sid is None:
-                raise expected(at(f"{where}/session"), "a session id", sid)
-            if sid is not None:
-                if not isinstance(sid, str) or sid not in sessions:
-                    raise expected(at(f"{where}/session"), "an id listed in /sessions", sid)
-                kw["session"] = sid
-                kw["retain_on_unpack"] = _bool(at, a, "retain_on_unpack", where)
-            out.append(Action(**kw))
-        ranks.append(out)
-    return Plan(path=path, raw=raw, name=str(sched.get("name", "?")), num_ranks=num_ranks, num_stages=num_stages,
-                num_microbatches=num_mb, stage_to_rank=list(s2r), stages=stages, sessions=sessions, ranks=ranks,
-                summary=_summary(at, raw.get("summary", {}), num_ranks), tagged=tagged, origin=origin)
-
-
-def _sessions(at: Locate, raw: Any, s2r: List[int], num_mb: int) -> Dict[str, Dict[str, Any]]:
-    """``/sessions``: unique string ids, one session per (stage, microbatch), on the stage's rank if it says."""
-    if not isinstance(raw, list):
-        raise expected(at("/sessions"), "a list of sessions", raw)
-    sessions: Dict[str, Dict[str, Any]] = {}
-    first: Dict[Any, int] = {}  # id, and (stage, microbatch) -> index in /sessions
-    for i, sess in enumerate(raw):
-        if not isinstance(sess, dict) or not isinstance(sess.get("id"), str):
-            raise expected(at(f"/sessions/{i}/id"), "a string", sess.get("id") if isinstance(sess, dict) else sess)
-        sid = sess["id"]
-        if sid in sessions:
-            raise expected(at(f"/sessions/{i}/id"), f"an id not used before (/sessions/{first[sid]} has it)", sid)
-        key = (int_field(at, sess, "stage", f"/sessions/{i}", 0, len(s2r)),
-               int_field(at, sess, "microbatch", f"/sessions/{i}", 0, num_mb))
-        if key in first:
-            raise expected(at(f"/sessions/{i}"), f"one session per stage and microbatch (/sessions/{first[key]} is "
-                                              f"stage {key[0]} mb {key[1]}'s)", sid)
-        if "rank" in sess:
-            int_field(at, sess, "rank", f"/sessions/{i}", 0)
-        first[sid], first[key] = i, i
-        sessions[sid] = sess
-    return sessions
+    for r, rank in enumerate(raw["ranks"]):
+        actions: List[Action] = []
+        for i, a in enumerate(rank["actions"]):
+            if a["op"] not in ALL_OPS:
+                raise expected(at(f"/ranks/{r}/actions/{i}/op"), "an op this runtime executes: " + " ".join(ALL_OPS),
+                               a["op"])
+            actions.append(Action(op=a["op"], stage=a.get("stage", -1), microbatch=a.get("microbatch", -1),
+                                  session=a.get("session"), retain_on_unpack=a.get("retain_on_unpack", False),
+                                  peer=a.get("peer", -1), tag=a.get("tag", -1),
+                                  frees_graph=a.get("frees_graph", False), overlap=a.get("overlap", False),
+                                  plain=a.get("checkpoint") is False, posts=tuple(a.get("posts", ()))))
+        ranks.append(actions)
+    num_ranks = sched["num_ranks"]
+    return Plan(path=path, raw=raw, name=str(sched.get("name", "?")), num_ranks=num_ranks,
+                num_stages=sched["num_stages"], num_microbatches=sched["num_microbatches"],
+                stage_to_rank=list(sched["stage_to_rank"]),
+                stages=[stage["regions"] for stage in raw["model"]["stages"]],
+                sessions={s["id"]: s for s in raw.get("sessions", [])}, ranks=ranks,
+                summary=_summary(at, raw.get("summary", {}), num_ranks),
+                tagged=all(a.tag >= 0 for actions in ranks for a in actions if a.op in TRANSFER_OPS))
 
 
 def _number(value: Any) -> bool:

@@ -13,15 +13,16 @@ name a broken rule in the same words. Nothing here restates a rule.
 from __future__ import annotations
 
 import json
+import os
 import re
 from types import ModuleType
-from typing import List
+from typing import Any, Dict, List, Optional, Union
 
-from .reader import Plan, RunError
+from .reader import Locate, Plan, RunError, build_plan, read_text
 
-__all__ = ["plan_problems", "planner_extension", "verify_plan"]
+__all__ = ["admit_plan", "load_plan", "plan_problems", "planner_extension"]
 
-_ACTION_PATH = re.compile(r"/ranks/(\d+)/actions/(\d+)")
+_LEADING_PATH = re.compile(r"(/[^: ]*): ")
 
 
 def planner_extension() -> ModuleType:
@@ -35,30 +36,43 @@ def planner_extension() -> ModuleType:
     return planner
 
 
-def plan_problems(plan: Plan) -> List[str]:
-    """Every rule ``plan`` breaks, one line each as ``hp-recompute-plan --verify`` prints it.
+def plan_problems(text: str, path: str, locate: Optional[Locate] = None) -> List[str]:
+    """Every rule the plan JSON ``text`` (named ``path``) breaks, one line each, as
+    ``hp-recompute-plan --verify`` prints them; an empty list admits the plan.
 
-    An action of a plan read from a torch CSV is named by the CSV cell it came from as
-    well (``Plan.origin``). An empty list admits the plan.
+    ``locate`` maps a JSON path of a plan built from other files (a torch CSV and its
+    sidecar) to where the user finds it; each line's leading ``path: /json/path`` is
+    replaced by it (a CSV cell, a sidecar entry).
     """
-    problems = planner_extension().verify_plan(json.dumps(plan.raw), plan.path)
-    origin = plan.origin
-    if origin is None:
+    problems = planner_extension().verify_plan(text, path)
+    if locate is None:
         return list(problems)
+    prefix = f"{path}: "
+    out = []
+    for line in problems:
+        match = _LEADING_PATH.match(line, len(prefix)) if line.startswith(prefix) else None
+        out.append(line if match is None else f"{locate(match.group(1))}: {line[match.end():]}")
+    return out
 
-    def cell(match: "re.Match[str]") -> str:
-        return f"{match.group(0)} ({origin(int(match.group(1)), int(match.group(2)))})"
 
-    return [_ACTION_PATH.sub(cell, line, count=1) for line in problems]
+def admit_plan(plan: Union[str, Dict[str, Any]], path: str, locate: Optional[Locate] = None) -> Plan:
+    """Admits ``plan`` (plan JSON text, or a plan as a dict) and returns the runtime's view of it.
 
-
-def verify_plan(plan: Plan) -> None:
-    """Refuses ``plan`` (``RunError``) if it breaks the runtime contract, naming every broken rule.
+    Raises ``RunError`` naming every broken rule, before any rank runs, if the plan breaks
+    the runtime contract.
 
     Example:
-        >>> verify_plan(load_plan("plan.json"))  # before any rank runs
+        >>> plan = admit_plan(plan_dict, "<plan dict>")
     """
-    problems = plan_problems(plan)
+    text = plan if isinstance(plan, str) else json.dumps(plan)
+    problems = plan_problems(text, path, locate)
     if problems:
-        raise RunError(f"hp_recompute: plan {plan.path} is refused before any rank runs "
+        raise RunError(f"hp_recompute: plan {path} is refused before any rank runs "
                        f"({len(problems)} problem{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems))
+    return build_plan(json.loads(text) if isinstance(plan, str) else plan, path)
+
+
+def load_plan(path: Union[str, "os.PathLike[str]"]) -> Plan:
+    """Reads, admits and returns the plan file ``path`` (the C++ reader locates bad bytes and members)."""
+    path = os.fspath(path)
+    return admit_plan(read_text(path, "plan"), path)

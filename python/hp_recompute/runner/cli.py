@@ -45,8 +45,8 @@ from .memory import peak_meter
 from .model import DEFAULT_MODEL, StageSpec, load_model, split_stages, stage_names
 from ..factory import raised_at
 from ..output_files import STDOUT, OutputError, check_outputs, text_writer, write_outputs
-from ..plan.verify import verify_plan
-from ..plan.reader import Plan, RunError, load_plan
+from ..plan.reader import Plan, RunError
+from ..plan.verify import load_plan
 from ..replay_state import device_module, synchronize
 from ..sessions import reset_stats, stats
 
@@ -334,8 +334,10 @@ def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     """Runs the plan as ``args`` say and returns the report (raises ``RunError`` on failure).
 
     Under torchrun only rank 0 has the report; the other ranks return None."""
-    plan = load_plan(args.plan)
-    verify_plan(plan)  # before any rank runs
+    plan = load_plan(args.plan)  # admitted: before any rank runs
+    if not plan.tagged and not args.single_process:
+        raise RunError(f"hp_recompute.run: {plan.path}: the runner's processes match messages by tag, and this "
+                       f"plan's transfers carry none; write the plan with hp-recompute-plan --emit json")
     from .torchrun import run_torchrun, torchrun_rank  # imports torch.distributed only when needed
 
     if torchrun_rank() is not None:

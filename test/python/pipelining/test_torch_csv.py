@@ -21,7 +21,7 @@ pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distribu
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 from hand_plan import ROWS, hand_sidecar, write_torch_csv  # noqa: E402
 from hp_recompute.pipelining import load_torch_csv  # noqa: E402
-from hp_recompute.plan import RunError, verify_plan  # noqa: E402
+from hp_recompute.plan import RunError  # noqa: E402
 
 Side = Dict[str, Any]
 Pair = Tuple[List[List[str]], Side]
@@ -63,8 +63,7 @@ def _pair() -> Pair:
 
 def test_the_hand_pair_reads_and_passes(tmp_path: Path) -> None:
     csv_path, _ = write_torch_csv(tmp_path)
-    plan = load_torch_csv(str(csv_path))
-    verify_plan(plan)
+    plan = load_torch_csv(str(csv_path))  # admitted
     assert not plan.tagged
 
 
@@ -74,9 +73,8 @@ def test_a_broken_csv_is_refused_naming_the_cell_and_the_rule(tmp_path: Path, ca
     rows, side = _pair()
     edit(rows, side)
     csv_path, _ = write_torch_csv(tmp_path, rows, side)
-    plan = load_torch_csv(str(csv_path))  # it reads: the cells are all well formed
-    with pytest.raises(RunError) as info:
-        verify_plan(plan)
+    with pytest.raises(RunError) as info:  # the cells are all well formed: the admission check refuses
+        load_torch_csv(str(csv_path))
     text = str(info.value)
     assert text.startswith(f"hp_recompute: plan {csv_path} is refused before any rank runs"), text
     assert f"{csv_path}:{cell}" in text and message in text
@@ -100,10 +98,10 @@ SIDECAR = {
                                  "expected an integer >= 0, got 'false'"),
     "a sidecar for another CSV": (_set("csv", "other.csv"), "/csv", "expected 'plan.csv', the CSV it sits beside"),
     "a consumer's retain_on_unpack": (_set("ranks/0/consumers/0/retain_on_unpack", "yes"),
-                                      "/ranks/0/consumers/0/retain_on_unpack", "expected a boolean, got '\"yes\"'"),
+                                      "/ranks/0/consumers/0/retain_on_unpack", "expected true or false, got '\"yes\"'"),
     "an insert's session": (_set("ranks/0/inserts/1/session", "s9"), "/ranks/0/inserts/1/session",
                             "expected an id listed in /sessions"),
-    "sessions is a number": (_set("sessions", 5), "/sessions", "expected a list of sessions, got '5'"),
+    "sessions is a number": (_set("sessions", 5), "/sessions", "expected an array, got '5'"),
     "a consumer of no cell": (_set("ranks/1/consumers/1/microbatch", 1 + 7), "/ranks/1/consumers/1",
                               "names no action of row 2"),
 }
@@ -126,7 +124,8 @@ def test_a_bad_cell_field_is_named_by_row_and_column(tmp_path: Path) -> None:
     csv_path, _ = write_torch_csv(tmp_path, rows)
     with pytest.raises(RunError) as info:
         load_torch_csv(str(csv_path))
-    assert f"{csv_path}:2:6 ('0F1'): stage: expected a stage on rank 1, got '0'" in str(info.value)
+    assert f"{csv_path}:2:6 ('0F1'): stage: stage 0 runs on rank 0 (/schedule/stage_to_rank), not on rank 1" \
+        in str(info.value)
     assert "/ranks/" not in str(info.value)
 
 

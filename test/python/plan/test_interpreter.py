@@ -20,7 +20,7 @@ import torch
 
 import hp_recompute as hr
 from hp_recompute.plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
-from hp_recompute.plan.reader import Action, RunError, parse_plan
+from hp_recompute.plan.reader import Action, RunError, build_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hand_plan import hand_plan  # noqa: E402
@@ -65,7 +65,7 @@ class Recorder(StageBackend):
 
 
 def _run(raw: Dict[str, Any], rank: int, backend: Recorder) -> PlanInterpreter:
-    run = PlanInterpreter("test", parse_plan(raw, "hand.json"), rank, backend, hr.SessionScope("test"),
+    run = PlanInterpreter("test", build_plan(raw, "hand.json"), rank, backend, hr.SessionScope("test"),
                           sessions=False)
     run.run_all()
     run.finish()
@@ -144,7 +144,7 @@ def test_a_plain_forward_runs_inside_plain_forwards():
 
 def test_an_error_names_the_runtime_rank_and_action_and_clears_the_sessions():
     scope = hr.SessionScope("failing")
-    run = PlanInterpreter("test", parse_plan(hand_plan(), "hand.json"), 0, Recorder(fail_on="backward"), scope)
+    run = PlanInterpreter("test", build_plan(hand_plan(), "hand.json"), 0, Recorder(fail_on="backward"), scope)
     x = torch.ones(2, requires_grad=True)
     with hr.recompute_handle_collector_ctx() as handles:
         y = hr.checkpoint(torch.sin, x)
@@ -167,7 +167,7 @@ def test_a_receive_posted_and_never_read_ends_the_step_with_an_error():
     actions[-2]["op"] = "idle"  # its send_b has no dx
     for key in ("stage", "microbatch", "peer", "tag"):
         actions[-2].pop(key)
-    run = PlanInterpreter("test", parse_plan(raw, "hand.json"), 1, Recorder(), hr.SessionScope("unread"),
+    run = PlanInterpreter("test", build_plan(raw, "hand.json"), 1, Recorder(), hr.SessionScope("unread"),
                           sessions=False)
     run.run_all()
     with pytest.raises(RunError, match=r"rank 1: received but never read: recv_f stage 1 mb 1 peer 0"):

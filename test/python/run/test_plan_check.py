@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from hp_recompute.plan import RunError, parse_plan, plan_problems, verify_plan
+from hp_recompute.plan import RunError, admit_plan, plan_problems
 from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, REPO, make_plan, run_cli
 
 sys.path.insert(0, str(REPO / "test" / "python" / "plan"))
@@ -232,11 +232,11 @@ SOURCES = ["hand"] + (["zbv"] if PLAN_TOOL.exists() else [])
 @pytest.mark.parametrize("case", sorted(FOUND_MISSING))
 def test_a_rule_the_trial_found_missing_is_enforced(request: pytest.FixtureRequest, source: str, case: str) -> None:
     plan = hand_plan() if source == "hand" else copy.deepcopy(request.getfixturevalue("zbv_plan"))
-    verify_plan(parse_plan(copy.deepcopy(plan), "p.json"))  # the unbroken plan passes
+    admit_plan(copy.deepcopy(plan), "p.json")  # the unbroken plan passes
     edit, message = FOUND_MISSING[case]
     edit(plan)
     with pytest.raises(RunError) as info:
-        verify_plan(parse_plan(plan, "p.json"))
+        admit_plan(plan, "p.json")
     assert message in str(info.value)
     assert str(info.value).startswith("hp_recompute: plan p.json is refused before any rank runs")
 
@@ -248,11 +248,11 @@ def test_the_deadlock_check_matches_messages_by_tag_as_the_transfer_check_does()
         if a["op"] in ("send_f", "recv_f") and a["microbatch"] == 0:
             a["tag"] = 40 if a["op"] == "send_f" else 41  # a message whose receive waits on another tag
     with pytest.raises(RunError, match="differs from tag 40 of its send"):
-        verify_plan(parse_plan(plan, "p.json"))
+        admit_plan(plan, "p.json")
 
 
 def test_the_unbroken_plan_passes(zbv_plan: Plan) -> None:
-    verify_plan(parse_plan(copy.deepcopy(zbv_plan), "p.json"))
+    admit_plan(copy.deepcopy(zbv_plan), "p.json")
 
 
 @pytest.mark.parametrize("case", sorted(CATALOGUE))
@@ -261,7 +261,7 @@ def test_a_broken_plan_is_refused_naming_the_problem(zbv_plan: Plan, case: str) 
     plan = copy.deepcopy(zbv_plan)
     edit(plan)
     with pytest.raises(RunError) as info:
-        verify_plan(parse_plan(plan, "p.json"))
+        admit_plan(plan, "p.json")
     assert message in str(info.value)
     assert str(info.value).startswith("hp_recompute: plan p.json is refused before any rank runs")
 
@@ -279,6 +279,24 @@ def test_the_runner_refuses_before_any_rank_starts(tmp_path: Path, zbv_plan: Pla
     assert message in proc.stderr and "Traceback" not in proc.stderr
     # A receive without a send would otherwise wait out the 120 s timeout.
     assert time.monotonic() - start < 60
+
+
+def test_an_untagged_plan_runs_in_one_process_and_is_refused_before_spawning_processes(tmp_path: Path,
+                                                                                      zbv_plan: Plan) -> None:
+    """The planner admits a plan whose transfers carry no tag (a torch CSV's); the runner's
+    processes match messages by tag, so multi-process mode refuses it before any rank starts."""
+    plan = copy.deepcopy(zbv_plan)
+    for rank in plan["ranks"]:
+        for a in rank["actions"]:
+            a.pop("tag", None)
+    assert not admit_plan(copy.deepcopy(plan), "p.json").tagged
+    path = tmp_path / "untagged.json"
+    path.write_text(json.dumps(plan))
+    proc = run_cli("--plan", str(path), "--timeout", "120")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"hp_recompute.run: {path}: the runner's processes match messages by tag, and this plan's transfers " \
+           f"carry none" in proc.stderr
+    assert run_cli("--plan", str(path), "--single-process").returncode == 0
 
 
 @pytest.mark.parametrize("case", ["duplicate tag", "reduce_grad before the last W", "retain on the last consumer",
@@ -308,5 +326,5 @@ def test_the_cli_verifier_names_the_same_rule(tmp_path: Path, zbv_plan: Plan, ca
     assert proc.returncode == 1
     cli_lines = [line.replace("hp-recompute-plan: error: ", "") for line in proc.stderr.splitlines()]
     assert any(message in line for line in cli_lines)
-    runtime_lines = [line for problem in plan_problems(parse_plan(plan, str(path))) for line in problem.splitlines()]
+    runtime_lines = [line for problem in plan_problems(json.dumps(plan), str(path)) for line in problem.splitlines()]
     assert cli_lines == [line.replace("hp_recompute: error: ", "") for line in runtime_lines]
