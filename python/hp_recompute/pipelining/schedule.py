@@ -12,7 +12,8 @@ point-to-point ops, gradient scaling. The rules below are cited as "Rule N".
 Rule 1 (what is checked). At construction, before any communication: the plan's ranks,
   stages and microbatches match the stages given (``group_size``, ``num_stages``,
   ``n_microbatches``, this rank's stage indices), and every region the plan checkpoints
-  exists in its stage's module (``regions.checkpoint_regions``). The plan itself is
+  exists in its stage's module (``regions.checkpoint_regions``); a stage holding FSDP2
+  modules is not split into I and W (``refuse_split_fsdp_stages``). The plan itself is
   admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
   rank's program, not only ours), so a broken plan is refused on every rank before the
   first step.
@@ -60,6 +61,7 @@ import torch
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch_p2p, _wait_batch_p2p
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from ..fsdp import is_fsdp_module
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
 from ..plan.reader import Action, Plan, RunError
 from ..plan.verify import admit_plan, load_plan
@@ -82,6 +84,24 @@ def _admitted(plan: PlanSource) -> Plan:
     if path.endswith(".csv"):
         return load_torch_csv(path)
     return load_plan(path)
+
+
+def refuse_split_fsdp_stages(stages: Sequence[Any], program: Sequence[Action]) -> None:
+    """Rule 1: a stage with FSDP modules whose backward the plan splits into I and W is refused.
+
+    torch's ``backward_one_chunk(full_backward=False)`` / ``backward_weight_one_chunk``,
+    which PlannedSchedule runs, split the backward of FSDP2 stages wrongly
+    (``reshard_after_forward=True``: wrong or None gradients, also in torch's own ZBV), and
+    the split that composes with FSDP2 (``hp_recompute.fsdp``) is not driven by
+    PlannedSchedule yet: refused, never run silently wrong.
+    """
+    split = {a.stage for a in program if a.op == "backward_weight"}
+    for stage in stages:
+        if stage.stage_index in split and any(is_fsdp_module(m) for m in stage.submod.modules()):
+            raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} holds FSDP2 modules (fully_shard) and "
+                           f"the plan splits its backward into backward_input and backward_weight, which "
+                           f"PlannedSchedule cannot do correctly on sharded parameters yet; plan it without a "
+                           f"dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
 
 
 class PlannedSchedule(PipelineScheduleMulti):
@@ -113,6 +133,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
         self.plan = _admitted(plan)
         self._check_stages(n_microbatches)
+        refuse_split_fsdp_stages(self._stages, self.plan.ranks[self.rank])
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping
         for stage in self._stages:  # Rule 2
