@@ -373,7 +373,10 @@ class CheckpointFrame:
         previous = THREAD.replay
         THREAD.replay = self.replaying = PLAIN_REPLAY if session is None else session
         try:
-            with self.state.restored(), torch.enable_grad():
+            # What the function needs around a replay of it, outside the recompute
+            # context (fsdp.ReplayFunction: the all-gather of its sharded parameters).
+            around = getattr(self.function, "replay_context", contextlib.nullcontext)
+            with around(), self.state.restored(), torch.enable_grad():
                 with self.recompute_ctx if self.recompute_ctx is not None else contextlib.nullcontext():
                     with torch.autograd.graph.saved_tensors_hooks(run.pack, _replay_unpack):
                         try:

@@ -60,14 +60,13 @@ Rule 5 (reduce once). ``reduce_gradients(module)``, after the step's last W (the
   reduced every plain backward itself) and returns False.
 
 Rule 6 (prefetched replay). ``checkpoint_wrapper`` checkpoints its module through a
-  ``ReplayFunction``. During a replay (``THREAD.replay`` set: a prefetch, or a backward
-  that FSDP did not unshard for), when the wrapper has become an FSDP module whose
-  parameters are sharded, it unshards the wrapper before running the module and
-  reshards it after (in ``finally``: a replay that stops early leaves by an exception),
-  leaving it as FSDP had it. The replayed tensors keep aliasing FSDP's unsharded
+  ``ReplayFunction``. Around a replay (a prefetch, or a backward that FSDP did not
+  unshard for), outside the checkpoint's recompute context (a selective policy's
+  included), when the wrapper has become an FSDP module whose parameters are sharded,
+  it unshards the wrapper before the module runs and reshards it after (in ``finally``:
+  a replay that stops early leaves by an exception), leaving it as FSDP had it. The replayed tensors keep aliasing FSDP's unsharded
   storage, which FSDP refills before they are read (pre-backward hook of I, or W by
-  Rule 4). In the forward, in FSDP's backward and under ``torch.compile`` tracing it
-  just calls the module. This is torchtitan's order (``checkpoint_wrapper`` each block,
+  Rule 4). In the forward and under ``torch.compile`` tracing it just calls the module. This is torchtitan's order (``checkpoint_wrapper`` each block,
   then ``fully_shard`` each block, then the root); a checkpoint around an FSDP module
   (the other order), FSDP modules nested inside a checkpointed block and
   ``unshard_in_backward=False`` are not covered.
@@ -85,10 +84,11 @@ Rule 7 (torch). FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.6) is 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -484,9 +484,13 @@ def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str])
 class ReplayFunction:
     """Rule 6: what ``checkpoint_wrapper`` checkpoints: ``inner``, with its FSDP owner unsharded in replays.
 
-    A callable, not a module hook: a replay that stops early (``early_stop``) leaves the
-    function by an exception that module forward hooks do not see, and the reshard must
-    still run. Named as ``inner`` in messages (``frame.name()``).
+    The unshard is not in ``__call__`` but in ``replay_context``, which a replay enters
+    around the checkpoint's recompute context: FSDP's all-gather is not an op of the
+    region, and a selective policy's recompute context (torch's SAC) would take it for
+    one and refuse it ("encountered during backward but not found in storage"). Not a
+    module hook either: a replay that stops early (``early_stop``) leaves the function by
+    an exception that module forward hooks do not see, and the reshard must still run.
+    Named as ``inner`` in messages (``frame.name()``).
     """
 
     __slots__ = ("owner", "inner", "__qualname__")
@@ -497,16 +501,20 @@ class ReplayFunction:
         self.__qualname__ = getattr(inner, "__qualname__", type(inner).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .checkpoint import _is_compiling
-        from .frame import THREAD
+        return self.inner(*args, **kwargs)
 
-        if _is_compiling() or THREAD.replay is None or not is_fsdp_module(self.owner):
-            return self.inner(*args, **kwargs)
+    @contextlib.contextmanager
+    def replay_context(self) -> Iterator[None]:
+        """Around one replay: the owner unsharded when FSDP left it sharded, resharded after."""
+        if not is_fsdp_module(self.owner):
+            yield
+            return
         groups = _Internals.groups(_Internals.state(self.owner))
         if not groups or all(g.is_unsharded for g in groups):
-            return self.inner(*args, **kwargs)
+            yield
+            return
         self.owner.unshard()
         try:
-            return self.inner(*args, **kwargs)
+            yield
         finally:
             self.owner.reshard()  # as FSDP had it: sharded (Rule 6)

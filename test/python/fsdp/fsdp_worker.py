@@ -1,8 +1,9 @@
 """One gloo rank of the FSDP2 / HSDP split tests (spawned by test_fsdp_split.py).
 
 Every rank builds the same tiny model (two checkpointed blocks and a head), wraps it
-the way torchtitan does (``checkpoint_wrapper`` per block, ``fully_shard`` per block,
-then the root; HSDP on a (replicate, shard) mesh), runs one step of ``microbatches``
+the way torchtitan does (``checkpoint_wrapper`` per block -- optionally with a selective
+policy --, ``fully_shard`` per block, optionally ``block.compile()``, then the root; HSDP
+on a (replicate, shard) mesh; forwards optionally under bfloat16 autocast), runs one step of ``microbatches``
 microbatches split into I and W (optionally with every block prefetched into the
 microbatch's session), reduces with ``hp_recompute.fsdp.reduce_gradients``, and saves
 what the test compares: the full gradients, the references' gradients, the collectives
@@ -72,15 +73,34 @@ class _Comms:
         return counted
 
 
-def _wrap(model: torch.nn.Module, reshard: bool, mesh: Any) -> torch.nn.Module:
+def _selective() -> Any:
+    """A selective policy (torch's SAC): the matmuls' outputs saved, the rest replayed."""
+    import functools
+
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    return functools.partial(create_selective_checkpoint_contexts, [aten.mm.default, aten.addmm.default])
+
+
+def _wrap(model: torch.nn.Module, cfg: Dict[str, Any], mesh: Any) -> torch.nn.Module:
+    """torchtitan's order: checkpoint-wrap, ``fully_shard`` per block, ``block.compile()``, the root."""
     import hp_recompute as hr
     from torch.distributed.fsdp import fully_shard
 
+    options = {"context_fn": _selective()} if cfg.get("selective") else {}
     for i in range(2):
-        model[i] = hr.checkpoint_wrapper(model[i])
-        fully_shard(model[i], mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        model[i] = hr.checkpoint_wrapper(model[i], **options)
+        fully_shard(model[i], mesh=mesh, reshard_after_forward=cfg["reshard"])
+        if cfg.get("compile"):
+            model[i].compile(backend=cfg["compile"])
+    fully_shard(model, mesh=mesh, reshard_after_forward=cfg["reshard"])
     return model
+
+
+def _autocast(cfg: Dict[str, Any]) -> Any:
+    """bfloat16 autocast on the CPU when the case asks for it (the forwards only, as in training)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.get("autocast")))
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -98,7 +118,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
 
     import hp_recompute as hr
 
-    world, mbs, reshard = cfg["ranks"], cfg["microbatches"], cfg["reshard"]
+    world, mbs = cfg["ranks"], cfg["microbatches"]
     mesh = None
     if cfg.get("hsdp"):
         from torch.distributed.device_mesh import init_device_mesh
@@ -110,17 +130,21 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     ref = _model()
     for r in range(world):
         for mb in range(mbs):
-            (_loss(ref(_data(r, mb))) / world).backward()
+            with _autocast(cfg):
+                loss = _loss(ref(_data(r, mb))) / world
+            loss.backward()
     res["ref"] = [p.grad.clone() for p in ref.parameters()]
 
     # Reference 2: the same FSDP wrapping with plain loss.backward() per microbatch.
-    plain = _wrap(_model(), reshard, mesh)
+    plain = _wrap(_model(), cfg, mesh)
     for mb in range(mbs):
-        _loss(plain(_data(rank, mb))).backward()
+        with _autocast(cfg):
+            loss = _loss(plain(_data(rank, mb)))
+        loss.backward()
     res["plain"] = [_full(p.grad).clone() for p in plain.parameters()]
 
     comms = _Comms()
-    model = _wrap(_model(unused=cfg.get("bad") == "unreached"), reshard, mesh)
+    model = _wrap(_model(unused=cfg.get("bad") == "unreached"), cfg, mesh)
     names = [n for n, _ in model.named_parameters()]
     res["names"] = names
     scope = hr.SessionScope(f"rank {rank}")
@@ -130,8 +154,14 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     comms.phase = "forward"
     for mb in range(mbs):
         x = _data(rank, mb).requires_grad_(not cfg.get("no_input"))  # stage 0: no input gradient
-        with hr.recompute_handle_collector_ctx() as hs:
-            losses.append(_loss(model(x)))
+        try:
+            with hr.recompute_handle_collector_ctx() as hs, _autocast(cfg):
+                losses.append(_loss(model(x)))
+        except hr.CheckpointError as error:
+            if not cfg.get("forward_refused"):
+                raise
+            res["error"] = str(error)
+            return res
         inputs.append(x)
         handles.append(list(hs))
     res["handles"] = [len(h) for h in handles]
