@@ -12,8 +12,7 @@ point-to-point ops, gradient scaling. The rules below are cited as "Rule N".
 Rule 1 (what is checked). At construction, before any communication: the plan's ranks,
   stages and microbatches match the stages given (``group_size``, ``num_stages``,
   ``n_microbatches``, this rank's stage indices), and every region the plan checkpoints
-  exists in its stage's module (``regions.checkpoint_regions``); a stage holding FSDP2
-  modules is not split into I and W (``refuse_split_fsdp_stages``). The plan itself is
+  exists in its stage's module (``regions.checkpoint_regions``). The plan itself is
   admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
   rank's program, not only ours), so a broken plan is refused on every rank before the
   first step.
@@ -32,7 +31,7 @@ Rule 3 (actions). The plan's actions are interpreted by ``PlanInterpreter`` (NOT
   ``get_*_recv_ops`` batched as torch's runtime does them; ``reduce_grad`` is
   ``perform_reduce_grad`` (FSDP post-backward, and the gradient scaling of
   ``scale_grads``). A forward's loss is computed by microbatch, so any forward order
-  works.
+  works. Stages of Rule 7 are the exception.
 
 Rule 4 (sessions). A schedule owns its sessions: they live in its own ``SessionScope``,
   so two schedules (two models) in one process never share a session, even where their
@@ -50,18 +49,36 @@ Rule 6 (metadata inference). On the first step torch's stages infer their input 
   ``plain_forwards()``: the plan's regions run plainly, so inference creates no
   checkpoint and replays nothing, and every replay of a step is the plan's (one per
   checkpointed region per microbatch).
+
+Rule 7 (FSDP2 stages split into I and W). torch's ``backward_one_chunk(full_backward=False)``
+  and ``backward_weight_one_chunk`` differentiate ``submod.parameters()``, which FSDP2 has
+  swapped for sharded DTensors by then (``reshard_after_forward=True``): W gets no or wrong
+  gradients, silently (torch's own ZBV too). So the backwards of a stage that holds FSDP2
+  modules and whose backward the plan splits (``fsdp_split_stages``) are hp_recompute's
+  (NOTE [ FSDP2 and the dx/dw split ] in fsdp.py), on torch's stage caches: ``I`` is
+  ``backward_input(outputs, output grads, inputs, submod)``, ``W`` is ``backward_weight``
+  of its state, a ``B`` of the same stage is torch's ``stage_backward`` inside the step
+  ``fsdp.begin_step`` opened (nothing reduced), and ``reduce_grad`` is
+  ``fsdp.reduce_gradients`` (one reduce-scatter per parameter group, plus the all-reduce
+  of HSDP) followed by torch's ``scale_grads``. The input gradients go where torch's
+  would (``bwd_cache``), so sends and co-located handoffs are torch's. A replay of a
+  block wrapped with ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded
+  (fsdp.py Rule 6). Needs torch's stage caches as torch 2.13 has them
+  (``_stage_meta``); another torch is refused at construction.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
+from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch_p2p, _wait_batch_p2p
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from ..fsdp import is_fsdp_module
+from ..backward_split import WeightGradState, backward_input, backward_weight
+from ..fsdp import begin_step, discard_step, is_fsdp_module, reduce_gradients
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
 from ..plan.reader import Action, Plan, RunError
 from ..plan.verify import admit_plan, load_plan
@@ -86,22 +103,18 @@ def _admitted(plan: PlanSource) -> Plan:
     return load_plan(path)
 
 
-def refuse_split_fsdp_stages(stages: Sequence[Any], program: Sequence[Action]) -> None:
-    """Rule 1: a stage with FSDP modules whose backward the plan splits into I and W is refused.
-
-    torch's ``backward_one_chunk(full_backward=False)`` / ``backward_weight_one_chunk``,
-    which PlannedSchedule runs, split the backward of FSDP2 stages wrongly
-    (``reshard_after_forward=True``: wrong or None gradients, also in torch's own ZBV), and
-    the split that composes with FSDP2 (``hp_recompute.fsdp``) is not driven by
-    PlannedSchedule yet: refused, never run silently wrong.
-    """
+def fsdp_split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
+    """Rule 7: indices of the stages holding FSDP2 modules whose backward the plan splits into I and W."""
     split = {a.stage for a in program if a.op == "backward_weight"}
+    found = {stage.stage_index for stage in stages
+             if stage.stage_index in split and any(is_fsdp_module(m) for m in stage.submod.modules())}
     for stage in stages:
-        if stage.stage_index in split and any(is_fsdp_module(m) for m in stage.submod.modules()):
+        if stage.stage_index in found and not hasattr(stage, "_stage_meta"):
             raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} holds FSDP2 modules (fully_shard) and "
-                           f"the plan splits its backward into backward_input and backward_weight, which "
-                           f"PlannedSchedule cannot do correctly on sharded parameters yet; plan it without a "
-                           f"dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
+                           f"the plan splits its backward into backward_input and backward_weight, which needs "
+                           f"torch's stage caches as torch 2.13 has them; torch {torch.__version__} has another "
+                           f"layout: plan it without a dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
+    return found
 
 
 class PlannedSchedule(PipelineScheduleMulti):
@@ -133,7 +146,8 @@ class PlannedSchedule(PipelineScheduleMulti):
         super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
         self.plan = _admitted(plan)
         self._check_stages(n_microbatches)
-        refuse_split_fsdp_stages(self._stages, self.plan.ranks[self.rank])
+        #: stages whose backwards are hp_recompute's FSDP split (Rule 7)
+        self.fsdp_split = fsdp_split_stages(self._stages, self.plan.ranks[self.rank])
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping
         for stage in self._stages:  # Rule 2
@@ -177,6 +191,9 @@ class PlannedSchedule(PipelineScheduleMulti):
             left = run.finish()
         except BaseException:
             run.abandon()
+            for stage in self._stages:  # Rule 7: no half-accumulated FSDP step outlives a failed one
+                if stage.stage_index in self.fsdp_split:
+                    discard_step(stage.submod)
             raise
         if left:  # Rule 4
             raise RunError(f"hp_recompute.pipelining: rank {self.rank}: sessions {left} were recomputed but not "
@@ -197,6 +214,7 @@ class _TorchStages(StageBackend):
         self.posted: Dict[Tuple[str, int, int], list] = {}  # (kind, receiving stage, mb) -> works
         self.sends: List[list] = []
         self.losses: Dict[int, torch.Tensor] = {}
+        self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}  # (stage, mb) -> I's state for W (Rule 7)
 
     def post_recv(self, a: Action) -> None:
         stage = self.stages[a.stage]
@@ -231,6 +249,9 @@ class _TorchStages(StageBackend):
 
     def backward(self, a: Action, last: bool) -> None:
         stage, mb = self.stages[a.stage], a.microbatch
+        if a.stage in self.schedule.fsdp_split:
+            self._fsdp_backward(stage, a)
+            return
         if a.op == "backward_weight":
             stage.backward_weight_one_chunk(mb, last_backward=last)
             return
@@ -238,6 +259,38 @@ class _TorchStages(StageBackend):
         stage.backward_one_chunk(mb, loss=self.losses.get(mb) if stage.is_last else None, full_backward=full,
                                  last_backward=full and last)
 
+    def _fsdp_backward(self, stage: _PipelineStageBase, a: Action) -> None:
+        """Rule 7: I, W or B of an FSDP2 stage, on torch's stage caches, by hp_recompute's split."""
+        mb = a.microbatch
+        if a.op == "backward_weight":
+            backward_weight(self.weight_states.pop((a.stage, mb)))
+            return
+        stage_output, input_values = stage.fwd_cache.pop(mb)
+        grads = None if stage.is_last else list(stage._retrieve_recv_grads(mb))
+        if a.op == "backward":
+            begin_step(stage.submod)  # accumulated, reduced once at reduce_grad
+            grads_input = stage_backward(self.losses[mb] if stage.is_last else stage_output, grads, input_values)
+        else:
+            outputs = [self.losses[mb]] if stage.is_last else list(stage_output)
+            pairs = [(o, g) for o, g in zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
+            wanted = [x for x in input_values if isinstance(x, torch.Tensor) and x.requires_grad]
+            dx, self.weight_states[(a.stage, mb)] = backward_input(
+                [o for o, _ in pairs], None if grads is None else [g for _, g in pairs], wanted, stage.submod)
+            found = iter(dx)
+            grads_input = tuple(next(found) if isinstance(x, torch.Tensor) and x.requires_grad else None
+                                for x in input_values)
+        stage.bwd_cache[mb] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
+        if stage.is_last and not stage.is_first:
+            for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does
+                if not t._is_view():
+                    t.detach_()
+
     def reduce_grad(self, a: Action) -> None:
         scale = self.schedule._n_microbatches if self.schedule.scale_grads else 1
-        self.stages[a.stage].perform_reduce_grad(scale)
+        stage = self.stages[a.stage]
+        if a.stage in self.schedule.fsdp_split:  # Rule 7
+            reduce_gradients(stage.submod)
+            if scale != 1:
+                stage.scale_grads(scale)
+            return
+        stage.perform_reduce_grad(scale)

@@ -1,42 +1,84 @@
-"""PlannedSchedule refuses a dx/dw split of a stage holding FSDP2 modules (Rule 1): torch's
-stage split, which it runs, is wrong on sharded parameters, so the plan is refused before
-any step instead of training on wrong gradients."""
+"""PP x FSDP2 under PlannedSchedule: zero-bubble plans on stages wrapped as torchtitan does.
+
+NOTE [ Executing a plan with torch's stages ] Rule 7: the I/W split of a stage holding
+FSDP2 modules is hp_recompute's. Each case spawns a (pp, dp) gloo mesh (pp_fsdp_worker.py)
+and runs a zero-bubble plan (2 pp ranks; ZBV: 4 stages in a V, ZB-H1: 2 stages; 4
+microbatches; jit or bubble recompute), on FSDP2 or HSDP; the full gradients
+and losses must equal the unsharded model's (mean over the dp ranks), every checkpointed
+block must run once in the forward and replay once per microbatch, no session may
+outlive the step, and every parameter must be sharded again at its end.
+"""
 
 from __future__ import annotations
 
-import types
+import json
+import sys
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pytest
 import torch
-import torch.distributed as dist
 
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
-from hp_recompute import fsdp  # noqa: E402
-from hp_recompute.plan.reader import Action, RunError  # noqa: E402
-from hp_recompute.pipelining.schedule import refuse_split_fsdp_stages  # noqa: E402
+from hp_recompute import fsdp, make_plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not fsdp.FSDP_AVAILABLE, reason="needs FSDP2 (torch >= 2.6)")
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import pp_fsdp_worker  # noqa: E402
+from test_planned_schedule import DIM, LAYERS_PER_STAGE, REPO, model_json, stage_spec  # noqa: E402
 
-@pytest.fixture
-def one_rank_group(tmp_path: Path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+MICROBATCHES = 4
+STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one stage each
 
 
-def test_a_split_fsdp_stage_is_refused_and_a_plain_one_or_an_unsplit_plan_is_not(one_rank_group) -> None:
-    from torch.distributed.fsdp import fully_shard
+def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
+             hsdp: bool = False) -> List[Dict[str, Any]]:
+    import torch.multiprocessing as mp
 
-    sharded = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-    fully_shard(sharded[0])
-    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    stages = [types.SimpleNamespace(stage_index=0, submod=sharded), types.SimpleNamespace(stage_index=1, submod=plain)]
-    split = [Action("backward_input", 0, 0), Action("backward_weight", 0, 0), Action("backward_input", 1, 0),
-             Action("backward_weight", 1, 0)]
-    with pytest.raises(RunError, match=r"stage 0 holds FSDP2 modules \(fully_shard\) and the plan splits its "
-                                       r"backward into backward_input and backward_weight"):
-        refuse_split_fsdp_stages(stages, split)
-    refuse_split_fsdp_stages(stages, [Action("backward", 0, 0), *split[2:]])  # B on the FSDP stage: torch's own
-    refuse_split_fsdp_stages(stages[1:], split)
+    stages = STAGES[schedule]
+    layers = LAYERS_PER_STAGE * stages
+    model_json(tmp / "model.json", layers)
+    plan = tmp / "plan.json"
+    plan.write_text(json.dumps(make_plan(schedule_gen=schedule, model=tmp / "model.json", ranks=2,
+                                         microbatches=MICROBATCHES, stages=stage_spec(stages), prefetch=prefetch)))
+    out = tmp / "out"
+    out.mkdir()
+    cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
+           "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
+           "torch_schedule": schedule, "reshard": reshard, "plan": str(plan), "out": str(out)}
+    mp.start_processes(pp_fsdp_worker.main, args=(cfg,), nprocs=2 * dp, start_method="spawn", join=True)
+    results = [torch.load(out / f"rank{r}.pt") for r in range(2 * dp)]
+    for rank, res in enumerate(results):
+        assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
+    return results
+
+
+def check(results: List[Dict[str, Any]]) -> None:
+    for rank, res in enumerate(results):
+        assert res["fsdp_split"], (rank, "the FSDP split path did not run")
+        for got, want in zip(res["losses"], res["ref_losses"]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        for name, got in res["grads"].items():
+            torch.testing.assert_close(got, res["ref_grads"][name], rtol=1e-5, atol=1e-7, msg=f"rank {rank} {name}")
+        for fqn in res["checkpointed"]:  # the forward + one replay per microbatch
+            assert res["calls"][fqn] == 2 * MICROBATCHES, (rank, fqn, res["calls"])
+        assert res["replays"] == [len(res["checkpointed"]) * MICROBATCHES] * 2, (rank, res["replays"])
+        assert res["live_sessions"] == 0
+        assert res["sharded_at_end"] is True
+
+
+@pytest.mark.parametrize("prefetch", ["jit", "bubble"])
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
+def test_zbv_on_fsdp2_stages(tmp_path: Path, reshard: bool, prefetch: str) -> None:
+    check(run_case(tmp_path, reshard, prefetch))
+
+
+def test_zb_h1_on_fsdp2_stages(tmp_path: Path) -> None:
+    check(run_case(tmp_path, True, "bubble", schedule="zb-h1"))
+
+
+def test_zbv_on_hsdp_stages(tmp_path: Path) -> None:
+    """PP 2 x HSDP (replicate 2 x shard 2): 8 processes."""
+    check(run_case(tmp_path, True, "jit", dp=4, hsdp=True))

@@ -1,0 +1,125 @@
+"""One rank of PP x FSDP2 under PlannedSchedule (spawned by test_fsdp_stages.py).
+
+The ranks form a (pp, dp) mesh. Each builds the same model from one seed and keeps the
+stages the plan puts on its pp rank, wrapped as torchtitan does: each block
+``hp_recompute.checkpoint_wrapper``-ed, then ``fully_shard``-ed over the dp dimension,
+then the stage module (the root); HSDP when the case asks for a (replicate, shard) dp
+mesh. Every dp rank trains on its own batch. The reference is the unsharded model in
+this process: the mean over the dp ranks of the gradient of the batch's loss (FSDP
+averages over dp; the schedule scales by the microbatch count). Two steps run; the
+second is compared, with per-block forward calls, replays, live sessions and whether
+every parameter is sharded again at the end of the step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import traceback
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(7 + dp_rank)
+    return [torch.randn(cfg["batch"], cfg["dim"], generator=g) for _ in range(2)]
+
+
+def _reference(full: Net, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    ref = copy.deepcopy(full)
+    for d in range(cfg["dp"]):
+        x, y = _batch(cfg, d)
+        (_loss(ref(x), y) / cfg["dp"]).backward()
+    return {n: p.grad.clone() for n, p in ref.named_parameters()}
+
+
+def _wrap(module: Net, cfg: Dict[str, Any], dp_mesh: Any) -> Net:
+    import hp_recompute as hr
+    from torch.distributed.fsdp import fully_shard
+
+    for key in list(module.layers.keys()):
+        module.layers[key] = hr.checkpoint_wrapper(module.layers[key])
+        fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
+    return module
+
+
+def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.tensor import DTensor
+
+    import hp_recompute as hr
+    from hp_recompute.pipelining import PlannedSchedule
+
+    pp, dp = cfg["pp"], cfg["dp"]
+    if cfg.get("hsdp"):
+        mesh = init_device_mesh("cpu", (pp, 2, dp // 2), mesh_dim_names=("pp", "replicate", "shard"))
+        dp_mesh = mesh["replicate", "shard"]
+    else:
+        mesh = init_device_mesh("cpu", (pp, dp), mesh_dim_names=("pp", "dp"))
+        dp_mesh = mesh["dp"]
+    pp_rank = mesh.get_local_rank("pp")
+    dp_rank = _dp_index(dp_mesh)
+    torch.manual_seed(0)
+    full = Net(cfg["dim"], cfg["layers"], 0.0)
+    res: Dict[str, Any] = {"ref_grads": _reference(full, cfg)}
+    x, y = _batch(cfg, dp_rank)
+    with torch.no_grad():
+        res["ref_losses"] = [_loss(full(a), b) for a, b in zip(x.chunk(cfg["microbatches"]),
+                                                                y.chunk(cfg["microbatches"]))]
+
+    split = stage_split(cfg)
+    mine = stages_of_rank({**cfg, "ranks": pp}, pp_rank)
+    stages = [PipelineStage(_wrap(stage_module(full, split[s]), cfg, dp_mesh), s, cfg["stages"],
+                            torch.device("cpu"), group=mesh.get_group("pp")) for s in mine]
+    schedule = PlannedSchedule(stages, cfg["microbatches"], loss_fn=_loss, plan=cfg["plan"])
+    res["fsdp_split"] = sorted(schedule.fsdp_split)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    replays = []
+    for _ in range(2):
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+        losses: List[torch.Tensor] = []
+        CALLS.clear()
+        hr.reset_stats()
+        schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses if last else None)
+        replays.append(hr.stats()["replays"])
+    res["losses"] = [l.detach() for l in losses]
+    res["replays"], res["calls"] = replays, dict(CALLS)
+    res["checkpointed"] = sorted(f for s in mine for f in split[s] if f.startswith("layers."))
+    res["grads"] = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()
+                    for st in stages for n, p in st.submod.named_parameters()}
+    res["sharded_at_end"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
+    res["live_sessions"] = len(schedule.session_scope.live_sessions())
+    return res
+
+
+def _dp_index(dp_mesh: Any) -> int:
+    """This rank's index in the flattened dp mesh (its data shard)."""
+    coords = dp_mesh.get_coordinate()
+    index = 0
+    for size, c in zip(dp_mesh.shape, coords):
+        index = index * size + c
+    return index
+
+
+def main(rank: int, cfg: Dict[str, Any]) -> None:
+    sys.path.insert(0, cfg["python"])
+    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=cfg["pp"] * cfg["dp"])
+    torch.set_num_threads(1)
+    try:
+        res = run(rank, cfg)
+    except BaseException:  # noqa: BLE001 -- reported to the test
+        res = {"exception": traceback.format_exc()}
+    torch.save(res, os.path.join(cfg["out"], f"rank{rank}.pt"))
+    dist.destroy_process_group()
