@@ -10,6 +10,14 @@ them in torch's ``PipelineStage`` and hands them to ``PlannedSchedule``, which r
 plan's actions: torch's F / I / W / B and transfers, plus the plan's recompute and clear.
 Use ``ScheduleZBVZeroBubble`` (and ``torch.utils.checkpoint`` on each layer) in its place
 for torch's own behaviour. docs/pipelining.md walks through it.
+
+With ``--dp N`` the ranks form a (pipeline, data) mesh: ``N`` data-parallel replicas of
+the pipeline, each block sharded over them with FSDP2 in torchtitan's order (the blocks
+the plan checkpoints wrapped with ``hp_recompute.checkpoint_wrapper``, then
+``fully_shard`` per block, then the stage), each replica on its own batch.
+docs/fsdp.md walks through it:
+
+    torchrun --nproc-per-node 4 examples/pipelining/train.py --plan /tmp/plan.json --dp 2
 """
 
 import argparse
@@ -24,8 +32,24 @@ from torch.distributed.pipelining import PipelineStage
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as decoder  # noqa: E402
 
-from hp_recompute import reset_stats, stats  # noqa: E402
+from hp_recompute import checkpoint_wrapper, reset_stats, stats  # noqa: E402
 from hp_recompute.pipelining import PlannedSchedule  # noqa: E402
+
+
+def shard(module: torch.nn.Module, regions: list, mesh, reshard_after_forward: bool) -> None:
+    """torchtitan's order: checkpoint-wrap what the plan checkpoints, ``fully_shard`` each block, then the stage.
+
+    The wrapper must come first: it replays its block with the block's parameters
+    unsharded, where a checkpoint around an FSDP module would not (docs/fsdp.md).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    checkpointed = {r["name"] for r in regions if r.get("checkpoint")}
+    for name in list(module.layers.keys()):
+        if f"layers.{name}" in checkpointed:
+            module.layers[name] = checkpoint_wrapper(module.layers[name])
+        fully_shard(module.layers[name], mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
 def main() -> None:
@@ -33,10 +57,19 @@ def main() -> None:
     parser.add_argument("--plan", required=True, help="plan JSON, or a torch CSV from --emit torch-csv")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--dp", type=int, default=1, help="FSDP2 data-parallel degree (ranks = pipeline x dp)")
+    parser.add_argument("--keep-after-forward", action="store_true",
+                        help="fully_shard(reshard_after_forward=False): no all-gather in the backward or a replay")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # env:// from torchrun
-    rank = dist.get_rank()
+    pp_group, dp_mesh, dp_rank = None, None, 0
+    if args.dp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // args.dp, args.dp), mesh_dim_names=("pp", "dp"))
+        pp_group, dp_mesh, dp_rank = mesh.get_group("pp"), mesh["dp"], mesh.get_local_rank("dp")
+    rank = dist.get_rank(pp_group)  # this rank in the pipeline
     plan_json = args.plan if args.plan.endswith(".json") else os.path.splitext(args.plan)[0] + ".hpr.json"
     with open(plan_json) as f:
         plan = json.load(f)
@@ -47,7 +80,9 @@ def main() -> None:
     for s in [s for s, r in enumerate(stage_to_rank) if r == rank]:
         regions = [region["name"] for region in plan["model"]["stages"][s]["regions"]]
         module = decoder.stage_module(decoder.build(), regions)
-        stages.append(PipelineStage(module, s, len(stage_to_rank), torch.device("cpu")))
+        if dp_mesh is not None:
+            shard(module, plan["model"]["stages"][s]["regions"], dp_mesh, not args.keep_after_forward)
+        stages.append(PipelineStage(module, s, len(stage_to_rank), torch.device("cpu"), group=pp_group))
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
@@ -57,7 +92,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(params, lr=args.lr)
     first = any(stage.is_first for stage in stages)
     last = any(stage.is_last for stage in stages)
-    data = torch.Generator().manual_seed(0)
+    data = torch.Generator().manual_seed(dp_rank)  # each replica its own batch
     for step in range(args.steps):
         tokens = torch.randint(0, decoder.VOCAB, (decoder.BATCH, decoder.SEQ), generator=data)
         target = tokens.roll(-1, dims=1)  # the next token
@@ -66,7 +101,7 @@ def main() -> None:
         schedule.step(*((tokens,) if first else ()), target=target if last else None, losses=losses if last else None)
         optimizer.step()
         optimizer.zero_grad()
-        if last:
+        if last and dp_rank == 0:
             # Step 0 also runs torch's shape inference, plainly: it replays nothing (schedule.py Rule 6).
             print(f"step {step}: loss {torch.stack(losses).mean().item():.4f}, replays on rank {rank}: "
                   f"{stats()['replays']}", flush=True)

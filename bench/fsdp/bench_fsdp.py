@@ -1,0 +1,198 @@
+"""PP 2 x FSDP2 on gloo: step time and peak memory of torch's ZBV against PlannedSchedule.
+
+Four processes form a (pp 2, dp 2) mesh and train the model of the PlannedSchedule tests
+(test/python/pipelining/pp_worker.py: residual MLP blocks ``layers.N`` and a head), split
+into 4 stages in a V, wrapped as torchtitan does (checkpoint-wrap each block, then
+``fully_shard`` each block and the stage). Per ``reshard_after_forward`` setting, side by
+side in one run and repeated:
+
+* none: PlannedSchedule with a ZBV plan that checkpoints nothing;
+* torch ZBV + checkpoint: torch's ``ScheduleZBVZeroBubble`` with torch's ``checkpoint_wrapper``;
+* ours jit / ours bubble: PlannedSchedule with ``hp_recompute.checkpoint_wrapper`` blocks
+  and a ZBV plan that checkpoints every block, replays placed just in time or in bubbles.
+
+Each run: a warm-up step (torch infers stage metadata), one step under the profiler's
+allocator events (peak bytes above the step's start, per rank), then ``--steps`` timed
+steps (median; a barrier before each). The gradients of the measured step are compared
+with the unsharded model's (mean over the dp ranks).
+
+Usage: python bench/fsdp/bench_fsdp.py [--steps 5] [--repeats 2] [--dim 256] [--layers 8] [--batch 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+TESTS = REPO / "test" / "python" / "pipelining"
+MICROBATCHES, STAGES, PP, DP = 4, 4, 2, 2
+VARIANTS = ["none", "torch ZBV + checkpoint", "ours jit", "ours bubble"]
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
+    g = torch.Generator().manual_seed(7 + dp_rank)
+    return [torch.randn(cfg["batch"], cfg["dim"], generator=g) for _ in range(2)]
+
+
+def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any, ref: Dict[str, Any]) -> Dict[str, Any]:
+    from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
+
+    import hp_recompute as hr
+    from hp_recompute.pipelining import PlannedSchedule
+    from hp_recompute.runner.memory import AllocatorPeak
+
+    dp_mesh, pp_rank = mesh["dp"], mesh.get_local_rank("pp")
+    torch.manual_seed(0)
+    full = Net(cfg["dim"], cfg["layers"], 0.0)
+    split = stage_split({"layers": cfg["layers"], "stages": STAGES})
+    wrap = {"none": None, "torch ZBV + checkpoint": torch_wrapper}.get(variant, hr.checkpoint_wrapper)
+    stages = []
+    for s in stages_of_rank({"ranks": PP, "stages": STAGES, "torch_schedule": "zbv"}, pp_rank):
+        module = stage_module(full, split[s])
+        for key in list(module.layers.keys()):
+            if wrap is not None:
+                module.layers[key] = wrap(module.layers[key])
+            fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
+        stages.append(PipelineStage(module, s, STAGES, torch.device("cpu"), group=mesh.get_group("pp")))
+    if variant == "torch ZBV + checkpoint":
+        schedule = ScheduleZBVZeroBubble(stages, MICROBATCHES, loss_fn=_loss)
+    else:
+        plan = cfg["plans"]["none" if variant == "none" else variant.split()[-1]]
+        schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss, plan=plan)
+    x, y = _batch(cfg, mesh.get_local_rank("dp"))
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+
+    def step() -> None:
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+        schedule.step(*((x,) if first else ()), target=y if last else None)
+
+    step()  # warm-up: torch infers the stages' metadata
+    CALLS.clear()
+    with AllocatorPeak() as meter:
+        step()
+    calls = max(CALLS.values()) / MICROBATCHES if CALLS else 0.0
+    grads_ok = True
+    for st in stages:
+        for name, p in st.submod.named_parameters():
+            want = ref[name.replace("_checkpoint_wrapped_module.", "")]
+            if p.grad is None or not torch.allclose(p.grad.full_tensor(), want, rtol=1e-5, atol=1e-6):
+                grads_ok = False
+    times = []
+    for _ in range(cfg["steps"]):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"ms": statistics.median(times) * 1e3, "peak": meter.peak, "calls": calls, "grads_ok": grads_ok}
+
+
+def worker(rank: int, cfg: Dict[str, Any]) -> None:
+    sys.path[:0] = [str(REPO / "python"), str(TESTS)]
+    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=PP * DP)
+    torch.set_num_threads(1)
+    out: Dict[str, Any] = {"rows": []}
+    try:
+        from pp_worker import Net
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
+        torch.manual_seed(0)
+        reference = copy.deepcopy(Net(cfg["dim"], cfg["layers"], 0.0))
+        for d in range(DP):
+            xd, yd = _batch(cfg, d)
+            (_loss(reference(xd), yd) / DP).backward()
+        ref = {n: p.grad for n, p in reference.named_parameters()}
+        for repeat in range(cfg["repeats"]):
+            for reshard in (True, False):
+                for variant in VARIANTS:
+                    row = _one(rank, cfg, variant, reshard, mesh, ref)
+                    out["rows"].append({"repeat": repeat, "reshard": reshard, "variant": variant, **row})
+    except BaseException:  # noqa: BLE001 -- reported by the parent
+        out["exception"] = traceback.format_exc()
+    torch.save(out, os.path.join(cfg["out"], f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=256, help="samples per dp rank and step")
+    args = parser.parse_args()
+    sys.path[:0] = [str(REPO / "python"), str(TESTS)]
+    import torch.multiprocessing as mp
+
+    from hp_recompute import make_plan
+    from test_planned_schedule import model_json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_json(work / "model.json", args.layers)
+        per = args.layers // STAGES
+        spec = ",".join(f"{s}:{s * per}-{(s + 1) * per - 1 + (s == STAGES - 1)}" for s in range(STAGES))
+        plans = {}
+        for name, options in {"none": {"checkpoint": "none"}, "jit": {}, "bubble": {"prefetch": "bubble"}}.items():
+            path = work / f"{name}.json"
+            path.write_text(json.dumps(make_plan(schedule_gen="zbv", model=work / "model.json", ranks=PP,
+                                                 microbatches=MICROBATCHES, stages=spec, **options)))
+            plans[name] = str(path)
+        (work / "out").mkdir()
+        cfg = {"store": str(work / "store"), "out": str(work / "out"), "plans": plans, "steps": args.steps,
+               "repeats": args.repeats, "dim": args.dim, "layers": args.layers, "batch": args.batch}
+        mp.start_processes(worker, args=(cfg,), nprocs=PP * DP, start_method="spawn", join=True)
+        results = [torch.load(work / "out" / f"rank{r}.pt") for r in range(PP * DP)]
+    for rank, res in enumerate(results):
+        if "exception" in res:
+            sys.exit(f"rank {rank} failed:\n{res['exception']}")
+    print(f"PP {PP} x FSDP2 {DP} (gloo, 4 processes, 1 thread each), ZBV, {STAGES} stages, {MICROBATCHES} "
+          f"microbatches, {args.layers} blocks of width {args.dim}, batch {args.batch} per dp rank; "
+          f"step ms = median of {args.steps} steps, slowest rank; peak = allocator bytes above the step's start "
+          f"(pp rank 0, 1; dp rank 0)")
+    print(f"{platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+          f"{datetime.date.today().isoformat()}")
+    print("| reshard_after_forward | run | variant | step ms | vs none | block calls / microbatch | "
+          "peak bytes pp 0, 1 | gradients = unsharded |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | --- | --- |")
+    rows = results[0]["rows"]
+    for i, row in enumerate(rows):
+        ms = max(res["rows"][i]["ms"] for res in results)
+        none = next(r for r in rows if r["repeat"] == row["repeat"] and r["reshard"] == row["reshard"]
+                    and r["variant"] == "none")
+        none_ms = max(res["rows"][rows.index(none)]["ms"] for res in results)
+        peaks = f"{results[0]['rows'][i]['peak']}, {results[DP]['rows'][i]['peak']}"  # pp ranks 0 and 1, dp 0
+        ok = all(res["rows"][i]["grads_ok"] for res in results)
+        calls = max(res["rows"][i]["calls"] for res in results)
+        print(f"| {row['reshard']} | {row['repeat'] + 1} | {row['variant']} | {ms:.1f} | {ms / none_ms:.2f} | "
+              f"{calls:g} | {peaks} | {'yes' if ok else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
