@@ -8,6 +8,10 @@ state dict and its hooks stay as they were. The new forward runs the original on
 through ``hp_recompute.checkpoint``, or plainly while ``plan.interpreter.plain_forwards()`` is open (a
 forward the plan marks ``"checkpoint": false``).
 
+A region that ``fully_shard`` has made an FSDP module is checkpointed inside FSDP's hooks,
+as ``checkpoint_wrapper`` before ``fully_shard`` would be, and its replays gather its
+parameters as the wrapper's do (``fsdp.ReplayFunction``).
+
 A region already wrapped with ``hp_recompute.checkpoint_wrapper`` keeps its wrapper (and
 its options, a selective policy's ``context_fn`` included); one wrapped by torch's own
 checkpoint would replay once per backward call, so it is refused with a message rather
@@ -22,6 +26,7 @@ from typing import Any, List, Sequence
 import torch
 
 from ..checkpoint import checkpoint as hpr_checkpoint
+from ..fsdp import ReplayFunction, is_fsdp_module
 from ..plan.interpreter import forwards_are_plain
 from ..plan.reader import RunError
 
@@ -81,7 +86,10 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int)
                            f"checkpoint, which replays once per backward call; unwrap it (the plan checkpoints it) "
                            f"or wrap it with hp_recompute.checkpoint_wrapper")
         else:
-            region.forward = functools.partial(_planned_forward, region.forward)
+            original = region.forward
+            if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (fsdp.py Rule 6)
+                original = ReplayFunction(region, original)
+            region.forward = functools.partial(_planned_forward, original)
         setattr(region, _MARK, True)
         patched.append(fqn)
     return patched

@@ -47,7 +47,8 @@ def _wrap(module: Net, cfg: Dict[str, Any], dp_mesh: Any) -> Net:
     from torch.distributed.fsdp import fully_shard
 
     for key in list(module.layers.keys()):
-        module.layers[key] = hr.checkpoint_wrapper(module.layers[key])
+        if not cfg.get("unwrapped"):  # else PlannedSchedule checkpoints the sharded blocks itself
+            module.layers[key] = hr.checkpoint_wrapper(module.layers[key])
         fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
     return module

@@ -34,7 +34,7 @@ STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one st
 
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
-             hsdp: bool = False) -> List[Dict[str, Any]]:
+             hsdp: bool = False, unwrapped: bool = False) -> List[Dict[str, Any]]:
     import torch.multiprocessing as mp
 
     stages = STAGES[schedule]
@@ -47,7 +47,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
-           "torch_schedule": schedule, "reshard": reshard, "plan": str(plan), "out": str(out)}
+           "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "plan": str(plan), "out": str(out)}
     mp.start_processes(pp_fsdp_worker.main, args=(cfg,), nprocs=2 * dp, start_method="spawn", join=True)
     results = [torch.load(out / f"rank{r}.pt") for r in range(2 * dp)]
     for rank, res in enumerate(results):
@@ -82,3 +82,9 @@ def test_zb_h1_on_fsdp2_stages(tmp_path: Path) -> None:
 def test_zbv_on_hsdp_stages(tmp_path: Path) -> None:
     """PP 2 x HSDP (replicate 2 x shard 2): 8 processes."""
     check(run_case(tmp_path, True, "jit", dp=4, hsdp=True))
+
+
+def test_sharded_blocks_the_user_did_not_wrap(tmp_path: Path) -> None:
+    """Plain blocks, ``fully_shard``-ed: PlannedSchedule checkpoints them inside FSDP's hooks
+    and a prefetched replay gathers their parameters, as with the wrapper."""
+    check(run_case(tmp_path, True, "bubble", unwrapped=True))
