@@ -231,11 +231,6 @@ class StageSpec:
     units: List[Unit]
     params: List[str] = field(default_factory=list)
 
-    @property
-    def checkpointed_units(self) -> int:
-        """How many checkpoint calls one forward of this stage makes (= replays per session)."""
-        return sum(1 for u in self.units if u.checkpoint)
-
 
 def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
     index = {r.name: r for r in model.regions}
