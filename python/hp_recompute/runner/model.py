@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -240,6 +239,8 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
         units = []
         for j, pr in enumerate(regions):
             region = index.get(pr["name"])
+            if region is None and plan.raw["model"].get("name") == "uniform":
+                raise _refuse_uniform(plan, model, s, j)
             if region is None:
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/name: region "
                                f"'{pr['name']}' is not in model '{model.name}' (regions: "
@@ -302,16 +303,9 @@ def split_stages(plan: Plan, model: PipelineModel) -> List[StageSpec]:
     """The model's stages as the plan names them: each plan region is the model's region of
     that name, in the partition the planner chose.
 
-    A plan of the CLI's uniform model (``/model/name`` ``uniform``, regions ``stageK`` that are
-    not the model's) is refused, located at its first such region: the runner has no partition
-    of its own."""
-    model_names = {r.name for r in model.regions}
-    planned = plan.raw.get("model")
-    if isinstance(planned, dict) and planned.get("name") == "uniform":
-        for s, regions in enumerate(plan.stages):
-            for j, region in enumerate(regions):
-                if re.fullmatch(r"stage\d+", region["name"]) and region["name"] not in model_names:
-                    raise _refuse_uniform(plan, model, s, j)
+    A plan of the CLI's uniform model (``/model/name`` ``uniform``) whose regions are not the
+    model's is refused, located at its first such region: the runner has no partition of its
+    own."""
     specs = _by_name(plan, model)
     for spec in specs:
         seen: List[str] = []
