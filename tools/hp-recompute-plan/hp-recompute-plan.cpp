@@ -174,13 +174,6 @@ static int usageError(const Twine &message) {
   return 2;
 }
 
-/// FILE.hpr.json beside `-o FILE.csv` (--emit torch-csv).
-static std::string torchCsvSidecarPath() {
-  SmallString<256> path(outputFile.getValue());
-  sys::path::replace_extension(path, ".hpr.json");
-  return std::string(path);
-}
-
 /// The exporter's OUT.json beside a TorchScript `--model OUT.pt` (or .ir),
 /// which the importer reads too; "" for other models.
 static std::string torchScriptSidecarPath() {
@@ -212,7 +205,8 @@ openOutputs() {
   if (Error error = add("-o", outputFile))
     return error;
   if (emit == EmitKind::TorchCsv)
-    if (Error error = add("the sidecar of -o", torchCsvSidecarPath()))
+    if (Error error = add("the sidecar of -o",
+                          mlir::hpr::torchCsvSidecarPath(outputFile)))
       return error;
   std::pair<StringRef, std::string> inputs[] = {
       {"--model", modelFile},

@@ -6,6 +6,9 @@
 // IR and runs the admission check (mlir::hpr::verifyImportedPlan), the same
 // code as `hp-recompute-plan --verify`. Diagnostics come back as the lines
 // the CLI prints, so every runtime names a broken rule in the same words.
+// `read_torch_csv` reads a torch CSV and its sidecar back as plan JSON with
+// the reader that sits beside their writer (mlir::hpr::readTorchCsv), and
+// locates plan JSON paths at the pair's cells and entries.
 // The cost rules are reached here too: `op_kind`, `is_view_op` and
 // `op_flops` are the importers' op table (hpr/Model/OpCosts.h) for the
 // exporter, `segment_ops` their region rules (hpr/Model/Segments.h),
@@ -22,6 +25,7 @@
 #include "hpr/Model/TorchScriptImport.h"
 #include "hpr/Plan/Diagnostics.h"
 #include "hpr/Plan/PlanImport.h"
+#include "hpr/Plan/TorchCsv.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/OutputFile.h"
 #include "hpr/Transforms/Passes.h"
@@ -101,6 +105,15 @@ planText(const mlir::hpr::PlanRequest &request) {
   mlir::hpr::writePlanJson(*planned->module, planned->summary, planned->options,
                            os);
   return {json, {}};
+}
+
+/// Raises ValueError with `message`; bytes that are not UTF-8 (a message may
+/// quote an input) are replaced rather than failing the conversion.
+[[noreturn]] static void raiseValueError(const std::string &message) {
+  nb::object text = nb::steal(PyUnicode_DecodeUTF8(
+      message.data(), static_cast<Py_ssize_t>(message.size()), "replace"));
+  PyErr_SetObject(PyExc_ValueError, text.ptr());
+  throw nb::python_error();
 }
 
 //===----------------------------------------------------------------------===//
@@ -219,6 +232,51 @@ NB_MODULE(_planner, m) {
       "planner's IR and runs its admission check; returns the problems "
       "found, one line each, as `hp-recompute-plan --verify` prints them "
       "(an empty list: the plan is admitted).");
+  nb::class_<mlir::hpr::TorchCsvPlan>(
+      m, "TorchCsvPlan",
+      "A torch CSV and its sidecar read back as plan JSON (read_torch_csv).")
+      .def_ro("plan", &mlir::hpr::TorchCsvPlan::plan,
+              "The plan JSON text (version 2, untagged; each receive posts "
+              "itself where its RECV cell stands).")
+      .def_ro("csv_path", &mlir::hpr::TorchCsvPlan::csvPath)
+      .def_ro("sidecar_path", &mlir::hpr::TorchCsvPlan::sidecarPath)
+      .def(
+          "locate",
+          [](const mlir::hpr::TorchCsvPlan &read, const std::string &path) {
+            return read.locate(path);
+          },
+          "json_path"_a,
+          "Where the user finds plan JSON path `json_path` "
+          "(\"/ranks/1/actions/4/peer\"): the CSV cell of its action "
+          "(\"plan.csv:2:5 ('3F0'): peer\"), or the sidecar entry "
+          "(\"plan.hpr.json: /ranks/1/inserts/0\").");
+  m.def(
+      "read_torch_csv",
+      [](const std::string &csvPath) {
+        llvm::Expected<mlir::hpr::TorchCsvPlan> read = [&] {
+          nb::gil_scoped_release release;
+          CollectingContext collecting;
+          return mlir::hpr::readTorchCsvFiles(collecting.context, csvPath);
+        }();
+        if (!read)
+          raiseValueError(llvm::toString(read.takeError()));
+        return std::move(*read);
+      },
+      "csv_path"_a,
+      "Reads the torch CSV `csv_path` (hp-recompute-plan --emit torch-csv) "
+      "and its sidecar (torch_csv_sidecar_path) as a TorchCsvPlan, with the "
+      "planner's own reader; ValueError with a message located at the cell "
+      "(FILE:ROW:COL) or the sidecar's JSON path otherwise. The plan is not "
+      "admitted yet: verify_plan it, locating its problems with "
+      "TorchCsvPlan.locate.");
+  m.def(
+      "torch_csv_sidecar_path",
+      [](const std::string &csvPath) {
+        return mlir::hpr::torchCsvSidecarPath(csvPath);
+      },
+      "csv_path"_a,
+      "The sidecar beside torch CSV `csv_path`: \"plan.csv\" -> "
+      "\"plan.hpr.json\".");
   m.def(
       "plan",
       [](std::optional<std::string> schedule, std::optional<std::string> gen,

@@ -195,8 +195,8 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage,message", [
-    (lambda side: side["ranks"][0].pop("cells"), "/ranks/0/cells: expected an integer >= 0, got 'null'"),
-    (lambda side: side["ranks"][1]["inserts"][0].pop("before"), "/ranks/1/inserts/0/before: expected an integer"),
+    (lambda side: side["ranks"][0].pop("cells"), "/ranks/0: missing required key 'cells'"),
+    (lambda side: side["ranks"][1]["inserts"][0].pop("before"), "/ranks/1/inserts/0: missing required key 'before'"),
     (lambda side: side["ranks"].__setitem__(0, 7), "/ranks/0: expected an object with cells, and inserts"),
     (lambda side: side["ranks"][0].__setitem__("cells", 3), "cells, but the sidecar"),
 ])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
@@ -21,6 +22,7 @@ pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distribu
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
 from hand_plan import ROWS, hand_sidecar, write_torch_csv  # noqa: E402
 from hp_recompute.pipelining import load_torch_csv  # noqa: E402
+from hp_recompute.pipelining.torch_csv import sidecar_path  # noqa: E402
 from hp_recompute.plan import RunError  # noqa: E402
 
 Side = Dict[str, Any]
@@ -93,9 +95,9 @@ def _set(path: str, value: Any) -> Callable[[Side], None]:
 # case -> (sidecar edit, the JSON path in the sidecar, what the message expects)
 SIDECAR = {
     "a boolean before": (_set("ranks/0/inserts/0/before", True), "/ranks/0/inserts/0/before",
-                         "expected an integer in [0, 11), got 'true'"),
+                         "expected an integer in [0, 10], got 'true'"),
     "a boolean consumer stage": (_set("ranks/0/consumers/0/stage", False), "/ranks/0/consumers/0/stage",
-                                 "expected an integer >= 0, got 'false'"),
+                                 "expected an integer in [0, 65535], got 'false'"),
     "a sidecar for another CSV": (_set("csv", "other.csv"), "/csv", "expected 'plan.csv', the CSV it sits beside"),
     "a consumer's retain_on_unpack": (_set("ranks/0/consumers/0/retain_on_unpack", "yes"),
                                       "/ranks/0/consumers/0/retain_on_unpack", "expected true or false, got '\"yes\"'"),
@@ -145,5 +147,23 @@ def test_invalid_utf8_is_located(tmp_path: Path, which: str) -> None:
 def test_a_deeply_nested_sidecar_is_located(tmp_path: Path) -> None:
     csv_path, side_path = write_torch_csv(tmp_path)
     side_path.write_text('{"format": ' + "[" * 50000 + "]" * 50000 + "}")
-    with pytest.raises(RunError, match=r"plan\.hpr\.json:1:111: JSON nested deeper than 100 levels"):
+    with pytest.raises(RunError, match=r"plan\.hpr\.json:1:75: invalid JSON: nested deeper than 64 levels"):
         load_torch_csv(str(csv_path))
+
+
+def test_a_missing_sidecar_is_named(tmp_path: Path) -> None:
+    csv_path, side_path = write_torch_csv(tmp_path)
+    assert sidecar_path(csv_path) == str(side_path)
+    side_path.unlink()
+    with pytest.raises(RunError, match=re.escape(f"hp_recompute: {side_path}: cannot read torch CSV sidecar: ")):
+        load_torch_csv(csv_path)
+
+
+def test_a_cell_that_is_not_torchs_is_named_by_row_and_column(tmp_path: Path) -> None:
+    rows, _ = _pair()
+    rows[1][1] = "1X0"
+    csv_path, _ = write_torch_csv(tmp_path, rows)
+    with pytest.raises(RunError) as info:
+        load_torch_csv(str(csv_path))
+    assert str(info.value).startswith(f"hp_recompute: {csv_path}:2:2: invalid action '1X0': expected an action type"), \
+        str(info.value)
