@@ -18,7 +18,13 @@
 #include "hpr/Support/Json.h"
 #include "hpr/Transforms/Passes.h"
 
+#include "mlir/IR/Builders.h"
 #include "llvm/Support/FormatVariadic.h"
+
+#include <map>
+#include <optional>
+#include <tuple>
+#include <vector>
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -28,8 +34,21 @@ using Kind = sched::ActionKind;
 namespace {
 /// The largest sizes a plan may declare; real plans are far below.
 constexpr int64_t kMaxCount = 1 << 20;
-/// The plan JSON member kept on an imported op until verifyImportedPlan.
+/// The plan JSON members kept on an imported op until verifyImportedPlan.
 constexpr llvm::StringLiteral kFreesGraph = "frees_graph";
+constexpr llvm::StringLiteral kLastBackward = "last_backward";
+constexpr llvm::StringLiteral kWaits = "waits";
+constexpr llvm::StringLiteral kHandsTo = "hands_to";
+
+/// What an action's JSON says that only verifyImportedPlan judges: the
+/// members the planner derives from the program (frees_graph) or lowers into
+/// it (last_backward, waits, hands_to).
+struct JudgedMembers {
+  bool freesGraph = false;
+  bool lastBackward = false;
+  std::optional<std::vector<int64_t>> waits;
+  std::optional<int64_t> handsTo;
+};
 
 class PlanReader : public JsonFieldReader {
 public:
@@ -40,8 +59,8 @@ public:
   model::StagedModel staged;
   sched::Schedule schedule;
   PlannedFacts facts;
-  /// freesGraph[r][k]: action k of rank r says `frees_graph`.
-  std::vector<std::vector<bool>> freesGraph;
+  /// judged[r][k]: what action k of rank r says for verifyImportedPlan.
+  std::vector<std::vector<JudgedMembers>> judged;
   /// (stage, microbatch) -> the id of its session.
   std::map<std::pair<int, int>, std::string> sessionOf;
   /// The number of actions of the rank being read (`posts` indexes them).
@@ -55,6 +74,11 @@ private:
   llvm::Error readAction(const json &obj, const std::string &path, int rank,
                          int index, sched::Action &action, bool &overlap,
                          bool &batched);
+  /// `obj[key]` at `path`, when present: an array of action indices of the
+  /// rank being read.
+  llvm::Error readIndices(const json &obj, const std::string &path,
+                          const char *key, int rank,
+                          std::optional<std::vector<int64_t>> &out) const;
   /// `obj` at `path` must be an object (or an array with `array`).
   llvm::Error expectKind(const json &obj, const std::string &path,
                          bool array) const {
@@ -223,15 +247,27 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     wrongKey = checkKeys(
         obj, path,
         {"op", "stage", "microbatch", "peer", "tag", "batched", "overlap"});
-  else if (consumer)
+  else if (*kind == Kind::BackwardInput)
+    wrongKey =
+        checkKeys(obj, path,
+                  {"op", "stage", "microbatch", "waits", "session",
+                   "retain_on_unpack", "frees_graph", "hands_to", "overlap"});
+  else if (*kind == Kind::BackwardWeight)
+    wrongKey =
+        checkKeys(obj, path,
+                  {"op", "stage", "microbatch", "session", "retain_on_unpack",
+                   "frees_graph", "last_backward", "overlap"});
+  else if (*kind == Kind::Backward)
     wrongKey = checkKeys(obj, path,
-                         {"op", "stage", "microbatch", "session",
-                          "retain_on_unpack", "frees_graph", "overlap"});
+                         {"op", "stage", "microbatch", "waits", "session",
+                          "retain_on_unpack", "frees_graph", "last_backward",
+                          "hands_to", "overlap"});
   else if (*kind == Kind::Recompute || *kind == Kind::Clear)
     wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch", "session"});
   else if (*kind == Kind::Forward)
-    wrongKey = checkKeys(
-        obj, path, {"op", "stage", "microbatch", "checkpoint", "overlap"});
+    wrongKey = checkKeys(obj, path,
+                         {"op", "stage", "microbatch", "waits", "hands_to",
+                          "overlap", "checkpoint"});
   else
     wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch"});
   if (wrongKey)
@@ -239,8 +275,7 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
   action.kind = *kind;
   action.sourceCell = index;
   PlannedAction &planned = facts.actions[rank].emplace_back();
-  bool frees = false;
-  freesGraph[rank].push_back(false);
+  JudgedMembers &judgedMembers = judged[rank].emplace_back();
   int64_t value;
   if (*kind != Kind::Idle) {
     if (auto err =
@@ -282,25 +317,29 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     if (auto err = readBool(obj, path, "batched", batched))
       return err;
   }
-  if (receive && obj.contains("posts")) {
+  if (receive) {
     // Which receives are posted where is rule 9's (hpr-verify-comm); here
     // only that the member is a list of this rank's action indices.
-    const json &posts = obj["posts"];
-    if (!posts.is_array())
-      return fail(path + "/posts", "an array of action indices", posts);
-    std::vector<int> &indices = action.posts.emplace();
-    for (size_t k = 0; k < posts.size(); ++k) {
-      const json &entry = posts[k];
-      if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
-          entry.get<int64_t>() >= static_cast<int64_t>(rankSize))
-        return fail(llvm::formatv("{0}/posts/{1}", path, k).str(),
-                    llvm::formatv("an action index of rank {0} in [0, {1})",
-                                  rank, rankSize)
-                        .str(),
-                    entry);
-      indices.push_back(static_cast<int>(entry.get<int64_t>()));
-    }
+    std::optional<std::vector<int64_t>> posts;
+    if (auto err = readIndices(obj, path, "posts", rank, posts))
+      return err;
+    if (posts)
+      action.posts.emplace(posts->begin(), posts->end());
   }
+  // Which receives an action reads (rule 11), the stage it hands its result
+  // to (rule 12) and the last W or B of a stage (rule 10) are judged by
+  // verifyImportedPlan; here only their types and ranges.
+  if (auto err = readIndices(obj, path, "waits", rank, judgedMembers.waits))
+    return err;
+  if (obj.contains("hands_to")) {
+    if (auto err = readInt(obj, path, "hands_to", value, true, 0,
+                           schedule.numStages - 1))
+      return err;
+    judgedMembers.handsTo = value;
+  }
+  if (auto err =
+          readBool(obj, path, "last_backward", judgedMembers.lastBackward))
+    return err;
   if (consumer || *kind == Kind::Recompute || *kind == Kind::Clear) {
     bool sessionAction = !consumer;
     if (sessionAction || obj.contains("session")) {
@@ -326,10 +365,10 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
         return err;
     }
     if (consumer)
-      if (auto err = readBool(obj, path, "frees_graph", frees))
+      if (auto err =
+              readBool(obj, path, "frees_graph", judgedMembers.freesGraph))
         return err;
   }
-  freesGraph[rank].back() = frees;
   if (*kind == Kind::Forward) {
     if (auto it = sessionOf.find({action.stage, action.microbatch});
         it != sessionOf.end())
@@ -342,10 +381,35 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
   return readBool(obj, path, "overlap", overlap);
 }
 
+llvm::Error
+PlanReader::readIndices(const json &obj, const std::string &path,
+                        const char *key, int rank,
+                        std::optional<std::vector<int64_t>> &out) const {
+  if (!obj.contains(key))
+    return llvm::Error::success();
+  const json &list = obj[key];
+  std::string at = path + "/" + key;
+  if (!list.is_array())
+    return fail(at, "an array of action indices", list);
+  std::vector<int64_t> &indices = out.emplace();
+  for (size_t k = 0; k < list.size(); ++k) {
+    const json &entry = list[k];
+    if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
+        entry.get<int64_t>() >= static_cast<int64_t>(rankSize))
+      return fail(llvm::formatv("{0}/{1}", at, k).str(),
+                  llvm::formatv("an action index of rank {0} in [0, {1})", rank,
+                                rankSize)
+                      .str(),
+                  entry);
+    indices.push_back(entry.get<int64_t>());
+  }
+  return llvm::Error::success();
+}
+
 llvm::Error PlanReader::readRank(const json &actions, int rank) {
   std::vector<sched::Action> &program = schedule.ranks.emplace_back();
   facts.actions.emplace_back();
-  freesGraph.emplace_back();
+  judged.emplace_back();
   // Composites are rebuilt from the flags: an overlapped forward and the
   // action after it (OVERLAP_F_B); a run of batched transfers and the one
   // that ends it (a legacy combined cell).
@@ -461,18 +525,202 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
                                 fileName, &reader.facts);
   if (!module)
     return module.takeError();
-  // The member is kept on its op for verifyImportedPlan, which judges it
-  // once the plan is otherwise sound.
+  // The members are kept on their ops for verifyImportedPlan, which judges
+  // them once the plan is otherwise sound.
+  Builder builder(&context);
   for (ProgramOp program :
        getSchedule(**module).getBody().getOps<ProgramOp>()) {
     size_t index = 0;
-    for (Operation &op : program.getBody().getOps())
-      if (isa<ActionOpInterface>(op) &&
-          reader.freesGraph[program.getRank()][index++])
-        op.setAttr(kFreesGraph, UnitAttr::get(&context));
+    for (Operation &op : program.getBody().getOps()) {
+      if (!isa<ActionOpInterface>(op))
+        continue;
+      const JudgedMembers &members = reader.judged[program.getRank()][index++];
+      if (members.freesGraph)
+        op.setAttr(kFreesGraph, builder.getUnitAttr());
+      if (members.lastBackward)
+        op.setAttr(kLastBackward, builder.getUnitAttr());
+      if (members.waits)
+        op.setAttr(kWaits, builder.getDenseI64ArrayAttr(*members.waits));
+      if (members.handsTo)
+        op.setAttr(kHandsTo, builder.getI64IntegerAttr(*members.handsTo));
+    }
   }
   return module;
 }
+
+//===----------------------------------------------------------------------===//
+// Rules 10-12: what the planner lowers into each action
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Checks one program's `last_backward`, `waits` and `hands_to` against the
+/// program itself, on its own walk (the exporter's lowering is not asked).
+/// Runs on a plan verifyPlan admitted: every (stage, mb) has its forward and
+/// its dx, and every receive comes before the action that reads it.
+class LoweredMemberCheck {
+public:
+  LoweredMemberCheck(ScheduleOp schedule, ProgramOp program)
+      : schedule(schedule), program(program) {
+    for (Operation &op : program.getBody().getOps())
+      if (isa<ActionOpInterface>(op))
+        actions.push_back(&op);
+  }
+
+  bool run() {
+    checkLastBackward();
+    checkWaits();
+    checkHandsTo();
+    return sound;
+  }
+
+private:
+  ScheduleOp schedule;
+  ProgramOp program;
+  std::vector<Operation *> actions;
+  bool sound = true;
+
+  InFlightDiagnostic error(Operation *op) {
+    sound = false;
+    return op->emitError() << describeAction(op) << ": ";
+  }
+  static int64_t stageOf(Operation *op) {
+    return cast<ActionOpInterface>(op).getStageIndex();
+  }
+  static int64_t microbatchOf(Operation *op) {
+    return cast<ActionOpInterface>(op).getMicrobatchIndex();
+  }
+
+  /// Rule 10: `last_backward` on each stage's last W or B, and only there.
+  void checkLastBackward() {
+    std::map<int64_t, Operation *> last;
+    for (Operation *op : actions)
+      if (isa<BackwardWeightOp, BackwardOp>(op))
+        last[stageOf(op)] = op;
+    for (Operation *op : actions) {
+      bool marked = op->hasAttr(kLastBackward);
+      auto it =
+          last.find(isa<BackwardWeightOp, BackwardOp>(op) ? stageOf(op) : -1);
+      bool isLast = it != last.end() && it->second == op;
+      if (marked && !isLast && it != last.end())
+        error(op) << "last_backward, but the last backward_weight or "
+                     "backward of stage "
+                  << stageOf(op) << " is " << describeAction(it->second)
+                  << "; last_backward marks that one only (rule 10)";
+      else if (!marked && isLast)
+        error(op) << "no last_backward on the last backward_weight or "
+                     "backward of stage "
+                  << stageOf(op)
+                  << "; a plan marks it, where the stage's gradients are "
+                     "complete (rule 10)";
+    }
+  }
+
+  /// Rule 11: every receive is waited for by the action that reads its data
+  /// (the forward of its stage and microbatch for a recv_f, the first
+  /// backward_input or backward for a recv_b), and by no other.
+  void checkWaits() {
+    // (forward?, stage, microbatch) -> its reader, the first to read it.
+    std::map<std::tuple<bool, int64_t, int64_t>, Operation *> readerOf;
+    for (Operation *op : actions)
+      if (isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
+        readerOf.insert(
+            {{isa<ForwardOp>(op), stageOf(op), microbatchOf(op)}, op});
+    llvm::DenseMap<Operation *, llvm::SmallVector<int64_t>> expected;
+    llvm::DenseMap<int64_t, Operation *> readerOfReceive;
+    for (auto [index, op] : llvm::enumerate(actions)) {
+      if (!isa<RecvFOp, RecvBOp>(op))
+        continue;
+      auto reader =
+          readerOf.find({isa<RecvFOp>(op), stageOf(op), microbatchOf(op)});
+      if (reader == readerOf.end())
+        continue; // not read on this rank: rule 5's
+      expected[reader->second].push_back(index);
+      readerOfReceive[index] = reader->second;
+    }
+    for (auto [index, op] : llvm::enumerate(actions)) {
+      llvm::ArrayRef<int64_t> given;
+      if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(kWaits))
+        given = waits.asArrayRef();
+      llvm::ArrayRef<int64_t> wanted;
+      if (auto it = expected.find(op); it != expected.end())
+        wanted = it->second;
+      llvm::DenseSet<int64_t> seen;
+      for (int64_t j : given) {
+        if (j < 0 || static_cast<size_t>(j) >= actions.size()) {
+          error(op) << "waits for action " << j << ", past rank "
+                    << program.getRank() << "'s actions (rule 11)";
+          continue;
+        }
+        Operation *receive = actions[j];
+        if (!isa<RecvFOp, RecvBOp>(receive)) {
+          error(op) << "waits for " << describeAction(receive)
+                    << ", which is not a receive; waits lists the receives "
+                       "whose data an action reads (rule 11)";
+          continue;
+        }
+        if (!seen.insert(j).second) {
+          error(op) << "waits for " << describeAction(receive)
+                    << " twice; each receive is waited for once (rule 11)";
+          continue;
+        }
+        if (readerOfReceive.lookup(j) != op) {
+          InFlightDiagnostic diag = error(op);
+          diag << "waits for " << describeAction(receive) << ", whose data ";
+          if (Operation *reader = readerOfReceive.lookup(j))
+            diag << describeAction(reader) << " reads";
+          else
+            diag << "no action of rank " << program.getRank() << " reads";
+          diag << "; an action waits for the receives it reads, and only "
+                  "those (rule 11)";
+        }
+      }
+      for (int64_t j : wanted)
+        if (!seen.contains(j))
+          error(op) << "reads the data of " << describeAction(actions[j])
+                    << " but does not list it in waits; an action waits for "
+                       "each receive it reads (rule 11)";
+    }
+  }
+
+  /// Rule 12: `hands_to` names the stage a forward's output (an I's or B's
+  /// input gradient) goes to when that stage runs on this rank: no transfer
+  /// carries it, the runtime hands it over in memory.
+  void checkHandsTo() {
+    int64_t numStages = static_cast<int64_t>(schedule.getNumStages());
+    for (Operation *op : actions) {
+      auto given = op->getAttrOfType<IntegerAttr>(kHandsTo);
+      if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
+        continue; // the importer takes hands_to on these only
+      bool forward = isa<ForwardOp>(op);
+      int64_t target = stageOf(op) + (forward ? 1 : -1);
+      const char *what = forward ? "output" : "input gradient";
+      bool here =
+          target >= 0 && target < numStages &&
+          schedule.getRankOf(target) == static_cast<int64_t>(program.getRank());
+      if (given && given.getInt() != target) {
+        InFlightDiagnostic diag = error(op);
+        diag << "hands_to " << given.getInt() << ", but its " << what
+             << " goes to ";
+        if (target >= 0 && target < numStages)
+          diag << "stage " << target;
+        else
+          diag << "no stage";
+        diag << " (rule 12)";
+      } else if (given && !here) {
+        error(op) << "hands_to " << target << ", but stage " << target
+                  << " runs on rank " << schedule.getRankOf(target)
+                  << "; a transfer carries its " << what
+                  << ", hands_to names a stage on the same rank (rule 12)";
+      } else if (!given && here) {
+        error(op) << "no hands_to, but stage " << target << ", which takes its "
+                  << what
+                  << ", runs on this rank too; a plan names the stage an "
+                     "action hands its result to in memory (rule 12)";
+      }
+    }
+  }
+};
+} // namespace
 
 LogicalResult mlir::hpr::verifyImportedPlan(ModuleOp module) {
   if (failed(verifyPlan(module)))
@@ -491,5 +739,7 @@ LogicalResult mlir::hpr::verifyImportedPlan(ModuleOp module) {
         sound = false;
       }
   }
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
+    sound &= LoweredMemberCheck(getSchedule(module), program).run();
   return success(sound);
 }

@@ -5,6 +5,7 @@
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/Model.h"
+#include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/Json.h"
 
 #include "mlir/IR/Threading.h"
@@ -14,6 +15,7 @@
 #include "llvm/Support/JSON.h"
 
 #include <map>
+#include <set>
 #include <tuple>
 #include <type_traits>
 #include <variant>
@@ -54,6 +56,18 @@ mlir::hpr::plan_json::lastConsumers(ProgramOp program) {
       auto action = cast<ActionOpInterface>(op);
       last[{action.getStageIndex(), action.getMicrobatchIndex()}] = &op;
     }
+  llvm::DenseSet<Operation *> ops;
+  for (auto &entry : last)
+    ops.insert(entry.second);
+  return ops;
+}
+
+llvm::DenseSet<Operation *>
+mlir::hpr::plan_json::lastBackwards(ProgramOp program) {
+  llvm::DenseMap<int64_t, Operation *> last;
+  for (Operation &op : program.getBody().getOps())
+    if (isa<BackwardWeightOp, BackwardOp>(op))
+      last[cast<ActionOpInterface>(op).getStageIndex()] = &op;
   llvm::DenseSet<Operation *> ops;
   for (auto &entry : last)
     ops.insert(entry.second);
@@ -156,10 +170,72 @@ ReceivePosts mlir::hpr::plan_json::receivePosts(ScheduleOp schedule) {
   return result;
 }
 
+ReceiveReaders mlir::hpr::plan_json::receiveReaders(ScheduleOp schedule) {
+  ReceiveReaders result;
+  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>()) {
+    // The message a receive brings, by its receiving end, and its index.
+    std::map<MessageKey, llvm::SmallVector<int64_t>> receives;
+    int64_t index = 0;
+    for (Operation &op : program.getBody().getOps()) {
+      if (!isa<ActionOpInterface>(op))
+        continue;
+      if (isa<RecvFOp, RecvBOp>(op))
+        receives[messageOf(&op)].push_back(index);
+      ++index;
+    }
+    // The forward reads its input; the first I or B its output gradient.
+    std::set<MessageKey> read;
+    for (Operation &op : program.getBody().getOps()) {
+      if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
+        continue;
+      auto action = cast<ActionOpInterface>(op);
+      MessageKey message{isa<ForwardOp>(op), action.getStageIndex(),
+                         action.getMicrobatchIndex()};
+      auto it = receives.find(message);
+      if (it != receives.end() && read.insert(message).second)
+        result[&op] = it->second;
+    }
+  }
+  return result;
+}
+
+Handoffs mlir::hpr::plan_json::handoffs(ScheduleOp schedule) {
+  Handoffs result;
+  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
+    for (Operation &op : program.getBody().getOps()) {
+      if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
+        continue;
+      // Where the transfer of its result would go.
+      sched::Action transfer;
+      transfer.kind = isa<ForwardOp>(op) ? sched::ActionKind::SendF
+                                         : sched::ActionKind::SendB;
+      transfer.stage =
+          static_cast<int>(cast<ActionOpInterface>(op).getStageIndex());
+      int64_t neighbour = sched::neighbourStage(transfer);
+      if (neighbour >= 0 &&
+          neighbour < static_cast<int64_t>(schedule.getNumStages()) &&
+          schedule.getRankOf(neighbour) ==
+              static_cast<int64_t>(program.getRank()))
+        result[&op] = neighbour;
+    }
+  return result;
+}
+
+LoweredMembers mlir::hpr::plan_json::lowerActionMembers(ScheduleOp schedule) {
+  LoweredMembers lowered;
+  lowered.posts = receivePosts(schedule);
+  lowered.waits = receiveReaders(schedule);
+  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
+    for (Operation *op : lastBackwards(program))
+      lowered.lastBackwards.insert(op);
+  lowered.handsTo = handoffs(schedule);
+  return lowered;
+}
+
 void mlir::hpr::plan_json::forEachActionMember(
     Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
     llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)> member,
-    const ReceivePosts *posts) {
+    const LoweredMembers *lowered) {
   auto action = cast<ActionOpInterface>(op);
   member("op", action.getPlanName());
   if (action.getStageIndex() >= 0)
@@ -177,9 +253,12 @@ void mlir::hpr::plan_json::forEachActionMember(
         if (comm.getBatched())
           member("batched", true);
       });
-  if (posts && isa<RecvFOp, RecvBOp>(op))
-    if (auto it = posts->find(op); it != posts->end())
+  if (lowered && isa<RecvFOp, RecvBOp>(op))
+    if (auto it = lowered->posts.find(op); it != lowered->posts.end())
       member("posts", llvm::ArrayRef<int64_t>(it->second));
+  if (lowered)
+    if (auto it = lowered->waits.find(op); it != lowered->waits.end())
+      member("waits", llvm::ArrayRef<int64_t>(it->second));
   if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
     if (Value session = consumer.getSessionValue()) {
       member("session", session.getDefiningOp<SessionOp>().getSid());
@@ -187,6 +266,11 @@ void mlir::hpr::plan_json::forEachActionMember(
     }
   if (lastConsumers.contains(op))
     member("frees_graph", true);
+  if (lowered && lowered->lastBackwards.contains(op))
+    member("last_backward", true);
+  if (lowered)
+    if (auto it = lowered->handsTo.find(op); it != lowered->handsTo.end())
+      member("hands_to", it->second);
   if (isOverlapped(op))
     member("overlap", true);
   if (auto forward = dyn_cast<ForwardOp>(op))
@@ -220,7 +304,7 @@ ordered_json mlir::hpr::plan_json::actionJson(
 /// of the export of a million actions.
 static void writeActionJson(llvm::raw_ostream &os, Operation *op,
                             const llvm::DenseSet<Operation *> &lastConsumers,
-                            const ReceivePosts &posts) {
+                            const LoweredMembers &lowered) {
   llvm::json::OStream out(os);
   out.object([&] {
     forEachActionMember(
@@ -239,7 +323,7 @@ static void writeActionJson(llvm::raw_ostream &os, Operation *op,
               },
               value);
         },
-        &posts);
+        &lowered);
   });
 }
 
@@ -343,7 +427,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   os << "\n ]";
   // Ranks are independent: serialize them on all threads, write in order.
   auto programList = llvm::to_vector(programs);
-  ReceivePosts posts = receivePosts(schedule);
+  LoweredMembers lowered = lowerActionMembers(schedule);
   std::vector<std::string> rankTexts(programList.size());
   mlir::parallelFor(
       module.getContext(), 0, programList.size(), [&](size_t index) {
@@ -358,7 +442,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
           if (!isa<ActionOpInterface>(op))
             continue; // a session
           rankOs << (first ? "\n   " : ",\n   ");
-          writeActionJson(rankOs, &op, last, posts);
+          writeActionJson(rankOs, &op, last, lowered);
           first = false;
         }
         rankOs << "\n  ]}";

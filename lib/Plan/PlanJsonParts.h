@@ -53,14 +53,47 @@ using ReceivePosts = llvm::DenseMap<Operation *, llvm::SmallVector<int64_t>>;
 /// back), every receive keeps what the plan says.
 ReceivePosts receivePosts(ScheduleOp schedule);
 
+/// Reader op -> the receives whose data it reads (`waits` in the plan JSON),
+/// as indices into its program's actions.
+using ReceiveReaders = llvm::DenseMap<Operation *, llvm::SmallVector<int64_t>>;
+
+/// Which action reads each receive of `schedule`: a `recv_f`'s data is the
+/// input of the forward of its stage and microbatch, a `recv_b`'s the output
+/// gradient of the first `backward_input` or `backward` of its stage and
+/// microbatch. A runtime posts receives where `posts` says and waits exactly
+/// for what its action's `waits` lists.
+ReceiveReaders receiveReaders(ScheduleOp schedule);
+
+/// Forward, backward_input or backward op -> the stage on the same rank it
+/// hands its result to in memory (`hands_to` in the plan JSON): the stage a
+/// SEND_F (forward) or SEND_B (dx) would go to (sched::neighbourStage), where
+/// that stage runs on the op's own rank and no transfer carries it.
+using Handoffs = llvm::DenseMap<Operation *, int64_t>;
+Handoffs handoffs(ScheduleOp schedule);
+
+/// What the planner lowers into every plan's actions, besides the schedule:
+/// when each receive is posted, which action waits for it, the last W or B
+/// of each stage, the in-memory handoffs between co-located stages. Computed
+/// once per plan (lowerActionMembers) and written by forEachActionMember.
+struct LoweredMembers {
+  ReceivePosts posts;
+  ReceiveReaders waits;
+  /// The last `backward_weight` or `backward` of each stage
+  /// (lastBackwards).
+  llvm::DenseSet<Operation *> lastBackwards;
+  Handoffs handsTo;
+};
+LoweredMembers lowerActionMembers(ScheduleOp schedule);
+
 /// Calls `member(key, value)` for each member of `op`'s element of
 /// `/ranks/*/actions`, in order: the one definition of that object, which the
-/// plan JSON streams and the torch CSV's sidecar builds (actionJson). A
-/// receive's `posts` is written when `posts` is given.
+/// plan JSON streams and the torch CSV's sidecar builds (actionJson). The
+/// lowered members (`posts`, `waits`, `last_backward`, `hands_to`) are
+/// written when `lowered` is given.
 void forEachActionMember(
     Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
     llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)> member,
-    const ReceivePosts *posts = nullptr);
+    const LoweredMembers *lowered = nullptr);
 
 /// One element of `/sessions`.
 nlohmann::ordered_json sessionJson(SessionOp session,
@@ -68,6 +101,10 @@ nlohmann::ordered_json sessionJson(SessionOp session,
 /// The last backward of each (stage, microbatch) of `program`: where its
 /// autograd graph is freed (`frees_graph` in the plan JSON).
 llvm::DenseSet<Operation *> lastConsumers(ProgramOp program);
+/// The last `backward_weight` or `backward` of each stage of `program`: where
+/// the stage's gradients are complete (`last_backward` in the plan JSON; the
+/// "last backward" of torch's stages, where DDP and FSDP reduce).
+llvm::DenseSet<Operation *> lastBackwards(ProgramOp program);
 /// One element of `/ranks/R/actions`; `lastConsumers` marks `frees_graph`.
 nlohmann::ordered_json
 actionJson(Operation *op, const llvm::DenseSet<Operation *> &lastConsumers);

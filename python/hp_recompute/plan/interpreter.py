@@ -5,8 +5,11 @@ its own stages over a ``PipelineModel``) and ``PlannedSchedule`` (torch's
 ``PipelineStage`` objects). What an action *means* (which session a replay fills, which
 backward reads it with which retain flag, when a forward's handles die, which receives a
 ``recv`` posts and who waits for them, that every session is cleared by the end of the
-step) is the plan's semantics and lives here. A runtime is a ``StageBackend``: it says
-how to run one stage's forward or backward and how to move one tensor, nothing about when.
+step) is the plan's semantics and lives here. What the planner decides (where gradients
+are reduced, when receives are posted, which action reads each, the last backward of each
+stage, the in-memory handoffs) is in the plan; nothing here derives it. A runtime is a
+``StageBackend``: it says how to run one stage's forward or backward and how to move one
+tensor, nothing about when.
 
 NOTE [ Executing a plan ]
 =========================
@@ -14,8 +17,10 @@ The code cites these as "Rule N".
 
 Rule 1 (order). Actions run one at a time in the plan's order. Nothing is reordered,
   inserted or inferred: the planner lowered into the plan where each gradient
-  reduction goes and which receives each ``recv`` posts (docs/plan-format.md), and the
-  verifier admitted the plan before any rank ran.
+  reduction goes, which receives each ``recv`` posts and which action waits for each
+  (``posts``, ``waits``), each stage's last backward (``last_backward``) and the
+  in-memory handoffs (``hands_to``) (docs/plan-format.md), and the verifier admitted the
+  plan before any rank ran (verifier rules 8-12).
 
 Rule 2 (forward). ``backend.forward`` runs inside ``recompute_handle_collector_ctx``: the
   handles of the checkpoints it creates belong to its (stage, microbatch). A forward the
@@ -23,8 +28,8 @@ Rule 2 (forward). ``backend.forward`` runs inside ``recompute_handle_collector_c
   checkpoints run their regions plainly (saving their activations).
 
 Rule 2a (co-located neighbours). The plan has no transfer between two stages on one
-  rank (V-shaped schedules): a forward's output goes to the next stage, and the input
-  gradient of a ``backward_input`` or ``backward`` to the previous stage, in memory
+  rank (V-shaped schedules): a forward, ``backward_input`` or ``backward`` that says
+  ``hands_to`` hands its output (input gradient) to that stage in memory
   (``backend.pass_forward`` / ``backend.pass_backward``) right after the action.
 
 Rule 3 (recompute). ``recompute`` replays every handle of its forward into the plan's
@@ -33,8 +38,8 @@ Rule 3 (recompute). ``recompute`` replays every handle of its forward into the p
 Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
   ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
   session, so the dx and the dw of a microbatch read one replay. The backend is told
-  whether the action is its stage's last ``W`` or ``B`` of the step (the "last backward"
-  of torch's stages: DDP reduces there).
+  whether the action is its stage's last ``W`` or ``B`` of the step, as the plan's
+  ``last_backward`` says (the "last backward" of torch's stages: DDP reduces there).
 
 Rule 5 (frees_graph). After the plan's last backward of (stage, microbatch), the handles
   of its forward are dropped and ``backend.release`` frees what the backend kept for it.
@@ -43,10 +48,10 @@ Rule 6 (clear). ``clear`` is ``scope.clear_recompute_session``.
 
 Rule 7 (receives). A ``recv_*`` action posts the receives its ``posts`` lists, in that
   order: torch's point-to-point ops carry no tag, so between two ranks receives match
-  sends in posting order, and the planner put the peer's send order there. The data is
-  waited for by the action that reads it: the forward of that stage and microbatch
-  (``recv_f``), its first ``backward_input`` or ``backward`` (``recv_b``). A receive
-  posted and never read is an error at the end of the step.
+  sends in posting order, and the planner put the peer's send order there. An action
+  waits for exactly the receives its ``waits`` lists (the plan's reader of each
+  receive), and is ready when they are. A receive posted and never read (no action
+  waited for it) is an error at the end of the step.
 
 Rule 8 (sends, reduce_grad, unshard, reshard). Each is one backend call at its place;
   sends are asynchronous and waited for by ``finish``.
@@ -81,8 +86,6 @@ __all__ = ["StageBackend", "PlanInterpreter", "plain_forwards", "forwards_are_pl
 
 #: Actions whose time is the rank's busy time (receives wait, sends are async).
 TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
-#: What a receive's data is read by (Rule 7).
-_READERS = {"forward": "f", "backward_input": "b", "backward": "b"}
 
 Key = Tuple[int, int]
 
@@ -116,11 +119,11 @@ class StageBackend:
         raise NotImplementedError
 
     def pass_forward(self, a: Action, output: Any) -> None:
-        """Hands forward ``a``'s output to stage ``a.stage + 1``, on this rank (Rule 2a)."""
+        """Hands forward ``a``'s output to stage ``a.hands_to``, on this rank (Rule 2a)."""
         raise NotImplementedError
 
     def pass_backward(self, a: Action) -> None:
-        """Hands the input gradient of ``a`` to stage ``a.stage - 1``, on this rank (Rule 2a)."""
+        """Hands the input gradient of ``a`` to stage ``a.hands_to``, on this rank (Rule 2a)."""
         raise NotImplementedError
 
     def backward(self, a: Action, last: bool) -> None:
@@ -175,22 +178,13 @@ class PlanInterpreter:
                  sessions: bool = True) -> None:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
         self.scope, self.sessions = scope, sessions
-        here = [r == rank for r in plan.stage_to_rank]
-        #: stages whose next / previous stage runs on this rank too (Rule 2a)
-        self._next_here = {s for s in range(plan.num_stages - 1) if here[s] and here[s + 1]}
-        self._previous_here = {s + 1 for s in self._next_here}
-        last: Dict[int, int] = {}
-        for index, a in enumerate(self.program):
-            if a.op in ("backward_weight", "backward"):
-                last[a.stage] = index
-        self._last_backward = set(last.values())  # Rule 4
         self.reset()
 
     def reset(self) -> None:
         """Starts a step."""
         self.pc = 0
         self.handles: Dict[Key, List[RecomputeHandle]] = {}
-        self.posted: Dict[Tuple[str, int, int], Action] = {}  # (kind, stage, mb) -> its receive, not yet read
+        self.posted: Dict[int, Action] = {}  # index -> a receive posted and not yet waited for (Rule 7)
         #: (op, stage, plain, seconds) of every TIMED_OPS action of the step
         self.action_s: List[Tuple[str, int, bool, float]] = []
 
@@ -203,13 +197,9 @@ class PlanInterpreter:
         """Seconds in TIMED_OPS actions, this step."""
         return sum(seconds for *_, seconds in self.action_s)
 
-    def _pending(self, a: Action) -> Tuple[str, int, int]:
-        return (_READERS.get(a.op, ""), a.stage, a.microbatch)
-
     def ready(self) -> bool:
         """Whether the next action can run without waiting for a message (Rule 7)."""
-        receive = self.posted.get(self._pending(self.program[self.pc]))
-        return receive is None or self.backend.recv_ready(receive)
+        return all(self.backend.recv_ready(self.program[j]) for j in self.program[self.pc].waits)
 
     def run_all(self) -> None:
         while not self.done:
@@ -232,15 +222,14 @@ class PlanInterpreter:
 
     def _run(self, a: Action) -> None:
         op, key = a.op, (a.stage, a.microbatch)
-        receive = self.posted.pop(self._pending(a), None)
-        if receive is not None:  # Rule 7
-            self.backend.wait_recv(receive)
+        for j in a.waits:  # Rule 7
+            self.backend.wait_recv(self.posted.pop(j))
         if op == "forward":  # Rule 2
             with recompute_handle_collector_ctx() as handles, (plain_forwards() if a.plain
                                                                else contextlib.nullcontext()):
                 output = self.backend.forward(a)
             self.handles[key] = list(handles)
-            if a.stage in self._next_here:  # Rule 2a
+            if a.hands_to >= 0:  # Rule 2a
                 self.backend.pass_forward(a, output)
         elif op == "recompute":  # Rule 3
             if self.sessions:
@@ -252,17 +241,16 @@ class PlanInterpreter:
         elif op in CONSUMER_OPS:  # Rule 4
             with (self.scope.recompute_session_ctx(a.session, a.retain_on_unpack)
                   if a.session is not None and self.sessions else contextlib.nullcontext()):
-                self.backend.backward(a, self.pc in self._last_backward)
-            if a.op != "backward_weight" and a.stage in self._previous_here:  # Rule 2a
+                self.backend.backward(a, a.last_backward)
+            if a.hands_to >= 0:  # Rule 2a
                 self.backend.pass_backward(a)
             if a.frees_graph:  # Rule 5
                 self.handles.pop(key, None)
                 self.backend.release(a.stage, a.microbatch)
         elif op in ("recv_f", "recv_b"):  # Rule 7
             for j in a.posts:
-                posted = self.program[j]
-                self.backend.post_recv(posted)
-                self.posted[(posted.op[-1], posted.stage, posted.microbatch)] = posted
+                self.backend.post_recv(self.program[j])
+                self.posted[j] = self.program[j]
         elif op in ("send_f", "send_b"):
             self.backend.send(a)
         elif op == "reduce_grad":  # Rule 8

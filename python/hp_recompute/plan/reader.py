@@ -54,6 +54,14 @@ class Action:
     #: A receive: the indices (into its rank's actions) of the receives to post when it is reached, in
     #: posting order (plan ``posts``; docs/plan-format.md); empty for every other action.
     posts: Tuple[int, ...] = ()
+    #: A forward, ``backward_input`` or ``backward``: the indices of the receives whose data it reads, which it
+    #: waits for (plan ``waits``); empty when it reads none.
+    waits: Tuple[int, ...] = ()
+    #: The stage's last ``backward_weight`` or ``backward`` on its rank (plan ``last_backward``).
+    last_backward: bool = False
+    #: A forward, ``backward_input`` or ``backward``: the stage on this rank its output (input gradient) is handed
+    #: to in memory (plan ``hands_to``); -1 when a transfer carries it, or nothing does.
+    hands_to: int = -1
 
     def describe(self) -> str:
         """Short text such as ``backward_input stage 3 mb 0 session s3.mb0``."""
@@ -242,7 +250,9 @@ def build_plan(raw: Dict[str, Any], path: str) -> Plan:
                                   session=a.get("session"), retain_on_unpack=a.get("retain_on_unpack", False),
                                   peer=a.get("peer", -1), tag=a.get("tag", -1),
                                   frees_graph=a.get("frees_graph", False), overlap=a.get("overlap", False),
-                                  plain=a.get("checkpoint") is False, posts=tuple(a.get("posts", ()))))
+                                  plain=a.get("checkpoint") is False, posts=tuple(a.get("posts", ())),
+                                  waits=tuple(a.get("waits", ())), last_backward=a.get("last_backward", False),
+                                  hands_to=a.get("hands_to", -1)))
         ranks.append(actions)
     num_ranks = sched["num_ranks"]
     return Plan(path=path, raw=raw, name=str(sched.get("name", "?")), num_ranks=num_ranks,

@@ -319,10 +319,10 @@ class RankExecutor(StageBackend):
         return h
 
     def pass_forward(self, a: Action, output: torch.Tensor) -> None:
-        self.inbox_f[(a.stage + 1, a.microbatch)] = output.detach()
+        self.inbox_f[(a.hands_to, a.microbatch)] = output.detach()
 
     def pass_backward(self, a: Action) -> None:
-        self.inbox_b[(a.stage - 1, a.microbatch)] = self.dx_out.pop((a.stage, a.microbatch))
+        self.inbox_b[(a.hands_to, a.microbatch)] = self.dx_out.pop((a.stage, a.microbatch))
 
     def backward(self, a: Action, last: bool) -> None:
         s, mb = a.stage, a.microbatch

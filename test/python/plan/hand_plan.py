@@ -3,7 +3,8 @@
 Two ranks, one stage each, two microbatches. Stage 0 checkpoints its region: microbatch 0
 splits its backward into I and W (one session, two consumers), microbatch 1 runs a full B.
 Tags follow docs/plan-format.md: (sending stage x microbatches + mb) x 2 + (0 forward, 1 backward);
-each receive posts itself (``posts``), and each stage reduces its gradients after its last backward.
+each receive posts itself (``posts``) and is waited for by the action that reads it (``waits``), each
+stage's last backward says so (``last_backward``) and reduces its gradients after it.
 Tests edit copies of it the way a hand edit or a bad tool would.
 """
 
@@ -36,14 +37,14 @@ def hand_plan() -> Plan:
     """The plan JSON (version 2)."""
     rank0 = [_c("forward", 0, 0), _t("send_f", 0, 0, 1, 0), _c("forward", 0, 1), _t("send_f", 0, 1, 1, 2),
              _t("recv_b", 0, 0, 1, 5, [4]), _c("recompute", 0, 0, session="s0.mb0"),
-             _c("backward_input", 0, 0, session="s0.mb0", retain_on_unpack=True),
+             _c("backward_input", 0, 0, waits=[4], session="s0.mb0", retain_on_unpack=True),
              _c("backward_weight", 0, 0, session="s0.mb0", frees_graph=True), _c("clear", 0, 0, session="s0.mb0"),
              _t("recv_b", 0, 1, 1, 7, [9]), _c("recompute", 0, 1, session="s0.mb1"),
-             _c("backward", 0, 1, session="s0.mb1", frees_graph=True), _c("clear", 0, 1, session="s0.mb1"),
-             {"op": "reduce_grad", "stage": 0}]
-    rank1 = [_t("recv_f", 1, 0, 0, 0, [0]), _c("forward", 1, 0), _c("backward", 1, 0, frees_graph=True),
-             _t("send_b", 1, 0, 0, 5), _t("recv_f", 1, 1, 0, 2, [4]), _c("forward", 1, 1),
-             _c("backward", 1, 1, frees_graph=True), _t("send_b", 1, 1, 0, 7),
+             _c("backward", 0, 1, waits=[9], session="s0.mb1", frees_graph=True, last_backward=True),
+             _c("clear", 0, 1, session="s0.mb1"), {"op": "reduce_grad", "stage": 0}]
+    rank1 = [_t("recv_f", 1, 0, 0, 0, [0]), _c("forward", 1, 0, waits=[0]), _c("backward", 1, 0, frees_graph=True),
+             _t("send_b", 1, 0, 0, 5), _t("recv_f", 1, 1, 0, 2, [4]), _c("forward", 1, 1, waits=[4]),
+             _c("backward", 1, 1, frees_graph=True, last_backward=True), _t("send_b", 1, 1, 0, 7),
              {"op": "reduce_grad", "stage": 1}]
     return {"format": "hp-recompute-plan", "version": 2,
             "schedule": {"name": "hand", "num_ranks": 2, "num_stages": 2, "num_microbatches": 2,

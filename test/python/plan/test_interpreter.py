@@ -100,27 +100,87 @@ def test_receives_are_posted_in_the_order_posts_gives_not_the_order_they_are_rea
                          ("wait", "recv_b", 0, 1)]
 
 
-def test_co_located_stages_hand_over_in_memory_and_weights_pass_nothing():
-    """One rank runs both stages: the plan has no transfer; forward outputs and input gradients move."""
-    raw = hand_plan()
+def _one_rank(raw: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """``raw`` with both stages on rank 0 and no transfers, forwards first; returns rank 0's actions."""
     raw["schedule"]["num_ranks"], raw["schedule"]["stage_to_rank"] = 1, [0, 0]
     raw["sessions"] = [{**s, "rank": 0} for s in raw["sessions"]]
     ops = [copy.deepcopy(a) for rank in raw["ranks"] for a in rank["actions"]
            if not a["op"].startswith(("send", "recv"))]
+    for a in ops:
+        a.pop("waits", None)
     order = sorted(range(len(ops)), key=lambda i: {"forward": 0}.get(ops[i]["op"], 1))
     raw["ranks"] = [{"rank": 0, "actions": [ops[i] for i in order]}]
+    return raw["ranks"][0]["actions"]
+
+
+def test_co_located_stages_hand_over_in_memory_where_the_plan_says():
+    """One rank runs both stages: the plan has no transfer, and its hands_to say which results move."""
+    raw = hand_plan()
+    actions = _one_rank(raw)
+    for a in actions:
+        if (a["op"], a["stage"]) in (("forward", 0), ("backward", 1)):
+            a["hands_to"] = 1 - a["stage"]
     backend = Recorder()
     _run(raw, 0, backend)
     handoffs = [c for c in backend.calls if c[0].startswith("pass")]
     assert handoffs == [("pass_forward", "forward", 0, 0, "out0.0"), ("pass_forward", "forward", 0, 1, "out0.1"),
                         ("pass_backward", "backward", 1, 0), ("pass_backward", "backward", 1, 1)]
+    # Without hands_to nothing is handed over: the interpreter derives no neighbour of its own.
+    for a in actions:
+        a.pop("hands_to", None)
+    backend = Recorder()
+    _run(raw, 0, backend)
+    assert [c for c in backend.calls if c[0].startswith("pass")] == []
 
 
-def test_the_last_backward_flag_marks_each_stages_last_w_or_b():
+def test_the_last_backward_flag_is_the_plans():
     backend = Recorder()
     _run(hand_plan(), 0, backend)
     flags = [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]
     assert flags == [("backward_input", 0, False), ("backward_weight", 0, False), ("backward", 1, True)]
+    # Moved to the W, the flag goes with it (an edit the verifier refuses; the interpreter only follows).
+    raw = hand_plan()
+    actions = raw["ranks"][0]["actions"]
+    del actions[11]["last_backward"]
+    actions[7]["last_backward"] = True
+    backend = Recorder()
+    _run(raw, 0, backend)
+    flags = [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]
+    assert flags == [("backward_input", 0, False), ("backward_weight", 0, True), ("backward", 1, False)]
+
+
+def test_an_action_waits_for_exactly_the_receives_its_waits_lists():
+    """The forward of mb 1 lists no receive and the backward lists it: the wait moves to the backward."""
+    raw = hand_plan()
+    actions = raw["ranks"][1]["actions"]
+    assert (actions[5]["op"], actions[6]["op"], actions[5]["waits"]) == ("forward", "backward", [4])
+    actions[6]["waits"] = actions[5].pop("waits")
+    backend = Recorder()
+    _run(raw, 1, backend)
+    assert _compute_and_transfers(backend.calls)[5:8] == [
+        ("post", "recv_f", 1, 1), ("forward", "forward", 1, 1, False), ("wait", "recv_f", 1, 1)]
+
+
+class NotYet(Recorder):
+    """A transport where the message of receive ``pending`` (an action index) has not arrived."""
+
+    def __init__(self, program: List[Action], pending: int) -> None:
+        super().__init__()
+        self.pending = program[pending]
+
+    def recv_ready(self, a: Action) -> bool:
+        return a is not self.pending
+
+
+def test_ready_asks_the_transport_about_the_receives_waits_lists():
+    plan = build_plan(hand_plan(), "hand.json")
+    run = PlanInterpreter("test", plan, 1, NotYet(plan.ranks[1], 4), hr.SessionScope("ready"), sessions=False)
+    readiness = []
+    while not run.done:
+        readiness.append((run.pc, run.ready()))
+        run.step_one()
+    # Only the forward of mb 1 (action 5) reads receive 4.
+    assert [pc for pc, ready in readiness if not ready] == [5]
 
 
 def test_a_plain_forward_runs_inside_plain_forwards():

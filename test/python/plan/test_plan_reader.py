@@ -80,6 +80,19 @@ CASES = {
                                       "expected an action index of rank 1 in [0, 9), got '9'"),
     "a boolean in posts": (_set("ranks/1/actions/0/posts", [True]), "/ranks/1/actions/0/posts/0", "got 'true'"),
     "posts on a send": (_set("ranks/0/actions/1/posts", [1]), "/ranks/0/actions/1/posts", "unknown key"),
+    "waits as a number": (_set("ranks/1/actions/1/waits", 0), "/ranks/1/actions/1/waits",
+                          "expected an array of action indices, got '0'"),
+    "waits past the rank's actions": (_set("ranks/1/actions/1/waits", [9]), "/ranks/1/actions/1/waits/0",
+                                      "expected an action index of rank 1 in [0, 9), got '9'"),
+    "waits on a receive": (_set("ranks/1/actions/0/waits", [0]), "/ranks/1/actions/0/waits", "unknown key"),
+    "a boolean hands_to": (_set("ranks/1/actions/1/hands_to", True), "/ranks/1/actions/1/hands_to", "got 'true'"),
+    "hands_to past the stages": (_set("ranks/1/actions/1/hands_to", 2), "/ranks/1/actions/1/hands_to",
+                                 "got '2'"),
+    "hands_to on a W": (_set("ranks/0/actions/7/hands_to", 1), "/ranks/0/actions/7/hands_to", "unknown key"),
+    "last_backward as a number": (_set("ranks/1/actions/6/last_backward", 1), "/ranks/1/actions/6/last_backward",
+                                  "expected true or false, got '1'"),
+    "last_backward on an I": (_set("ranks/0/actions/6/last_backward", True), "/ranks/0/actions/6/last_backward",
+                              "unknown key"),
 }
 
 
@@ -92,6 +105,15 @@ def test_posts_are_read_for_receives_only() -> None:
     raw["ranks"][1]["actions"][0]["posts"], raw["ranks"][1]["actions"][4]["posts"] = [0, 4], []
     plan = admit_plan(raw, "p.json")
     assert (plan.ranks[1][0].posts, plan.ranks[1][4].posts) == ((0, 4), ())
+
+
+def test_the_lowered_members_are_read_onto_their_actions() -> None:
+    plan = admit_plan(hand_plan(), "p.json")
+    assert [a.waits for a in plan.ranks[1]] == [(), (0,), (), (), (), (4,), (), (), ()]
+    assert [(a.op, a.microbatch) for a in plan.ranks[0] if a.waits] == [("backward_input", 0), ("backward", 1)]
+    assert [(r, a.stage, a.microbatch) for r, actions in enumerate(plan.ranks) for a in actions
+            if a.last_backward] == [(0, 0, 1), (1, 1, 1)]
+    assert all(a.hands_to == -1 for actions in plan.ranks for a in actions)  # one stage per rank
 
 
 def test_the_hand_plan_is_valid() -> None:

@@ -89,16 +89,17 @@ def _tag_mismatch(p: Plan) -> None:
 
 
 def _keeping_posts(edit: Callable[[Plan], None]) -> Callable[[Plan], None]:
-    """``edit``, after which every receive's ``posts`` names the same receives as before (by index, so an edit
+    """``edit``, after which every ``posts`` and ``waits`` names the same receives as before (by index, so an edit
     that moves, adds or drops actions would otherwise break them too): the edit plants one bug only."""
     def wrapped(p: Plan) -> None:
-        named = [[(a, [acts[i] for i in a["posts"]]) for a in acts if "posts" in a]
-                 for acts in (r["actions"] for r in p["ranks"])]
+        named = [[(a, key, [acts[i] for i in a[key]], list(a[key])) for a in acts for key in ("posts", "waits")
+                  if key in a] for acts in (r["actions"] for r in p["ranks"])]
         edit(p)
         for rank, pairs in zip(p["ranks"], named):
             where = {id(a): i for i, a in enumerate(rank["actions"])}
-            for a, targets in pairs:
-                a["posts"] = [where[id(t)] for t in targets if id(t) in where]
+            for a, key, targets, was in pairs:
+                if a.get(key) == was:  # the edit left it: keep it naming the same receives
+                    a[key] = [where[id(t)] for t in targets if id(t) in where]
     return wrapped
 
 
@@ -216,6 +217,53 @@ FOUND_MISSING = {
     "no reduce_grad": (_no_reduce_grad, "no REDUCE_GRAD of stage 0 after this, its last W or B; a plan reduces each "
                                         "stage's gradients exactly once, after its last W and B (rule 8)"),
 }
+def _no_last_backward(p: Plan) -> None:
+    acts = p["ranks"][0]["actions"]
+    del acts[_last_backward(acts, acts[0]["stage"])]["last_backward"]
+
+
+def _last_backward_on_an_earlier_backward(p: Plan) -> None:
+    """Rank 0's first W or B of its first stage says it is the stage's last."""
+    acts = p["ranks"][0]["actions"]
+    stage = acts[0]["stage"]
+    acts[_first(p, 0, lambda a: a["op"] in ("backward_weight", "backward") and a["stage"] == stage)][
+        "last_backward"] = True
+
+
+def _readers(acts: List[Dict[str, Any]]) -> List[int]:
+    return [i for i, a in enumerate(acts) if a.get("waits")]
+
+
+def _reader_does_not_wait(p: Plan) -> None:
+    acts = p["ranks"][1]["actions"]
+    del acts[_readers(acts)[0]]["waits"]
+
+
+def _reader_waits_for_anothers_receive(p: Plan) -> None:
+    """Rank 1's first two readers wait for each other's receive."""
+    acts = p["ranks"][1]["actions"]
+    first, second = _readers(acts)[:2]
+    acts[first]["waits"], acts[second]["waits"] = acts[second]["waits"], acts[first]["waits"]
+
+
+def _hands_to_another_rank(p: Plan) -> None:
+    """Stage 0's first forward hands its output to stage 1, which runs on rank 1."""
+    acts = p["ranks"][0]["actions"]
+    acts[_first(p, 0, lambda a: a["op"] == "forward" and a["stage"] == 0)]["hands_to"] = 1
+
+
+FOUND_MISSING.update({
+    "no last_backward": (_no_last_backward, "no last_backward on the last backward_weight or backward of stage 0; a "
+                                            "plan marks it, where the stage's gradients are complete (rule 10)"),
+    "last_backward on an earlier backward": (_last_backward_on_an_earlier_backward,
+                                             "last_backward marks that one only (rule 10)"),
+    "a reader that does not wait": (_reader_does_not_wait, "but does not list it in waits; an action waits for each "
+                                                           "receive it reads (rule 11)"),
+    "a reader waiting for another's receive": (_reader_waits_for_anothers_receive,
+                                               "an action waits for the receives it reads, and only those (rule 11)"),
+    "hands_to another rank": (_hands_to_another_rank, "hands_to 1, but stage 1 runs on rank 1; a transfer carries its "
+                                                      "output, hands_to names a stage on the same rank (rule 12)"),
+})
 # Edits that move, add or drop actions keep the receives' posts pointing at the same receives.
 CATALOGUE = {case: (_keeping_posts(edit), message) for case, (edit, message) in CATALOGUE.items()}
 FOUND_MISSING = {case: (_keeping_posts(edit), message) for case, (edit, message) in FOUND_MISSING.items()}
@@ -239,6 +287,28 @@ def test_a_rule_the_trial_found_missing_is_enforced(request: pytest.FixtureReque
         admit_plan(plan, "p.json")
     assert message in str(info.value)
     assert str(info.value).startswith("hp_recompute: plan p.json is refused before any rank runs")
+
+
+def _no_hands_to(p: Plan) -> None:
+    acts = p["ranks"][1]["actions"]
+    del acts[_first(p, 1, lambda a: "hands_to" in a)]["hands_to"]
+
+
+#: The in-memory handoff between co-located stages (rule 12): only a V-shaped plan has one.
+CO_LOCATED = {
+    "no hands_to": (_no_hands_to, "no hands_to, but stage 2, which takes its output, runs on this rank too; a plan "
+                                  "names the stage an action hands its result to in memory (rule 12)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CO_LOCATED))
+def test_a_co_located_handoff_the_plan_does_not_name_is_refused(zbv_plan: Plan, case: str) -> None:
+    plan = copy.deepcopy(zbv_plan)
+    edit, message = CO_LOCATED[case]
+    edit(plan)
+    with pytest.raises(RunError) as info:
+        admit_plan(plan, "p.json")
+    assert message in str(info.value)
 
 
 def test_the_deadlock_check_matches_messages_by_tag_as_the_transfer_check_does() -> None:
@@ -300,9 +370,10 @@ def test_an_untagged_plan_runs_in_one_process_and_is_refused_before_spawning_pro
 
 
 @pytest.mark.parametrize("case", ["duplicate tag", "reduce_grad before the last W", "retain on the last consumer",
-                                  "no reduce_grad", "receives posted out of the peer's order"])
+                                  "no reduce_grad", "receives posted out of the peer's order", "no last_backward",
+                                  "a reader that does not wait", "no hands_to"])
 def test_the_runner_refuses_a_rule_the_trial_found_missing(tmp_path: Path, zbv_plan: Plan, case: str) -> None:
-    edit, message = FOUND_MISSING[case]
+    edit, message = {**FOUND_MISSING, **CO_LOCATED}[case]
     plan = copy.deepcopy(zbv_plan)
     edit(plan)
     path = tmp_path / "broken.json"
@@ -314,10 +385,10 @@ def test_the_runner_refuses_a_rule_the_trial_found_missing(tmp_path: Path, zbv_p
 
 
 @pytest.mark.skipif(not PLAN_TOOL.exists(), reason="hp-recompute-plan is not built")
-@pytest.mark.parametrize("case", sorted(CATALOGUE) + sorted(FOUND_MISSING))
+@pytest.mark.parametrize("case", sorted(CATALOGUE) + sorted(FOUND_MISSING) + sorted(CO_LOCATED))
 def test_the_cli_verifier_names_the_same_rule(tmp_path: Path, zbv_plan: Plan, case: str) -> None:
     """One verifier: ``hp-recompute-plan --verify`` prints exactly the lines the runtimes refuse with."""
-    edit, message = {**CATALOGUE, **FOUND_MISSING}[case]
+    edit, message = {**CATALOGUE, **FOUND_MISSING, **CO_LOCATED}[case]
     plan = copy.deepcopy(zbv_plan)
     edit(plan)
     path = tmp_path / "broken.json"

@@ -68,6 +68,19 @@ TEST_P(PlanImport, WrittenPlansReadBackAdmittedAndIdentical) {
             getSchedule(*planned->module).getNumStages());
   EXPECT_EQ(count("\"posts\":"),
             count("{\"op\":\"recv_f\"") + count("{\"op\":\"recv_b\""));
+  // And what a runtime would otherwise derive: one last_backward per stage,
+  // one reader waiting for each receive, and a hands_to on the forward of
+  // each stage whose next stage shares its rank and on the dx of that next
+  // stage, per microbatch.
+  ScheduleOp schedule = getSchedule(*planned->module);
+  EXPECT_EQ(count("\"last_backward\":true"), schedule.getNumStages());
+  EXPECT_EQ(count("\"waits\":["),
+            count("{\"op\":\"recv_f\"") + count("{\"op\":\"recv_b\""));
+  int64_t colocated = 0, numStages = schedule.getNumStages();
+  for (int64_t stage = 0; stage + 1 < numStages; ++stage)
+    colocated += schedule.getRankOf(stage) == schedule.getRankOf(stage + 1);
+  EXPECT_EQ(count("\"hands_to\":"),
+            static_cast<size_t>(colocated * 2 * schedule.getNumMicrobatches()));
 
   auto imported = importPlanJson(context, written, "plan.json");
   ASSERT_TRUE(static_cast<bool>(imported)) << toString(imported.takeError());

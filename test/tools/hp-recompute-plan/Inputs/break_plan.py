@@ -12,10 +12,12 @@ def first(actions, pred):
 
 
 def renumber(actions, index, step):
-    """Shifts the posts indices at or past ``index`` by ``step``: an action was inserted (1) or deleted (-1)."""
+    """Shifts the posts and waits indices at or past ``index`` by ``step``: an action was inserted (1) or deleted
+    (-1)."""
     for a in actions:
-        if "posts" in a:
-            a["posts"] = [i + step if i >= index else i for i in a["posts"]]
+        for key in ("posts", "waits"):
+            if key in a:
+                a[key] = [i + step if i >= index else i for i in a[key]]
 
 
 def self_posting(actions):
@@ -81,8 +83,57 @@ def frees(p):
     actions[first(actions, lambda a: a["op"] == "backward_input")]["frees_graph"] = True
 
 
+def last_backwards(actions, stage):
+    return [i for i, a in enumerate(actions) if a["op"] in ("backward_weight", "backward") and a["stage"] == stage]
+
+
+def no_last_backward(p):
+    actions = p["ranks"][0]["actions"]
+    del actions[last_backwards(actions, 0)[-1]]["last_backward"]
+
+
+def last_backward_early(p):
+    """Stage 0's first W says it is the last."""
+    actions = p["ranks"][0]["actions"]
+    actions[last_backwards(actions, 0)[0]]["last_backward"] = True
+
+
+def readers(actions):
+    return [i for i, a in enumerate(actions) if "waits" in a]
+
+
+def no_waits(p):
+    actions = p["ranks"][1]["actions"]
+    del actions[readers(actions)[0]]["waits"]
+
+
+def waits_swapped(p):
+    """Rank 1's first two readers wait for each other's receive."""
+    actions = p["ranks"][1]["actions"]
+    i, j = readers(actions)[:2]
+    actions[i]["waits"], actions[j]["waits"] = actions[j]["waits"], actions[i]["waits"]
+
+
+def no_hands_to(p):
+    actions = p["ranks"][1]["actions"]
+    del actions[first(actions, lambda a: "hands_to" in a)]["hands_to"]
+
+
+def hands_to_other_rank(p):
+    """Stage 0's first forward hands to stage 1, which runs on rank 1."""
+    actions = p["ranks"][0]["actions"]
+    actions[first(actions, lambda a: a["op"] == "forward" and a["stage"] == 0)]["hands_to"] = 1
+
+
+def hands_to_wrong_stage(p):
+    actions = p["ranks"][1]["actions"]
+    a = actions[first(actions, lambda a: "hands_to" in a)]
+    a["hands_to"] = a["stage"]
+
+
 for edit in (reduce_early, reduce_twice, duplicate_tag, send_early, retain, frees, no_reduce, posted_twice,
-             posted_out_of_order, never_posted):
+             posted_out_of_order, never_posted, no_last_backward, last_backward_early, no_waits, waits_swapped,
+             no_hands_to, hands_to_other_rank, hands_to_wrong_stage):
     broken = copy.deepcopy(plan)
     edit(broken)
     with open(f"{sys.argv[2]}/{edit.__name__.replace('_', '-')}.json", "w") as out:
