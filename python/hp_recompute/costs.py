@@ -31,7 +31,15 @@ ranks that share a machine slow each other down (caches, memory bandwidth, SMT s
 on the 2-core VM of bench/run two processes run each op 1.5-1.8x slower than one), so
 costs for an N-rank run on one machine are measured N at a time.
 
+``--module FILE.py:FACTORY`` measures a plain ``nn.Module`` instead, with no adapter and no
+model JSON: its regions are the exporter's (``export.measure.measure_regions``, the planner's
+``segmentOps``; ``--regions`` chooses them by module path), its bytes the exporter's, and the
+times those of its own forward cut at the regions' boundaries (NOTE [ Cut forward ]); the
+model JSON is written from scratch.
+
     python -m hp_recompute.costs --model-json examples/gpt/gpt.model.json -o gpt.costed.json
+    python -m hp_recompute.costs --module examples/llama/model.py:build --input-shape 2x64 \
+        --input-dtype int64 -o llama.costed.json
 """
 
 from __future__ import annotations
@@ -44,11 +52,13 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .backward_split import backward_input, backward_weight
+from .export.cli import add_module_arguments, check_module_arguments
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .factory import raised_at
 from .output_files import OutputError, check_outputs, text_writer, write_outputs
@@ -59,7 +69,7 @@ from .plan.verify import planner_extension
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
 
-__all__ = ["measure_region_times", "measure_concurrently", "times_from_run", "main"]
+__all__ = ["measure_region_times", "measure_module_times", "measure_concurrently", "times_from_run", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
 CHECKPOINT_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
@@ -83,26 +93,26 @@ def _distinct_bytes(tensors: Any) -> int:
     return sum(seen.values())
 
 
-def _backward_workspace(out: torch.Tensor, grads_out: Any, inputs: List[torch.Tensor],
-                        weights: List[torch.Tensor]) -> int:
+def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[torch.Tensor],
+                        weights: List[torch.Tensor], keep_graph: bool = False) -> int:
     """Transient bytes of a region's backward: the allocator peak above what it leaves behind,
-    the largest of I, W and one full backward (B)."""
+    the largest of I, W and one full backward (B, which frees the graph unless ``keep_graph``)."""
     meters = [AllocatorPeak() for _ in range(3)]
     with meters[0]:
-        _, state = backward_input([out], grads_out, inputs, weights, retain_graph=True)
+        _, state = backward_input(outs, grads_out, inputs, weights, retain_graph=True)
     with meters[1]:
         backward_weight(state, retain_graph=True)
     if inputs or weights:
         with meters[2]:
-            torch.autograd.grad([out], inputs + weights, grads_out, allow_unused=True)
+            torch.autograd.grad(outs, inputs + weights, grads_out, allow_unused=True, retain_graph=keep_graph)
     return max((m.peak or 0) - max(m.net or 0, 0) for m in meters)
 
 
-def _checkpointed_times(region: Any, inp: Any, batch: Any) -> Tuple[float, float]:
-    """(forward under checkpoint, one replay) of ``region`` on ``inp``, in seconds."""
+def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[float, float]:
+    """(forward under checkpoint, one replay) of ``fn(*args, **kwargs)``, in seconds."""
     t0 = time.perf_counter()
     with recompute_handle_collector_ctx() as handles:
-        out = checkpoint(region.fn, inp, batch)
+        out = checkpoint(fn, *args, **kwargs)
     t1 = time.perf_counter()
     for handle in handles:
         recompute_handle(handle, _SESSION)
@@ -128,7 +138,7 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
             out = region.fn(inp, batch)
             chain.append((region, inp, out, time.perf_counter() - t0))
             if region.checkpointable and round_ >= warmup:
-                for key, seconds in zip(CHECKPOINT_KEYS, _checkpointed_times(region, inp, batch)):
+                for key, seconds in zip(CHECKPOINT_KEYS, _checkpointed_times(region.fn, inp, batch)):
                     samples[region.name][key].append(seconds * 1e6)
             x = out
         grad: Optional[torch.Tensor] = None
@@ -137,7 +147,7 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
             inputs = [inp] if isinstance(inp, torch.Tensor) and inp.requires_grad else []
             grads_out = None if grad is None else [grad]
             if round_ == warmup:  # once, under the allocator meter: not timed
-                workspace[region.name] = _backward_workspace(out, grads_out, inputs, weights)
+                workspace[region.name] = _backward_workspace([out], grads_out, inputs, weights)
                 out = region.fn(inp, batch)
             t0 = time.perf_counter()
             dxs, state = backward_input([out], grads_out, inputs, weights)
@@ -282,6 +292,250 @@ def times_from_run(names: Sequence[str], report_path: str,
     return times
 
 
+# ---------------------------------------------------------------------------
+# A plain nn.Module (--module): its forward cut at the regions' boundaries
+# ---------------------------------------------------------------------------
+#
+# NOTE [ Cut forward ]
+# A plain module has no region functions to call one by one (there is no adapter), only its
+# own forward. So the forward runs whole, with each region's module call cut out of the
+# autograd graph on both sides:
+#   1. A region module's call gets, for each tensor argument that needs grad, a detached leaf
+#      (``cut_in``), and its caller gets, for each result that needs grad, a detached leaf
+#      (``cut_out``). Each region's graph then spans exactly its own call, and the code
+#      between two regions (the segments outside regions) spans from the previous region's
+#      ``cut_out`` leaves to the next region's arguments (or the module's outputs).
+#   2. Forward times: a region's is its module call; the code outside regions is the time
+#      between calls (before the first, between two, after the last), attributed to the
+#      segment ``segmentOps`` put there. A gap with no segment (no op ran there, or only a
+#      bare view, which joins the previous segment) is carried through untimed.
+#   3. Backward, segments in reverse: each one's outputs get the gradients accumulated for
+#      the tensors downstream code received (``out_keys``), I (and W) or B run on its own
+#      graph, and the gradients of its input leaves are added to what its inputs were cut
+#      from (``in_keys``). The module's outputs are seeded with ones (the gradient of their
+#      sum): a plain module has no loss; the one a training step adds after it is not
+#      measured.
+#   4. Which segment a call or gap is comes from the segments ``measure_regions`` returned
+#      (the planner's ``segmentOps``); the calls must come in their order, once each.
+
+
+@dataclass
+class _Call:
+    """One region module's call in a cut forward (NOTE [ Cut forward ] Rule 1)."""
+
+    name: str
+    enter: float  # perf_counter when called: the code before it ends
+    leave: float  # after it (and after its checkpointed run): the code after it starts
+    fwd_s: float
+    checkpointed: Optional[Tuple[float, float]]
+    cut_in: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (argument, its leaf)
+    outs: List[torch.Tensor] = field(default_factory=list)  # its results, graph inside the region
+    cut_out: List[torch.Tensor] = field(default_factory=list)  # the leaves the caller got, one per result
+
+
+@dataclass
+class _Piece:
+    """One segment's graph in a cut forward, or an untimed bridge (``name`` None, Rule 2)."""
+
+    name: Optional[str]
+    fwd_s: float
+    outs: List[torch.Tensor]
+    out_keys: List[int]
+    ins: List[torch.Tensor]
+    in_keys: List[int]
+    weights: List[torch.Tensor]
+
+
+def _needs_grad(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())
+
+
+def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
+                 checkpointed: bool) -> Tuple[List[_Call], List[torch.Tensor], float, float]:
+    """Runs ``model(*inputs)`` with the calls of the modules ``names`` cut (Rule 1).
+
+    Returns (the calls in order, the module's outputs that need grad, start, end). With
+    ``checkpointed``, each region also runs under ``hp_recompute.checkpoint`` and replays once
+    right after its plain call, outside the times of the code around it."""
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    modules = dict(model.named_modules())
+    calls: List[_Call] = []
+    patched: List[Tuple[torch.nn.Module, bool, Any]] = []
+
+    def cut(name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            enter = time.perf_counter()
+            cut_in: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+            def leaf_in(t: Any) -> Any:
+                if not _needs_grad(t):
+                    return t
+                leaf = t.detach().requires_grad_(True)
+                cut_in.append((t, leaf))
+                return leaf
+
+            args, kwargs = tree_map(leaf_in, (args, kwargs))
+            t0 = time.perf_counter()
+            out = forward(*args, **kwargs)
+            fwd_s = time.perf_counter() - t0
+            ckpt = _checkpointed_times(forward, *args, **kwargs) if checkpointed else None
+            record = _Call(name, enter, 0.0, fwd_s, ckpt, cut_in)
+
+            def leaf_out(t: Any) -> Any:
+                if not _needs_grad(t):
+                    return t
+                leaf = t.detach().requires_grad_(True)
+                record.outs.append(t)
+                record.cut_out.append(leaf)
+                return leaf
+
+            out = tree_map(leaf_out, out)
+            record.leave = time.perf_counter()
+            calls.append(record)
+            return out
+
+        return call
+
+    for name in names:
+        module = modules[name]
+        patched.append((module, "forward" in module.__dict__, module.__dict__.get("forward")))
+        module.forward = cut(name, module.forward)  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        out = model(*inputs)
+        end = time.perf_counter()
+    finally:
+        for module, had, forward in patched:
+            if had:
+                module.forward = forward  # type: ignore[method-assign]
+            else:
+                del module.forward
+    return calls, [t for t in tree_flatten(out)[0] if _needs_grad(t)], start, end
+
+
+def _pieces(segments: Sequence[Any], calls: List[_Call], outputs: List[torch.Tensor], start: float, end: float,
+            weights_of: Dict[str, List[torch.Tensor]]) -> List[_Piece]:
+    """The segments' graphs of one cut forward, in order (Rules 2 and 4)."""
+    regions = [s.name for s in segments if s.checkpointable]
+    if [c.name for c in calls] != regions:
+        raise RunError(f"hp_recompute.costs: the cut forward called the regions [{', '.join(c.name for c in calls)}], "
+                       f"not [{', '.join(regions)}] as the measured one did; a region must be called once per "
+                       f"forward, always in the same order")
+    leaves = {id(t) for c in calls for t in c.cut_out}
+    pieces: List[_Piece] = []
+    outside: Dict[int, str] = {}  # index of the region call before (-1: none) -> segment outside regions
+    before = -1
+    for seg in segments:
+        if seg.checkpointable:
+            before += 1
+        else:
+            outside[before] = seg.name
+    for k in range(-1, len(calls)):
+        prev = calls[k] if k >= 0 else None
+        nxt = calls[k + 1] if k + 1 < len(calls) else None
+        if prev is not None:
+            pieces.append(_Piece(prev.name, prev.fwd_s, prev.outs, [id(t) for t in prev.cut_out],
+                                 [leaf for _, leaf in prev.cut_in], [id(t) for t, _ in prev.cut_in],
+                                 weights_of[prev.name]))
+        # The code after ``prev``: what it hands on is what the next call was cut from (or the
+        # module's outputs), unless that is a leaf of ``prev`` passed on untouched.
+        handed = [t for t, _ in nxt.cut_in] if nxt is not None else outputs
+        handed = [t for t in handed if id(t) not in leaves]
+        gap = (nxt.enter if nxt is not None else end) - (prev.leave if prev is not None else start)
+        name = outside.get(k)
+        if name is not None or handed:
+            ins = prev.cut_out if prev is not None else []
+            pieces.append(_Piece(name, gap, handed, [id(t) for t in handed], list(ins), [id(t) for t in ins],
+                                 weights_of.get(name, []) if name is not None else []))
+    return pieces
+
+
+def _backward_pieces(pieces: List[_Piece], outputs: List[torch.Tensor], split: bool,
+                     samples: Optional[Dict[str, Dict[str, List[float]]]], kept: Dict[str, int],
+                     workspace: Optional[Dict[str, int]] = None) -> None:
+    """Backward of a cut forward, piece by piece in reverse (Rule 3): I then W (``split``), or B.
+    Adds the times to ``samples`` (when given), the bytes I keeps for W to ``kept``; with
+    ``workspace``, measures each piece's transient bytes first (untimed round)."""
+    grads: Dict[int, torch.Tensor] = {id(t): torch.ones_like(t) for t in outputs}
+    for piece in reversed(pieces):
+        pairs = [(t, grads[k]) for t, k in zip(piece.outs, piece.out_keys) if k in grads]
+        if not pairs or not (piece.ins or piece.weights):
+            continue
+        outs, grads_out = [t for t, _ in pairs], [g for _, g in pairs]
+        ins = list(piece.ins)
+        if workspace is not None and piece.name is not None:
+            workspace[piece.name] = _backward_workspace(outs, grads_out, ins, piece.weights, keep_graph=True)
+        t0 = time.perf_counter()
+        if split:
+            dxs, state = backward_input(outs, grads_out, ins, piece.weights)
+            t1 = time.perf_counter()
+            if piece.name is not None:
+                kept[piece.name] = _distinct_bytes(g for gs in state.recorded.values() for g in gs)
+            backward_weight(state)
+            t2 = time.perf_counter()
+            times = {"bwd_input_time_us": t1 - t0, "bwd_weight_time_us": t2 - t1}
+        else:
+            dxs = list(torch.autograd.grad(outs, ins + piece.weights, grads_out, allow_unused=True))[:len(ins)]
+            times = {"bwd_time_us": time.perf_counter() - t0}
+        if samples is not None and piece.name is not None:
+            for key, seconds in times.items():
+                samples[piece.name][key].append(seconds * 1e6)
+        for key, dx in zip(piece.in_keys, dxs):
+            if dx is not None:
+                grads[key] = grads[key] + dx if key in grads else dx
+
+
+def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor], segments: Sequence[Any],
+                         repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
+    """Median times of every segment of a plain module, in microseconds, by cut forwards
+    (NOTE [ Cut forward ]): TIME_KEYS for all, CHECKPOINT_KEYS for the regions, BYTES_KEYS.
+
+    Args:
+        segments: ``export.measure.measure_regions(model, inputs, ...)``, the planner's segments.
+        repeats, warmup: rounds, and how many are dropped first; each round is one cut forward
+            with the split backward (I, W; regions also checkpointed and replayed) and one with
+            the full backward (B, and the forward times).
+    """
+    by_ptr: Dict[int, List[torch.Tensor]] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            by_ptr.setdefault(storage_of(p).data_ptr(), []).append(p)
+    weights_of = {s.name: [p for ptr in s.params for p in by_ptr.get(ptr, [])] for s in segments}
+    names = [s.name for s in segments if s.checkpointable]
+    samples: Dict[str, Dict[str, List[float]]] = {
+        s.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if s.checkpointable else ())} for s in segments}
+    kept: Dict[str, int] = {}
+    workspace: Dict[str, int] = {}
+    calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False)
+    _backward_pieces(_pieces(segments, calls, outputs, start, end, weights_of), outputs, False, None, kept,
+                     workspace)  # once, under the allocator meter: not timed
+    for round_ in range(repeats):
+        timed = round_ >= warmup
+        calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=timed)
+        _backward_pieces(_pieces(segments, calls, outputs, start, end, weights_of), outputs, True,
+                         samples if timed else None, kept)
+        if timed:
+            for call in calls:
+                for key, seconds in zip(CHECKPOINT_KEYS, call.checkpointed or ()):
+                    samples[call.name][key].append(seconds * 1e6)
+        del calls, outputs
+        calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False)
+        pieces = _pieces(segments, calls, outputs, start, end, weights_of)
+        _backward_pieces(pieces, outputs, False, samples if timed else None, kept)
+        if timed:
+            for piece in pieces:
+                if piece.name is not None:
+                    samples[piece.name]["fwd_time_us"].append(piece.fwd_s * 1e6)
+        del calls, outputs, pieces
+    out: Dict[str, Dict[str, float]] = {}
+    for name, keys in samples.items():
+        out[name] = {k: statistics.median(v) if v else 0.0 for k, v in keys.items()}
+        out[name][BYTES_KEYS[0]] = kept.get(name, 0)
+        out[name][BYTES_KEYS[1]] = workspace.get(name, 0)
+    return out
+
+
 #: Bounds of the numeric flags (a usage error outside them, not a measurement that never ends).
 MAX_REPEATS = 10_000
 MAX_THREADS = 1024
@@ -301,8 +555,14 @@ def _non_finite(graph: Dict[str, Any], times: Dict[str, Dict[str, float]]) -> Op
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 bad input, 2 usage)."""
     p = argparse.ArgumentParser(prog="python -m hp_recompute.costs", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model-json", required=True, help="model JSON whose region names are the model's regions")
-    p.add_argument("--model", default=None, help="FILE.py:FACTORY (default: the bundled GPT example)")
+    p.add_argument("--model-json", default=None,
+                   help="model JSON whose region names are the runner's regions of --model (or: --module)")
+    p.add_argument("--model", default=None,
+                   help="FILE.py:FACTORY returning a runner PipelineModel (default: the bundled GPT example)")
+    add_module_arguments(p, required=False)
+    p.add_argument("--regions", default=None, metavar="PATH[,PATH...]",
+                   help="with --module: the regions' module paths instead of --region-depth's rule; a ModuleList, "
+                        "a ModuleDict or PATH.* stands for its children (--regions layers)")
     p.add_argument("-o", "--output", required=True,
                    help="where to write the model JSON with measured times (- for stdout)")
     p.add_argument("--repeats", type=int, default=12, help="rounds, default 12")
@@ -314,6 +574,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--from-run", default=None, metavar="REPORT",
                    help="measure nothing: take the times from this run report (module docstring)")
     args = p.parse_args(argv)
+    check_module_arguments(p, args)
+    if (args.module is None) == (args.model_json is None):
+        p.error("give either --module FILE.py:FACTORY (a plain nn.Module, measured as it is) or --model-json "
+                "MODEL.json (the regions of the runner's --model)")
+    if args.module is not None:
+        for flag, value in (("--model", args.model), ("--from-run", args.from_run)):
+            if value is not None:
+                p.error(f"{flag} goes with --model-json (the runner's regions); --module measures the module itself")
+        if args.processes != 1:
+            p.error("--processes goes with --model-json; --module measures in this process")
+        if args.regions == "":
+            p.error("--regions: an empty value")
+        if args.regions is not None and args.region_depth != 1:
+            p.error("--regions names the regions, --region-depth finds them by a rule: give one of the two")
+    elif args.regions is not None or args.input_shape is not None or args.region_depth != 1:
+        p.error("--regions, --input-shape, --input-dtype and --region-depth go with --module")
     if not 1 <= args.repeats <= MAX_REPEATS:
         p.error(f"--repeats must be in [1, {MAX_REPEATS}], got {args.repeats}")
     if not 0 <= args.warmup < args.repeats:
@@ -327,6 +603,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for flag, value in (("--model-json", args.model_json), ("--model", args.model), ("--from-run", args.from_run)):
         if value == "":
             p.error(f"{flag}: an empty value")
+    if args.module is not None:
+        return _main_module(args)
     output = ("-o", args.output)
     inputs = [("--model-json", args.model_json), ("--model", args.model.rpartition(":")[0] if args.model else DEFAULT_MODEL)]
     if args.from_run is not None:
@@ -354,7 +632,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RunError as e:
         print(e, file=sys.stderr)
         return 1
-    for region in regions:
+    return _write(args, graph, times, source)
+
+
+def _write(args: argparse.Namespace, graph: Dict[str, Any], times: Dict[str, Dict[str, float]], source: str) -> int:
+    """Writes ``graph`` with ``times`` to ``-o`` and prints the table; the exit status."""
+    for region in graph["regions"]:
         region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in times[region["name"]].items()})
     graph["source"] = f"{graph.get('source', '')}; {source}".lstrip("; ")
     try:
@@ -363,14 +646,60 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"hp_recompute.costs: {e}", file=sys.stderr)
         return 1
     table = sys.stderr if args.output == "-" else sys.stdout  # stdout holds the JSON then
-    print(f"{'region':<12} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'bwd_us':>9} {'dx/fwd':>7} {'dw/fwd':>7} "
+    width = max([12] + [len(name) for name in times])
+    print(f"{'region':<{width}} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'bwd_us':>9} {'dx/fwd':>7} {'dw/fwd':>7} "
           f"{'ckpt_fwd':>9} {'replay':>9}", file=table)
     for name, t in times.items():
         f, i, w, b = (t[k] for k in TIME_KEYS)
         extra = " ".join(f"{t[k]:9.1f}" for k in CHECKPOINT_KEYS if k in t)
         ratios = f"{i / f:7.2f} {w / f:7.2f}" if f > 0 else f"{'-':>7} {'-':>7}"
-        print(f"{name:<12} {f:9.1f} {i:9.1f} {w:9.1f} {b:9.1f} {ratios} {extra}", file=table)
+        print(f"{name:<{width}} {f:9.1f} {i:9.1f} {w:9.1f} {b:9.1f} {ratios} {extra}", file=table)
     return 0
+
+
+def _main_module(args: argparse.Namespace) -> int:
+    """``--module``: measure a plain ``nn.Module`` (NOTE [ Cut forward ]) and write its model JSON."""
+    from .export.cli import ExportError, describe_inputs, load_factory, make_inputs, model_graph, module_inputs
+    from .export.measure import RegionError, measure_regions, resolve_regions
+
+    torch.set_num_threads(args.threads)
+    try:
+        shapes, dtypes = module_inputs(args)
+        check_outputs([("-o", args.output)], [("--module", args.module.rpartition(":")[0])])
+        model = load_factory(args.module)
+        regions = resolve_regions(model, args.regions) if args.regions is not None else None
+        inputs = make_inputs(shapes, dtypes, seed=args.seed)
+        model.train()
+        name = type(model).__name__
+        try:
+            segments = measure_regions(model, inputs, args.region_depth, name=args.module, regions=regions)
+            graph = model_graph(name, segments)
+            times = measure_module_times(model, inputs, segments, args.repeats, args.warmup)
+        except (RegionError, RunError):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the model's own failure, located; SystemExit included
+            raise RunError(f"hp_recompute.costs: measuring {args.module} on inputs {describe_inputs(shapes, dtypes)} "
+                           f"(--input-shape, --input-dtype) failed: {raised_at(e)}") from None
+        bad = _non_finite(graph, times)
+        if bad:
+            raise RunError(f"hp_recompute.costs: -o {args.output}: not written: {bad}; the planner reads only "
+                           f"finite numbers")
+    except OutputError as e:
+        print(f"hp_recompute.costs: {e}", file=sys.stderr)
+        return 2 if e.usage else 1
+    except ExportError as e:
+        print(e, file=sys.stderr)
+        return 2 if e.usage else 1
+    except RegionError as e:
+        print(f"hp_recompute.costs: {e}", file=sys.stderr)
+        return 1
+    except RunError as e:
+        print(e, file=sys.stderr)
+        return 1
+    source = (f"python -m hp_recompute.costs --module {args.module} --input-shape {args.input_shape} --input-dtype "
+              f"{args.input_dtype}" + (f" --regions {args.regions}" if args.regions is not None else "")
+              + f", torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats - args.warmup}")
+    return _write(args, graph, times, source)
 
 
 def _measure(args: argparse.Namespace, regions: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:

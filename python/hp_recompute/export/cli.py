@@ -38,7 +38,8 @@ from ..plan.verify import planner_extension
 from .ir import module_to_ir
 from .measure import RegionError, Segment, measure_regions
 
-__all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "export", "main"]
+__all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "export", "main",
+           "add_module_arguments", "check_module_arguments", "module_inputs", "model_graph"]
 
 SIDECAR_FORMAT = "hp-recompute-export"
 MODEL_FORMAT = "hp-recompute-model"
@@ -114,6 +115,17 @@ def _segment_json(seg: Segment) -> dict:
     }
 
 
+def model_graph(name: str, segments: Sequence[Segment]) -> dict:
+    """The model JSON graph (docs/models.md) of measured ``segments``: the planner's input,
+    without times (``python -m hp_recompute.costs --module`` adds them)."""
+    regions = [_segment_json(s) for s in segments]
+    return {"format": MODEL_FORMAT, "version": 1, "name": name, "regions": [
+        {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
+         "fwd_flops": int(r["fwd_flops"]), "fwd_time_us": 0,
+         "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
+         "param_bytes": r["param_bytes"]} for r in regions]}
+
+
 #: Largest example input the exporter builds (elements over all inputs): 2^31.
 MAX_INPUT_ELEMENTS = 1 << 31
 
@@ -140,6 +152,55 @@ def sidecar_of(out: str) -> str:
     return os.path.splitext(out)[0] + ".json"
 
 
+def check_input_size(shapes: Sequence[Sequence[int]]) -> None:
+    """Refuses example inputs of more than ``MAX_INPUT_ELEMENTS`` elements in all."""
+    elements = sum(math.prod(shape) for shape in shapes)
+    if elements > MAX_INPUT_ELEMENTS:
+        raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
+                          f"{MAX_INPUT_ELEMENTS} are built")
+
+
+def describe_inputs(shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]) -> str:
+    """``"4x40 int64"``: the inputs as the flags name them, for messages."""
+    return ", ".join("x".join(map(str, s)) + f" {str(d).replace('torch.', '')}" for s, d in zip(shapes, dtypes))
+
+
+# ---------------------------------------------------------------------------
+# The module flags, shared by the exporter and ``python -m hp_recompute.costs --module``
+# ---------------------------------------------------------------------------
+
+def add_module_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+    """Adds ``--module``, ``--input-shape``, ``--input-dtype`` and ``--region-depth``.
+
+    Args:
+        required: ``--module`` is required (the exporter); otherwise it selects a mode and
+            ``check_module_arguments`` requires ``--input-shape`` with it.
+    """
+    parser.add_argument("--module", required=required, metavar="FILE.py:FACTORY",
+                        help="FILE.py:FACTORY returning an nn.Module")
+    parser.add_argument("--input-shape", required=required, help="e.g. 4x40x48 or 4x40x48,4x40")
+    parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
+    parser.add_argument("--region-depth", type=int, default=1,
+                        help=f"module nesting of the regions, 1 to {MAX_REGION_DEPTH} (default 1)")
+
+
+def check_module_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) of the module flags: a depth out of range, ``--input-shape``
+    missing with ``--module``."""
+    if not 1 <= args.region_depth <= MAX_REGION_DEPTH:
+        parser.error(f"--region-depth must be in [1, {MAX_REGION_DEPTH}], got {args.region_depth}")
+    if args.module is not None and args.input_shape is None:
+        parser.error("--module needs --input-shape (the example inputs the module is run on)")
+
+
+def module_inputs(args: argparse.Namespace) -> Tuple[List[List[int]], List[torch.dtype]]:
+    """The shapes and dtypes of ``--input-shape`` / ``--input-dtype`` (``ExportError`` if bad)."""
+    shapes = parse_shapes(args.input_shape)
+    dtypes = parse_dtypes(args.input_dtype, len(shapes))
+    check_input_size(shapes)
+    return shapes, dtypes
+
+
 def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
            out: str, region_depth: int = 1, ir: Optional[str] = None,
            model_json: Optional[str] = None, name: Optional[str] = None,
@@ -157,13 +218,9 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
                           f"this is torch {torch.__version__}; write a .pt instead")
     sidecar_path = sidecar_of(out)
     check_files(out, ir, model_json, source)
-    elements = sum(math.prod(shape) for shape in shapes)
-    if elements > MAX_INPUT_ELEMENTS:
-        raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
-                          f"{MAX_INPUT_ELEMENTS} are built")
+    check_input_size(shapes)
     model.train()
-    described = ", ".join("x".join(map(str, s)) + f" {str(d).replace('torch.', '')}"
-                          for s, d in zip(shapes, dtypes))
+    described = describe_inputs(shapes, dtypes)
     try:
         inputs = make_inputs(shapes, dtypes)
         traced = torch.jit.trace(model, inputs, check_trace=False) if ir is not None or not as_program else None
@@ -204,12 +261,7 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
     if ir is not None:
         files.append(("--ir", ir, text_writer(module_to_ir(traced, model))))
     if model_json is not None:
-        graph = {"format": MODEL_FORMAT, "version": 1, "name": name, "regions": [
-            {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
-             "fwd_flops": int(r["fwd_flops"]), "fwd_time_us": 0,
-             "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
-             "param_bytes": r["param_bytes"]} for r in sidecar["regions"]]}
-        files.append(("--model-json", model_json, json_text(graph)))
+        files.append(("--model-json", model_json, json_text(model_graph(name, segments))))
     try:
         write_outputs(files)
     except OutputError as e:
@@ -221,11 +273,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 1 bad input, 2 usage)."""
     parser = argparse.ArgumentParser(prog="python3 -m hp_recompute.export",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--module", required=True, help="FILE.py:FACTORY returning an nn.Module")
-    parser.add_argument("--input-shape", required=True, help="e.g. 4x40x48 or 4x40x48,4x40")
-    parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
-    parser.add_argument("--region-depth", type=int, default=1,
-                        help=f"module nesting of the regions, 1 to {MAX_REGION_DEPTH} (default 1)")
+    add_module_arguments(parser, required=True)
     parser.add_argument("-o", "--output", required=True,
                         help="OUT.pt (TorchScript) or OUT.pt2 (torch.export, torch 2.x); "
                              "sidecar: OUT.json")
@@ -233,14 +281,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--model-json", help="also write the model JSON graph here (- for stdout)")
     parser.add_argument("--name", help="model name (default: OUT's stem)")
     args = parser.parse_args(argv)
-    if not 1 <= args.region_depth <= MAX_REGION_DEPTH:
-        parser.error(f"--region-depth must be in [1, {MAX_REGION_DEPTH}], got {args.region_depth}")
+    check_module_arguments(parser, args)
     try:
         if not args.output.endswith((".pt", ".pt2")):
             raise ExportError(f"hp_recompute: -o: expected a path ending in .pt or .pt2, got "
                               f"'{args.output}'")
-        shapes = parse_shapes(args.input_shape)
-        dtypes = parse_dtypes(args.input_dtype, len(shapes))
+        shapes, dtypes = module_inputs(args)
         check_files(args.output, args.ir, args.model_json, args.module)  # before the factory runs
         model = load_factory(args.module)
         export(model, shapes, dtypes, args.output, args.region_depth, args.ir,
