@@ -241,11 +241,11 @@ class _TorchStages(StageBackend):
         return out
 
     def pass_forward(self, a: Action, output: Any) -> None:
-        self.stages[a.stage + 1].set_local_fwd_input(output, a.microbatch)
+        self.stages[a.hands_to].set_local_fwd_input(output, a.microbatch)
 
     def pass_backward(self, a: Action) -> None:
         grads = self.stages[a.stage].get_local_bwd_output(a.microbatch)
-        self.stages[a.stage - 1].set_local_bwd_input(grads, a.microbatch)
+        self.stages[a.hands_to].set_local_bwd_input(grads, a.microbatch)
 
     def backward(self, a: Action, last: bool) -> None:
         stage, mb = self.stages[a.stage], a.microbatch
