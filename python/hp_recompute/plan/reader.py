@@ -6,7 +6,7 @@ path, the CLI's words), so ``build_plan`` only turns an admitted plan into the o
 the runtimes execute. What stays here is what is not a planner rule: reading JSON files
 with located errors (bytes that are not UTF-8 and JSON nested too deep by line and
 column, integers too long for Python and ``NaN`` at the JSON path of the field that
-refuses them), for the inputs no planner reads (torch CSV sidecars, run reports, model
+refuses them), for the inputs no planner reads (run reports, model
 JSON given to the runtimes); the ops a runtime can execute; and the runner's report
 fields (``/summary``).
 """
@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["RunError", "Action", "Plan", "build_plan", "expected", "int_field", "read_json", "read_text"]
+__all__ = ["RunError", "Action", "Plan", "build_plan", "expected", "read_json", "read_text"]
 
 COMPUTE_OPS = ("forward", "backward_input", "backward_weight", "backward")
 CONSUMER_OPS = ("backward_input", "backward_weight", "backward")
@@ -143,23 +143,6 @@ def _show(got: Any) -> str:
 def expected(where: str, what: str, got: Any) -> RunError:
     """The error for a bad field: ``where`` (a located JSON path), what it should be, what it is."""
     return RunError(f"hp_recompute: {where}: expected {what}, got '{_show(got)}'")
-
-
-def _is_int(value: Any) -> bool:
-    """JSON integers only: ``true`` is not 1 (``bool`` is an ``int`` in Python)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def int_field(at: Locate, obj: Dict[str, Any], key: str, where: str, low: int = 0, high: Optional[int] = None) -> int:
-    """``obj[key]`` (at JSON path ``where/key``) as an integer in [low, high); booleans are not integers."""
-    value = obj.get(key)
-    ok = _is_int(value) and value >= low
-    if ok and high is not None:
-        ok = value < high
-    if not ok:
-        bound = f" in [{low}, {high})" if high is not None else f" >= {low}"
-        raise expected(at(f"{where}/{key}"), f"an integer{bound}", value)
-    return value
 
 
 def _line_col(data: bytes, offset: int) -> Tuple[int, int]:
