@@ -123,4 +123,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
     except BaseException:  # noqa: BLE001 -- reported to the test
         res = {"exception": traceback.format_exc()}
     torch.save(res, os.path.join(cfg["out"], f"rank{rank}.pt"))
+    # Every rank's collectives are done before any tears its connections down: a rank that
+    # exits while its peer still talks to it aborts in gloo ("terminate called ...") under load.
+    dist.barrier()
     dist.destroy_process_group()
