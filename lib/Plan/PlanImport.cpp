@@ -23,7 +23,6 @@
 
 #include <map>
 #include <optional>
-#include <tuple>
 #include <vector>
 
 using namespace mlir;
@@ -553,14 +552,16 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// Checks one program's `last_backward`, `waits` and `hands_to` against the
-/// program itself, on its own walk (the exporter's lowering is not asked).
-/// Runs on a plan verifyPlan admitted: every (stage, mb) has its forward and
-/// its dx, and every receive comes before the action that reads it.
+/// Checks one program's `last_backward`, `waits` and `hands_to` against what
+/// the planner lowers into it (plan_json::lowerActionMembers, the writer's
+/// own rules). Runs on a plan verifyPlan admitted: every (stage, mb) has its
+/// forward and its dx, and every receive comes before the action that reads
+/// it.
 class LoweredMemberCheck {
 public:
-  LoweredMemberCheck(ScheduleOp schedule, ProgramOp program)
-      : schedule(schedule), program(program) {
+  LoweredMemberCheck(ScheduleOp schedule, ProgramOp program,
+                     const plan_json::LoweredMembers &lowered)
+      : schedule(schedule), program(program), lowered(lowered) {
     for (Operation &op : program.getBody().getOps())
       if (isa<ActionOpInterface>(op))
         actions.push_back(&op);
@@ -576,6 +577,7 @@ public:
 private:
   ScheduleOp schedule;
   ProgramOp program;
+  const plan_json::LoweredMembers &lowered;
   std::vector<Operation *> actions;
   bool sound = true;
 
@@ -586,21 +588,18 @@ private:
   static int64_t stageOf(Operation *op) {
     return cast<ActionOpInterface>(op).getStageIndex();
   }
-  static int64_t microbatchOf(Operation *op) {
-    return cast<ActionOpInterface>(op).getMicrobatchIndex();
-  }
 
   /// Rule 10: `last_backward` on each stage's last W or B, and only there.
   void checkLastBackward() {
     std::map<int64_t, Operation *> last;
     for (Operation *op : actions)
-      if (isa<BackwardWeightOp, BackwardOp>(op))
+      if (lowered.lastBackwards.contains(op))
         last[stageOf(op)] = op;
     for (Operation *op : actions) {
       bool marked = op->hasAttr(kLastBackward);
+      bool isLast = lowered.lastBackwards.contains(op);
       auto it =
           last.find(isa<BackwardWeightOp, BackwardOp>(op) ? stageOf(op) : -1);
-      bool isLast = it != last.end() && it->second == op;
       if (marked && !isLast && it != last.end())
         error(op) << "last_backward, but the last backward_weight or "
                      "backward of stage "
@@ -616,33 +615,19 @@ private:
   }
 
   /// Rule 11: every receive is waited for by the action that reads its data
-  /// (the forward of its stage and microbatch for a recv_f, the first
-  /// backward_input or backward for a recv_b), and by no other.
+  /// (plan_json::receiveReaders), and by no other.
   void checkWaits() {
-    // (forward?, stage, microbatch) -> its reader, the first to read it.
-    std::map<std::tuple<bool, int64_t, int64_t>, Operation *> readerOf;
-    for (Operation *op : actions)
-      if (isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
-        readerOf.insert(
-            {{isa<ForwardOp>(op), stageOf(op), microbatchOf(op)}, op});
-    llvm::DenseMap<Operation *, llvm::SmallVector<int64_t>> expected;
     llvm::DenseMap<int64_t, Operation *> readerOfReceive;
-    for (auto [index, op] : llvm::enumerate(actions)) {
-      if (!isa<RecvFOp, RecvBOp>(op))
-        continue;
-      auto reader =
-          readerOf.find({isa<RecvFOp>(op), stageOf(op), microbatchOf(op)});
-      if (reader == readerOf.end())
-        continue; // not read on this rank: rule 5's
-      expected[reader->second].push_back(index);
-      readerOfReceive[index] = reader->second;
-    }
-    for (auto [index, op] : llvm::enumerate(actions)) {
+    for (Operation *op : actions)
+      if (auto it = lowered.waits.find(op); it != lowered.waits.end())
+        for (int64_t j : it->second)
+          readerOfReceive[j] = op;
+    for (Operation *op : actions) {
       llvm::ArrayRef<int64_t> given;
       if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(kWaits))
         given = waits.asArrayRef();
       llvm::ArrayRef<int64_t> wanted;
-      if (auto it = expected.find(op); it != expected.end())
+      if (auto it = lowered.waits.find(op); it != lowered.waits.end())
         wanted = it->second;
       llvm::DenseSet<int64_t> seen;
       for (int64_t j : given) {
@@ -683,20 +668,18 @@ private:
   }
 
   /// Rule 12: `hands_to` names the stage a forward's output (an I's or B's
-  /// input gradient) goes to when that stage runs on this rank: no transfer
-  /// carries it, the runtime hands it over in memory.
+  /// input gradient) goes to when that stage runs on this rank
+  /// (plan_json::handoffs): no transfer carries it, the runtime hands it over
+  /// in memory.
   void checkHandsTo() {
     int64_t numStages = static_cast<int64_t>(schedule.getNumStages());
     for (Operation *op : actions) {
       auto given = op->getAttrOfType<IntegerAttr>(kHandsTo);
       if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
         continue; // the importer takes hands_to on these only
-      bool forward = isa<ForwardOp>(op);
-      int64_t target = stageOf(op) + (forward ? 1 : -1);
-      const char *what = forward ? "output" : "input gradient";
-      bool here =
-          target >= 0 && target < numStages &&
-          schedule.getRankOf(target) == static_cast<int64_t>(program.getRank());
+      int64_t target = plan_json::resultStage(op);
+      const char *what = isa<ForwardOp>(op) ? "output" : "input gradient";
+      bool here = lowered.handsTo.contains(op);
       if (given && given.getInt() != target) {
         InFlightDiagnostic diag = error(op);
         diag << "hands_to " << given.getInt() << ", but its " << what
@@ -739,7 +722,9 @@ LogicalResult mlir::hpr::verifyImportedPlan(ModuleOp module) {
         sound = false;
       }
   }
-  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
-    sound &= LoweredMemberCheck(getSchedule(module), program).run();
+  ScheduleOp schedule = getSchedule(module);
+  plan_json::LoweredMembers lowered = plan_json::lowerActionMembers(schedule);
+  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
+    sound &= LoweredMemberCheck(schedule, program, lowered).run();
   return success(sound);
 }

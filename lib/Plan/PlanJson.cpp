@@ -199,19 +199,23 @@ ReceiveReaders mlir::hpr::plan_json::receiveReaders(ScheduleOp schedule) {
   return result;
 }
 
+int64_t mlir::hpr::plan_json::resultStage(Operation *op) {
+  // Where the transfer of its result would go.
+  sched::Action transfer;
+  transfer.kind =
+      isa<ForwardOp>(op) ? sched::ActionKind::SendF : sched::ActionKind::SendB;
+  transfer.stage =
+      static_cast<int>(cast<ActionOpInterface>(op).getStageIndex());
+  return sched::neighbourStage(transfer);
+}
+
 Handoffs mlir::hpr::plan_json::handoffs(ScheduleOp schedule) {
   Handoffs result;
   for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
     for (Operation &op : program.getBody().getOps()) {
       if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
         continue;
-      // Where the transfer of its result would go.
-      sched::Action transfer;
-      transfer.kind = isa<ForwardOp>(op) ? sched::ActionKind::SendF
-                                         : sched::ActionKind::SendB;
-      transfer.stage =
-          static_cast<int>(cast<ActionOpInterface>(op).getStageIndex());
-      int64_t neighbour = sched::neighbourStage(transfer);
+      int64_t neighbour = resultStage(&op);
       if (neighbour >= 0 &&
           neighbour < static_cast<int64_t>(schedule.getNumStages()) &&
           schedule.getRankOf(neighbour) ==

@@ -70,6 +70,10 @@ ReceiveReaders receiveReaders(ScheduleOp schedule);
 /// that stage runs on the op's own rank and no transfer carries it.
 using Handoffs = llvm::DenseMap<Operation *, int64_t>;
 Handoffs handoffs(ScheduleOp schedule);
+/// The stage a forward's output (a backward_input's or backward's input
+/// gradient) goes to, by sched::neighbourStage; outside [0, stages) at the
+/// pipeline's ends.
+int64_t resultStage(Operation *op);
 
 /// What the planner lowers into every plan's actions, besides the schedule:
 /// when each receive is posted, which action waits for it, the last W or B
