@@ -673,15 +673,51 @@ mlir::hpr::model::detail::repeatedRegionCall(llvm::StringRef where,
           .str());
 }
 
+/// Refuses a list of chosen region paths that cannot all be regions: a path
+/// twice, or one inside another (a region is one module's call).
+static llvm::Error checkRegionPaths(llvm::StringRef file,
+                                    llvm::ArrayRef<std::string> paths) {
+  for (auto [i, path] : llvm::enumerate(paths))
+    for (const std::string &other : paths.take_front(i)) {
+      if (path == other)
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(),
+            llvm::formatv("{0}: region '{1}' is named twice", file, path)
+                .str());
+      llvm::StringRef inner = path, outer = other;
+      if (llvm::StringRef(other).starts_with(path + "."))
+        std::swap(inner, outer);
+      if (inner.starts_with((outer + ".").str()))
+        return llvm::createStringError(
+            llvm::inconvertibleErrorCode(),
+            llvm::formatv("{0}: region '{1}' is inside region '{2}'; a region "
+                          "is one module's call, choose one of the two",
+                          file, inner, outer)
+                .str());
+    }
+  return llvm::Error::success();
+}
+
 llvm::Expected<std::vector<Segment>>
 mlir::hpr::model::segmentOps(llvm::StringRef file, llvm::ArrayRef<OpFacts> ops,
-                             int regionDepth) {
+                             int regionDepth,
+                             llvm::ArrayRef<std::string> regionPaths) {
+  if (llvm::Error error = checkRegionPaths(file, regionPaths))
+    return error;
+  auto regionFor = [&](const std::vector<std::string> &chain) -> std::string {
+    if (regionPaths.empty())
+      return regionOf(chain, regionDepth);
+    for (const std::string &path : chain)
+      if (llvm::is_contained(regionPaths, path))
+        return path;
+    return "";
+  };
   std::vector<Segment> segments;
   std::vector<std::vector<std::string>> callees; // per segment
   std::set<std::string> opened; // names of the checkpointable segments
   for (size_t i = 0; i < ops.size(); ++i) {
     const OpFacts &op = ops[i];
-    std::string region = regionOf(op.chain, regionDepth);
+    std::string region = regionFor(op.chain);
     if (region.empty() && kViews.contains(op.kind) && op.chain.empty() &&
         !segments.empty()) {
       segments.back().ops.push_back(i); // a bare view opens nothing
@@ -707,6 +743,15 @@ mlir::hpr::model::segmentOps(llvm::StringRef file, llvm::ArrayRef<OpFacts> ops,
         !llvm::is_contained(callees.back(), op.chain.front()))
       callees.back().push_back(op.chain.front());
   }
+  for (const std::string &path : regionPaths)
+    if (!opened.count(path))
+      return llvm::createStringError(
+          llvm::inconvertibleErrorCode(),
+          llvm::formatv("{0}: module '{1}' runs no op in the forward, so it "
+                        "is no region (a region is the ops one module call "
+                        "runs); leave it out",
+                        file, path)
+              .str());
   if (llvm::none_of(segments,
                     [](const Segment &s) { return s.checkpointable; })) {
     std::set<std::string> seen;

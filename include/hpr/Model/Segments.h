@@ -30,14 +30,18 @@ struct Segment {
   std::vector<size_t> ops; ///< indices into the op list, in order
 };
 
-/// Splits \p ops into segments at region depth \p regionDepth. Of each op
-/// only `kind` (a view opens no segment of its own outside modules), `chain`,
-/// `repeatedCalls` and `where` are read. Errors: a region's module called
-/// again (a `repeatedCalls` entry, or a second run after other code), naming
-/// the op's `where`; no region at all, naming \p file and the submodules
-/// called.
+/// Splits \p ops into segments. The regions are the module calls at region
+/// depth \p regionDepth or, when \p regionPaths is not empty, the calls of
+/// exactly those module paths (the outermost one on an op's stack; the depth
+/// is then not used). Of each op only `kind` (a view opens no segment of its
+/// own outside modules), `chain`, `repeatedCalls` and `where` are read.
+/// Errors: a region's module called again (a `repeatedCalls` entry, or a
+/// second run after other code), naming the op's `where`; no region at all,
+/// naming \p file and the submodules called; a path of \p regionPaths named
+/// twice, inside another one, or running no op.
 llvm::Expected<std::vector<Segment>>
-segmentOps(llvm::StringRef file, llvm::ArrayRef<OpFacts> ops, int regionDepth);
+segmentOps(llvm::StringRef file, llvm::ArrayRef<OpFacts> ops, int regionDepth,
+           llvm::ArrayRef<std::string> regionPaths = {});
 
 } // namespace mlir::hpr::model
 

@@ -188,11 +188,13 @@ opFlopsOf(const std::string &name, nb::sequence inputs, nb::sequence outputs) {
 
 /// The segments of the ops the exporter observed: `ops` holds per op
 /// (name, module call stack, the stack's modules whose call is not their
-/// first). Returns per op its segment index and per segment (name,
-/// checkpointable); ValueError with the importers' message otherwise.
+/// first); `regions`, when given, the module paths that are the regions.
+/// Returns per op its segment index and per segment (name, checkpointable);
+/// ValueError with the importers' message otherwise.
 static std::pair<std::vector<size_t>,
                  std::vector<std::tuple<std::string, bool>>>
-segmentOpsOf(const std::string &name, nb::sequence ops, int regionDepth) {
+segmentOpsOf(const std::string &name, nb::sequence ops, int regionDepth,
+             const std::vector<std::string> &regions) {
   std::vector<mlir::hpr::model::OpFacts> facts;
   for (nb::handle item : ops) {
     auto [opName, chain, repeated] =
@@ -206,7 +208,8 @@ segmentOpsOf(const std::string &name, nb::sequence ops, int regionDepth) {
     op.repeatedCalls = std::move(repeated);
     facts.push_back(std::move(op));
   }
-  auto segments = mlir::hpr::model::segmentOps(name, facts, regionDepth);
+  auto segments =
+      mlir::hpr::model::segmentOps(name, facts, regionDepth, regions);
   if (!segments)
     throw nb::value_error(llvm::toString(segments.takeError()).c_str());
   std::vector<size_t> segmentOf(facts.size());
@@ -337,15 +340,18 @@ NB_MODULE(_planner, m) {
         "the .pt2 and TorchScript importers price it with; None when no rule "
         "covers the op (the importers warn and count 0).");
   m.def("segment_ops", &segmentOpsOf, "name"_a, "ops"_a, "region_depth"_a,
+        "regions"_a = std::vector<std::string>(),
         "Forms the regions of an executed op list as the .pt2 and "
         "TorchScript importers do (docs/models.md, \"Region rules\"). "
         "`ops`: per op in program order (op name in any spelling op_kind "
         "accepts, its module call stack as module paths outermost first, "
-        "the paths of that stack whose call is not the module's first). "
-        "Returns (per op its segment index, per segment (name, "
-        "checkpointable)); ValueError with the importers' message (`name` "
-        "and the op located in it) for a region's module called more than "
-        "once or no region at that depth.");
+        "the paths of that stack whose call is not the module's first); "
+        "`regions`: the module paths to take for the regions instead of "
+        "the depth rule. Returns (per op its segment index, per segment "
+        "(name, checkpointable)); ValueError with the importers' message "
+        "(`name` and the op located in it) for a region's module called "
+        "more than once, no region at that depth, or a chosen region named "
+        "twice, inside another or running no op.");
   m.def(
       "parse_shape_list",
       [](const std::string &text) {

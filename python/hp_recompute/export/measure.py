@@ -25,13 +25,9 @@ with no region, in the importers' words (a ``RegionError`` here). The facts are
 then summed per segment.
 
 Chosen regions (``regions=``, ``python -m hp_recompute.costs --regions``) go through the
-same function: the rule there is "the first path on the stack that ends in an index and
-has exactly ``depth`` of them", so the module paths are handed over rewritten
-(``_ChosenRegions``): a chosen path gets one index, at the end, and every other path none,
-and at depth 1 the chosen modules are then exactly the regions. The names the planner
-gives back (and its messages) are written back in the model's paths. Which op belongs to
-which region, how outside code is named, what is a repeated call: all still
-``segmentOps``'s.
+same function, which takes them for the regions instead of its depth rule and refuses a
+path named twice, one inside another or one that runs no op; ``resolve_regions`` only
+turns the user's spec into module paths (it needs the module tree).
 """
 
 from __future__ import annotations
@@ -163,24 +159,13 @@ class _Tracker:
                 return index
         return before if before < len(self.ops) else None
 
-    def segments(self, name: str, depth: int, chosen: Optional["_ChosenRegions"] = None) -> List[Segment]:
+    def segments(self, name: str, depth: int, regions: Sequence[str] = ()) -> List[Segment]:
         """Asks the planner for the segments of the recorded ops and sums each one's facts."""
         ops = [(op.name,) + op.chain for op in self.ops]
-        if chosen is not None:
-            ops = [(op, tuple(map(chosen.encode, paths)), tuple(map(chosen.encode, again)))
-                   for op, paths, again in ops]
-            depth = 1
         try:
-            segment_of, described = self.planner.segment_ops(name, ops, depth)
+            segment_of, described = self.planner.segment_ops(name, ops, depth, list(regions))
         except ValueError as e:
-            raise RegionError(chosen.decode(str(e)) if chosen is not None else str(e)) from None
-        if chosen is not None:
-            described = [(chosen.decode_name(n), checkpointable) for n, checkpointable in described]
-            ran = {n for n, checkpointable in described if checkpointable}
-            idle = [p for p in chosen.paths if p not in ran]
-            if idle:
-                raise RegionError(f"{name}: --regions: module '{idle[0]}' runs no op in the forward, so it is no "
-                                  f"region (a region is the ops one module call runs); leave it out")
+            raise RegionError(str(e)) from None
         segments = [Segment(seg_name, checkpointable) for seg_name, checkpointable in described]
         for seg in segments:
             if seg.checkpointable and seg.name in self.shapes:
@@ -210,49 +195,18 @@ class _Tracker:
         return segments
 
 
-class _ChosenRegions:
-    """Module paths rewritten so that ``segmentOps`` at depth 1 takes exactly ``paths`` for
-    its regions (module doc): ``layers.0`` -> ``layers/0.0`` (one index, at the end), any
-    other path ``a.b.3`` -> ``a/b/3`` (no index). Torch module names have no ``.``; a name
-    with a ``/`` is refused (``resolve_regions``)."""
-
-    def __init__(self, paths: Sequence[str]) -> None:
-        self.paths = list(paths)
-        self._chosen = set(paths)
-        self._codes: Dict[str, str] = {}  # code -> path
-
-    def encode(self, path: str) -> str:
-        code = path.replace(".", "/") + (".0" if path in self._chosen else "")
-        self._codes[code] = path
-        return code
-
-    def decode_name(self, name: str) -> str:
-        """A segment name: a region's code, or outside code's ``a+b`` (``.2``: a repeated name)."""
-        if name in self._codes:
-            return self._codes[name]
-        return "+".join(self._codes.get(part, part).replace("/", ".") for part in name.split("+"))
-
-    def decode(self, text: str) -> str:
-        """A planner message with every code in it written back as its path."""
-        for code in sorted(self._codes, key=len, reverse=True):
-            text = text.replace(f"'{code}'", f"'{self._codes[code]}'").replace(code, self._codes[code])
-        return text
-
-
 def resolve_regions(model: nn.Module, spec: str) -> List[str]:
     """The module paths of ``--regions SPEC``: comma-separated submodule paths (FQNs), each the
     region itself, or, for a ``ModuleList`` / ``ModuleDict`` (which is never called) or a path
     written ``PATH.*``, each of its children in order: ``layers`` is ``layers.0,layers.1,...``.
 
     Raises:
-        RegionError: an empty item, a path that is no submodule (the message lists the
-            top-level ones), a region inside another, or one named twice.
+        RegionError: an empty item, or a path that is no submodule (the message lists the
+            top-level ones). A path named twice or inside another is the planner's to refuse
+            (``segment_ops``).
     """
     modules = dict(model.named_modules())
     del modules[""]
-    if any("/" in path for path in modules):
-        bad = next(path for path in modules if "/" in path)
-        raise RegionError(f"--regions: submodule '{bad}' has a '/' in its name, which --regions cannot name")
     paths: List[str] = []
     for item in spec.split(","):
         item = item.strip()
@@ -273,14 +227,6 @@ def resolve_regions(model: nn.Module, spec: str) -> List[str]:
             paths.extend(names)
         else:
             paths.append(path)
-    for i, path in enumerate(paths):
-        for other in paths[:i]:
-            if path == other:
-                raise RegionError(f"--regions: '{path}' is named twice")
-            if path.startswith(other + ".") or other.startswith(path + "."):
-                inner, outer = (path, other) if path.startswith(other + ".") else (other, path)
-                raise RegionError(f"--regions: '{inner}' is inside '{outer}'; a region is one module's call, "
-                                  f"choose one of the two")
     return paths
 
 
@@ -320,7 +266,8 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
 
     Raises:
         RegionError: the planner's segmentation refused the run (a region's module called
-            more than once, no region at ``depth``), with its message.
+            more than once, no region at ``depth``, a chosen region named twice, inside
+            another or running no op), with its message.
         RunError: (``hp_recompute.plan.reader``) the planner extension is missing.
     """
     param_storages = {storage_of(p).data_ptr(): storage_of(p).nbytes()
@@ -345,5 +292,4 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     finally:
         for handle in handles:
             handle.remove()
-    chosen = _ChosenRegions(regions) if regions is not None else None
-    return tracker.segments(name or type(model).__name__, depth, chosen)
+    return tracker.segments(name or type(model).__name__, depth, regions or ())

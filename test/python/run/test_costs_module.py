@@ -174,10 +174,10 @@ def not_a_module():
     ("no such region", ["--module", "{m}:build", "--regions", "a,c"],
      "hp_recompute.costs: --regions: 'c' is no submodule of Flat (its top-level submodules: a, b, unused)"),
     ("region runs nothing", ["--module", "{m}:build", "--regions", "a,unused"],
-     "--regions: module 'unused' runs no op in the forward, so it is no region"),
+     ":build: module 'unused' runs no op in the forward, so it is no region"),
     ("nested region", ["--module", f"{MLP}:build", "--regions", "layers.0,layers.0.fc1"],
-     "--regions: 'layers.0.fc1' is inside 'layers.0'"),
-    ("region twice", ["--module", f"{MLP}:build", "--regions", "layers.1,layers.1"], "'layers.1' is named twice"),
+     "region 'layers.0.fc1' is inside region 'layers.0'; a region is one module's call"),
+    ("region twice", ["--module", f"{MLP}:build", "--regions", "layers.1,layers.1"], "region 'layers.1' is named twice"),
     ("bad shape", ["--module", "{m}:build", "--input-shape", "4xfoo"], "hp_recompute: "),
     ("model fails", ["--module", "{m}:build", "--input-shape", "4x5"],
      "hp_recompute.costs: measuring {m}:build on inputs 4x5 float32 (--input-shape, --input-dtype) failed: "
