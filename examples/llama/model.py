@@ -22,8 +22,6 @@ torch >= 2.0 (``F.scaled_dot_product_attention``); on torch 1.13 ``build`` raise
 from __future__ import annotations
 
 import math
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -181,7 +179,6 @@ def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def pipeline():
     """The same model as the runner's ``PipelineModel`` (module doc)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
     from hp_recompute.runner.model import PipelineModel, Region
 
     m = build()
