@@ -159,6 +159,12 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   if (request.budget && *request.budget < 0)
     return usage("--memory-budget: expected bytes >= 0, got " +
                  llvm::Twine(*request.budget));
+  for (auto [flag, count] : {std::pair{"--dp-shard", request.dpShard},
+                             std::pair{"--dp-replicate", request.dpReplicate}})
+    if (count && (*count < 1 || *count > model::kMaxDataParallel))
+      return usage(llvm::Twine(flag) + ": expected an integer between 1 and " +
+                   llvm::Twine(model::kMaxDataParallel) + ", got " +
+                   llvm::Twine(*count));
   if (request.checkpoint == CheckpointPolicy::Auto) {
     if (!request.budget)
       return usage("--checkpoint auto needs --memory-budget");
@@ -185,6 +191,10 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
       loadModel(request, schedule->numStages, warnings);
   if (!staged)
     return staged.takeError();
+  if (request.dpShard)
+    staged->dataParallel.shard = *request.dpShard;
+  if (request.dpReplicate)
+    staged->dataParallel.replicate = *request.dpReplicate;
   modelTimer.stop();
 
   // Import creates a location per schedule cell; uniquing a million of them

@@ -121,12 +121,43 @@ public:
     return llvm::Error::success();
   }
 
+  /// `data_parallel` of `obj` at `parent`: {"shard": N, "replicate": M},
+  /// each an integer in [1, kMaxDataParallel] and 1 when absent.
+  llvm::Error readDataParallel(const json &obj, const std::string &parent,
+                               DataParallel &out) {
+    auto it = obj.find("data_parallel");
+    if (it == obj.end())
+      return llvm::Error::success();
+    const std::string path = parent + "/data_parallel";
+    if (!it->is_object())
+      return fail(path, "an object with \"shard\" and \"replicate\"", *it);
+    if (auto err = checkKeys(*it, path, {"shard", "replicate"}))
+      return err;
+    for (auto [key, field] :
+         {std::pair{"shard", &DataParallel::shard},
+          std::pair{"replicate", &DataParallel::replicate}}) {
+      auto value = it->find(key);
+      if (value == it->end())
+        continue;
+      if (!value->is_number_integer() || value->get<int64_t>() < 1 ||
+          value->get<int64_t>() > kMaxDataParallel)
+        return fail(
+            path + "/" + key,
+            llvm::formatv("an integer between 1 and {0}", kMaxDataParallel)
+                .str(),
+            *value);
+      out.*field = value->get<int64_t>();
+    }
+    return llvm::Error::success();
+  }
+
   llvm::Expected<ModelGraph> read(const json &doc) {
     ModelGraph graph;
     if (!doc.is_object())
       return fail("", "a JSON object at the top level", doc);
-    if (auto err = checkKeys(
-            doc, "", {"format", "version", "name", "regions", "source"}))
+    if (auto err = checkKeys(doc, "",
+                             {"format", "version", "name", "regions", "source",
+                              "data_parallel"}))
       return err;
     if (auto it = doc.find("format");
         it != doc.end() && (!it->is_string() || *it != kModelJsonFormat))
@@ -138,6 +169,8 @@ public:
       return fail("/version", llvm::formatv("{0}", kModelJsonVersion).str(),
                   *it);
     if (auto err = readString(doc, "", "name", graph.name, true))
+      return err;
+    if (auto err = readDataParallel(doc, "", graph.dataParallel))
       return err;
     auto regions = doc.find("regions");
     if (regions == doc.end())
@@ -187,6 +220,13 @@ llvm::Error mlir::hpr::model::readRegionJson(const nlohmann::json &obj,
   return Reader(file).readRegion(obj, path, region);
 }
 
+llvm::Error mlir::hpr::model::readDataParallelJson(const nlohmann::json &obj,
+                                                   const std::string &path,
+                                                   llvm::StringRef file,
+                                                   DataParallel &out) {
+  return Reader(file).readDataParallel(obj, path, out);
+}
+
 std::string mlir::hpr::model::printModelJson(const ModelGraph &graph) {
   // ordered_json keeps keys in the documented order.
   using ojson = nlohmann::ordered_json;
@@ -194,6 +234,9 @@ std::string mlir::hpr::model::printModelJson(const ModelGraph &graph) {
   doc["format"] = kModelJsonFormat;
   doc["version"] = kModelJsonVersion;
   doc["name"] = graph.name;
+  if (graph.dataParallel.shard != 1 || graph.dataParallel.replicate != 1)
+    doc["data_parallel"] = {{"shard", graph.dataParallel.shard},
+                            {"replicate", graph.dataParallel.replicate}};
   ojson regions = ojson::array();
   auto number = [](double value) -> ojson {
     // Whole numbers print without a fraction so files diff cleanly.

@@ -74,6 +74,7 @@ StagedModel build(const ModelGraph &graph, const std::vector<int> &stageOf,
                   int numStages) {
   StagedModel staged;
   staged.name = graph.name;
+  staged.dataParallel = graph.dataParallel;
   for (int s = 0; s < numStages; ++s)
     staged.stages.push_back(Stage{s, {}});
   for (size_t i = 0; i < graph.regions.size(); ++i) {

@@ -31,7 +31,13 @@ model::StagedModel mlir::hpr::makeUniformModel(int numStages) {
 
 static void buildModel(OpBuilder &builder, Location loc,
                        const model::StagedModel &staged) {
-  auto modelOp = builder.create<ModelOp>(loc, staged.name);
+  // The layout is an attribute only when not 1 (no data parallelism).
+  auto countAttr = [&](int64_t count) {
+    return count > 1 ? builder.getI64IntegerAttr(count) : IntegerAttr();
+  };
+  auto modelOp = builder.create<ModelOp>(
+      loc, staged.name, countAttr(staged.dataParallel.shard),
+      countAttr(staged.dataParallel.replicate));
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToStart(&modelOp.getBody().emplaceBlock());
   for (const model::Stage &stage : staged.stages) {

@@ -137,6 +137,9 @@ llvm::Error PlanReader::readModel(const json &doc) {
     return err;
   if (auto err = readString(obj, "/model", "name", staged.name, false))
     return err;
+  if (auto err = model::readDataParallelJson(obj, "/model", fileName(),
+                                             staged.dataParallel))
+    return err;
   llvm::Expected<const json *> stages = find(obj, "/model", "stages", true);
   if (!stages)
     return stages.takeError();

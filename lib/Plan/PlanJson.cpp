@@ -353,7 +353,15 @@ json mlir::hpr::plan_json::modelJson(ModelOp model,
     stages.push_back({{"stage", static_cast<int64_t>(stage.getIndex())},
                       {"regions", std::move(regions)}});
   }
-  return {{"name", model.getName().str()}, {"stages", std::move(stages)}};
+  json result = {{"name", model.getName().str()},
+                 {"stages", std::move(stages)}};
+  // As the model JSON has it, and only with data parallelism.
+  if (model.getDpShard() || model.getDpReplicate())
+    result["data_parallel"] = {
+        {"shard", static_cast<int64_t>(model.getDpShard().value_or(1))},
+        {"replicate",
+         static_cast<int64_t>(model.getDpReplicate().value_or(1))}};
+  return result;
 }
 
 ordered_json

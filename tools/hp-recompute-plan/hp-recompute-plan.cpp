@@ -126,6 +126,18 @@ cl::opt<std::string> memoryBudget(
              "within; otherwise a check"),
     cl::cat(category));
 
+cl::opt<int64_t> dpShard(
+    "dp-shard",
+    cl::desc("FSDP: ranks each stage's parameters are sharded over; plans "
+             "unshard/reshard around their users (default 1, or the model "
+             "JSON's data_parallel.shard)"),
+    cl::cat(category));
+cl::opt<int64_t> dpReplicate(
+    "dp-replicate",
+    cl::desc("HSDP: replicas of each shard group (default 1, or the model "
+             "JSON's data_parallel.replicate)"),
+    cl::cat(category));
+
 cl::opt<EmitKind>
     emit("emit", cl::desc("Output format"),
          cl::values(clEnumValN(EmitKind::Summary, "summary", "per-rank table"),
@@ -374,6 +386,10 @@ int main(int argc, char **argv) {
   request.csvDialect = csvDialect;
   request.prefetch = prefetch;
   request.budget = budget;
+  if (dpShard.getNumOccurrences())
+    request.dpShard = dpShard;
+  if (dpReplicate.getNumOccurrences())
+    request.dpReplicate = dpReplicate;
 
   mlir::DefaultTimingManager timing;
   mlir::applyDefaultTimingManagerCLOptions(timing);

@@ -56,6 +56,10 @@ struct PlanRequest {
   int ranks = 4, microbatches = 8, stagesPerRank = 0;
   sched::CsvDialect csvDialect = sched::CsvDialect::Current;
 
+  /// The data-parallel layout (`--dp-shard`, `--dp-replicate`): each given
+  /// count replaces the model JSON's `data_parallel` one.
+  std::optional<int64_t> dpShard, dpReplicate;
+
   /// Placement: jit, lookahead=K or bubble; the per-rank budget in bytes.
   std::string prefetch = "jit";
   std::optional<int64_t> budget;

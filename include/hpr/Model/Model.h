@@ -58,10 +58,20 @@ inline constexpr MeasuredBytes kMeasuredBytes[] = {
     {"bwd_weight_input_bytes", &Region::bwdWeightInputBytes},
     {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes}};
 
+/// The data-parallel layout each pipeline stage is replicated over
+/// (docs/models.md, "Data parallelism"): FSDP2 shards a stage's parameters
+/// over `shard` ranks, HSDP replicates those shards over `replicate` groups.
+/// 1 x 1 is no data parallelism.
+struct DataParallel {
+  int64_t shard = 1;
+  int64_t replicate = 1;
+};
+
 /// A model as imported: regions in execution order.
 struct ModelGraph {
   std::string name;
   std::vector<Region> regions;
+  DataParallel dataParallel;
 };
 
 /// One pipeline stage: a contiguous run of regions.
@@ -74,6 +84,7 @@ struct Stage {
 struct StagedModel {
   std::string name;
   std::vector<Stage> stages;
+  DataParallel dataParallel;
 };
 
 } // namespace mlir::hpr::model

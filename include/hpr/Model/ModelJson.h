@@ -26,6 +26,9 @@ inline constexpr const char *kModelJsonFormat = "hp-recompute-model";
 /// The only version this code reads and writes.
 inline constexpr int kModelJsonVersion = 1;
 
+/// The largest `data_parallel` shard or replicate count read.
+inline constexpr int64_t kMaxDataParallel = int64_t(1) << 20;
+
 /// Parses a model JSON document. \p file only names the input in messages.
 /// Syntax errors are reported as `FILE:ROW:COL: ...`, schema violations as
 /// `FILE: /json/path: expected ..., got '...'`.
@@ -36,6 +39,13 @@ llvm::Expected<ModelGraph> parseModelJson(llvm::StringRef text,
 /// `/model/stages/S/regions` hold the same objects) at JSON path `path`.
 llvm::Error readRegionJson(const nlohmann::json &obj, const std::string &path,
                            llvm::StringRef file, Region &region);
+
+/// Reads the `data_parallel` member of `obj`, the object at JSON path `path`
+/// (the model JSON's top level, the plan JSON's `/model`); leaves `out` as it
+/// is when absent.
+llvm::Error readDataParallelJson(const nlohmann::json &obj,
+                                 const std::string &path, llvm::StringRef file,
+                                 DataParallel &out);
 
 /// Prints \p graph in the model JSON format (indented, trailing newline);
 /// parseModelJson reads it back to an equal graph.

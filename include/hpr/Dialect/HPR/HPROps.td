@@ -23,6 +23,11 @@ def HPR_ModelOp : HPR_Op<"model", [NoTerminator, SingleBlock,
   let summary = "the model being trained: stages and their regions";
   let description = [{
     Holds one `hpr.stage` per pipeline stage, in increasing stage order.
+    `dp_shard` and `dp_replicate`, absent when 1: the data-parallel layout
+    each stage runs under (FSDP2 shards its parameters over `dp_shard`
+    ranks, HSDP replicates the shards over `dp_replicate` groups); the cost
+    model prices the collectives by them and `hpr-insert-unshard` places
+    `hpr.unshard` / `hpr.reshard` when `dp_shard` > 1.
 
     ```mlir
     hpr.model "gpt" {
@@ -33,7 +38,8 @@ def HPR_ModelOp : HPR_Op<"model", [NoTerminator, SingleBlock,
     }
     ```
   }];
-  let arguments = (ins StrAttr:$name);
+  let arguments = (ins StrAttr:$name, OptionalAttr<HPR_CountAttr>:$dp_shard,
+                       OptionalAttr<HPR_CountAttr>:$dp_replicate);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$name attr-dict-with-keyword $body";
   let hasRegionVerifier = 1;
