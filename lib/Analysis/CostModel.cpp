@@ -19,6 +19,22 @@ static double measuredOr(std::optional<llvm::APFloat> measured,
   return fallback;
 }
 
+double mlir::hpr::allGatherUs(int64_t bytes, int64_t ranks) {
+  if (ranks <= 1 || bytes <= 0)
+    return 0;
+  return double(ranks - 1) / double(ranks) * double(bytes) /
+             kCollectiveBytesPerUs +
+         kCollectiveLatencyUs;
+}
+
+double mlir::hpr::allReduceUs(int64_t bytes, int64_t ranks) {
+  if (ranks <= 1 || bytes <= 0)
+    return 0;
+  return 2 * double(ranks - 1) / double(ranks) * double(bytes) /
+             kCollectiveBytesPerUs +
+         kCollectiveLatencyUs;
+}
+
 llvm::StringRef mlir::hpr::regionTimeKey(RegionTime time) {
   switch (time) {
   case RegionTime::Forward:
@@ -99,6 +115,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
   using Kind = sched::ActionKind;
   std::vector<StageCost> costs;
   bool anyCost = false;
+  int64_t shard = model.getDpShard().value_or(1);
+  int64_t replicate = model.getDpReplicate().value_or(1);
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
     bool firstStage = costs.empty();
@@ -118,6 +136,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       add(cost.backwardWeightUs, Kind::BackwardWeight, true);
       add(cost.backwardUs, Kind::Backward, true);
       cost.gradBytes += region.getParamBytes();
+      cost.paramBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
       cost.workspaceBytes = std::max<int64_t>(
           cost.workspaceBytes, region.getBwdWorkspaceBytes().value_or(0));
@@ -135,6 +154,10 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
     // one full backward).
     if (firstStage)
       cost.weightStateBytes = 0;
+    cost.dpShard = shard;
+    cost.unshardUs = allGatherUs(cost.paramBytes, shard);
+    cost.reduceGradUs = allGatherUs(cost.gradBytes, shard) +
+                        allReduceUs(cost.gradBytes / shard, replicate);
     costs.push_back(cost);
   }
   // A stage's output is the next stage's input.
@@ -150,6 +173,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       cost.forwardUs = cost.plainForwardUs = 1;
       cost.backwardInputUs = cost.backwardWeightUs = 1;
       cost.backwardUs = 2;
+      // Unit time has no scale to put a transfer's microseconds on.
+      cost.unshardUs = cost.reduceGradUs = 0;
     }
   return costs;
 }

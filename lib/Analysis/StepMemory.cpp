@@ -34,6 +34,20 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     if (!action)
       continue; // A session allocates nothing.
     int64_t stage = action.getStageIndex();
+    // FSDP: gathered parameters beyond the shard the rank always holds, from
+    // UNSHARD to RESHARD; after REDUCE_GRAD the rank keeps its gradients'
+    // shard only (the reduce-scatter writes it beside the full gradients).
+    if (isa<UnshardOp, ReshardOp>(op)) {
+      int64_t gathered =
+          costs[stage].paramBytes - costs[stage].shardedParamBytes();
+      other += isa<UnshardOp>(op) ? gathered : -gathered;
+    }
+    if (isa<ReduceGradOp>(op) && costs[stage].dpShard > 1 &&
+        gradsAllocated.contains(stage)) {
+      int64_t shard = costs[stage].gradBytes / costs[stage].dpShard;
+      peak = std::max(peak, live + other + shard);
+      other -= costs[stage].gradBytes - shard;
+    }
     if (isa<ForwardOp, RecvBOp>(op))
       other += costs[stage].outputBytes;
     if (isa<BackwardInputOp>(op))

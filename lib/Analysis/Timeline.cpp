@@ -24,6 +24,10 @@ double mlir::hpr::actionDurationUs(sched::ActionKind kind,
     return cost.backwardUs;
   case Kind::Recompute:
     return cost.recomputeUs;
+  case Kind::Unshard:
+    return cost.unshardUs;
+  case Kind::ReduceGrad:
+    return cost.reduceGradUs;
   default:
     return 0;
   }

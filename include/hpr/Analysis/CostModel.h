@@ -24,7 +24,15 @@
 //  - step memory beyond activations: the stage output (the next stage's
 //    first input_bytes) and its gradient, the weight gradients (param_bytes)
 //    and what I keeps for W (bwd_weight_input_bytes); a backward action
-//    transiently needs its largest region's bwd_workspace_bytes on top.
+//    transiently needs its largest region's bwd_workspace_bytes on top;
+//  - data parallelism (the model's dp_shard N and dp_replicate M): UNSHARD
+//    all-gathers the stage's param_bytes over N ranks, REDUCE_GRAD
+//    reduce-scatters its gradients over N and, with M > 1, all-reduces the
+//    1/N shard over M (allGatherUs, allReduceUs); RESHARD costs nothing. A
+//    stage's parameters take param_bytes from UNSHARD to RESHARD and
+//    param_bytes / N otherwise, its gradients param_bytes / N after
+//    REDUCE_GRAD (StepMemory.h counts what a step adds to the sharded
+//    parameters).
 //
 //===----------------------------------------------------------------------===//
 
@@ -48,6 +56,21 @@ namespace mlir::hpr {
 /// hp_recompute.costs` (torch 2.13, CPU, one thread; docs/models.md).
 inline constexpr double kInputPerForward = 1.5;
 inline constexpr double kWeightPerForward = 1.1;
+
+/// The collective model (docs/models.md, "Data parallelism"): one link of
+/// kCollectiveBytesPerUs (25 GB/s, an inter-node link per GPU) and a fixed
+/// kCollectiveLatencyUs per collective.
+inline constexpr double kCollectiveBytesPerUs = 25e3;
+inline constexpr double kCollectiveLatencyUs = 10;
+
+/// An all-gather (or reduce-scatter) of `bytes` over `ranks` ring members:
+/// (ranks - 1) / ranks * bytes / bandwidth + latency; 0 for one rank or no
+/// bytes.
+double allGatherUs(int64_t bytes, int64_t ranks);
+
+/// An all-reduce of `bytes` over `ranks`: 2 (ranks - 1) / ranks * bytes /
+/// bandwidth + latency; 0 for one rank or no bytes.
+double allReduceUs(int64_t bytes, int64_t ranks);
 
 /// The times a region carries (model JSON and plan JSON fields).
 enum class RegionTime {
@@ -95,6 +118,13 @@ struct StageCost {
   int64_t gradBytes = 0;        ///< weight gradients (the regions' params)
   int64_t weightStateBytes = 0; ///< what I keeps for W
   int64_t workspaceBytes = 0;   ///< transient bytes of a backward action
+  int64_t paramBytes = 0;       ///< parameters, unsharded
+  int64_t dpShard = 1;          ///< ranks the parameters are sharded over
+  double unshardUs = 0;         ///< UNSHARD: all-gather over dpShard
+  double reduceGradUs = 0;      ///< REDUCE_GRAD: reduce-scatter, all-reduce
+
+  /// Parameter bytes one rank holds while the stage is sharded.
+  int64_t shardedParamBytes() const { return paramBytes / dpShard; }
 };
 
 /// Costs of every stage of `model`, indexed by stage. `isCheckpointed`

@@ -6,7 +6,10 @@
 // gradients until the last backward, I's state until W, weight gradients
 // from the stage's first W or B to the end of the step (and a second copy
 // while a later W or B adds its gradients in), and each backward's
-// transient workspace.
+// transient workspace. With FSDP (dp_shard N > 1): a stage's gathered
+// parameters beyond its 1/N shard from UNSHARD to RESHARD, and its gradients
+// down to their 1/N shard after REDUCE_GRAD. The sharded parameters, held
+// before the step starts, are not counted.
 //
 //===----------------------------------------------------------------------===//
 
