@@ -51,7 +51,11 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
     bubbles.budget = options.budget;
     pm.addPass(createHPRPrefetchIntoBubbles(bubbles));
   }
-  nestOnPrograms(pm).addPass(createHPRInsertClear());
+  OpPassManager &placed = nestOnPrograms(pm);
+  placed.addPass(createHPRInsertClear());
+  // After placement: a replay moved early finds its stage's parameters
+  // gathered.
+  placed.addPass(createHPRInsertUnshard());
 }
 
 void mlir::hpr::buildRecomputePipeline(

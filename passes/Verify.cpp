@@ -2,7 +2,8 @@
 //
 // Proves, from the IR alone, that each session is recomputed once before any
 // reader, cleared once after the last reader, and flagged right in between,
-// and that the compute order is the imported schedule's. It walks each
+// that the compute order is the imported schedule's, and that FSDP
+// parameters are gathered wherever they are read. It walks each
 // program once, in order, with its own bookkeeping: nothing here is shared
 // with the passes that build plans (SessionAnalysis), so it also judges plans
 // written by hand or by other tools, and a bug in those queries cannot hide
@@ -45,6 +46,7 @@ private:
   unsigned verifyProgram(ProgramOp program,
                          const llvm::DenseSet<int64_t> *checkpointed);
   unsigned verifyComputeOrder(ProgramOp program, ArrayRef<int64_t> recorded);
+  unsigned verifyGathered(ProgramOp program);
 };
 } // namespace
 
@@ -160,6 +162,52 @@ unsigned VerifyPass::verifyComputeOrder(ProgramOp program,
   return 0;
 }
 
+/// Rule 13 (docs/schedules.md): on a rank that unshards a stage, every action
+/// reading the stage's parameters runs while they are gathered, between an
+/// unshard and the reshard after it.
+unsigned VerifyPass::verifyGathered(ProgramOp program) {
+  llvm::DenseSet<int64_t> unsharded; // stages this program unshards
+  for (UnshardOp unshard : program.getBody().getOps<UnshardOp>())
+    unsharded.insert(unshard.getStageIndex());
+  if (unsharded.empty())
+    return 0;
+  unsigned violations = 0;
+  auto report = [&](Operation *at) -> InFlightDiagnostic {
+    ++violations;
+    return at->emitError() << describeAction(at) << ": ";
+  };
+  llvm::MapVector<int64_t, Operation *> gathered; // stage -> its open unshard
+  for (Operation &op : program.getBody().getOps()) {
+    auto action = dyn_cast<ActionOpInterface>(op);
+    if (!action)
+      continue;
+    int64_t stage = action.getStageIndex();
+    if (isa<UnshardOp>(op)) {
+      auto [it, inserted] = gathered.insert({stage, &op});
+      if (!inserted)
+        report(&op) << "unshards stage " << stage << ", already unsharded at "
+                    << describeAction(it->second)
+                    << " with no reshard in between (rule 13)";
+    } else if (isa<ReshardOp>(op)) {
+      if (!gathered.erase(stage))
+        report(&op) << "reshards stage " << stage
+                    << ", whose parameters are not unsharded here (rule 13)";
+    } else if (isa<ForwardOp, BackwardInputOp, BackwardWeightOp, BackwardOp,
+                   RecomputeOp>(op) &&
+               unsharded.contains(stage) && !gathered.contains(stage)) {
+      report(&op) << "reads the parameters of stage " << stage
+                  << " while they are sharded: every forward, backward and "
+                     "recompute of a stage its rank unshards lies between an "
+                     "unshard of the stage and the reshard after it (rule 13)";
+    }
+  }
+  for (auto [stage, unshard] : gathered)
+    report(unshard) << "stage " << stage
+                    << " is never resharded after this unshard: its gathered "
+                       "parameters outlive the step (rule 13)";
+  return violations;
+}
+
 unsigned
 VerifyPass::verifyProgram(ProgramOp program,
                           const llvm::DenseSet<int64_t> *checkpointed) {
@@ -226,6 +274,7 @@ VerifyPass::verifyProgram(ProgramOp program,
     violations += verifySession(cast<SessionOp>(session), sessionUses);
   if (std::optional<ArrayRef<int64_t>> recorded = program.getComputeOrder())
     violations += verifyComputeOrder(program, *recorded);
+  violations += verifyGathered(program);
   return violations;
 }
 

@@ -198,3 +198,48 @@ hpr.schedule "compute_action_missing" ranks 1 stages 1 microbatches 1 stage_to_r
     %h0 = hpr.forward stage 0 mb 0
   }
 }
+
+// -----
+
+// Rule 13: a stage this rank unshards is read only while gathered.
+hpr.schedule "replay_after_reshard" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    hpr.unshard stage 0
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.reshard stage 0
+    // expected-error @+1 {{rank 0, action 3 (recompute stage 0 mb 0): reads the parameters of stage 0 while they are sharded: every forward, backward and recompute of a stage its rank unshards lies between an unshard of the stage and the reshard after it (rule 13)}}
+    hpr.recompute %s
+    hpr.unshard stage 0
+    hpr.backward stage 0 mb 0 session(%s)
+    hpr.clear %s
+    hpr.reshard stage 0
+  }
+}
+
+// -----
+
+hpr.schedule "unshard_twice_reshard_unsharded_never_resharded" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    // expected-error @+1 {{rank 0, action 0 (unshard stage 0): stage 0 is never resharded after this unshard: its gathered parameters outlive the step (rule 13)}}
+    hpr.unshard stage 0
+    // expected-error @+1 {{rank 0, action 1 (unshard stage 0): unshards stage 0, already unsharded at rank 0, action 0 (unshard stage 0) with no reshard in between (rule 13)}}
+    hpr.unshard stage 0
+    %h = hpr.forward stage 0 mb 0
+    hpr.backward stage 0 mb 0
+  }
+}
+
+// -----
+
+hpr.schedule "reshard_while_sharded" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    hpr.unshard stage 0
+    %h = hpr.forward stage 0 mb 0
+    hpr.reshard stage 0
+    // expected-error @+1 {{rank 0, action 3 (reshard stage 0): reshards stage 0, whose parameters are not unsharded here (rule 13)}}
+    hpr.reshard stage 0
+    // expected-error @+1 {{rank 0, action 4 (backward stage 0 mb 0): reads the parameters of stage 0 while they are sharded: every forward, backward and recompute of a stage its rank unshards lies between an unshard of the stage and the reshard after it (rule 13)}}
+    hpr.backward stage 0 mb 0
+  }
+}

@@ -72,7 +72,8 @@ OpPassManager &nestOnPrograms(OpPassManager &pm);
 
 /// Appends the passes that build a plan: check the schedule
 /// (hpr-verify-comm), select checkpoints (with select=auto), assign sessions,
-/// insert recompute, insert clear.
+/// insert recompute (prefetch into bubbles), insert clear, insert unshard
+/// (with the model's dp_shard > 1).
 void buildPlanningPasses(OpPassManager &pm,
                          const RecomputePipelineOptions &options);
 

@@ -216,6 +216,50 @@ def HPRInsertClear : Pass<"hpr-insert-clear", "::mlir::hpr::ProgramOp"> {
   ];
 }
 
+def HPRInsertUnshard : Pass<"hpr-insert-unshard", "::mlir::hpr::ProgramOp"> {
+  let summary = "Gather each stage's FSDP parameters around the actions "
+                "that use them";
+  let description = [{
+    With the model's `dp_shard` > 1 (FSDP2, or HSDP with `dp_replicate`),
+    inserts `hpr.unshard` (all-gather) and `hpr.reshard` (free the gathered
+    parameters) of each stage into its rank's program, where
+    torch.distributed.pipelining's `_add_unshard_reshard` puts them, with
+    every action that reads a stage's parameters counted as a user: its
+    forward, backward_input, backward_weight, backward and every
+    `hpr.recompute` where placement left it (a prefetched replay included).
+    Runs after placement, so a replay moved early finds its stage gathered.
+
+    The rule, per user (an overlapped F/B pair is one user of both stages):
+    the next `max-active` distinct stages with a user from here on stay
+    gathered. Before the user, every gathered stage not among them is
+    resharded (in stage order) and every one of them not yet gathered is
+    unsharded (in the order of their next use); after the last op, the
+    stages still gathered are resharded. So each stage is unsharded before
+    its first user and resharded after its last; a rank with more than
+    `max-active` stages may gather a stage more than once. `hpr-verify`
+    checks that every user lies between an unshard and the reshard after it
+    (rule 13 of docs/schedules.md).
+
+    Does nothing without data parallelism or with `dp_shard` 1 (HSDP's
+    replicate-only layout gathers nothing), and leaves alone a program
+    that already has an `hpr.unshard` or `hpr.reshard` (a schedule written
+    with them). Each program on its own; reads the enclosing module's
+    `hpr.model`. `hpr.reduce_grad` is placed at import
+    (mlir::hpr::sched::lowerReduceGrad), after the stage's last W or B.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let options = [
+    Option<"maxActive", "max-active", "unsigned", /*default=*/"3",
+           "Stages kept gathered at once (torch's max_active_stages)">,
+  ];
+  let statistics = [
+    Statistic<"numUnshardInserted", "num-unshard-inserted",
+              "Number of hpr.unshard ops inserted">,
+    Statistic<"numReshardInserted", "num-reshard-inserted",
+              "Number of hpr.reshard ops inserted">,
+  ];
+}
+
 def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
   let summary = "Statically check every recompute session's lifecycle";
   let description = [{
@@ -236,7 +280,13 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
     8. the compute order of each program equals the schedule's: its
        forward/backward actions, compared one by one with the program's
        `compute_order` record written at import (when present); the first
-       op that differs is reported with what the schedule has there.
+       op that differs is reported with what the schedule has there;
+    9. (rule 13 of docs/schedules.md, which messages cite) on a rank whose
+       program has an `hpr.unshard` of a stage, every
+       forward, backward_input, backward_weight, backward and recompute of
+       that stage lies between an `hpr.unshard` of it and the
+       `hpr.reshard` after it; a stage is not unsharded twice without a
+       reshard in between, nor resharded while not unsharded.
     Each violation is reported on the offending op with the rank, the index
     of the action in its program and the action, and the pass fails. Each
     program on its own; rule 7 reads the enclosing module's `hpr.model`
