@@ -5,10 +5,12 @@ stages the plan puts on its pp rank, wrapped as torchtitan does: each block
 ``hp_recompute.checkpoint_wrapper``-ed, then ``fully_shard``-ed over the dp dimension,
 then the stage module (the root); HSDP when the case asks for a (replicate, shard) dp
 mesh. Every dp rank trains on its own batch. The reference is the unsharded model in
-this process: the mean over the dp ranks of the gradient of the batch's loss (FSDP
-averages over dp; the schedule scales by the microbatch count). Two steps run; the
-second is compared, with per-block forward calls, replays, live sessions and whether
-every parameter is sharded again at the end of the step.
+this process: the mean over the dp ranks and microbatches of the gradient of each
+microbatch's loss (FSDP averages over dp; the schedule scales by the microbatch count).
+Cases may add torchtitan's selective policy to the wrapper and run the forwards under
+bfloat16 autocast (the reference too; fsdp_worker.py's policy and autocast). Two steps
+run; the second is compared, with per-block forward calls, replays, live sessions and
+whether every parameter is sharded again at the end of the step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
+from fsdp_worker import _autocast, _selective
 from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank
 
 
@@ -34,11 +37,18 @@ def _batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
     return [torch.randn(cfg["batch"], cfg["dim"], generator=g) for _ in range(2)]
 
 
+def _microbatches(cfg: Dict[str, Any], dp_rank: int) -> List[Any]:
+    x, y = _batch(cfg, dp_rank)
+    return list(zip(x.chunk(cfg["microbatches"]), y.chunk(cfg["microbatches"])))
+
+
 def _reference(full: Net, cfg: Dict[str, Any]) -> Dict[str, Any]:
     ref = copy.deepcopy(full)
     for d in range(cfg["dp"]):
-        x, y = _batch(cfg, d)
-        (_loss(ref(x), y) / cfg["dp"]).backward()
+        for x, y in _microbatches(cfg, d):
+            with _autocast(cfg):
+                loss = _loss(ref(x), y)
+            (loss / (cfg["dp"] * cfg["microbatches"])).backward()
     return {n: p.grad.clone() for n, p in ref.named_parameters()}
 
 
@@ -46,9 +56,10 @@ def _wrap(module: Net, cfg: Dict[str, Any], dp_mesh: Any) -> Net:
     import hp_recompute as hr
     from torch.distributed.fsdp import fully_shard
 
+    options = {"context_fn": _selective()} if cfg.get("selective") else {}
     for key in list(module.layers.keys()):
         if not cfg.get("unwrapped"):  # else PlannedSchedule checkpoints the sharded blocks itself
-            module.layers[key] = hr.checkpoint_wrapper(module.layers[key])
+            module.layers[key] = hr.checkpoint_wrapper(module.layers[key], **options)
         fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
     return module
@@ -75,9 +86,8 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     full = Net(cfg["dim"], cfg["layers"], 0.0)
     res: Dict[str, Any] = {"ref_grads": _reference(full, cfg)}
     x, y = _batch(cfg, dp_rank)
-    with torch.no_grad():
-        res["ref_losses"] = [_loss(full(a), b) for a, b in zip(x.chunk(cfg["microbatches"]),
-                                                                y.chunk(cfg["microbatches"]))]
+    with torch.no_grad(), _autocast(cfg):
+        res["ref_losses"] = [_loss(full(a), b) for a, b in _microbatches(cfg, dp_rank)]
 
     split = stage_split(cfg)
     mine = stages_of_rank({**cfg, "ranks": pp}, pp_rank)
@@ -93,7 +103,8 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         losses: List[torch.Tensor] = []
         CALLS.clear()
         hr.reset_stats()
-        schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses if last else None)
+        with _autocast(cfg):
+            schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses if last else None)
         replays.append(hr.stats()["replays"])
     res["losses"] = [l.detach() for l in losses]
     res["replays"], res["calls"] = replays, dict(CALLS)

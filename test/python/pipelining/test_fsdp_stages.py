@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(not fsdp.FSDP_AVAILABLE, reason="needs FSDP2 (to
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "fsdp"))  # fsdp_worker's selective policy and autocast
 import pp_fsdp_worker  # noqa: E402
 from test_planned_schedule import DIM, LAYERS_PER_STAGE, REPO, model_json, stage_spec  # noqa: E402
 
@@ -34,7 +35,8 @@ STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one st
 
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
-             hsdp: bool = False, unwrapped: bool = False) -> List[Dict[str, Any]]:
+             hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
+             autocast: bool = False) -> List[Dict[str, Any]]:
     import torch.multiprocessing as mp
 
     stages = STAGES[schedule]
@@ -47,7 +49,8 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
-           "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "plan": str(plan), "out": str(out)}
+           "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
+           "autocast": autocast, "plan": str(plan), "out": str(out)}
     mp.start_processes(pp_fsdp_worker.main, args=(cfg,), nprocs=2 * dp, start_method="spawn", join=True)
     results = [torch.load(out / f"rank{r}.pt") for r in range(2 * dp)]
     for rank, res in enumerate(results):
@@ -88,3 +91,9 @@ def test_sharded_blocks_the_user_did_not_wrap(tmp_path: Path) -> None:
     """Plain blocks, ``fully_shard``-ed: PlannedSchedule checkpoints them inside FSDP's hooks
     and a prefetched replay gathers their parameters, as with the wrapper."""
     check(run_case(tmp_path, True, "bubble", unwrapped=True))
+
+
+def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Path) -> None:
+    """torchtitan's composition under PlannedSchedule: blocks wrapped with a selective policy
+    (matmul outputs saved), ``fully_shard``-ed, bfloat16 autocast, prefetched replays."""
+    check(run_case(tmp_path, True, "bubble", selective=True, autocast=True))
