@@ -191,4 +191,45 @@ TEST(CostModel, RegionTimeRuleNamesTheFieldEachActionAdds) {
   EXPECT_EQ(field(Kind::SendF, false, true, true), "-");
 }
 
+/// One stage whose regions hold `paramBytes` of parameters, under the
+/// data-parallel layout `shard` x `replicate`.
+std::vector<StageCost> dataParallelCosts(int64_t paramBytes, int64_t shard,
+                                         int64_t replicate) {
+  model::StagedModel staged;
+  model::Region r = region("layers.0", true, 0, 100, 8, 8);
+  r.paramBytes = paramBytes;
+  staged.stages.push_back({0, {r}});
+  staged.dataParallel = {shard, replicate};
+  return costsOf(staged);
+}
+
+// docs/models.md, "Data parallelism", by hand at 25 GB/s (25000 bytes/us)
+// and 10 us per collective, for 1 MB of parameters.
+TEST(CostModel, CollectivesArePricedByTheDocumentedFormula) {
+  // FSDP over 2: all-gather (1/2) * 1e6 / 25000 + 10 = 30 us; REDUCE_GRAD is
+  // the reduce-scatter of the same bytes.
+  std::vector<StageCost> two = dataParallelCosts(1000000, 2, 1);
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_DOUBLE_EQ(two[0].unshardUs, 30);
+  EXPECT_DOUBLE_EQ(two[0].reduceGradUs, 30);
+  EXPECT_EQ(two[0].shardedParamBytes(), 500000);
+  // HSDP 3 x 4: all-gather (3/4) * 40 + 10 = 40 us; REDUCE_GRAD adds the
+  // all-reduce of the 250000-byte shard over 3: 2 * (2/3) * 10 + 10.
+  std::vector<StageCost> hsdp = dataParallelCosts(1000000, 4, 3);
+  EXPECT_DOUBLE_EQ(hsdp[0].unshardUs, 40);
+  EXPECT_DOUBLE_EQ(hsdp[0].reduceGradUs, 40 + 40.0 / 3 + 10);
+  EXPECT_EQ(hsdp[0].shardedParamBytes(), 250000);
+  // Without data parallelism nothing moves.
+  std::vector<StageCost> one = dataParallelCosts(1000000, 1, 1);
+  EXPECT_DOUBLE_EQ(one[0].unshardUs, 0);
+  EXPECT_DOUBLE_EQ(one[0].reduceGradUs, 0);
+  EXPECT_EQ(one[0].shardedParamBytes(), 1000000);
+}
+
+TEST(CostModel, CollectiveFormulaEdges) {
+  EXPECT_DOUBLE_EQ(allGatherUs(1000000, 1), 0);
+  EXPECT_DOUBLE_EQ(allGatherUs(0, 8), 0);
+  EXPECT_DOUBLE_EQ(allGatherUs(800000, 8), 7.0 / 8 * 32 + 10);
+  EXPECT_DOUBLE_EQ(allReduceUs(800000, 2), 32 + 10);
+}
 } // namespace
