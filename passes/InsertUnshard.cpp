@@ -93,6 +93,22 @@ nextStages(llvm::ArrayRef<User> users, unsigned count) {
   return next;
 }
 
+/// Where the unshards and reshards before `user` go: above the receives
+/// right before it, as torch's lowering has them (it adds each receive right
+/// before its reader, after placing the unshards), but never into a batched
+/// run of transfers.
+static Operation *insertionPoint(Operation *user) {
+  Operation *at = user;
+  while (Operation *prev = at->getPrevNode()) {
+    Operation *before = prev->getPrevNode();
+    if (!isa<RecvFOp, RecvBOp>(prev) || isBatched(prev) ||
+        (before && isBatched(before)))
+      break;
+    at = prev;
+  }
+  return at;
+}
+
 void InsertUnshardPass::runOnOperation() {
   ProgramOp program = getOperation();
   auto module = program->getParentOfType<ModuleOp>();
@@ -113,7 +129,7 @@ void InsertUnshardPass::runOnOperation() {
     ++numReshardInserted;
   };
   for (auto [user, window] : llvm::zip_equal(users, next)) {
-    builder.setInsertionPoint(user.op);
+    builder.setInsertionPoint(insertionPoint(user.op));
     for (int64_t stage : gathered)
       if (!llvm::is_contained(window, stage)) {
         reshard(stage);

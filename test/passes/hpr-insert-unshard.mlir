@@ -144,3 +144,74 @@ hpr.schedule "written_unshard_kept" ranks 1 stages 1 microbatches 1 stage_to_ran
     hpr.reshard stage 0
   }
 }
+
+// -----
+
+// As torch's lowering: the unshard goes above the receive its forward reads,
+// but not into a batched run of transfers.
+hpr.model "m" attributes {dp_shard = 2 : i64} {
+  hpr.stage 0 {
+    hpr.region "l0" flops 1.0 time_us 0.0 saved 8 input 1 params 64
+  }
+  hpr.stage 1 {
+    hpr.region "l1" flops 1.0 time_us 0.0 saved 8 input 1 params 64
+  }
+}
+// CHECK-LABEL: hpr.schedule "unshard_above_receive"
+// CHECK:       hpr.program rank 1
+// CHECK-NEXT:  hpr.unshard stage 1
+// CHECK-NEXT:  hpr.recv_f stage 1 mb 0 peer 0
+// CHECK-NEXT:  hpr.forward stage 1 mb 0
+hpr.schedule "unshard_above_receive" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h1 = hpr.forward stage 1 mb 0
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+hpr.model "m" attributes {dp_shard = 2 : i64} {
+  hpr.stage 0 {
+    hpr.region "l0" flops 1.0 time_us 0.0 saved 8 input 1 params 64
+  }
+  hpr.stage 1 {
+    hpr.region "l1" flops 1.0 time_us 0.0 saved 8 input 1 params 64
+  }
+}
+// CHECK-LABEL: hpr.schedule "unshard_after_batched_run"
+// CHECK:       hpr.program rank 1
+// CHECK-NEXT:  hpr.recv_f stage 1 mb 0 peer 0 batched
+// CHECK-NEXT:  hpr.recv_f stage 1 mb 1 peer 0
+// CHECK-NEXT:  hpr.unshard stage 1
+// CHECK-NEXT:  hpr.forward stage 1 mb 0
+hpr.schedule "unshard_after_batched_run" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %h1 = hpr.forward stage 0 mb 1
+    hpr.send_f stage 0 mb 0 peer 1 batched
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0
+    hpr.recv_b stage 0 mb 1 peer 1
+    hpr.backward stage 0 mb 1
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0 batched
+    hpr.recv_f stage 1 mb 1 peer 0
+    %h2 = hpr.forward stage 1 mb 0
+    %h3 = hpr.forward stage 1 mb 1
+    hpr.backward stage 1 mb 0
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.backward stage 1 mb 1
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}

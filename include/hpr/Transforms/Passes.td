@@ -231,10 +231,11 @@ def HPRInsertUnshard : Pass<"hpr-insert-unshard", "::mlir::hpr::ProgramOp"> {
 
     The rule, per user (an overlapped F/B pair is one user of both stages):
     the next `max-active` distinct stages with a user from here on stay
-    gathered. Before the user, every gathered stage not among them is
-    resharded (in stage order) and every one of them not yet gathered is
-    unsharded (in the order of their next use); after the last op, the
-    stages still gathered are resharded. So each stage is unsharded before
+    gathered. Before the user (and the receives right before it, outside a
+    batched run of transfers: torch adds receives after this step), every
+    gathered stage not among them is resharded (in stage order) and every
+    one of them not yet gathered is unsharded (in the order of their next
+    use); after the last op, the stages still gathered are resharded. So each stage is unsharded before
     its first user and resharded after its last; a rank with more than
     `max-active` stages may gather a stage more than once. `hpr-verify`
     checks that every user lies between an unshard and the reshard after it
