@@ -156,6 +156,26 @@ TEST(ModelJson, DeepNestingIsLocated) {
       << err;
 }
 
+TEST(ModelJson, DataParallelRoundTrips) {
+  auto graph = parseModelJson(
+      R"({"name": "m", "data_parallel": {"shard": 4, "replicate": 2},
+          "regions": [{"name": "a", "fwd_flops": 1, "saved_bytes": 1,
+                       "input_bytes": 1, "param_bytes": 1}]})",
+      "m.json");
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  EXPECT_EQ(graph->dataParallel.shard, 4);
+  EXPECT_EQ(graph->dataParallel.replicate, 2);
+  auto again = parseModelJson(printModelJson(*graph), "printed.json");
+  ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError());
+  EXPECT_EQ(again->dataParallel.shard, 4);
+  EXPECT_EQ(again->dataParallel.replicate, 2);
+  // Absent: 1 x 1, and printed without the member.
+  auto plain = parseModelJson(kGood, "m.json");
+  ASSERT_TRUE(bool(plain)) << llvm::toString(plain.takeError());
+  EXPECT_EQ(plain->dataParallel.shard, 1);
+  EXPECT_EQ(printModelJson(*plain).find("data_parallel"), std::string::npos);
+}
+
 struct Violation {
   const char *doc;
   const char *message; // expected substring (path + expectation)
@@ -191,6 +211,17 @@ INSTANTIATE_TEST_SUITE_P(
                   "/version: expected 1, got '2'"},
         Violation{"{\"name\": \"m\", \"extra\": 1, \"regions\": [1]}",
                   "/extra: unknown key"},
+        Violation{"{\"name\": \"m\", \"data_parallel\": {\"shard\": 0}, "
+                  "\"regions\": [1]}",
+                  "/data_parallel/shard: expected an integer between 1 and "
+                  "1048576, got '0'"},
+        Violation{"{\"name\": \"m\", \"data_parallel\": {\"replicate\": "
+                  "\"2\"}, \"regions\": [1]}",
+                  "/data_parallel/replicate: expected an integer between 1 "
+                  "and 1048576, got '\"2\"'"},
+        Violation{"{\"name\": \"m\", \"data_parallel\": 2, \"regions\": [1]}",
+                  "/data_parallel: expected an object with \"shard\" and "
+                  "\"replicate\", got '2'"},
         Violation{"{\"name\": \"m\", \"regions\": [{\"fwd_flops\": 1}]}",
                   "/regions/0: missing required key 'name'"},
         Violation{"{\"name\": \"m\", \"regions\": [{\"name\": \"a\", "
