@@ -5,11 +5,13 @@ or earlier (prefetch) -- shared by the dx and dw backwards, and cleared after it
 consumer. See NOTE [ Recompute sessions ] in ``hp_recompute/checkpoint.py`` and
 ``docs/python-api.md``. ``make_plan`` and ``verify_plan`` run the C++ planner in process.
 ``hp_recompute.fsdp`` reduces FSDP2 gradients once per step after a split backward.
+``compile_backend`` compiles a block whose backward I and W split (torch >= 2.13).
 """
 
 from . import fsdp
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
+from .compile_split import compile_backend
 from .errors import CheckpointError
 from .frame import RecomputeHandle
 from .planner import PlanError, make_plan, verify_plan
@@ -36,6 +38,7 @@ __all__ = [
     "checkpoint",
     "checkpoint_wrapper",
     "clear_recompute_session",
+    "compile_backend",
     "fsdp",
     "live_sessions",
     "make_plan",

@@ -53,6 +53,13 @@ Rule 7 (a module as the weights). ``weights`` may be the stage module itself: it
   ``hp_recompute.fsdp.reduce_gradients(module)`` reduces them once per step (NOTE [ FSDP2
   and the dx/dw split ] in ``fsdp.py``).
 
+Rule 8 (compiled blocks). A block compiled by torch.compile is one autograd node whose
+  backward computes every gradient. Compiled with ``hp_recompute.compile_backend(...)``,
+  its backward is two graphs, and I and W tell it which one to run by registering the
+  seeds they run for the length of their ``autograd.grad`` call; what W needs from I is
+  kept in ``WeightGradState.compiled`` (NOTE [ Compiled dx/dw split ] in
+  ``compile_split.py``).
+
 Checkpointed regions need nothing special: their saved tensors are unpacked through
 their frames in I and in W alike, so W reads what the session replayed (or replays
 again outside a session, as torch's own checkpoint does for each backward call).
@@ -65,6 +72,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, U
 
 import torch
 
+from .compile_split import split_phase
 from .errors import CheckpointError, error_text
 
 __all__ = ["WeightGradState", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
@@ -95,6 +103,7 @@ class WeightGradState:
     groups: List[_Group] = field(default_factory=list)
     recorded: Dict[Any, Grads] = field(default_factory=dict)
     fsdp: Any = None  # hp_recompute.fsdp.SplitBinding when the weights are an FSDP module's (Rule 7)
+    compiled: Dict[Any, Any] = field(default_factory=dict)  # I's stash per compiled node (Rule 8)
 
 
 def _edge_node(t: torch.Tensor) -> Any:
@@ -252,8 +261,9 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
 
         hooks = [node.register_prehook(record(node)) for node in wanted]
     try:
-        dinputs = (torch.autograd.grad(outputs, list(inputs), grads_out, retain_graph=retain_graph,
-                                       allow_unused=True) if inputs else ())
+        with split_phase("input", state.compiled, wanted if hooks else ()):  # Rule 8
+            dinputs = (torch.autograd.grad(outputs, list(inputs), grads_out, retain_graph=retain_graph,
+                                           allow_unused=True) if inputs else ())
     finally:
         for h in hooks:
             h.remove()
@@ -308,15 +318,16 @@ def _weight_grads(state: WeightGradState, retain_graph: bool, fsdp: bool = False
                         grads.append(g)
             if not edges:
                 continue
-            got = torch.autograd.grad(edges, [_graph.get_gradient_edge(t) for t in targets], grads,
-                                      retain_graph=keep, allow_unused=True)
+            with split_phase("weight", state.compiled, group.seeds):  # Rule 8
+                got = torch.autograd.grad(edges, [_graph.get_gradient_edge(t) for t in targets], grads,
+                                          retain_graph=keep, allow_unused=True)
         else:  # Rules 4 and 5: re-walk from the outputs
             got = torch.autograd.grad(state.outputs, targets, state.grad_outputs, retain_graph=keep,
                                       allow_unused=True)
         for i, g in zip(group.weights, got):
             out[i] = g
     missing = [state.names[i] for i, g in enumerate(out) if g is None]
-    state.groups, state.recorded, state.outputs, state.grad_outputs = [], {}, [], []
+    state.groups, state.recorded, state.outputs, state.grad_outputs, state.compiled = [], {}, [], [], {}
     if missing:
         which = f"weight {missing[0]} is" if len(missing) == 1 else f"weights {', '.join(missing)} are"
         if fsdp:  # the module's own parameters: the graph is FSDP's unsharded ones (Rule 7)

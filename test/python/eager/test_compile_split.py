@@ -1,0 +1,274 @@
+"""The compiled dx/dw split (NOTE [ Compiled dx/dw split ] in compile_split.py).
+
+A block compiled with ``hp_recompute.compile_backend(...)`` is one autograd node whose
+backward is two graphs: I (input gradients) and W (weight gradients). Checked here:
+gradients against an eager, unsplit backward; the matmul work of I + W against one
+backward of the same block compiled with torch's own backend (torch's profiler, which
+sees inductor's extern matmuls too); no donated-buffer error with the global config
+untouched; one replay per session feeding I and W; loud refusals.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import hp_recompute as hr
+from hp_recompute import compile_split
+from hp_recompute.errors import CheckpointError
+
+needs_split = pytest.mark.skipif(
+    not compile_split.SUPPORTED,
+    reason=f"torch {torch.__version__}: the compiled split needs torch >= 2.13 (Rule 6); 1.13 has no torch.compile")
+
+TOL = {"aot_eager": 1e-5, "inductor": 1e-4}
+DIM, HIDDEN, BATCH = 16, 48, 8
+
+
+class Block(nn.Module):
+    """Pre-norm MLP with a residual: input path x -> norm -> fc1 -> fc2, weights beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.fc1 = nn.Linear(DIM, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+def _blocks(n: int, seed: int = 0):
+    torch.manual_seed(seed)
+    return [Block() for _ in range(n)]
+
+
+def _copies(blocks):
+    out = [Block() for _ in blocks]
+    for b, c in zip(blocks, out):
+        c.load_state_dict(b.state_dict())
+    return out
+
+
+def _params(blocks):
+    return [p for b in blocks for p in b.parameters()]
+
+
+def _eager_reference(blocks, x0, dy):
+    """Gradients of (x, every parameter) from one plain eager backward."""
+    ref = _copies(blocks)
+    x = x0.clone().requires_grad_()
+    h = x
+    for b in ref:
+        h = b(h)
+    return list(torch.autograd.grad(h, [x] + _params(ref), dy))
+
+
+def _matmul_flops(fn):
+    """(matmul FLOPs, result) of ``fn``, from torch's profiler: aten::mm/addmm/bmm, also
+    the ones inductor's generated code calls as extern kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        result = fn()
+    return sum(e.flops for e in prof.events() if e.name in ("aten::mm", "aten::addmm", "aten::bmm")), result
+
+
+def _split_step(compiled, blocks, x0, dy):
+    """One I and one W over a chain of compiled blocks: (gradients, I FLOPs, W FLOPs)."""
+    x = x0.clone().requires_grad_()
+    h = x
+    for c in compiled:
+        h = c(h)
+    i_flops, ((dx,), state) = _matmul_flops(lambda: hr.backward_input([h], [dy], [x], _params(blocks)))
+    w_flops, dw = _matmul_flops(lambda: hr.backward_weight(state))
+    return [dx] + list(dw), i_flops, w_flops
+
+
+def _one_backward_flops(compiled, x0, dy):
+    """Matmul FLOPs of one plain backward, measured on the second call: the first one
+    compiles the backward, and compiling traces matmuls too (on fake tensors)."""
+    flops = []
+    for _ in range(2):
+        x = x0.clone().requires_grad_()
+        h = x
+        for c in compiled:
+            h = c(h)
+        flops.append(_matmul_flops(lambda: torch.autograd.grad([h], [x] + _params_of(compiled), [dy]))[0])
+    return flops[-1]
+
+
+def _params_of(compiled):
+    return [p for c in compiled for p in c.parameters()]
+
+
+def _assert_close(got, want, tol):
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g is not None, i
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, msg=lambda m, i=i: f"gradient {i}: {m}")
+
+
+@needs_split
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_i_and_w_split_a_compiled_chain_exactly_with_one_backward_of_matmul_work(backend):
+    """Two compiled blocks in one stage: the input path runs through both compiled nodes.
+
+    A plain backward (retain_graph=False) runs first, with torch's default
+    ``donated_buffer=True``: the split after it must not raise aot_autograd's donated
+    buffer error, and the global config stays as it was (Rule 5).
+    """
+    torch._dynamo.reset()
+    donated = torch._functorch.config.donated_buffer
+    blocks = _blocks(2)
+    ours = [torch.compile(b, backend=hr.compile_backend(backend)) for b in blocks]
+    torch.manual_seed(1)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    want = _eager_reference(blocks, x0, dy)
+
+    x = x0.clone().requires_grad_()
+    h = ours[1](ours[0](x))
+    h.backward(dy)  # compiles the backward; retain_graph=False with donated_buffer=True
+    for p in _params(blocks):
+        p.grad = None
+    for _ in range(2):  # the second step runs the cached graphs
+        got, i_flops, w_flops = _split_step(ours, blocks, x0, dy)
+        _assert_close(got, want, TOL[backend])
+    assert all(p.grad is None for p in _params(blocks))  # W returns the gradients, .grad untouched
+    assert torch._functorch.config.donated_buffer == donated
+    full_ours = _one_backward_flops(ours, x0, dy)  # the unsplit backward of our backend (Rule 4)
+
+    theirs = [torch.compile(b, backend=backend) for b in _copies(blocks)]  # torch's own backend
+    full = _one_backward_flops(theirs, x0, dy)
+    print(f"\n{backend}: matmul FLOPs I {i_flops} + W {w_flops} = {i_flops + w_flops}; one backward {full}")
+    assert full > 0 and full_ours == full
+    assert 0 < i_flops < full and 0 < w_flops < full
+    assert i_flops + w_flops <= 1.05 * full
+
+
+@needs_split
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torchtitans_order_compiled_checkpoint_wrappers_split_too(backend):
+    """``torch.compile(checkpoint_wrapper(block), fullgraph=True)``: the recompute is inside the
+    compiled backward graph; the part I and W both need runs once, in I (Rule 3)."""
+    torch._dynamo.reset()
+    blocks = _blocks(2)
+    ours = [torch.compile(hr.checkpoint_wrapper(b), backend=hr.compile_backend(backend), fullgraph=True)
+            for b in blocks]
+    torch.manual_seed(4)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    _one_backward_flops(ours, x0, dy)  # compiles the backward outside the count
+    got, i_flops, w_flops = _split_step(ours, blocks, x0, dy)
+    _assert_close(got, _eager_reference(blocks, x0, dy), TOL[backend])
+    theirs = [torch.compile(hr.checkpoint_wrapper(b), backend=backend, fullgraph=True) for b in _copies(blocks)]
+    full = _one_backward_flops(theirs, x0, dy)  # with the replayed forward's matmuls
+    print(f"\n{backend}, compiled checkpoint_wrapper: I {i_flops} + W {w_flops}; one backward {full}")
+    assert 0 < w_flops < i_flops and i_flops + w_flops <= 1.05 * full
+
+
+@needs_split
+def test_torchs_own_backend_runs_the_whole_compiled_backward_in_i_and_in_w():
+    """What the split removes: with a plain backend, I and W each run the compiled node whole."""
+    torch._dynamo.reset()
+    blocks = _blocks(1)
+    plain = [torch.compile(blocks[0], backend="aot_eager")]
+    torch.manual_seed(1)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    got, i_flops, w_flops = _split_step(plain, blocks, x0, dy)
+    _assert_close(got, _eager_reference(blocks, x0, dy), TOL["aot_eager"])
+    full = _one_backward_flops(plain, x0, dy)
+    assert i_flops == full and w_flops == full
+
+
+@needs_split
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(backend):
+    """Zero-bubble order over two microbatches, ``block.compile()`` in place inside
+    ``hp_recompute.checkpoint``: each session's one replay (a prefetch) feeds I and W,
+    and I + W together do one backward's matmuls (the replay's forward is not in them)."""
+    torch._dynamo.reset()
+    block = _blocks(1)[0]
+    reference = _copies([block])[0]
+    block.compile(backend=hr.compile_backend(backend))
+    block(torch.randn(BATCH, DIM, requires_grad=True)).sum().backward()  # compile outside the count
+    block.zero_grad(set_to_none=True)
+    torch.manual_seed(2)
+    xs = [torch.randn(BATCH, DIM) for _ in range(2)]
+    dys = [torch.randn(BATCH, DIM) for _ in range(2)]
+    leaves, outs, handles, states, got = {}, {}, {}, {}, {}
+    flops = {"I": 0, "W": 0}
+    for action in "F0 F1 P0 I0 P1 I1 W0 W1".split():
+        kind, mb = action[0], int(action[1])
+        sid = f"compiled.mb{mb}"
+        if kind == "F":
+            leaves[mb] = xs[mb].clone().requires_grad_()
+            with hr.recompute_handle_collector_ctx() as handles[mb]:
+                outs[mb] = hr.checkpoint(block, leaves[mb])
+        elif kind == "P":
+            for handle in handles[mb]:
+                hr.recompute_handle(handle, sid)
+        elif kind == "I":
+            with hr.recompute_session_ctx(sid, retain_on_unpack=True):
+                n, ((dx,), states[mb]) = _matmul_flops(
+                    lambda: hr.backward_input([outs[mb]], [dys[mb]], [leaves[mb]], block))
+            flops["I"] += n
+            got[mb] = [dx]
+        else:
+            with hr.recompute_session_ctx(sid):
+                n, dw = _matmul_flops(lambda: hr.backward_weight(states[mb]))
+            flops["W"] += n
+            got[mb] += list(dw)
+            hr.clear_recompute_session(sid)
+    assert len(handles[0]) == 1
+    assert hr.stats()["session_replays"] == 2  # one per microbatch, shared by I and W
+    assert hr.stats()["plain_replays"] == 0
+    assert hr.live_sessions() == []
+    for mb in range(2):
+        _assert_close(got[mb], _eager_reference([reference], xs[mb], dys[mb]), TOL[backend])
+    full = 2 * _one_backward_flops([torch.compile(_copies([block])[0], backend=backend)], xs[0], dys[0])
+    print(f"\n{backend}, checkpoint(block.compile()), 2 sessions: I {flops['I']} + W {flops['W']}; 2 backwards {full}")
+    assert 0 < flops["I"] and 0 < flops["W"] and flops["I"] + flops["W"] <= 1.05 * full, (flops, full)
+
+
+@needs_split
+def test_a_stage_without_an_input_path_runs_the_compiled_backward_once_in_w():
+    """Stage 0 (no input gradient): I does nothing, W runs the whole compiled backward once."""
+    torch._dynamo.reset()
+    blocks = _blocks(1)
+    ours = torch.compile(blocks[0], backend=hr.compile_backend("aot_eager"))
+    torch.manual_seed(3)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    y = ours(x0)
+    i_flops, (dxs, state) = _matmul_flops(lambda: hr.backward_input([y], [dy], [], blocks[0]))
+    w_flops, dw = _matmul_flops(lambda: hr.backward_weight(state))
+    assert dxs == () and i_flops == 0
+    _assert_close(list(dw), _eager_reference(blocks, x0, dy)[1:], TOL["aot_eager"])
+    assert w_flops <= _one_backward_flops([ours], x0.clone().requires_grad_(), dy)
+
+
+@needs_split
+def test_a_weight_missed_by_w_is_an_error_not_a_silent_none():
+    """backward_weight's Rule 6 holds for compiled blocks: a frozen-then-listed weight is named."""
+    torch._dynamo.reset()
+    block = _blocks(1)[0]
+    ours = torch.compile(block, backend=hr.compile_backend("aot_eager"))
+    x = torch.randn(BATCH, DIM, requires_grad=True)
+    stray = nn.Parameter(torch.randn(3))
+    _, state = hr.backward_input([ours(x)], [torch.randn(BATCH, DIM)], [x], list(block.parameters()) + [stray])
+    with pytest.raises(CheckpointError, match="not reached by the graph of the outputs"):
+        hr.backward_weight(state)
+
+
+def test_compile_backend_refuses_unknown_backends_and_old_torch(monkeypatch):
+    if not hasattr(torch, "compile"):  # torch 1.13
+        with pytest.raises(CheckpointError, match="has no torch.compile"):
+            hr.compile_backend("inductor")
+        return
+    with pytest.raises(ValueError, match="backend must be one of"):
+        hr.compile_backend("eager")
+    with pytest.raises(ValueError, match="options are inductor config patches"):
+        hr.compile_backend("aot_eager", options={"max_autotune": True})
+    monkeypatch.setattr(compile_split, "SUPPORTED", False)
+    with pytest.raises(CheckpointError, match="needs torch >= 2.13"):
+        hr.compile_backend("inductor")
