@@ -35,7 +35,8 @@ class PlanError(RunError):
 def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str] = None,
               model: Optional[PathLike] = None, ranks: int = 4, microbatches: int = 8, stages_per_rank: int = 0,
               checkpoint: str = "all", prefetch: str = "jit", memory_budget: Optional[int] = None,
-              stages: str = "") -> Dict[str, Any]:
+              stages: str = "", dp_shard: Optional[int] = None, dp_replicate: Optional[int] = None
+              ) -> Dict[str, Any]:
     """Plans a schedule for a model, as ``hp-recompute-plan ... --emit json`` does, and returns the plan.
 
     Args:
@@ -48,6 +49,9 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
         prefetch: ``jit``, ``lookahead=K`` or ``bubble``.
         memory_budget: per-rank activation bytes (what ``auto`` and ``bubble`` fit within).
         stages: an explicit stage split such as ``0:0-3,1:4-7``.
+        dp_shard, dp_replicate: the data-parallel layout (``--dp-shard``, ``--dp-replicate``;
+            docs/fsdp.md): FSDP2 over ``dp_shard`` ranks, HSDP over ``dp_replicate`` groups of
+            them. None keeps the model JSON's ``data_parallel`` (1 without it).
 
     Returns:
         The plan JSON (docs/plan-format.md) as a dict; runtimes take it as ``plan=``.
@@ -64,11 +68,14 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
     if model is not None and os.fspath(model).endswith((".pt", ".ir")):
         raise PlanError([f"usage: {os.fspath(model)}: a TorchScript model is read by the CLI only "
                          f"(hp-recompute-plan --model ...), which loads LibTorch in its own process"])
-    if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)):
-        raise PlanError([f"usage: memory_budget: expected bytes (an int), got {memory_budget!r}"])
+    for name, value, what in (("memory_budget", memory_budget, "bytes"), ("dp_shard", dp_shard, "a count"),
+                              ("dp_replicate", dp_replicate, "a count")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise PlanError([f"usage: {name}: expected {what} (an int), got {value!r}"])
     text, problems = planner_extension().plan(None if schedule is None else os.fspath(schedule), schedule_gen,
                                               None if model is None else os.fspath(model), ranks, microbatches,
-                                              stages_per_rank, checkpoint, prefetch, memory_budget, stages)
+                                              stages_per_rank, checkpoint, prefetch, memory_budget, stages,
+                                              dp_shard, dp_replicate)
     if problems:
         raise PlanError(problems)
     return json.loads(text)

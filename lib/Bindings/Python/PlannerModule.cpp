@@ -286,7 +286,8 @@ NB_MODULE(_planner, m) {
          std::optional<std::string> model, int ranks, int microbatches,
          int stagesPerRank, const std::string &checkpoint,
          const std::string &prefetch, std::optional<int64_t> budget,
-         const std::string &stages) {
+         const std::string &stages, std::optional<int64_t> dpShard,
+         std::optional<int64_t> dpReplicate) {
         mlir::hpr::PlanRequest request;
         request.scheduleFile = schedule.value_or("");
         request.scheduleGen = gen.value_or("");
@@ -305,12 +306,15 @@ NB_MODULE(_planner, m) {
         request.prefetch = prefetch;
         request.budget = budget;
         request.stageSpec = stages;
+        request.dpShard = dpShard;
+        request.dpReplicate = dpReplicate;
         nb::gil_scoped_release release;
         return planText(request);
       },
       "schedule"_a.none(), "schedule_gen"_a.none(), "model"_a.none(), "ranks"_a,
       "microbatches"_a, "stages_per_rank"_a, "checkpoint"_a, "prefetch"_a,
-      "memory_budget"_a.none(), "stages"_a,
+      "memory_budget"_a.none(), "stages"_a, "dp_shard"_a.none() = nb::none(),
+      "dp_replicate"_a.none() = nb::none(),
       "Runs the planner as hp-recompute-plan does; returns (plan JSON text, "
       "[]) or (\"\", the problems, one line each; a request the CLI would "
       "refuse with exit 2 starts with \"usage: \").");

@@ -65,6 +65,17 @@ Rule 7 (FSDP2 stages split into I and W). torch's ``backward_one_chunk(full_back
   block wrapped with ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded
   (fsdp.py Rule 6). Needs torch's stage caches as torch 2.13 has them
   (``_stage_meta``); another torch is refused at construction.
+
+Rule 8 (unshard, reshard). A plan made for FSDP (``hp-recompute-plan --dp-shard N``) holds
+  an ``unshard`` of each stage before the first action that reads its parameters (a
+  prefetched replay included) and a ``reshard`` after the last: they are FSDP2's public
+  ``unshard()`` and ``reshard()`` of every FSDP module in the stage, as torch's runtime
+  lowers its UNSHARD / RESHARD actions, except that the all-gather is waited for at once.
+  FSDP's own hooks then find the parameters gathered (and may reshard them earlier, as
+  ``reshard_after_forward`` says; a replay or W gathers again, Rule 7). No parameter stays
+  gathered past its ``reshard``, and a failed step reshards what it gathered. On a stage
+  without FSDP modules both do nothing; a plan without them still runs on FSDP stages
+  (FSDP's hooks and Rule 7 gather what each action needs).
 """
 
 from __future__ import annotations
@@ -194,6 +205,7 @@ class PlannedSchedule(PipelineScheduleMulti):
             for stage in self._stages:  # Rule 7: no half-accumulated FSDP step outlives a failed one
                 if stage.stage_index in self.fsdp_split:
                     discard_step(stage.submod)
+            stages.reshard_all()  # Rule 8
             raise
         if left:  # Rule 4
             raise RunError(f"hp_recompute.pipelining: rank {self.rank}: sessions {left} were recomputed but not "
@@ -215,6 +227,7 @@ class _TorchStages(StageBackend):
         self.sends: List[list] = []
         self.losses: Dict[int, torch.Tensor] = {}
         self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}  # (stage, mb) -> I's state for W (Rule 7)
+        self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
 
     def post_recv(self, a: Action) -> None:
         stage = self.stages[a.stage]
@@ -284,6 +297,28 @@ class _TorchStages(StageBackend):
             for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does
                 if not t._is_view():
                     t.detach_()
+
+    def _fsdp_modules(self, stage: int) -> List[Any]:
+        return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]
+
+    def unshard(self, a: Action) -> None:
+        """Rule 8: FSDP2's all-gather of every FSDP module of the stage, waited for."""
+        for module in self._fsdp_modules(a.stage):
+            module.unshard()
+        self.gathered.add(a.stage)
+
+    def reshard(self, a: Action) -> None:
+        """Rule 8: frees the stage's gathered parameters."""
+        for module in self._fsdp_modules(a.stage):
+            module.reshard()
+        self.gathered.discard(a.stage)
+
+    def reshard_all(self) -> None:
+        """Rule 8, after a failed step: nothing the plan gathered stays gathered."""
+        for stage in sorted(self.gathered):
+            for module in self._fsdp_modules(stage):
+                module.reshard()
+        self.gathered.clear()
 
     def reduce_grad(self, a: Action) -> None:
         scale = self.schedule._n_microbatches if self.schedule.scale_grads else 1

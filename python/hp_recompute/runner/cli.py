@@ -335,6 +335,13 @@ def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
 
     Under torchrun only rank 0 has the report; the other ranks return None."""
     plan = load_plan(args.plan)  # admitted: before any rank runs
+    layout = plan.raw["model"].get("data_parallel")
+    if layout is not None:
+        raise RunError(f"hp_recompute.run: {plan.path}: /model/data_parallel: the plan is made for FSDP2 stages "
+                       f"(shard {layout['shard']}, replicate {layout['replicate']}), and the runner has no data "
+                       f"parallelism: its stages would run unsharded, outside the plan's step time and memory; run "
+                       f"the plan with PlannedSchedule on fully_shard-ed stages (docs/fsdp.md), or plan without "
+                       f"--dp-shard / --dp-replicate")
     if not plan.tagged and not args.single_process:
         raise RunError(f"hp_recompute.run: {plan.path}: the runner's processes match messages by tag, and this "
                        f"plan's transfers carry none; write the plan with hp-recompute-plan --emit json")

@@ -94,10 +94,12 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     stages = [PipelineStage(_wrap(stage_module(full, split[s]), cfg, dp_mesh), s, cfg["stages"],
                             torch.device("cpu"), group=mesh.get_group("pp")) for s in mine]
     schedule = PlannedSchedule(stages, cfg["microbatches"], loss_fn=_loss, plan=cfg["plan"])
+    plan_calls = _count_plan_calls()
     res["fsdp_split"] = sorted(schedule.fsdp_split)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     replays = []
     for _ in range(2):
+        plan_calls.clear()
         for st in stages:
             st.submod.zero_grad(set_to_none=True)
         losses: List[torch.Tensor] = []
@@ -113,7 +115,28 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
                     for st in stages for n, p in st.submod.named_parameters()}
     res["sharded_at_end"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
     res["live_sessions"] = len(schedule.session_scope.live_sessions())
+    res["plan_calls"], res["pp_rank"] = dict(plan_calls), pp_rank
+    res["fsdp_modules"] = {st.stage_index: sum(hr.fsdp.is_fsdp_module(m) for m in st.submod.modules())
+                           for st in stages}
     return res
+
+
+def _count_plan_calls() -> Dict[str, int]:
+    """Counts FSDPModule.unshard / reshard called by PlannedSchedule's own code (its plan's
+    unshard and reshard actions), not by FSDP's hooks or the replay's gathering."""
+    from torch.distributed.fsdp import FSDPModule
+
+    counts: Dict[str, int] = {}
+    for name in ("unshard", "reshard"):
+        original = getattr(FSDPModule, name)
+
+        def counted(self: Any, *args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            if sys._getframe(1).f_globals.get("__name__") == "hp_recompute.pipelining.schedule":
+                counts[_name] = counts.get(_name, 0) + 1
+            return _original(self, *args, **kwargs)
+
+        setattr(FSDPModule, name, counted)
+    return counts
 
 
 def _dp_index(dp_mesh: Any) -> int:

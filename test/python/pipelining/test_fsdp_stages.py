@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
@@ -36,15 +36,17 @@ STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one st
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
-             autocast: bool = False) -> List[Dict[str, Any]]:
+             autocast: bool = False, planned_layout: bool = False) -> List[Dict[str, Any]]:
     import torch.multiprocessing as mp
 
     stages = STAGES[schedule]
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp / "model.json", layers)
     plan = tmp / "plan.json"
+    layout = {"dp_shard": 2, "dp_replicate": dp // 2} if planned_layout else {}  # docs/fsdp.md
     plan.write_text(json.dumps(make_plan(schedule_gen=schedule, model=tmp / "model.json", ranks=2,
-                                         microbatches=MICROBATCHES, stages=stage_spec(stages), prefetch=prefetch)))
+                                         microbatches=MICROBATCHES, stages=stage_spec(stages), prefetch=prefetch,
+                                         **layout)))
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
@@ -58,7 +60,9 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     return results
 
 
-def check(results: List[Dict[str, Any]]) -> None:
+def check(results: List[Dict[str, Any]], plan: Optional[Path] = None) -> None:
+    """Exact gradients and losses, one replay per block and microbatch, nothing left live or
+    gathered; with ``plan``, every unshard and reshard of the rank's program ran (Rule 8)."""
     for rank, res in enumerate(results):
         assert res["fsdp_split"], (rank, "the FSDP split path did not run")
         for got, want in zip(res["losses"], res["ref_losses"]):
@@ -70,6 +74,11 @@ def check(results: List[Dict[str, Any]]) -> None:
         assert res["replays"] == [len(res["checkpointed"]) * MICROBATCHES] * 2, (rank, res["replays"])
         assert res["live_sessions"] == 0
         assert res["sharded_at_end"] is True
+        if plan is not None:
+            program = json.loads(plan.read_text())["ranks"][res["pp_rank"]]["actions"]
+            for op in ("unshard", "reshard"):
+                want = sum(res["fsdp_modules"][a["stage"]] for a in program if a["op"] == op)
+                assert want > 0 and res["plan_calls"].get(op, 0) == want, (rank, op, want, res["plan_calls"])
 
 
 @pytest.mark.parametrize("prefetch", ["jit", "bubble"])
@@ -97,3 +106,12 @@ def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Pa
     """torchtitan's composition under PlannedSchedule: blocks wrapped with a selective policy
     (matmul outputs saved), ``fully_shard``-ed, bfloat16 autocast, prefetched replays."""
     check(run_case(tmp_path, True, "bubble", selective=True, autocast=True))
+
+
+@pytest.mark.parametrize("hsdp", [False, True], ids=["fsdp2", "hsdp"])
+def test_a_plan_made_for_the_layout_gathers_and_frees_each_stage(tmp_path: Path, hsdp: bool) -> None:
+    """``make_plan(dp_shard=2[, dp_replicate=2])`` puts an unshard before each stage's first
+    user (prefetched replays included) and a reshard after its last: PlannedSchedule runs
+    them as FSDP2's unshard()/reshard() (Rule 8), with the gradients of the unsharded model."""
+    results = run_case(tmp_path, True, "bubble", dp=4 if hsdp else 2, hsdp=hsdp, planned_layout=True)
+    check(results, tmp_path / "plan.json")

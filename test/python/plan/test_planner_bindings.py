@@ -34,6 +34,10 @@ CASES = {
                                                  prefetch="lookahead=2"),
                                             ["--schedule-gen", "dualpipev", "--ranks", "4", "--microbatches", "8",
                                              "--prefetch", "lookahead=2"]),
+    "zbv bubble on HSDP stages": (dict(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT, prefetch="bubble",
+                                       dp_shard=2, dp_replicate=2),
+                                  ["--schedule-gen", "zbv", "--ranks", "2", "--microbatches", "4", "--model", GPT,
+                                   "--prefetch", "bubble", "--dp-shard", "2", "--dp-replicate", "2"]),
     "a torch CSV schedule file": (dict(schedule=str(REPO / "test" / "inputs" / "schedules" / "pytorch-zbv-5x11.csv")),
                                   ["--schedule", str(REPO / "test" / "inputs" / "schedules" / "pytorch-zbv-5x11.csv")]),
 }
@@ -42,7 +46,10 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_make_plan_is_the_plan_the_cli_writes(case: str) -> None:
     kwargs, flags = CASES[case]
-    assert hr.make_plan(**kwargs) == plan_json(*flags)
+    plan = hr.make_plan(**kwargs)
+    assert plan == plan_json(*flags)
+    if "dp_shard" in kwargs:  # the layout reached the planner: unshards in the plan
+        assert any(a["op"] == "unshard" for rank in plan["ranks"] for a in rank["actions"])
 
 
 def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_does(tmp_path: Path) -> None:
@@ -70,6 +77,8 @@ def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_doe
     (dict(schedule_gen="zbv", prefetch="soon"), "usage: --prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
     (dict(schedule_gen="zbv", memory_budget=-1), "usage: --memory-budget: expected bytes >= 0, got -1"),
     (dict(schedule_gen="zbv", memory_budget=True), "usage: memory_budget: expected bytes (an int), got True"),
+    (dict(schedule_gen="zbv", dp_shard=0), "usage: --dp-shard: expected an integer between 1 and 1048576, got 0"),
+    (dict(schedule_gen="zbv", dp_replicate=2.0), "usage: dp_replicate: expected a count (an int), got 2.0"),
     (dict(schedule_gen="zbv", model="gpt.pt"), "usage: gpt.pt: a TorchScript model is read by the CLI only"),
     (dict(schedule_gen="nosuch"), "nosuch: unknown schedule: expected one of gpipe"),
     (dict(schedule="/nonexistent/s.csv"), "/nonexistent/s.csv: cannot read schedule file"),
@@ -109,3 +118,4 @@ def test_the_console_commands_are_the_tools() -> None:
     opt = subprocess.run([str(Path(sys.executable).parent / "hp-recompute-opt"), "--version"], capture_output=True,
                          text=True, env=env)
     assert opt.returncode == 0 and "LLVM" in opt.stdout
+

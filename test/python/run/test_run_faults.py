@@ -323,3 +323,13 @@ def test_a_uniform_plan_for_a_model_of_ones_own_says_what_its_json_holds(tmp_pat
     plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)), name="m.json")
     proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_plan_for_fsdp_stages_is_refused_before_any_rank_runs(tmp_path: Path) -> None:
+    """The runner has no data parallelism: a plan made with --dp-shard would run unsharded,
+    outside its step time and memory, so it is refused, naming the plan's layout."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)), "--dp-shard", "2")
+    proc = _runner("--plan", str(plan))
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"hp_recompute.run: {plan}: /model/data_parallel: the plan is made for FSDP2 "
+                                  f"stages (shard 2, replicate 1), and the runner has no data parallelism"), proc.stderr
