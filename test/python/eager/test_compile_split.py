@@ -10,6 +10,10 @@ untouched; one replay per session feeding I and W; loud refusals.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -22,6 +26,7 @@ needs_split = pytest.mark.skipif(
     not compile_split.SUPPORTED,
     reason=f"torch {torch.__version__}: the compiled split needs torch >= 2.13 (Rule 6); 1.13 has no torch.compile")
 
+REPO = Path(__file__).resolve().parents[3]
 TOL = {"aot_eager": 1e-5, "inductor": 1e-4}
 DIM, HIDDEN, BATCH = 16, 48, 8
 
@@ -167,6 +172,40 @@ def test_torchtitans_order_compiled_checkpoint_wrappers_split_too(backend):
     assert 0 < w_flops < i_flops and i_flops + w_flops <= 1.05 * full
 
 
+def _gpt_blocks(n: int):
+    spec = importlib.util.spec_from_file_location("hpr_gpt_example", REPO / "examples" / "gpt" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("hpr_gpt_example", module)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    return [module.Block(module.DIM, module.HEADS, module.SEQ) for _ in range(n)], module
+
+
+@needs_split
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_gpt_blocks_with_attention_split_with_one_backward_of_matmul_work(backend):
+    """The bundled GPT example's blocks (attention, layer norms, MLP), two per stage."""
+    torch._dynamo.reset()
+    blocks, gpt = _gpt_blocks(2)
+    refs, _ = _gpt_blocks(2)
+    for b, r in zip(blocks, refs):
+        r.load_state_dict(b.state_dict())
+    ours = [torch.compile(b, backend=hr.compile_backend(backend)) for b in blocks]
+    torch.manual_seed(5)
+    x0, dy = torch.randn(2, gpt.SEQ, gpt.DIM), torch.randn(2, gpt.SEQ, gpt.DIM)
+    x = x0.clone().requires_grad_()
+    h = x
+    for r in refs:
+        h = r(h)
+    want = list(torch.autograd.grad(h, [x] + _params(refs), dy))
+    _one_backward_flops(ours, x0, dy)  # compiles the backward outside the count
+    got, i_flops, w_flops = _split_step(ours, blocks, x0, dy)
+    _assert_close(got, want, TOL[backend])
+    full = _one_backward_flops([torch.compile(r, backend=backend) for r in refs], x0, dy)
+    print(f"\n{backend}, 2 GPT blocks: I {i_flops} + W {w_flops}; one backward {full}")
+    assert 0 < w_flops < i_flops and i_flops + w_flops <= 1.05 * full
+
+
 @needs_split
 def test_torchs_own_backend_runs_the_whole_compiled_backward_in_i_and_in_w():
     """What the split removes: with a plain backend, I and W each run the compiled node whole."""
@@ -245,6 +284,29 @@ def test_a_stage_without_an_input_path_runs_the_compiled_backward_once_in_w():
     assert dxs == () and i_flops == 0
     _assert_close(list(dw), _eager_reference(blocks, x0, dy)[1:], TOL["aot_eager"])
     assert w_flops <= _one_backward_flops([ours], x0.clone().requires_grad_(), dy)
+
+
+@needs_split
+def test_a_weight_tied_across_the_compiled_block_and_eager_code_gets_its_whole_gradient():
+    """``fc1.weight`` used inside the compiled block and twice outside it: W's groups reach the
+    compiled node as a seed and through the re-walk of Rule 4 of NOTE [ dx/dw split ];
+    wherever the node runs without its stash it runs whole, so the gradient is exact."""
+    torch._dynamo.reset()
+    block = _blocks(1)[0]
+    ref = _copies([block])[0]
+    ours = torch.compile(block, backend=hr.compile_backend("aot_eager"))
+    torch.manual_seed(6)
+    x0, dz = torch.randn(BATCH, DIM), torch.randn(BATCH, HIDDEN)
+
+    def stage(fn, blk, x):
+        return torch.nn.functional.linear(fn(x), blk.fc1.weight) + torch.nn.functional.linear(x, blk.fc1.weight)
+
+    x = x0.clone().requires_grad_()
+    want = list(torch.autograd.grad(stage(ref, ref, x), [x] + list(ref.parameters()), dz))
+    for _ in range(2):
+        x = x0.clone().requires_grad_()
+        (dx,), state = hr.backward_input([stage(ours, block, x)], [dz], [x], block)
+        _assert_close([dx] + list(hr.backward_weight(state)), want, TOL["aot_eager"])
 
 
 @needs_split
