@@ -9,7 +9,11 @@ side in one run and repeated:
 * none: PlannedSchedule with a ZBV plan that checkpoints nothing;
 * torch ZBV + checkpoint: torch's ``ScheduleZBVZeroBubble`` with torch's ``checkpoint_wrapper``;
 * ours jit / ours bubble: PlannedSchedule with ``hp_recompute.checkpoint_wrapper`` blocks
-  and a ZBV plan that checkpoints every block, replays placed just in time or in bubbles.
+  and a ZBV plan that checkpoints every block, replays placed just in time or in bubbles;
+* ours bubble, planned layout: the same, planned on the model's measured costs
+  (``python -m hp_recompute.costs --module bench/fsdp/net.py:build``) with
+  ``dp_shard=2``, so the plan unshards and reshards each stage and predicts each rank's
+  peak with the gathered parameters (``peak_memory_bytes``), printed beside the measured.
 
 Each run: a warm-up step (torch infers stage metadata), one step under the profiler's
 allocator events (peak bytes above the step's start, per rank), then ``--steps`` timed
@@ -28,6 +32,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +47,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 TESTS = REPO / "test" / "python" / "pipelining"
 MICROBATCHES, STAGES, PP, DP = 4, 4, 2, 2
-VARIANTS = ["none", "torch ZBV + checkpoint", "ours jit", "ours bubble"]
+VARIANTS = ["none", "torch ZBV + checkpoint", "ours jit", "ours bubble", "ours bubble, planned layout"]
+PLANS = {"none": "none", "ours jit": "jit", "ours bubble": "bubble", "ours bubble, planned layout": "layout"}
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -82,7 +88,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
     if variant == "torch ZBV + checkpoint":
         schedule = ScheduleZBVZeroBubble(stages, MICROBATCHES, loss_fn=_loss)
     else:
-        plan = cfg["plans"]["none" if variant == "none" else variant.split()[-1]]
+        plan = cfg["plans"][PLANS[variant]]
         schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss, plan=plan)
     x, y = _batch(cfg, mesh.get_local_rank("dp"))
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
@@ -156,13 +162,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_json(work / "model.json", args.layers)
+        subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", f"{HERE / 'net.py'}:build",
+                        "--input-shape", f"{args.batch // MICROBATCHES}x{args.dim}", "-o", str(work / "costed.json")],
+                       check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "HPR_BENCH_NET": f"{args.dim},{args.layers}"})
         per = args.layers // STAGES
         spec = ",".join(f"{s}:{s * per}-{(s + 1) * per - 1 + (s == STAGES - 1)}" for s in range(STAGES))
-        plans = {}
-        for name, options in {"none": {"checkpoint": "none"}, "jit": {}, "bubble": {"prefetch": "bubble"}}.items():
+        plans, layout_peaks = {}, []
+        for name, options in {"none": {"checkpoint": "none"}, "jit": {}, "bubble": {"prefetch": "bubble"},
+                              "layout": {"prefetch": "bubble", "dp_shard": DP}}.items():
+            model = work / ("costed.json" if name == "layout" else "model.json")
+            plan = make_plan(schedule_gen="zbv", model=model, ranks=PP, microbatches=MICROBATCHES, stages=spec,
+                             **options)
+            if name == "layout":
+                layout_peaks = plan["summary"]["peak_memory_bytes"]
             path = work / f"{name}.json"
-            path.write_text(json.dumps(make_plan(schedule_gen="zbv", model=work / "model.json", ranks=PP,
-                                                 microbatches=MICROBATCHES, stages=spec, **options)))
+            path.write_text(json.dumps(plan))
             plans[name] = str(path)
         (work / "out").mkdir()
         cfg = {"store": str(work / "store"), "out": str(work / "out"), "plans": plans, "steps": args.steps,
@@ -179,19 +194,22 @@ def main() -> None:
     print(f"{platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{datetime.date.today().isoformat()}")
     print("| reshard_after_forward | run | variant | step ms | vs none | block calls / microbatch | "
-          "peak bytes pp 0, 1 | gradients = unsharded |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | --- | --- |")
+          "peak bytes pp 0, 1 | measured / planned peak pp 0, 1 | gradients = unsharded |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | --- | --- | --- |")
     rows = results[0]["rows"]
     for i, row in enumerate(rows):
         ms = max(res["rows"][i]["ms"] for res in results)
         none = next(r for r in rows if r["repeat"] == row["repeat"] and r["reshard"] == row["reshard"]
                     and r["variant"] == "none")
         none_ms = max(res["rows"][rows.index(none)]["ms"] for res in results)
-        peaks = f"{results[0]['rows'][i]['peak']}, {results[DP]['rows'][i]['peak']}"  # pp ranks 0 and 1, dp 0
+        measured = [results[0]["rows"][i]["peak"], results[DP]["rows"][i]["peak"]]  # pp ranks 0 and 1, dp 0
+        peaks = f"{measured[0]}, {measured[1]}"
+        ratio = (", ".join(f"{m / p:.2f}" for m, p in zip(measured, layout_peaks))
+                 if PLANS.get(row["variant"]) == "layout" else "-")
         ok = all(res["rows"][i]["grads_ok"] for res in results)
         calls = max(res["rows"][i]["calls"] for res in results)
         print(f"| {row['reshard']} | {row['repeat'] + 1} | {row['variant']} | {ms:.1f} | {ms / none_ms:.2f} | "
-              f"{calls:g} | {peaks} | {'yes' if ok else 'NO'} |")
+              f"{calls:g} | {peaks} | {ratio} | {'yes' if ok else 'NO'} |")
 
 
 if __name__ == "__main__":
