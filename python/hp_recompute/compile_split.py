@@ -90,7 +90,7 @@ BACKENDS = ("inductor", "aot_eager")
 
 _LOCK = threading.Lock()
 _ACTIVE: Dict[Any, Tuple[str, Dict[Any, Any]]] = {}  # autograd node -> (phase, state.compiled)
-_BUILT = [0]  # how many split backwards exist; the registry stays empty while none does
+_BUILT = [0]  # how many split backends exist; the registry stays empty while none does
 
 
 @contextlib.contextmanager
@@ -294,7 +294,6 @@ def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_weight: C
     static_i, static_w = part.static_idxs(static_input_idxs)
     run_i = compile_one(part.gi, ex_i, static_i) if (part.i_pos or part.stash) else None
     run_w = compile_one(part.gw, ex_w, static_w) if part.w_pos else None
-    _BUILT[0] += 1
     return _SplitBackward(part, run_i, run_w)
 
 
@@ -347,6 +346,7 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
             return _inductor(gm, example_inputs, is_weight, options, **kwargs)
 
     compiler.__name__ = f"hp_recompute_{backend}"
+    _BUILT[0] += 1  # from now on I and W register their seeds, also for a backward compiled lazily inside I
     return compiler
 
 

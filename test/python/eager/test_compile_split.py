@@ -310,6 +310,21 @@ def test_a_weight_tied_across_the_compiled_block_and_eager_code_gets_its_whole_g
 
 
 @needs_split
+def test_the_first_backward_ever_may_be_a_split_one(monkeypatch):
+    """aot_autograd compiles the backward lazily, inside the first backward: when that is I,
+    I must already register its seeds (Rule 4), or the first step would run I and W whole."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(compile_split, "_BUILT", [0])
+    blocks = _blocks(1)
+    ours = [torch.compile(blocks[0], backend=hr.compile_backend("aot_eager"))]
+    torch.manual_seed(7)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    got, i_flops, w_flops = _split_step(ours, blocks, x0, dy)
+    _assert_close(got, _eager_reference(blocks, x0, dy), TOL["aot_eager"])
+    assert i_flops + w_flops == _one_backward_flops(ours, x0, dy)
+
+
+@needs_split
 def test_a_weight_missed_by_w_is_an_error_not_a_silent_none():
     """backward_weight's Rule 6 holds for compiled blocks: a frozen-then-listed weight is named."""
     torch._dynamo.reset()
