@@ -121,15 +121,25 @@ def stages_of_rank(cfg: Dict[str, Any], rank: int) -> List[int]:
 def planned_wrapper(kind: Any) -> Any:
     """How the planned run's blocks come: None (plain modules), or wrapped by the user with
     ``hp_recompute.checkpoint_wrapper``, ``"full"`` or ``"selective"`` (torch's selective
-    checkpoint policy as ``context_fn``: matmul outputs saved, the rest replayed)."""
+    checkpoint policy as ``context_fn``: matmul outputs saved, the rest replayed), or
+    ``"compiled"``: each block's layers compiled in place with
+    ``hp_recompute.compile_backend("aot_eager")`` (their backwards split into I and W
+    graphs), then the block wrapped (its forward stays eager: ``CALLS`` counts it)."""
     if kind is None:
         return None
     import functools
 
     from hp_recompute import checkpoint_wrapper as ours
+    from hp_recompute import compile_backend
 
     if kind == "full":
         return ours
+    if kind == "compiled":
+        def compiled(block: nn.Module) -> nn.Module:
+            for layer in (block.fc1, block.fc2):
+                layer.compile(backend=compile_backend("aot_eager"))
+            return ours(block)
+        return compiled
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     saved = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]

@@ -28,6 +28,7 @@ import torch.multiprocessing as mp  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import pp_worker  # noqa: E402
+from hp_recompute import compile_split  # noqa: E402
 
 REPO = HERE.parents[2]
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
@@ -119,6 +120,17 @@ def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_
     ``functools.partial``) PlannedSchedule uses the wrapper as it is: exact gradients, one
     replay per block and microbatch, prefetched into the bubble."""
     results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, planned_wrap=wrap)
+    check(results, 4)
+
+
+@pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
+                    f"backwards (hp_recompute.compile_split, torch >= 2.13)")
+def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -> None:
+    """torch's own ZBV refuses compiled stages; with each block's layers compiled in place by
+    ``compile_backend("aot_eager")`` (docs/compile-split.md) and the block wrapped, PlannedSchedule's
+    I and W run the two halves of the compiled backward: gradients of torch's checkpointed
+    eager ZBV, one replay per block and microbatch, prefetched into the bubble."""
+    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", planned_wrap="compiled")
     check(results, 4)
 
 
