@@ -38,14 +38,11 @@ GROUPS = 3  # FSDP parameter groups: block 0, block 1, the root (head)
 
 
 def run_case(tmp: Path, ranks: int = 2, **cfg: Any) -> List[Dict[str, Any]]:
-    import torch.multiprocessing as mp
-
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "out": str(out),
            "microbatches": 1, "reshard": True, **cfg}
-    mp.start_processes(fsdp_worker.main, args=(cfg,), nprocs=ranks, start_method="spawn", join=True)
-    results = [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+    results = fsdp_worker.spawn_ranks(fsdp_worker.main, cfg, ranks)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res.get('exception')}"
     return results

@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "fsdp"))  # fsdp_worker's selective policy and autocast
 import pp_fsdp_worker  # noqa: E402
+from fsdp_worker import spawn_ranks  # noqa: E402
 from test_planned_schedule import DIM, LAYERS_PER_STAGE, REPO, model_json, stage_spec  # noqa: E402
 
 MICROBATCHES = 4
@@ -37,8 +38,6 @@ STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one st
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False) -> List[Dict[str, Any]]:
-    import torch.multiprocessing as mp
-
     stages = STAGES[schedule]
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp / "model.json", layers)
@@ -53,8 +52,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
            "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
            "autocast": autocast, "plan": str(plan), "out": str(out)}
-    mp.start_processes(pp_fsdp_worker.main, args=(cfg,), nprocs=2 * dp, start_method="spawn", join=True)
-    results = [torch.load(out / f"rank{r}.pt") for r in range(2 * dp)]
+    results = spawn_ranks(pp_fsdp_worker.main, cfg, 2 * dp)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
     return results
