@@ -128,7 +128,9 @@ void InsertUnshardPass::runOnOperation() {
     builder.create<ReshardOp>(program.getLoc(), stage);
     ++numReshardInserted;
   };
-  for (auto [user, window] : llvm::zip_equal(users, next)) {
+  for (size_t k = 0; k < users.size(); ++k) {
+    const User &user = users[k];
+    llvm::ArrayRef<int64_t> window = next[k];
     builder.setInsertionPoint(insertionPoint(user.op));
     for (int64_t stage : gathered)
       if (!llvm::is_contained(window, stage)) {
