@@ -69,6 +69,23 @@ def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_doe
     assert "REDUCE_GRAD before rank 0, action" in info.value.problems[0]
 
 
+def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: Path) -> None:
+    """Rule 13: with the first reshard of rank 0 moved to the front, its stage's actions
+    read parameters that are sharded; the admission check every runtime uses says so."""
+    plan = hr.make_plan(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT, dp_shard=2)
+    actions = plan["ranks"][0]["actions"]
+    first = next(i for i, a in enumerate(actions) if a["op"] == "reshard")
+    actions.insert(0, actions.pop(first))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(hr.PlanError) as info:
+        hr.verify_plan(path)
+    proc = run_plan("--verify", str(path), check=False)
+    assert proc.returncode == 1
+    assert info.value.problems == proc.stderr.splitlines()
+    assert any("whose parameters are not unsharded here (rule 13)" in p for p in info.value.problems)
+
+
 @pytest.mark.parametrize("kwargs,line", [
     (dict(schedule_gen="zbv", schedule="x.csv"), "usage: give one schedule"),
     (dict(), "usage: give one schedule"),
