@@ -135,7 +135,6 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       add(cost.backwardInputUs, Kind::BackwardInput, true);
       add(cost.backwardWeightUs, Kind::BackwardWeight, true);
       add(cost.backwardUs, Kind::Backward, true);
-      cost.gradBytes += region.getParamBytes();
       cost.paramBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
       cost.workspaceBytes = std::max<int64_t>(
@@ -156,8 +155,9 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       cost.weightStateBytes = 0;
     cost.dpShard = shard;
     cost.unshardUs = allGatherUs(cost.paramBytes, shard);
-    cost.reduceGradUs = allGatherUs(cost.gradBytes, shard) +
-                        allReduceUs(cost.gradBytes / shard, replicate);
+    // A reduce-scatter moves what the all-gather does.
+    cost.reduceGradUs =
+        cost.unshardUs + allReduceUs(cost.shardedParamBytes(), replicate);
     costs.push_back(cost);
   }
   // A stage's output is the next stage's input.

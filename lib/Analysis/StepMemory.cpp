@@ -44,9 +44,9 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     }
     if (isa<ReduceGradOp>(op) && costs[stage].dpShard > 1 &&
         gradsAllocated.contains(stage)) {
-      int64_t shard = costs[stage].gradBytes / costs[stage].dpShard;
+      int64_t shard = costs[stage].shardedParamBytes();
       peak = std::max(peak, live + other + shard);
-      other -= costs[stage].gradBytes - shard;
+      other -= costs[stage].paramBytes - shard;
     }
     if (isa<ForwardOp, RecvBOp>(op))
       other += costs[stage].outputBytes;
@@ -75,11 +75,11 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     int64_t transient = 0;
     if (isa<BackwardWeightOp, BackwardOp>(op)) {
       if (gradsAllocated.insert(stage).second)
-        other += costs[stage].gradBytes;
+        other += costs[stage].paramBytes;
       else if (isa<BackwardWeightOp>(op))
-        peak = std::max(peak, live + other + costs[stage].gradBytes);
+        peak = std::max(peak, live + other + costs[stage].paramBytes);
       else
-        transient = costs[stage].gradBytes;
+        transient = costs[stage].paramBytes;
     }
     peak = std::max(peak, live - profile.endingAt[pos - 1] + other + transient);
   }

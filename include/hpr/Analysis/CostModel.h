@@ -114,11 +114,12 @@ struct StageCost {
   int64_t keptBytes = 0;      ///< under checkpoint, as the regions say
   int64_t plainKeptBytes = 0; ///< every region plain
   int64_t recomputedBytes = 0;
-  int64_t outputBytes = 0;      ///< the stage output (next stage's input)
-  int64_t gradBytes = 0;        ///< weight gradients (the regions' params)
+  int64_t outputBytes = 0; ///< the stage output (next stage's input)
+  /// The regions' param_bytes: the unsharded parameters, and as many bytes
+  /// of weight gradients.
+  int64_t paramBytes = 0;
   int64_t weightStateBytes = 0; ///< what I keeps for W
   int64_t workspaceBytes = 0;   ///< transient bytes of a backward action
-  int64_t paramBytes = 0;       ///< parameters, unsharded
   int64_t dpShard = 1;          ///< ranks the parameters are sharded over
   double unshardUs = 0;         ///< UNSHARD: all-gather over dpShard
   double reduceGradUs = 0;      ///< REDUCE_GRAD: reduce-scatter, all-reduce
