@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     layout = plan.raw["model"].get("data_parallel")
     if layout is not None:
         raise RunError(f"hp_recompute.run: {plan.path}: /model/data_parallel: the plan is made for FSDP2 stages "
-                       f"(shard {layout['shard']}, replicate {layout['replicate']}), and the runner has no data "
+                       f"(shard {layout.get('shard', 1)}, replicate {layout.get('replicate', 1)}), and the runner has no data "
                        f"parallelism: its stages would run unsharded, outside the plan's step time and memory; run "
                        f"the plan with PlannedSchedule on fully_shard-ed stages (docs/fsdp.md), or plan without "
                        f"--dp-shard / --dp-replicate")

@@ -60,13 +60,20 @@ def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_doe
     hr.verify_plan(path)
     broken = copy.deepcopy(plan)
     broken["ranks"][0]["actions"].insert(2, {"op": "reduce_grad", "stage": 0})
-    path.write_text(json.dumps(broken))
+    problems = _refused_alike(broken, path)
+    assert "REDUCE_GRAD before rank 0, action" in problems[0]
+
+
+def _refused_alike(plan: dict, path: Path) -> list:
+    """Writes ``plan`` to ``path``; verify_plan and ``hp-recompute-plan --verify`` must refuse
+    it with the same lines (exit 1). Returns them."""
+    path.write_text(json.dumps(plan))
     with pytest.raises(hr.PlanError) as info:
         hr.verify_plan(path)
     proc = run_plan("--verify", str(path), check=False)
     assert proc.returncode == 1
     assert info.value.problems == proc.stderr.splitlines()
-    assert "REDUCE_GRAD before rank 0, action" in info.value.problems[0]
+    return info.value.problems
 
 
 def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: Path) -> None:
@@ -76,14 +83,8 @@ def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: 
     actions = plan["ranks"][0]["actions"]
     first = next(i for i, a in enumerate(actions) if a["op"] == "reshard")
     actions.insert(0, actions.pop(first))
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(plan))
-    with pytest.raises(hr.PlanError) as info:
-        hr.verify_plan(path)
-    proc = run_plan("--verify", str(path), check=False)
-    assert proc.returncode == 1
-    assert info.value.problems == proc.stderr.splitlines()
-    assert any("whose parameters are not unsharded here (rule 13)" in p for p in info.value.problems)
+    problems = _refused_alike(plan, tmp_path / "p.json")
+    assert any("whose parameters are not unsharded here (rule 13)" in p for p in problems)
 
 
 @pytest.mark.parametrize("kwargs,line", [
