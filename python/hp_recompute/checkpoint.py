@@ -33,7 +33,8 @@ Rule 2 (replay). A replay runs the function once more on the forward's own input
   The number of saved tensors is always checked, their metadata unless
   ``determinism_check="none"``; a mismatch raises CheckpointError (with torch's operator
   report under ``debug=True``). Where torch's checkpoint detects a condition too, the
-  message carries the installed torch's own text after ``hp_recompute:``.
+  message carries the installed torch's own text after ``hp_recompute:``. A replay shows
+  in torch's profiler as ``hp_recompute::replay``.
 
 Rule 3 (no session). A frame bound to no session behaves like the installed torch's
   ``torch.utils.checkpoint(use_reentrant=False)``: torch 2.x replays once per backward
@@ -102,9 +103,16 @@ Rule 10 (devices and streams). Nothing here names a device: RNG state, autocast 
   random numbers. On a device without streams (the CPU) None is the only valid stream;
   a stream of another device than the checkpoint's inputs raises CheckpointError.
 
+Rule 11 (torch.compile). Traced by ``torch.compile`` (torch 2.x), ``checkpoint`` is
+  torch's own (its higher-order op: aot_autograd rematerializes inside the graph) and
+  takes no part in sessions; inside a collector that trace raises CheckpointError instead
+  of collecting nothing. A compiled function *inside* a checkpoint is an ordinary
+  function: its compiled forward is what a replay reruns. Our saved-tensor hooks, which
+  its compiled code calls, are hidden from dynamo once dynamo is loaded
+  (``frame.hide_hooks_from_dynamo``), as torch's own are.
+
 ``use_reentrant=True`` delegates to ``torch.utils.checkpoint`` and takes no part in
-sessions; so does tracing under ``torch.compile`` (torch 2.x), which inside a collector
-raises CheckpointError instead of collecting nothing.
+sessions.
 """
 
 from __future__ import annotations
@@ -119,7 +127,8 @@ import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
 from .errors import CheckpointError, error_text
-from .frame import PLAIN_REPLAY, THREAD, CheckpointFrame, RecomputeHandle, new_handle, unpack_saved
+from .frame import (PLAIN_REPLAY, THREAD, CheckpointFrame, RecomputeHandle, hide_hooks_from_dynamo, new_handle,
+                    unpack_saved)
 from .replay_state import ForwardState
 
 __all__ = ["checkpoint", "recompute_handle_collector_ctx"]
@@ -279,10 +288,12 @@ def checkpoint(
         return _torch_checkpoint.checkpoint(
             function, *args, use_reentrant=True, preserve_rng_state=preserve_rng_state, **kwargs
         )
-    if _is_compiling():
+    if _is_compiling():  # Rule 11
         return _compiled_checkpoint(
             function, args, kwargs, context_fn, preserve_rng_state, determinism_check, debug, early_stop
         )
+    if "torch._dynamo" in sys.modules:  # Rule 11: something may be compiled inside
+        hide_hooks_from_dynamo()
     if _debug_enabled(debug):
         if context_fn is not None:
             raise ValueError(error_text("checkpoint: debug=True is incompatible with a context_fn"))
@@ -346,8 +357,8 @@ def _compiled_checkpoint(
             error_text(
                 f"checkpoint of {getattr(function, '__qualname__', type(function).__qualname__)!r} is traced by torch.compile inside "
                 "recompute_handle_collector_ctx(), and a compiled checkpoint has no recompute handle; run the "
-                "checkpointed forward eagerly (torch.compiler.disable on the caller) or compile only the blocks "
-                "inside the checkpointed function"
+                "checkpointed forward eagerly (torch.compiler.disable on the caller) or compile inside the "
+                "checkpoint: checkpoint_wrapper(block).compile() compiles the wrapped block"
             )
         )
     extra = {} if context_fn is None else {"context_fn": context_fn}

@@ -59,6 +59,18 @@ Rule 6 (versions). The backend needs aot_autograd's graph descriptors and
   1.13 which has no torch.compile, ``compile_backend`` raises ``CheckpointError`` saying
   so. Not supported (untested, may fail): tensor-subclass (DTensor) inputs, CUDA graphs
   (``options={"triton.cudagraphs": True}`` would overwrite the stash), double backward.
+
+Rule 7 (a wrapped block's ``compile()``). ``checkpoint_wrapper(block).compile(**kw)``
+  (torchtitan compiles each wrapped block) compiles the *wrapped* block in place, so the
+  checkpoint around it stays eager: handles, sessions, prefetch and FSDP's replay
+  all-gather keep working, and a replay runs the compiled forward. ``split_compile_kwargs``
+  turns ``kw`` into those of a split: backend ``"inductor"`` (torch.compile's default) or
+  ``"aot_eager"`` becomes ``compile_backend(backend)``, inductor's ``mode`` and ``options``
+  becoming its config patches; every other keyword (``fullgraph``, ``dynamic``, ...)
+  passes unchanged. A mode or options that turn CUDA graphs on are refused (Rule 6).
+  Another backend, or a torch older than 2.13, compiles as given, unsplit: I and W then
+  each run the whole compiled backward. ``torch.compile(checkpoint_wrapper(block))``
+  instead traces the checkpoint itself (torch's higher-order op, no handle).
 """
 
 from __future__ import annotations
@@ -71,7 +83,7 @@ import torch
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["SUPPORTED", "compile_backend"]
+__all__ = ["SUPPORTED", "compile_backend", "split_compile_kwargs"]
 
 
 def _version() -> Tuple[int, int]:
@@ -373,3 +385,29 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: Ca
         return _split(g, ex, is_weight, compile_half, kw.get("static_input_idxs") or ())
 
     return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=options, **kwargs)
+
+
+def split_compile_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """Rule 7: the ``torch.compile`` keywords ``kwargs``, with a backend whose backward splits.
+
+    Raises:
+        CheckpointError: a mode or options that capture CUDA graphs (Rule 6).
+    """
+    backend = kwargs.get("backend", "inductor")
+    if not SUPPORTED or not isinstance(backend, str) or backend not in BACKENDS:
+        return dict(kwargs)
+    rest = {k: v for k, v in kwargs.items() if k not in ("backend", "mode", "options")}
+    options = dict(kwargs.get("options") or {})
+    mode = kwargs.get("mode")
+    if mode is not None and mode != "default":
+        if backend != "inductor":
+            raise ValueError(error_text(f"compile: mode={mode!r} is an inductor mode; backend {backend!r} takes none"))
+        from torch._inductor import list_mode_options
+
+        options = {**list_mode_options(mode, kwargs.get("dynamic")), **options}
+    if options.get("triton.cudagraphs"):
+        raise CheckpointError(error_text(
+            f"compile: mode={mode!r} / options capture CUDA graphs, which would overwrite the stash that W reads "
+            "(Rule 6 of NOTE [ Compiled dx/dw split ]); use a mode without CUDA graphs, e.g. "
+            "'max-autotune-no-cudagraphs'"))
+    return {**rest, "backend": compile_backend(backend, options=options or None)}

@@ -23,7 +23,8 @@ from .errors import CheckpointError, error_text
 from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, Session
 from .replay_state import ForwardState
 
-__all__ = ["CheckpointFrame", "Holder", "RecomputeHandle", "THREAD", "PLAIN_REPLAY", "unpack_saved"]
+__all__ = ["CheckpointFrame", "Holder", "RecomputeHandle", "THREAD", "PLAIN_REPLAY", "hide_hooks_from_dynamo",
+           "unpack_saved"]
 
 # torch >= 2.0 tells which backward (graph task) is unpacking; its native checkpoint
 # replays once per graph task. torch 1.13 has no such id and shares one replay (Rule 3).
@@ -376,7 +377,8 @@ class CheckpointFrame:
             # What the function needs around a replay of it, outside the recompute
             # context (fsdp.ReplayFunction: the all-gather of its sharded parameters).
             around = getattr(self.function, "replay_context", contextlib.nullcontext)
-            with around(), self.state.restored(), torch.enable_grad():
+            with torch.profiler.record_function("hp_recompute::replay"), around(), self.state.restored(), \
+                    torch.enable_grad():
                 with self.recompute_ctx if self.recompute_ctx is not None else contextlib.nullcontext():
                     with torch.autograd.graph.saved_tensors_hooks(run.pack, _replay_unpack):
                         try:
@@ -752,3 +754,29 @@ _HANDLE_TOKEN = object()
 def new_handle(frame: CheckpointFrame) -> RecomputeHandle:
     """Create the handle of ``frame`` (used by ``checkpoint`` only)."""
     return RecomputeHandle(frame, _token=_HANDLE_TOKEN)
+
+
+# -- torch.compile (Rule 11) ---------------------------------------------------------
+
+
+_HOOKS_HIDDEN = [False]
+
+
+def hide_hooks_from_dynamo() -> None:
+    """Rule 11: dynamo never compiles our saved-tensor hooks, as it never compiles torch's.
+
+    Why: a compiled module run inside a checkpoint calls the pack hooks from its compiled
+    call, and where dynamo skipped that call's own frame (``nn.Sequential(...).compile()``:
+    its forward is torch's code) the frame callback is still installed, so dynamo would
+    compile each hook as a frame of its own: recompiles, a graph break at a replay's
+    early stop (it raises inside ``pack``), an error under ``fullgraph=True`` where
+    torch's checkpoint, whose hooks live in a file dynamo skips, runs. Our hooks' modules
+    join dynamo's skipped files once dynamo is loaded; a no-op on a torch without them.
+    """
+    if _HOOKS_HIDDEN[0]:
+        return
+    _HOOKS_HIDDEN[0] = True
+    add = getattr(getattr(getattr(torch, "_dynamo", None), "trace_rules", None), "add", None)
+    if add is not None:
+        for module in ("frame", "registry"):  # the hooks' code
+            add(f"{__package__}.{module}")

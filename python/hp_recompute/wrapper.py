@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .checkpoint import checkpoint
+from .compile_split import split_compile_kwargs
 from .errors import CheckpointError, error_text
 from .fsdp import ReplayFunction
 
@@ -33,6 +34,20 @@ if torch.distributed.is_available():
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.checkpoint_fn(ReplayFunction(self, self._checkpoint_wrapped_module), *args, **kwargs)
+
+        def compile(self, *args: Any, **kwargs: Any) -> None:
+            """Compiles the wrapped module in place, inside the checkpoint (Rule 7 of NOTE [
+            Compiled dx/dw split ]): the checkpoint stays eager, so the block keeps its
+            handles, sessions and prefetch, and its backward splits into I and W.
+
+            ``torch.compile``'s keywords; backend ``"inductor"`` (the default) or
+            ``"aot_eager"`` is made ``compile_backend(backend)`` on torch >= 2.13.
+            """
+            if not hasattr(torch, "compile"):
+                raise CheckpointError(error_text(f"compile: torch {torch.__version__} has no torch.compile"))
+            if args:
+                raise TypeError(error_text("compile: torch.compile's options are keyword-only"))
+            self._checkpoint_wrapped_module.compile(**split_compile_kwargs(kwargs))
 
 
 def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> torch.nn.Module:

@@ -16,6 +16,12 @@ A region already wrapped with ``hp_recompute.checkpoint_wrapper`` keeps its wrap
 its options, a selective policy's ``context_fn`` included); one wrapped by torch's own
 checkpoint would replay once per backward call, so it is refused with a message rather
 than silently replayed twice.
+
+A compiled region must be compiled *inside* its checkpoint, as
+``checkpoint_wrapper(block).compile()`` does (Rule 7 of NOTE [ Compiled dx/dw split ]). A
+region compiled around it (``torch.compile(block)`` registered in its place, or a plain
+block's in-place ``block.compile()``, whose compiled call would trace our checkpoint) has
+no recompute handle, so it is refused here, before the first forward.
 """
 
 from __future__ import annotations
@@ -60,6 +66,19 @@ def is_planned_checkpoint(module: torch.nn.Module) -> bool:
     return getattr(module, _MARK, False) or _is_our_wrapper(module)
 
 
+def _refuse_compiled_around(region: torch.nn.Module, fqn: str, stage: int) -> None:
+    if "_orig_mod" in region._modules:  # torch.compile(module) returns an OptimizedModule around it
+        how = f"torch.compile({type(region._orig_mod).__name__}) registered in its place"
+    elif getattr(region, "_compiled_call_impl", None) is not None:
+        how = "compiled in place by .compile()"
+    else:
+        return
+    raise RunError(f"hp_recompute.pipelining: stage {stage}: region '{fqn}' is {how}, so its compiled call would "
+                   f"trace the plan's checkpoint, which has no recompute handle there; wrap the block with "
+                   f"hp_recompute.checkpoint_wrapper, then call .compile() on the wrapper: it compiles the block "
+                   f"inside the checkpoint (docs/compile-split.md)")
+
+
 def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int) -> List[str]:
     """Makes every region ``fqns`` of stage ``stage``'s ``module`` run through our checkpoint.
 
@@ -79,6 +98,7 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int)
                            f"model's FQNs in each stage module (as torchtitan does)") from None
         if getattr(region, _MARK, False):
             continue
+        _refuse_compiled_around(region, fqn, stage)
         if _is_our_wrapper(region):
             region.forward = functools.partial(_wrapped_forward, region.forward, region._checkpoint_wrapped_module)
         elif hasattr(region, "checkpoint_fn") or hasattr(region, "_checkpoint_wrapped_module"):

@@ -50,21 +50,28 @@ Rule 6 (metadata inference). On the first step torch's stages infer their input 
   checkpoint and replays nothing, and every replay of a step is the plan's (one per
   checkpointed region per microbatch).
 
-Rule 7 (FSDP2 stages split into I and W). torch's ``backward_one_chunk(full_backward=False)``
-  and ``backward_weight_one_chunk`` differentiate ``submod.parameters()``, which FSDP2 has
-  swapped for sharded DTensors by then (``reshard_after_forward=True``): W gets no or wrong
-  gradients, silently (torch's own ZBV too). So the backwards of a stage that holds FSDP2
-  modules and whose backward the plan splits (``fsdp_split_stages``) are hp_recompute's
-  (NOTE [ FSDP2 and the dx/dw split ] in fsdp.py), on torch's stage caches: ``I`` is
-  ``backward_input(outputs, output grads, inputs, submod)``, ``W`` is ``backward_weight``
-  of its state, a ``B`` of the same stage is torch's ``stage_backward`` inside the step
-  ``fsdp.begin_step`` opened (nothing reduced), and ``reduce_grad`` is
-  ``fsdp.reduce_gradients`` (one reduce-scatter per parameter group, plus the all-reduce
-  of HSDP) followed by torch's ``scale_grads``. The input gradients go where torch's
-  would (``bwd_cache``), so sends and co-located handoffs are torch's. A replay of a
-  block wrapped with ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded
-  (fsdp.py Rule 6). Needs torch's stage caches as torch 2.13 has them
-  (``_stage_meta``); another torch is refused at construction.
+Rule 7 (stages split into I and W by hp_recompute). torch's
+  ``backward_one_chunk(full_backward=False)`` and ``backward_weight_one_chunk`` are not
+  right for two kinds of stages whose backward the plan splits (``split_stages``):
+  - FSDP2 stages: they differentiate ``submod.parameters()``, which FSDP2 has swapped for
+    sharded DTensors by then (``reshard_after_forward=True``): W gets no or wrong
+    gradients, silently (torch's own ZBV too);
+  - compiled stages (a module compiled in place, ``checkpoint_wrapper(block).compile()``
+    included, or a ``torch.compile``-d module): a compiled block is one autograd node, and
+    torch's I and W each run its whole backward (I + W = 2x the matmul work). Ours tell
+    the node which half to run (NOTE [ Compiled dx/dw split ] Rule 4), on torch >= 2.13.
+  Their backwards are hp_recompute's (NOTE [ dx/dw split ], NOTE [ FSDP2 and the dx/dw
+  split ] in fsdp.py), on torch's stage caches: ``I`` is ``backward_input(outputs, output
+  grads, inputs, submod)``, ``W`` is ``backward_weight`` of its state (added into each
+  parameter's ``.grad`` as autograd would, or into FSDP's gradients), a ``B`` of the same
+  stage is torch's ``stage_backward`` (on an FSDP stage inside the step ``fsdp.begin_step``
+  opened: nothing reduced). An FSDP stage's ``reduce_grad`` is ``fsdp.reduce_gradients``
+  (one reduce-scatter per parameter group, plus the all-reduce of HSDP) followed by
+  torch's ``scale_grads``. The input gradients go where torch's would (``bwd_cache``), so
+  sends and co-located handoffs are torch's. A replay of a block wrapped with
+  ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded (fsdp.py Rule 6). Needs
+  torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch is
+  refused at construction.
 
 Rule 8 (unshard, reshard). A plan made for FSDP (``hp-recompute-plan --dp-shard N``) holds
   an ``unshard`` of each stage before the first action that reads its parameters (a
@@ -88,6 +95,7 @@ from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch_p2p, _wait_batch_p2p
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
+from .. import compile_split
 from ..backward_split import WeightGradState, backward_input, backward_weight
 from ..fsdp import begin_step, discard_step, is_fsdp_module, reduce_gradients
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
@@ -114,18 +122,29 @@ def _admitted(plan: PlanSource) -> Plan:
     return load_plan(path)
 
 
-def fsdp_split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
-    """Rule 7: indices of the stages holding FSDP2 modules whose backward the plan splits into I and W."""
+def _is_compiled(module: torch.nn.Module) -> bool:
+    return getattr(module, "_compiled_call_impl", None) is not None or "_orig_mod" in module._modules
+
+
+def split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
+    """Rule 7: indices of the FSDP2 or compiled stages whose backward the plan splits into I and W."""
     split = {a.stage for a in program if a.op == "backward_weight"}
-    found = {stage.stage_index for stage in stages
-             if stage.stage_index in split and any(is_fsdp_module(m) for m in stage.submod.modules())}
+    found: Dict[int, str] = {}
+    for stage in stages:
+        if stage.stage_index not in split:
+            continue
+        modules = list(stage.submod.modules())
+        if any(is_fsdp_module(m) for m in modules):
+            found[stage.stage_index] = "holds FSDP2 modules (fully_shard)"
+        elif compile_split.SUPPORTED and any(_is_compiled(m) for m in modules):
+            found[stage.stage_index] = "holds compiled modules"
     for stage in stages:
         if stage.stage_index in found and not hasattr(stage, "_stage_meta"):
-            raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} holds FSDP2 modules (fully_shard) and "
+            raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} {found[stage.stage_index]} and "
                            f"the plan splits its backward into backward_input and backward_weight, which needs "
                            f"torch's stage caches as torch 2.13 has them; torch {torch.__version__} has another "
                            f"layout: plan it without a dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
-    return found
+    return set(found)
 
 
 class PlannedSchedule(PipelineScheduleMulti):
@@ -157,8 +176,8 @@ class PlannedSchedule(PipelineScheduleMulti):
         super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
         self.plan = _admitted(plan)
         self._check_stages(n_microbatches)
-        #: stages whose backwards are hp_recompute's FSDP split (Rule 7)
-        self.fsdp_split = fsdp_split_stages(self._stages, self.plan.ranks[self.rank])
+        #: stages whose backwards are hp_recompute's split (Rule 7)
+        self.own_split = split_stages(self._stages, self.plan.ranks[self.rank])
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping
         for stage in self._stages:  # Rule 2
@@ -203,7 +222,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         except BaseException:
             run.abandon()
             for stage in self._stages:  # Rule 7: no half-accumulated FSDP step outlives a failed one
-                if stage.stage_index in self.fsdp_split:
+                if stage.stage_index in self.own_split:
                     discard_step(stage.submod)
             stages.reshard_all()  # Rule 8
             raise
@@ -262,8 +281,8 @@ class _TorchStages(StageBackend):
 
     def backward(self, a: Action, last: bool) -> None:
         stage, mb = self.stages[a.stage], a.microbatch
-        if a.stage in self.schedule.fsdp_split:
-            self._fsdp_backward(stage, a)
+        if a.stage in self.schedule.own_split:
+            self._split_backward(stage, a)
             return
         if a.op == "backward_weight":
             stage.backward_weight_one_chunk(mb, last_backward=last)
@@ -272,11 +291,16 @@ class _TorchStages(StageBackend):
         stage.backward_one_chunk(mb, loss=self.losses.get(mb) if stage.is_last else None, full_backward=full,
                                  last_backward=full and last)
 
-    def _fsdp_backward(self, stage: _PipelineStageBase, a: Action) -> None:
-        """Rule 7: I, W or B of an FSDP2 stage, on torch's stage caches, by hp_recompute's split."""
+    def _split_backward(self, stage: _PipelineStageBase, a: Action) -> None:
+        """Rule 7: I, W or B of an FSDP2 or compiled stage, on torch's stage caches, by hp_recompute's split."""
         mb = a.microbatch
         if a.op == "backward_weight":
-            backward_weight(self.weight_states.pop((a.stage, mb)))
+            state = self.weight_states.pop((a.stage, mb))
+            into_fsdp = state.fsdp is not None  # W itself adds into FSDP's gradients
+            grads = backward_weight(state)
+            if not into_fsdp:
+                for p, g in zip(state.weights, grads):
+                    p.grad = g if p.grad is None else p.grad + g
             return
         stage_output, input_values = stage.fwd_cache.pop(mb)
         grads = None if stage.is_last else list(stage._retrieve_recv_grads(mb))
@@ -323,7 +347,7 @@ class _TorchStages(StageBackend):
     def reduce_grad(self, a: Action) -> None:
         scale = self.schedule._n_microbatches if self.schedule.scale_grads else 1
         stage = self.stages[a.stage]
-        if a.stage in self.schedule.fsdp_split:  # Rule 7
+        if a.stage in self.schedule.own_split and self._fsdp_modules(a.stage):  # Rule 7
             reduce_gradients(stage.submod)
             if scale != 1:
                 stage.scale_grads(scale)

@@ -67,6 +67,11 @@ Rule 10 (without sessions). With ``sessions=False`` (the runner's ``native`` and
 
 Rule 11 (errors). An error of an action is raised as ``RunError`` naming the runtime,
   the rank, the action's index and the action, and where the user's code raised it.
+
+Rule 12 (profiling). Each action runs inside torch's ``record_function`` named
+  ``hp_recompute::`` and the action (``hp_recompute::backward_input stage 1 mb 0 session
+  s1.mb0``), as torch's own pipeline runtime labels its actions, so a profiler trace
+  shows the plan; a replay inside it shows as ``hp_recompute::replay``.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ import contextlib
 import contextvars
 import time
 from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
 
 from ..checkpoint import recompute_handle_collector_ctx
 from ..factory import raised_at
@@ -211,7 +218,8 @@ class PlanInterpreter:
         try:
             self.backend.before(index, a)
             start = time.perf_counter()
-            self._run(a)
+            with torch.profiler.record_function(f"hp_recompute::{a.describe()}"):  # Rule 12
+                self._run(a)
             if a.op in TIMED_OPS:
                 self.action_s.append((a.op, a.stage, a.plain, time.perf_counter() - start))
         except RunError:

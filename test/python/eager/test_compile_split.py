@@ -10,6 +10,7 @@ untouched; one replay per session feeding I and W; loud refusals.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -222,14 +223,24 @@ def test_torchs_own_backend_runs_the_whole_compiled_backward_in_i_and_in_w():
 
 @needs_split
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(backend):
-    """Zero-bubble order over two microbatches, ``block.compile()`` in place inside
-    ``hp_recompute.checkpoint``: each session's one replay (a prefetch) feeds I and W,
-    and I + W together do one backward's matmuls (the replay's forward is not in them)."""
+@pytest.mark.parametrize("wrapped", [False, True], ids=["checkpoint(block.compile(split backend))",
+                                                         "checkpoint_wrapper(block).compile(backend name)"])
+def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(backend, wrapped):
+    """Zero-bubble order over two microbatches, the block compiled in place inside the
+    checkpoint: by ``block.compile(backend=compile_backend(...))`` in ``hp_recompute.checkpoint``,
+    or torchtitan's way, the wrapper's ``compile(backend=name)`` with nothing else set (Rule 7).
+    Each session's one replay (a prefetch) feeds I and W, and I + W together do one
+    backward's matmuls (the replay's forward is not in them)."""
     torch._dynamo.reset()
     block = _blocks(1)[0]
     reference = _copies([block])[0]
-    block.compile(backend=hr.compile_backend(backend))
+    if wrapped:
+        wrapper = hr.checkpoint_wrapper(block)
+        wrapper.compile(backend=backend)
+        run = wrapper
+    else:
+        block.compile(backend=hr.compile_backend(backend))
+        run = functools.partial(hr.checkpoint, block)
     block(torch.randn(BATCH, DIM, requires_grad=True)).sum().backward()  # compile outside the count
     block.zero_grad(set_to_none=True)
     torch.manual_seed(2)
@@ -243,7 +254,7 @@ def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(back
         if kind == "F":
             leaves[mb] = xs[mb].clone().requires_grad_()
             with hr.recompute_handle_collector_ctx() as handles[mb]:
-                outs[mb] = hr.checkpoint(block, leaves[mb])
+                outs[mb] = run(leaves[mb])
         elif kind == "P":
             for handle in handles[mb]:
                 hr.recompute_handle(handle, sid)
@@ -349,3 +360,21 @@ def test_compile_backend_refuses_unknown_backends_and_old_torch(monkeypatch):
     monkeypatch.setattr(compile_split, "SUPPORTED", False)
     with pytest.raises(CheckpointError, match="needs torch >= 2.13"):
         hr.compile_backend("inductor")
+
+
+def test_a_wrappers_compile_refuses_what_it_cannot_split_and_old_torch():
+    """Rule 7: CUDA graphs would overwrite the stash; an inductor mode means nothing to aot_eager."""
+    wrapper = hr.checkpoint_wrapper(Block())
+    if not hasattr(torch, "compile"):  # torch 1.13
+        with pytest.raises(CheckpointError, match="has no torch.compile"):
+            wrapper.compile()
+        return
+    if not compile_split.SUPPORTED:
+        pytest.skip(f"torch {torch.__version__} compiles as given (Rule 7)")
+    with pytest.raises(CheckpointError, match="capture CUDA graphs, which would overwrite the stash"):
+        wrapper.compile(mode="reduce-overhead")
+    with pytest.raises(CheckpointError, match="capture CUDA graphs"):
+        wrapper.compile(options={"triton.cudagraphs": True})
+    with pytest.raises(ValueError, match="is an inductor mode; backend 'aot_eager' takes none"):
+        wrapper.compile(backend="aot_eager", mode="max-autotune")
+    assert wrapper._checkpoint_wrapped_module._compiled_call_impl is None  # nothing compiled by a refusal

@@ -1,10 +1,13 @@
-"""torchtitan's compile order on our checkpoint: ``torch.compile(checkpoint_wrapper(block))``.
+"""torchtitan's compile orders on our checkpoint.
 
-Under a torch.compile trace ``hp_recompute.checkpoint`` is torch's own non-reentrant
-checkpoint (NOTE in checkpoint.py): these tests check that the whole wrapped block
-traces as one graph (``fullgraph=True``, and ``block.compile()`` in place), that it
-computes what torch's own wrapper computes under the same compile, and that a graph
-traced outside a collector is traced again, and refused, inside one.
+``torch.compile(checkpoint_wrapper(block))`` traces the checkpoint: under a torch.compile
+trace ``hp_recompute.checkpoint`` is torch's own non-reentrant checkpoint (Rule 11 of
+NOTE [ Recompute sessions ]). ``checkpoint_wrapper(block).compile()`` compiles the
+wrapped block in place and keeps the checkpoint eager (Rule 7 of NOTE [ Compiled dx/dw
+split ]). Checked here: both compute what torch's own wrapper computes under the same
+compile, the first traces as one graph (``fullgraph=True``) and is traced again, and
+refused, inside a collector; the second hands out handles there; a compiled module whose
+own frame dynamo skips (``nn.Sequential``) gets none of our hooks compiled.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def _compiled_pair(backend: str, in_place: bool):
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["torch.compile(wrapper)", "wrapper.compile()"])
-def test_a_wrapped_block_compiles_as_one_graph_and_matches_torchs_wrapper(backend, in_place):
+def test_a_compiled_wrapped_block_matches_torchs_wrapper_under_the_same_compile(backend, in_place):
     torch._dynamo.reset()
     ours, theirs = _compiled_pair(backend, in_place)
     for seed in (1, 2):  # the second call runs the cached graph
@@ -97,3 +100,56 @@ def test_a_graph_traced_outside_a_collector_is_traced_again_and_refused_inside_o
     assert fullgraph or isinstance(info.value, hr.CheckpointError)
     assert handles == []
     compiled(x).sum().backward()  # the collector closed: the first graph runs again
+
+
+@pytest.mark.skipif(not hasattr(torch.nn.Module, "compile"), reason="nn.Module.compile needs torch >= 2.2")
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_wrapper_compiled_in_place_keeps_its_handle_inside_a_collector(fullgraph):
+    """``wrapper.compile()`` compiles the block inside the checkpoint: a collector gets the
+    handle (where ``torch.compile(wrapper)`` is refused, above), its prefetch fills the
+    session with the compiled forward's tensors, and the gradients are torch's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ours = hr.checkpoint_wrapper(Block())
+    theirs = _torch_wrapper(Block())
+    theirs.load_state_dict(ours.state_dict())
+    ours.compile(backend="aot_eager", fullgraph=fullgraph)
+    theirs.compile(backend="aot_eager", fullgraph=fullgraph)
+    want = _step(theirs, 3)
+    hr.reset_stats()
+    torch.manual_seed(3)
+    x = torch.randn(4, 16, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = ours(x).square().mean()
+    assert len(handles) == 1
+    hr.recompute_handle(handles[0], "compiled")
+    with hr.recompute_session_ctx("compiled"):
+        loss.backward()
+    hr.clear_recompute_session("compiled")
+    assert hr.stats()["session_replays"] == 1 and hr.stats()["plain_replays"] == 0
+    assert torch.equal(loss.detach(), want[0])
+    torch.testing.assert_close(x.grad, want[1], rtol=0, atol=0)
+    for g, w in zip([p.grad for p in ours.parameters()], want[2]):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not hasattr(torch.nn.Module, "compile"), reason="nn.Module.compile needs torch >= 2.2")
+def test_our_hooks_are_not_compiled_inside_a_compiled_module_whose_frame_dynamo_skips():
+    """``nn.Sequential(...).compile()``: dynamo skips the Sequential's own frame (torch's
+    code) and its callback stays installed while the block runs. torch's checkpoint hooks
+    are never compiled there; ours must not be either (Rule 11): no graph of them."""
+    from torch._dynamo.utils import counters
+
+    for checkpoint in (hr.checkpoint, _torch_checkpoint):
+        torch._dynamo.reset()
+        counters.clear()
+        block = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 16))
+        block.compile(backend="aot_eager")
+        x = torch.randn(4, 16, requires_grad=True)
+        checkpoint(block, x).sum().backward()
+        assert counters["stats"].get("unique_graphs", 0) == 0, (checkpoint, dict(counters["stats"]))
+        assert x.grad is not None
+
+
+def _torch_checkpoint(function, *args):
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)

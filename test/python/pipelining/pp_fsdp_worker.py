@@ -95,7 +95,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
                             torch.device("cpu"), group=mesh.get_group("pp")) for s in mine]
     schedule = PlannedSchedule(stages, cfg["microbatches"], loss_fn=_loss, plan=cfg["plan"])
     plan_calls = _count_plan_calls()
-    res["fsdp_split"] = sorted(schedule.fsdp_split)
+    res["fsdp_split"] = sorted(schedule.own_split)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     replays = []
     for _ in range(2):

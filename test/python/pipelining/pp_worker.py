@@ -73,7 +73,7 @@ def torch_schedule(name: str):
 def run_one(cls: Any, stages: List[Any], cfg: Dict[str, Any], x: torch.Tensor, y: torch.Tensor, **kw: Any):
     from torch.distributed.pipelining import PipelineStage  # noqa: F401
 
-    loss_fn = lambda out, target: ((out - target) ** 2).mean()  # noqa: E731
+    loss_fn = kw.pop("loss_fn", lambda out, target: ((out - target) ** 2).mean())
     csv_path = kw.pop("load_csv", None)
     if cls.__name__ == "Schedule1F1B" or cls.__name__ == "ScheduleGPipe":
         schedule = cls(stages[0], cfg["microbatches"], loss_fn=loss_fn, **kw)
@@ -249,6 +249,13 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
         wrapped = {s: stage_module(full, split[s]) for s in mine}
         wrapped[mine[0]].layers[first] = checkpoint_wrapper(wrapped[mine[0]].layers[first])
         attempt("torch-wrapped region", stages(wrapped), cfg["microbatches"])
+        if hasattr(torch, "compile"):  # compiled around the plan's checkpoint: no handle there
+            around = {s: stage_module(full, split[s]) for s in mine}
+            around[mine[0]].layers[first] = torch.compile(around[mine[0]].layers[first], backend="aot_eager")
+            attempt("torch.compile(region)", stages(around), cfg["microbatches"])
+            in_place = {s: stage_module(full, split[s]) for s in mine}
+            in_place[mine[0]].layers[first].compile(backend="aot_eager")
+            attempt("region.compile()", stages(in_place), cfg["microbatches"])
         attempt("stages of another rank", [PipelineStage(stage_module(full, split[s]), s, cfg["stages"],
                                                          torch.device("cpu"))
                                            for s in stages_of_rank(cfg, 1 - rank)], cfg["microbatches"])

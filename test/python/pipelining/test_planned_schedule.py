@@ -27,6 +27,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import pp_titan_worker  # noqa: E402
 import pp_worker  # noqa: E402
 from hp_recompute import compile_split  # noqa: E402
 
@@ -44,17 +45,17 @@ def model_json(path: Path, layers: int) -> None:
     path.write_text(json.dumps({"format": "hp-recompute-model", "version": 1, "name": "pp-test", "regions": regions}))
 
 
-def stage_spec(stages: int) -> str:
-    per = LAYERS_PER_STAGE
+def stage_spec(stages: int, per: int = LAYERS_PER_STAGE) -> str:
     parts = [f"{s}:{s * per}-{(s + 1) * per - 1}" for s in range(stages)]
     parts[-1] = f"{stages - 1}:{(stages - 1) * per}-{stages * per}"  # the head (last region) too
     return ",".join(parts)
 
 
 def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatches: int, emit: str = "json",
-             prefetch: str = "jit", dropout: float = 0.0, planned_wrap: Any = None) -> List[Dict[str, Any]]:
+             prefetch: str = "jit", dropout: float = 0.0, planned_wrap: Any = None, per: int = LAYERS_PER_STAGE,
+             worker: Any = pp_worker.main, **extra: Any) -> List[Dict[str, Any]]:
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
-    layers = LAYERS_PER_STAGE * stages
+    layers = per * stages
     model_json(tmp / "model.json", layers)
     plan = tmp / ("plan.json" if emit == "json" else "plan.csv")
     if torch_schedule == "1f1b":
@@ -63,15 +64,15 @@ def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatch
     else:
         dump = str(tmp / "torch_order.csv")
         source = ["--schedule", dump]
-    cmd = [str(PLAN_TOOL), *source, "--model", str(tmp / "model.json"), "--stages", stage_spec(stages),
+    cmd = [str(PLAN_TOOL), *source, "--model", str(tmp / "model.json"), "--stages", stage_spec(stages, per),
            "--prefetch", prefetch, "--emit", emit, "-o", str(plan)]
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "stages": stages,
            "layers": layers, "dim": DIM, "batch": 2 * microbatches, "microbatches": microbatches,
            "dropout": dropout, "torch_schedule": torch_schedule, "dump_csv": dump, "plan_cmd": cmd,
-           "plan": str(plan), "out": str(out), "planned_wrap": planned_wrap}
-    mp.start_processes(pp_worker.main, args=(cfg,), nprocs=ranks, start_method="spawn", join=True)
+           "plan": str(plan), "out": str(out), "planned_wrap": planned_wrap, **extra}
+    mp.start_processes(worker, args=(cfg,), nprocs=ranks, start_method="spawn", join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
 
 
@@ -132,6 +133,47 @@ def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -
     eager ZBV, one replay per block and microbatch, prefetched into the bubble."""
     results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", planned_wrap="compiled")
     check(results, 4)
+
+
+COMPILED_CASES = [("zbv", "aot_eager"), ("zbv", "inductor"), ("izb", "aot_eager")]
+if getattr(pipelining.schedules, "ScheduleDualPipeV", None) is not None:
+    COMPILED_CASES.append(("dpv", "aot_eager"))
+
+
+@pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
+                    f"backwards (hp_recompute.compile_split, torch >= 2.13)")
+@pytest.mark.parametrize("torch_schedule,backend", COMPILED_CASES, ids=[f"{s}-{b}" for s, b in COMPILED_CASES])
+def test_a_torchtitan_model_with_block_compile_runs_a_zero_bubble_plan(tmp_path: Path, torch_schedule: str,
+                                                                       backend: str) -> None:
+    """Issue 28's bar: a held-out torchtitan-style Llama (RMSNorm, rotary embeddings, SDPA,
+    SwiGLU; ``layers`` a ModuleDict), each block wrapped with our ``checkpoint_wrapper`` and
+    then ``block.compile(backend=..., fullgraph=True)`` (torchtitan's order, nothing else
+    set), runs a plan of torch's zero-bubble order on 2 ranks: gradients of torch's eager
+    schedule with checkpointing, one replay per block and microbatch, and the matmul work
+    of the plan's I, W (and B) actions, replays apart, within 5% of one plain backward of
+    the same compiled stages. torch's own schedule refuses those stages (recorded)."""
+    microbatches = 4
+    results = run_case(tmp_path, torch_schedule, 2, 4, microbatches, prefetch="bubble", per=1,
+                       worker=pp_titan_worker.main, backend=backend)
+    tol = {"aot_eager": 1e-5, "inductor": 1e-4}[backend]
+    for rank, res in enumerate(results):
+        for got, want in zip(res["plan_losses"], res["ref_losses"]):
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        assert res["plan_grads"].keys() == res["ref_grads"].keys()
+        for name, want in res["ref_grads"].items():
+            torch.testing.assert_close(res["plan_grads"][name], want, rtol=tol, atol=tol, msg=name)
+        assert res["plan_replays"] == [res["blocks"] * microbatches] * 3, (rank, res["plan_replays"])
+        flops, one = res["flops"], res["one_backward"]
+        i = sum(n for k, n in flops.items() if k.startswith("backward_input"))
+        w = sum(n for k, n in flops.items() if k.startswith("backward_weight"))
+        b = flops.get("backward", 0)  # DualPipeV runs some microbatches' backward whole
+        print(f"\n{torch_schedule} {backend} rank {rank}: matmul FLOPs I {i} + W {w} + B {b} = {i + w + b}; one "
+              f"backward {one} ({(i + w + b) / one:.3f}x); by action {flops}; torch's schedule on compiled stages: "
+              f"{res['torch_on_compiled']}")
+        assert w > 0 and one > 0
+        assert abs(i + w + b - one) <= 0.05 * one, (rank, flops, one)
+        assert flops.get("replay", 0) > 0  # the replays ran, and apart from I and W
+        assert "not supported with stage modules that have used torch.compile" in res["torch_on_compiled"]
 
 
 def test_planned_schedule_from_torch_csv_with_bubble_prefetch_and_dropout(tmp_path: Path) -> None:
@@ -197,6 +239,12 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
         assert "the plan checkpoints region 'layers." in got["missing region"]
         assert "has no submodule of that name" in got["missing region"]
         assert "is already wrapped by torch's checkpoint" in got["torch-wrapped region"]
+        if hasattr(torch, "compile"):
+            for case, how in (("torch.compile(region)", "torch.compile(Block) registered in its place"),
+                              ("region.compile()", "compiled in place by .compile()")):
+                assert f"is {how}, so its compiled call would trace the plan's checkpoint" in got[case], got[case]
+                assert "wrap the block with hp_recompute.checkpoint_wrapper, then call .compile() on the wrapper" \
+                    in got[case], got[case]
         assert f"rank {rank} runs stages" in got["stages of another rank"]
         # Issue 24 item 5: refused on every rank before any step, naming the cell and the rule.
         assert got["good_csv"] == "accepted", got
