@@ -18,6 +18,11 @@ the plan checkpoints wrapped with ``hp_recompute.checkpoint_wrapper``, then
 docs/fsdp.md walks through it:
 
     torchrun --nproc-per-node 4 examples/pipelining/train.py --plan /tmp/plan.json --dp 2
+
+With ``--compile inductor`` (or ``aot_eager``) each block is compiled in torchtitan's
+order, after checkpoint-wrapping and before ``fully_shard``: a wrapped block's
+``compile()`` compiles it inside the checkpoint with a backend whose backward splits into
+the plan's I and W (docs/compile-split.md).
 """
 
 import argparse
@@ -32,24 +37,35 @@ from torch.distributed.pipelining import PipelineStage
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as decoder  # noqa: E402
 
-from hp_recompute import checkpoint_wrapper, reset_stats, stats  # noqa: E402
+from hp_recompute import checkpoint_wrapper, compile_backend, reset_stats, stats  # noqa: E402
 from hp_recompute.pipelining import PlannedSchedule  # noqa: E402
 
 
-def shard(module: torch.nn.Module, regions: list, mesh, reshard_after_forward: bool) -> None:
-    """torchtitan's order: checkpoint-wrap what the plan checkpoints, ``fully_shard`` each block, then the stage.
+def prepare(module: torch.nn.Module, regions: list, mesh, reshard_after_forward: bool, backend) -> None:
+    """torchtitan's order: checkpoint-wrap what the plan checkpoints, compile each block, ``fully_shard``
+    each block, then the stage.
 
-    The wrapper must come first: it replays its block with the block's parameters
-    unsharded, where a checkpoint around an FSDP module would not (docs/fsdp.md).
+    The wrapper must come before ``fully_shard``: it replays its block with the block's
+    parameters unsharded, where a checkpoint around an FSDP module would not (docs/fsdp.md).
+    A wrapper's ``compile()`` compiles its block inside the checkpoint, with the backward
+    split; a block the plan does not checkpoint gets the split backend directly.
     """
-    from torch.distributed.fsdp import fully_shard
-
+    if mesh is not None:
+        from torch.distributed.fsdp import fully_shard
     checkpointed = {r["name"] for r in regions if r.get("checkpoint")}
     for name in list(module.layers.keys()):
+        block = module.layers[name]
         if f"layers.{name}" in checkpointed:
-            module.layers[name] = checkpoint_wrapper(module.layers[name])
-        fully_shard(module.layers[name], mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            block = checkpoint_wrapper(block)
+            if backend:
+                block.compile(backend=backend)
+        elif backend:
+            block.compile(backend=compile_backend(backend))
+        module.layers[name] = block
+        if mesh is not None:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    if mesh is not None:
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
 def main() -> None:
@@ -60,6 +76,8 @@ def main() -> None:
     parser.add_argument("--dp", type=int, default=1, help="FSDP2 data-parallel degree (ranks = pipeline x dp)")
     parser.add_argument("--keep-after-forward", action="store_true",
                         help="fully_shard(reshard_after_forward=False): no all-gather in the backward or a replay")
+    parser.add_argument("--compile", choices=["inductor", "aot_eager"], default=None,
+                        help="compile each block (torch >= 2.13), torchtitan's order")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # env:// from torchrun
@@ -80,8 +98,7 @@ def main() -> None:
     for s in [s for s, r in enumerate(stage_to_rank) if r == rank]:
         regions = [region["name"] for region in plan["model"]["stages"][s]["regions"]]
         module = decoder.stage_module(decoder.build(), regions)
-        if dp_mesh is not None:
-            shard(module, plan["model"]["stages"][s]["regions"], dp_mesh, not args.keep_after_forward)
+        prepare(module, plan["model"]["stages"][s]["regions"], dp_mesh, not args.keep_after_forward, args.compile)
         stages.append(PipelineStage(module, s, len(stage_to_rank), torch.device("cpu"), group=pp_group))
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

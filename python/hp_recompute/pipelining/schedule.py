@@ -60,6 +60,8 @@ Rule 7 (stages split into I and W by hp_recompute). torch's
     included, or a ``torch.compile``-d module): a compiled block is one autograd node, and
     torch's I and W each run its whole backward (I + W = 2x the matmul work). Ours tell
     the node which half to run (NOTE [ Compiled dx/dw split ] Rule 4), on torch >= 2.13.
+    An FSDP2 stage with compiled blocks is refused at construction (W of a compiled
+    FSDP2 block does not run yet).
   Their backwards are hp_recompute's (NOTE [ dx/dw split ], NOTE [ FSDP2 and the dx/dw
   split ] in fsdp.py), on torch's stage caches: ``I`` is ``backward_input(outputs, output
   grads, inputs, submod)``, ``W`` is ``backward_weight`` of its state (added into each
@@ -134,9 +136,16 @@ def split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
         if stage.stage_index not in split:
             continue
         modules = list(stage.submod.modules())
-        if any(is_fsdp_module(m) for m in modules):
+        fsdp, compiled = any(is_fsdp_module(m) for m in modules), any(_is_compiled(m) for m in modules)
+        if fsdp and compiled:
+            raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} holds FSDP2 modules (fully_shard) "
+                           f"with compiled blocks, and the plan splits its backward into backward_input and "
+                           f"backward_weight: W of a compiled FSDP2 block is not supported yet (its compiled backward "
+                           f"reads unsharded parameters FSDP has freed); run those blocks eagerly, or plan without a "
+                           f"dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
+        if fsdp:
             found[stage.stage_index] = "holds FSDP2 modules (fully_shard)"
-        elif compile_split.SUPPORTED and any(_is_compiled(m) for m in modules):
+        elif compiled and compile_split.SUPPORTED:
             found[stage.stage_index] = "holds compiled modules"
     for stage in stages:
         if stage.stage_index in found and not hasattr(stage, "_stage_meta"):

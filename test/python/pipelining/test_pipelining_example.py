@@ -57,3 +57,40 @@ def test_the_example_trains_pp2_x_fsdp2_under_torchrun(tmp_path: Path, keep: boo
     want = sum(len(sess["regions"]) for sess in json.loads(plan.read_text())["sessions"] if sess["rank"] == 0)
     assert want > 0 and [int(s[2]) for s in steps] == [want, want, want]
     assert float(steps[2][1]) < float(steps[0][1])
+
+
+def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str) -> subprocess.CompletedProcess:
+    plan = tmp_path / f"{schedule}.json"
+    if not plan.exists():
+        subprocess.run([str(PLAN_TOOL), "--model", str(REPO / "examples/pipelining/decoder.model.json"),
+                        "--schedule-gen", schedule, "--ranks", "2", "--microbatches", "4", "--prefetch", "bubble",
+                        "--emit", "json", "-o", str(plan)], check=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(nproc), str(REPO / "examples/pipelining/train.py"), "--plan", str(plan), "--steps", "3",
+                           *flags], capture_output=True, text=True, env=env, timeout=400)
+
+
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
+                    reason="the compiled dx/dw split needs torch >= 2.13")
+@pytest.mark.parametrize("schedule,dp", [("zbv", 1), ("1f1b", 2)], ids=["zbv", "1f1b-pp2xfsdp2"])
+def test_the_example_trains_compiled_blocks_to_the_eager_losses_under_torchrun(tmp_path: Path, schedule: str,
+                                                                               dp: int) -> None:
+    """torchtitan's order with ``--compile``: checkpoint-wrap, ``block.compile()``, (``fully_shard``),
+    then the stage; the same losses as the eager blocks, one replay per block per microbatch."""
+    runs = {}
+    for name, flags in (("eager", []), ("compiled", ["--compile", "aot_eager"])):
+        proc = _train(tmp_path, schedule, 2 * dp, "--dp", str(dp), *flags)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[name] = re.findall(r"step (\d): loss ([0-9.]+), replays on rank \d: (\d+)", proc.stdout)
+    assert len(runs["eager"]) == 3 and runs["compiled"] == runs["eager"], runs
+
+
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED or
+                    not __import__("hp_recompute").fsdp.FSDP_AVAILABLE,
+                    reason="needs the compiled dx/dw split (torch >= 2.13) and FSDP2")
+def test_compiled_fsdp2_blocks_under_a_split_plan_are_refused_before_the_first_step(tmp_path: Path) -> None:
+    proc = _train(tmp_path, "zbv", 4, "--dp", "2", "--compile", "aot_eager")
+    assert proc.returncode != 0
+    assert "holds FSDP2 modules (fully_shard) with compiled blocks, and the plan splits its backward" in proc.stderr
+    assert "step 0" not in proc.stdout
