@@ -154,10 +154,12 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(1 if p is self.tok_embeddings.weight else 2))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        # A pipeline stage keeps the parts it owns, the others None (torchtitan's stage modules).
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.freqs_cis)
-        return self.output(self.norm(h))
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
 
 
 def _require_sdpa() -> None:

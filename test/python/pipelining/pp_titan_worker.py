@@ -31,9 +31,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import pp_worker
+from pp_worker import MATMULS
 
 DIM, HEADS, VOCAB, SEQ = 32, 4, 64, 16
-MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 class RMSNorm(nn.Module):
@@ -130,31 +130,9 @@ def stage_module(full: Transformer, stage: int, stages: int) -> Transformer:
     return module
 
 
-def _label(event: Any) -> str:
-    """The innermost hp_recompute label around a profiler event (Rule 12 of the interpreter's NOTE)."""
-    parent = event.cpu_parent
-    while parent is not None and not parent.name.startswith("hp_recompute::"):
-        parent = parent.cpu_parent
-    return "" if parent is None else parent.name
-
-
-def action_flops(prof: Any) -> Dict[str, int]:
-    """Matmul FLOPs by action kind and stage ("backward_input stage 3"): replays apart from
-    the action they run in."""
-    out: Dict[str, int] = {}
-    for e in prof.events():
-        if e.name in MATMULS:
-            label = _label(e)
-            words = label.split("::")[-1].split(" ")
-            kind = " ".join(words[:3]) if words[0].startswith("backward_") else words[0] or "other"
-            out[kind] = out.get(kind, 0) + e.flops
-    return out
-
-
 def main(rank: int, cfg: Dict[str, Any]) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
     from torch.distributed.pipelining import PipelineStage
-    from torch.profiler import ProfilerActivity, profile
 
     from hp_recompute import checkpoint_wrapper, reset_stats, stats
     from hp_recompute.pipelining import PlannedSchedule
@@ -213,19 +191,9 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         schedule, plan_losses, _, plan_replays = pp_worker.run_one(PlannedSchedule, plan_stages, cfg, x, y,
                                                                    plan=cfg["plan"], loss_fn=loss_fn)
         plan_grads = grads(plan_stages)
-        for st in plan_stages:  # a third, profiled step
-            st.submod.zero_grad(set_to_none=True)
         reset_stats()
-        last = any(s.is_last for s in plan_stages)
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
-            schedule.step(*((x,) if any(s.is_first for s in plan_stages) else ()), target=y if last else None,
-                          losses=[] if last else None)
-        flops = action_flops(prof)
+        flops = pp_worker.profiled_step(schedule, plan_stages, x, y)  # a third step
         plan_replays.append(stats()["replays"])
-
-        # One plain backward of the same compiled stages per microbatch, on the stage's real
-        # input (the activation it received) and its real output gradient: a full-batch
-        # forward of this rank's stages in stage order, measured on the second call.
         one_backward = one_backward_flops(plan_stages, x, y, cfg)
         torch.save({"ref_losses": ref_losses, "plan_losses": plan_losses, "ref_grads": grads(ref_stages),
                     "plan_grads": plan_grads, "plan_replays": plan_replays, "blocks": len(mine),

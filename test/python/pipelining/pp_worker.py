@@ -100,6 +100,42 @@ def run_one(cls: Any, stages: List[Any], cfg: Dict[str, Any], x: torch.Tensor, y
     return schedule, [l.detach() for l in losses], dict(CALLS), replays
 
 
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def _label(event: Any) -> str:
+    """The innermost hp_recompute label around a profiler event (Rule 12 of the interpreter's NOTE)."""
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith("hp_recompute::"):
+        parent = parent.cpu_parent
+    return "" if parent is None else parent.name
+
+
+def action_flops(prof: Any) -> Dict[str, int]:
+    """Matmul FLOPs by action kind and stage ("backward_input stage 3"): replays apart from
+    the action they run in."""
+    out: Dict[str, int] = {}
+    for e in prof.events():
+        if e.name in MATMULS:
+            label = _label(e)
+            words = label.split("::")[-1].split(" ")
+            kind = " ".join(words[:3]) if words[0].startswith("backward_") else words[0] or "other"
+            out[kind] = out.get(kind, 0) + e.flops
+    return out
+
+
+def profiled_step(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.Tensor) -> Dict[str, int]:
+    """One more step of ``schedule`` under torch's profiler: ``action_flops`` of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for st in stages:
+        st.submod.zero_grad(set_to_none=True)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        schedule.step(*((x,) if first else ()), target=y if last else None, losses=[] if last else None)
+    return action_flops(prof)
+
+
 def stage_split(cfg: Dict[str, Any]) -> Dict[int, List[str]]:
     """Stage -> its regions: consecutive layers, the head on the last stage (as the plan's --stages)."""
     per = cfg["layers"] // cfg["stages"]
@@ -195,9 +231,12 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                 raise RuntimeError(f"planner failed: {done.stderr}")
         dist.barrier()
         plan_stages = make_stages(planned_wrapper(cfg.get("planned_wrap")))
-        _, plan_losses, plan_calls, plan_replays = run_one(PlannedSchedule, plan_stages, cfg, x, y, plan=cfg["plan"])
-
+        planned, plan_losses, plan_calls, plan_replays = run_one(PlannedSchedule, plan_stages, cfg, x, y,
+                                                                 plan=cfg["plan"])
+        plan_grads = grads(plan_stages)
         extra: Dict[str, Any] = {}
+        if cfg.get("planned_wrap") in ("full", "selective"):  # what the replays compute (a selective policy: no matmul)
+            extra["replay_matmul_flops"] = profiled_step(planned, plan_stages, x, y).get("replay", 0)
         if cfg["plan"].endswith(".csv"):
             from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -206,7 +245,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
             extra = {"rt_losses": rt_losses, "rt_grads": grads(rt_stages),
                      "rt_row": [str(a) for a in rt.pipeline_order_with_comms[rank]]}
         torch.save({**extra, "ref_losses": ref_losses, "plan_losses": plan_losses, "ref_grads": grads(ref_stages),
-                    "plan_grads": grads(plan_stages), "ref_calls": ref_calls, "plan_calls": plan_calls,
+                    "plan_grads": plan_grads, "ref_calls": ref_calls, "plan_calls": plan_calls,
                     "plan_replays": plan_replays,
                     "checkpointed": sorted(f for s in mine for f in ckpt[s])},
                    os.path.join(cfg["out"], f"rank{rank}.pt"))

@@ -122,6 +122,9 @@ def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_
     replay per block and microbatch, prefetched into the bubble."""
     results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, planned_wrap=wrap)
     check(results, 4)
+    # The policy is applied in the plan's replays: matmul outputs were saved, so no replay runs a matmul.
+    replayed = [res["replay_matmul_flops"] for res in results]
+    assert all(f == 0 for f in replayed) if wrap == "selective" else all(f > 0 for f in replayed), replayed
 
 
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
