@@ -136,6 +136,35 @@ def profiled_step(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.Te
     return action_flops(prof)
 
 
+def replay_matmuls(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.Tensor) -> int:
+    """The matmuls (aten mm / addmm) the replays of one more step of ``schedule`` run.
+
+    Counted by a dispatch mode entered around the step, so below any mode a replay
+    enters: a selective policy's recompute mode answers a saved op from its cache without
+    dispatching it further (torch's profiler would still record the call).
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hp_recompute.frame import THREAD
+
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            if func in matmuls and THREAD.replay is not None:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    for st in stages:
+        st.submod.zero_grad(set_to_none=True)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    with Count():
+        schedule.step(*((x,) if first else ()), target=y if last else None, losses=[] if last else None)
+    return Count.n
+
+
 def stage_split(cfg: Dict[str, Any]) -> Dict[int, List[str]]:
     """Stage -> its regions: consecutive layers, the head on the last stage (as the plan's --stages)."""
     per = cfg["layers"] // cfg["stages"]
@@ -236,7 +265,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         plan_grads = grads(plan_stages)
         extra: Dict[str, Any] = {}
         if cfg.get("planned_wrap") in ("full", "selective"):  # what the replays compute (a selective policy: no matmul)
-            extra["replay_matmul_flops"] = profiled_step(planned, plan_stages, x, y).get("replay", 0)
+            extra["replay_matmuls"] = replay_matmuls(planned, plan_stages, x, y)
         if cfg["plan"].endswith(".csv"):
             from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
