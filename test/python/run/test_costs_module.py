@@ -255,3 +255,23 @@ def test_planned_peak_of_a_module_costed_without_adapter_is_within_ten_percent(t
     assert report["grads_match"] is True
     for rank in report["ranks"]:
         assert abs(rank["measured_over_planned"] - 1) <= 0.10, rank
+
+
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
+                    reason="the compiled dx/dw split needs torch >= 2.13")
+def test_the_runner_runs_a_zbv_plan_on_compiled_llama_blocks(tmp_path: Path) -> None:
+    """The runner (2 processes) on the Llama example with every block compiled in place by
+    ``compile_backend("aot_eager")`` (``compiled_llama.py``), a ZBV plan with bubble replays on
+    its measured costs: the gradients of the runner's reference step (one plain backward of
+    the same compiled blocks, no checkpoint, no split), one replay per region per session."""
+    costed = tmp_path / "llama.costed.json"
+    _measure(costed, "llama")
+    plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", "all", "--prefetch", "bubble",
+                     "--stages", "0:0-1,1:2-2,2:3-3,3:4-5", *flags(("zbv", 2, 4)))
+    report_path = tmp_path / "r.json"
+    proc = run_cli("--plan", str(plan), "--steps", "2", "--report", str(report_path), "--model",
+                   f"{Path(__file__).resolve().parent / 'compiled_llama.py'}:pipeline", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["grads_match"] is True, report
+    assert report["recomputes"] == report["recomputes_expected"] > 0 and report["sessions_left"] == 0
