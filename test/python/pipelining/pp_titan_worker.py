@@ -161,23 +161,12 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
             return {name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""): p.grad.detach().clone()
                     for s in st for name, p in s.submod.named_parameters()}
 
-        schedule_class = pp_worker.torch_schedule(cfg["torch_schedule"])
         ref_stages = make_stages(torch_wrapper)
-        ref, ref_losses, _, _ = pp_worker.run_one(schedule_class, ref_stages, cfg, x, y, loss_fn=loss_fn)
-        if rank == 0:
-            ref._dump_csv(cfg["dump_csv"], format="compute_only")
-        dist.barrier()
-        if rank == 0:
-            import subprocess
-
-            done = subprocess.run(cfg["plan_cmd"], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"planner failed: {done.stderr}")
-        dist.barrier()
+        ref_losses, _ = pp_worker.reference_then_plan(rank, cfg, ref_stages, x, y, loss_fn=loss_fn)
 
         try:  # what torch's own schedule does with compiled stages (it checks when it is built)
-            schedule_class(make_stages(lambda b: torch.compile(torch_wrapper(b), backend=cfg["backend"])), cfg["microbatches"],
-                loss_fn=loss_fn)
+            compiled = make_stages(lambda b: torch.compile(torch_wrapper(b), backend=cfg["backend"]))
+            pp_worker.torch_schedule(cfg["torch_schedule"])(compiled, cfg["microbatches"], loss_fn=loss_fn)
             torch_on_compiled = "accepted"
         except Exception as e:  # noqa: BLE001 - the message is the result
             torch_on_compiled = f"{type(e).__name__}: {e}"

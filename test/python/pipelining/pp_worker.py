@@ -165,6 +165,25 @@ def replay_matmuls(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.T
     return Count.n
 
 
+def reference_then_plan(rank: int, cfg: Dict[str, Any], stages: List[Any], x: torch.Tensor, y: torch.Tensor,
+                        **kw: Any):
+    """torch's own schedule (``cfg["torch_schedule"]``) on the reference ``stages``; its order dumped
+    for the planner (``cfg["dump_csv"]``) and the plan made (``cfg["plan_cmd"]``) by rank 0.
+    Returns the reference's losses and block calls."""
+    import subprocess
+
+    ref, losses, calls, _ = run_one(torch_schedule(cfg["torch_schedule"]), stages, cfg, x, y, **kw)
+    if rank == 0 and cfg.get("dump_csv"):
+        ref._dump_csv(cfg["dump_csv"], format="compute_only")  # torch's own order, for the planner
+    dist.barrier()
+    if rank == 0:
+        done = subprocess.run(cfg["plan_cmd"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"planner failed: {done.stderr}")
+    dist.barrier()
+    return losses, calls
+
+
 def stage_split(cfg: Dict[str, Any]) -> Dict[int, List[str]]:
     """Stage -> its regions: consecutive layers, the head on the last stage (as the plan's --stages)."""
     per = cfg["layers"] // cfg["stages"]
@@ -248,17 +267,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
             return out
 
         ref_stages = make_stages(checkpoint_wrapper)
-        ref, ref_losses, ref_calls, _ = run_one(torch_schedule(cfg["torch_schedule"]), ref_stages, cfg, x, y)
-        if rank == 0 and cfg.get("dump_csv"):
-            ref._dump_csv(cfg["dump_csv"], format="compute_only")  # torch's own order, for the planner
-        dist.barrier()
-        if rank == 0:
-            import subprocess
-
-            done = subprocess.run(cfg["plan_cmd"], capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"planner failed: {done.stderr}")
-        dist.barrier()
+        ref_losses, ref_calls = reference_then_plan(rank, cfg, ref_stages, x, y)
         plan_stages = make_stages(planned_wrapper(cfg.get("planned_wrap")))
         planned, plan_losses, plan_calls, plan_replays = run_one(PlannedSchedule, plan_stages, cfg, x, y,
                                                                  plan=cfg["plan"])
