@@ -28,7 +28,10 @@ Rule 3 (weights). A weight's *seeds* are the split nodes from which it is reache
   half of a matmul) and runs the nodes below it that only weights reach. One call per
   group, not one for all: from a seed, another seed further down the input path leads to
   *its* weights, so a single call would walk the input path again and count the lower
-  seed's gradient twice. Groups share no work, so per-group calls add no FLOPs.
+  seed's gradient twice. Groups share no work, so per-group calls add no FLOPs. Inside
+  a session context that drops what it reads (W as the last consumer), every group's call
+  but the last retains what it reads (``sessions.retained_while``): two groups may read
+  one checkpoint (weights tied across blocks); the session's clear drops the rest.
 
 Rule 4 (shared seeds on one path). Within a group, a seed reachable from another seed
   along the input path (a weight used twice in a stage, e.g. tied) has the same hazard;
@@ -58,7 +61,13 @@ Rule 8 (compiled blocks). A block compiled by torch.compile is one autograd node
   its backward is two graphs, and I and W tell it which one to run by registering the
   seeds they run for the length of their ``autograd.grad`` call; what W needs from I is
   kept in ``WeightGradState.compiled`` (NOTE [ Compiled dx/dw split ] in
-  ``compile_split.py``).
+  ``compile_split.py``). Its split gives W the gradients of its *parameter* inputs only,
+  and I those of the others. So a seed is not registered, and runs its whole backward in
+  I and again in W (exact, the work of two backwards for that node), when W needs a
+  gradient of another input: a next edge that leaves the input path towards a weight
+  through other nodes (a parameter sliced or scaled before the block, ``blk(x, E[:T])``);
+  and nothing is registered when a stage input is itself an ``nn.Parameter`` (its
+  gradient would be W's, and I's dx None).
 
 Checkpointed regions need nothing special: their saved tensors are unpacked through
 their frames in I and in W alike, so W reads what the session replayed (or replays
@@ -73,6 +82,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, U
 import torch
 
 from .compile_split import split_phase
+from .sessions import retained_while
 from .errors import CheckpointError, error_text
 
 __all__ = ["WeightGradState", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
@@ -104,6 +114,7 @@ class WeightGradState:
     recorded: Dict[Any, Grads] = field(default_factory=dict)
     fsdp: Any = None  # hp_recompute.fsdp.SplitBinding when the weights are an FSDP module's (Rule 7)
     compiled: Dict[Any, Any] = field(default_factory=dict)  # I's stash per compiled node (Rule 8)
+    unsplit: Set[Any] = field(default_factory=set)  # seeds that run whole in I and in W (Rule 8)
 
 
 def _edge_node(t: torch.Tensor) -> Any:
@@ -174,6 +185,18 @@ class _Graph:
                         seen.add(nxt)
                         stack.append(nxt)
         return False
+
+
+def _unsplit_seeds(graph: _Graph, seeds: Set[Any], on_input: Set[Any], weights: Sequence[torch.Tensor],
+                   inputs: Sequence[torch.Tensor]) -> Set[Any]:
+    """Rule 8: the seeds a compiled split would get wrong, to run whole in I and in W."""
+    if any(isinstance(x, torch.nn.Parameter) for x in inputs):
+        return set(seeds)
+    leaves = {_edge_node(w) for w in weights}
+    to_weights = graph.reaching(leaves)
+    return {s for s in seeds
+            if any(nxt in to_weights and nxt not in on_input and nxt not in leaves
+                   for nxt, _ in s.next_functions if nxt is not None)}
 
 
 def _record_roots(state: WeightGradState, on_input: Set[Any]) -> None:
@@ -260,8 +283,9 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
             return hook
 
         hooks = [node.register_prehook(record(node)) for node in wanted]
+        state.unsplit = _unsplit_seeds(graph, wanted, on_input, state.weights, inputs)
     try:
-        with split_phase("input", state.compiled, wanted if hooks else ()):  # Rule 8
+        with split_phase("input", state.compiled, wanted - state.unsplit if hooks else ()):  # Rule 8
             dinputs = (torch.autograd.grad(outputs, list(inputs), grads_out, retain_graph=retain_graph,
                                            allow_unused=True) if inputs else ())
     finally:
@@ -318,12 +342,14 @@ def _weight_grads(state: WeightGradState, retain_graph: bool, fsdp: bool = False
                         grads.append(g)
             if not edges:
                 continue
-            with split_phase("weight", state.compiled, group.seeds):  # Rule 8
+            with split_phase("weight", state.compiled, [n for n in group.seeds if n not in state.unsplit]), \
+                    retained_while(k + 1 < len(groups)):  # Rules 8 and 3
                 got = torch.autograd.grad(edges, [_graph.get_gradient_edge(t) for t in targets], grads,
                                           retain_graph=keep, allow_unused=True)
         else:  # Rules 4 and 5: re-walk from the outputs
-            got = torch.autograd.grad(state.outputs, targets, state.grad_outputs, retain_graph=keep,
-                                      allow_unused=True)
+            with retained_while(k + 1 < len(groups)):
+                got = torch.autograd.grad(state.outputs, targets, state.grad_outputs, retain_graph=keep,
+                                          allow_unused=True)
         for i, g in zip(group.weights, got):
             out[i] = g
     missing = [state.names[i] for i, g in enumerate(out) if g is None]

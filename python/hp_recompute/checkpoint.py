@@ -57,7 +57,9 @@ Rule 5 (hot path). Unpacking a bound frame reads ``holder.value``, ``frame.pendi
   session-less frame follows Rule 3; on
   torch 2.x that path takes the frame's lock on every unpack). Inside a context with
   ``retain_on_unpack=True`` the tensor stays for the next consumer; otherwise
-  (``retain_on_unpack=False`` or no context open) it is dropped when read. A miss replays
+  (``retain_on_unpack=False`` or no context open) it is dropped when read; one consumer
+  that reads in several autograd calls (``backward_weight``'s groups) retains in all but
+  its last (``sessions.retained_while``). A miss replays
   the frame once per binding; a miss after that replay means a non-retaining consumer
   already took the tensor, and raises CheckpointError.
 

@@ -28,8 +28,9 @@ Rule 2 (which outputs are W). The backward graph has one output per input of the
 Rule 3 (the partition). I is the backward graph restricted to what the I outputs need
   (dead code eliminated). W is what the W outputs need and I does not compute. The
   values of I that W reads are the *stash*: I returns them beside its outputs. W reads
-  the stash and the backward's own arguments (saved activations, tangents), which the
-  autograd node hands it again when W re-enters it. Every node of the backward graph
+  the stash and the backward's own arguments (saved activations, tangents, and every
+  symbolic size under dynamic shapes), which the autograd node hands it again when W
+  re-enters it. Every node of the backward graph
   lands in exactly one of I and W, so I + W does the work of one backward.
 
 Rule 4 (the phase). ``backward_input`` registers the split nodes it records (its seeds,
@@ -191,6 +192,8 @@ class _Partition:
         self.stash = sorted(stash, key=order.__getitem__)
         w_args = {p for p in placeholders if any(u in w_only for u in p.users)}
         w_args |= {outs[k] for k in self.w_pos if outs[k].op == "placeholder"}
+        # The symbolic sizes (dynamic shapes): inductor binds each symbol from these.
+        w_args |= {p for p in placeholders if isinstance(p.meta.get("val"), torch.SymInt)}
         self.w_args = [i for i, p in enumerate(placeholders) if p in w_args]
         self.n_stash = len(self.stash)
 

@@ -371,6 +371,32 @@ def recompute_handle(handle: RecomputeHandle, session_id: Hashable, stream: Any 
     DEFAULT_SCOPE.recompute_handle(handle, session_id, stream)
 
 
+@contextlib.contextmanager
+def retained_while(keep: bool) -> Iterator[None]:
+    """While ``keep``, the session this thread's context consumes keeps what is read, as with
+    ``retain_on_unpack=True``; then its mode is restored.
+
+    For one consumer that reads a checkpoint in several autograd calls (``backward_weight``'s
+    groups, Rule 3 of NOTE [ dx/dw split ]): every call but the last retains, the last one
+    drops what it reads, and ``clear_recompute_session`` drops the rest.
+    """
+    session = None
+    if keep:
+        with REGISTRY.lock:
+            session = REGISTRY.contexts.get(threading.get_ident())
+            if session is not None and session.mode == POP:
+                session.mode = RETAIN
+            else:
+                session = None
+    try:
+        yield
+    finally:
+        if session is not None:
+            with REGISTRY.lock:
+                if session.mode == RETAIN:
+                    session.mode = POP
+
+
 def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) -> ContextManager:
     """``DEFAULT_SCOPE.recompute_session_ctx``: backwards inside consume session ``session_id``."""
     return DEFAULT_SCOPE.recompute_session_ctx(session_id, retain_on_unpack)

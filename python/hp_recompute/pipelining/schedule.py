@@ -60,8 +60,8 @@ Rule 7 (stages split into I and W by hp_recompute). torch's
     included, or a ``torch.compile``-d module): a compiled block is one autograd node, and
     torch's I and W each run its whole backward (I + W = 2x the matmul work). Ours tell
     the node which half to run (NOTE [ Compiled dx/dw split ] Rule 4), on torch >= 2.13.
-    An FSDP2 stage with compiled blocks is refused at construction (W of a compiled
-    FSDP2 block does not run yet).
+    An FSDP2 stage with compiled blocks is refused at construction (its W does not run
+    under PlannedSchedule yet; hp_recompute's split alone runs it, fsdp tests).
   Their backwards are hp_recompute's (NOTE [ dx/dw split ], NOTE [ FSDP2 and the dx/dw
   split ] in fsdp.py), on torch's stage caches: ``I`` is ``backward_input(outputs, output
   grads, inputs, submod)``, ``W`` is ``backward_weight`` of its state (added into each
@@ -140,8 +140,8 @@ def split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
         if fsdp and compiled:
             raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} holds FSDP2 modules (fully_shard) "
                            f"with compiled blocks, and the plan splits its backward into backward_input and "
-                           f"backward_weight: W of a compiled FSDP2 block is not supported yet (its compiled backward "
-                           f"reads unsharded parameters FSDP has freed); run those blocks eagerly, or plan without a "
+                           f"backward_weight: W of such a stage does not run under PlannedSchedule yet (it reads a "
+                           f"saved tensor that is no longer allocated); run those blocks eagerly, or plan without a "
                            f"dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
         if fsdp:
             found[stage.stage_index] = "holds FSDP2 modules (fully_shard)"

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 import hp_recompute as hr
 from hp_recompute import compile_split
+from hp_recompute.backward_split import SPLIT_SUPPORTED
 from hp_recompute.errors import CheckpointError
 
 needs_split = pytest.mark.skipif(
@@ -378,3 +379,137 @@ def test_a_wrappers_compile_refuses_what_it_cannot_split_and_old_torch():
     with pytest.raises(ValueError, match="is an inductor mode; backend 'aot_eager' takes none"):
         wrapper.compile(backend="aot_eager", mode="max-autotune")
     assert wrapper._checkpoint_wrapped_module._compiled_call_impl is None  # nothing compiled by a refusal
+
+
+# -- Found by a hostile trial: each was silently wrong, or loud where eager blocks ran ---------
+
+
+class _PositionBlock(Block):
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return super().forward(x + pos)
+
+
+class _Positional(nn.Module):
+    """A parameter ``E`` enters the compiled block as a slice ``E[:BATCH]`` (a non-parameter
+    input of the compiled graph), and, with ``twice``, is also read directly on another branch."""
+
+    def __init__(self, twice: bool) -> None:
+        super().__init__()
+        self.twice = twice
+        self.E = nn.Parameter(torch.randn(DIM, DIM))
+        self.blk = _PositionBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blk(x, self.E[:BATCH])
+        return h + x @ self.E.T if self.twice else h
+
+
+def _split_against_plain(stage: nn.Module, reference: nn.Module, x0: torch.Tensor, dy: torch.Tensor,
+                         as_input: bool = False) -> None:
+    """I and W of ``stage`` (its block compiled in place inside our wrapper) against one plain backward."""
+    x = nn.Parameter(x0.clone()) if as_input else x0.clone().requires_grad_()
+    (dx,), state = hr.backward_input([stage(x)], [dy], [x], stage)
+    got = [dx] + list(hr.backward_weight(state))
+    xr = x0.clone().requires_grad_()
+    _assert_close(got, list(torch.autograd.grad(reference(xr), [xr] + list(reference.parameters()), dy)), 1e-5)
+
+
+@needs_split
+@pytest.mark.parametrize("twice", [False, True], ids=["only-through-the-slice", "also-read-directly"])
+def test_a_parameter_reaching_a_compiled_block_through_another_tensor_gets_its_whole_gradient(twice):
+    """Rule 8 of NOTE [ dx/dw split ]: W of a compiled block gives its parameter inputs only, so
+    a seed whose input leads to a weight through other nodes runs whole. Before, the slice's
+    share of dE was lost: partial and silent with ``twice``, a misleading error without."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    stage = _Positional(twice)
+    reference = _Positional(twice)
+    reference.load_state_dict(stage.state_dict())
+    stage.blk = hr.checkpoint_wrapper(stage.blk)
+    stage.blk.compile(backend="aot_eager")
+    torch.manual_seed(1)
+    _split_against_plain(stage, reference, torch.randn(BATCH, DIM), torch.randn(BATCH, DIM))
+
+
+@needs_split
+def test_a_parameter_given_as_the_stage_input_gets_its_input_gradient_from_i():
+    """A learned input (an ``nn.Parameter`` passed as the stage input) is a W output of the
+    compiled graph; I must still return its gradient, not None (Rule 8)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = Block()
+    reference = _copies([block])[0]
+    stage = hr.checkpoint_wrapper(block)
+    stage.compile(backend="aot_eager")
+    torch.manual_seed(1)
+    _split_against_plain(stage, reference, torch.randn(BATCH, DIM), torch.randn(BATCH, DIM), as_input=True)
+
+
+class _Tied(nn.Module):
+    """Two blocks in series whose first layers share one weight: W has two groups that both
+    read the first block's checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.blocks[1].fc1.weight = self.blocks[0].fc1.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](x))
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_split)], ids=["eager", "compiled"])
+def test_w_in_a_session_that_drops_what_it_reads_serves_every_group(compiled):
+    """Rule 3 of NOTE [ dx/dw split ]: W's groups read one session; every call but the last
+    retains, so W as the last consumer (``retain_on_unpack=False``, as a plan's W) works with
+    tied weights. Before, the second group found the tensors consumed (a loud error that the
+    caller of PlannedSchedule could not act on)."""
+    if compiled:
+        torch._dynamo.reset()
+    torch.manual_seed(0)
+    stage, reference = _Tied(), _Tied()
+    reference.load_state_dict(stage.state_dict())
+    for i, b in enumerate(stage.blocks):
+        stage.blocks[i] = hr.checkpoint_wrapper(b)
+        if compiled:
+            stage.blocks[i].compile(backend="aot_eager")
+    torch.manual_seed(1)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    x = x0.clone().requires_grad_()
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = stage(x)
+    for h in handles:
+        hr.recompute_handle(h, "tied")
+    with hr.recompute_session_ctx("tied", retain_on_unpack=True):
+        (dx,), state = hr.backward_input([y], [dy], [x], stage)
+    assert len(state.groups) > 1 or not SPLIT_SUPPORTED  # torch 1.13: one re-walk (Rule 5)
+    with hr.recompute_session_ctx("tied"):
+        got = [dx] + list(hr.backward_weight(state))
+    hr.clear_recompute_session("tied")
+    xr = x0.clone().requires_grad_()
+    _assert_close(got, list(torch.autograd.grad(reference(xr), [xr] + list(reference.parameters()), dy)), 1e-5)
+
+
+class _Flattening(Block):
+    """Flattens (batch, sequence) before its layers: symbolic sizes multiply under dynamic shapes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        return super().forward(x.reshape(b * t, d)).view(b, t, d)
+
+
+@needs_split
+def test_inductor_with_dynamic_shapes_splits_after_a_second_sequence_length():
+    """A second shape makes dynamo recompile with symbolic sizes; W must bind them too
+    (Rule 3 of NOTE [ Compiled dx/dw split ]). Before: InductorError on the backward."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = _Flattening()
+    reference = _Flattening()
+    reference.load_state_dict(block.state_dict())
+    wrapped = hr.checkpoint_wrapper(block)
+    wrapped.compile()  # inductor, dynamic=None: automatic dynamic shapes on the second length
+    for seq in (4, 6, 7):
+        torch.manual_seed(seq)
+        x0, dy = torch.randn(2, seq, DIM), torch.randn(2, seq, DIM)
+        _split_against_plain(wrapped, reference, x0, dy)

@@ -37,11 +37,14 @@ def test_hsdp_selective_autocast_accumulated(tmp_path: Path) -> None:
                         autocast=True), 2, hsdp=True)
 
 
-def test_compiled_block_in_a_planned_forward_is_refused(tmp_path: Path) -> None:
-    """``block.compile()`` traces the checkpoint, so a forward that must hand out recompute
-    handles (the split's prefetch) refuses at once, naming the block, instead of running
-    without a handle."""
-    for res in run_case(tmp_path, microbatches=1, compile="aot_eager", forward_refused=True):
-        assert res["error"].startswith("hp_recompute: checkpoint of 'Sequential' is traced by torch.compile inside "
-                                       "recompute_handle_collector_ctx(), and a compiled checkpoint has no recompute "
-                                       "handle"), res["error"]
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
+                    reason="the compiled dx/dw split needs torch >= 2.13")
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
+def test_compiled_blocks_prefetched_and_split(tmp_path: Path, reshard: bool) -> None:
+    """``block.compile()`` on the sharded wrapper compiles the block inside the checkpoint
+    (Rule 7 of NOTE [ Compiled dx/dw split ]): the forward hands out handles, the prefetch
+    unshards, and I and W of the compiled blocks give FSDP's gradients."""
+    results = run_case(tmp_path, reshard=reshard, microbatches=2, prefetch=True, compile="aot_eager")
+    check_step(results, 2)
+    for res in results:
+        assert res["handles"] == [2, 2] and res["session_replays"] == 2 * 2, res
