@@ -82,8 +82,8 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, U
 import torch
 
 from .compile_split import split_phase
-from .sessions import retained_while
 from .errors import CheckpointError, error_text
+from .sessions import retained_while
 
 __all__ = ["WeightGradState", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
 
