@@ -85,7 +85,7 @@ from .compile_split import split_phase
 from .errors import CheckpointError, error_text
 from .sessions import retained_while
 
-__all__ = ["WeightGradState", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
+__all__ = ["WeightGradState", "accumulate_grad", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
 
 _graph = torch.autograd.graph
 #: Whether W can start at recorded graph edges (Rule 5).
@@ -376,3 +376,18 @@ def _weight_grads(state: WeightGradState, retain_graph: bool, fsdp: bool = False
             )
         )
     return tuple(out)
+
+
+def accumulate_grad(weights: Sequence[torch.Tensor], grads: Sequence[Optional[torch.Tensor]]) -> None:
+    """Adds W's gradients into each weight's ``.grad``, as AccumulateGrad does in one backward.
+
+    For weights given as a list; W of an FSDP module has already added its own (FSDP Rule 4).
+    """
+    with torch.no_grad():
+        for w, g in zip(weights, grads):
+            if g is None:
+                continue
+            if w.grad is None:
+                w.grad = g
+            else:
+                w.grad.add_(g)

@@ -98,7 +98,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from .. import compile_split
-from ..backward_split import WeightGradState, backward_input, backward_weight
+from ..backward_split import WeightGradState, accumulate_grad, backward_input, backward_weight
 from ..fsdp import begin_step, discard_step, is_fsdp_module, reduce_gradients
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
 from ..plan.reader import Action, Plan, RunError
@@ -308,8 +308,7 @@ class _TorchStages(StageBackend):
             into_fsdp = state.fsdp is not None  # W itself adds into FSDP's gradients
             grads = backward_weight(state)
             if not into_fsdp:
-                for p, g in zip(state.weights, grads):
-                    p.grad = g if p.grad is None else p.grad + g
+                accumulate_grad(state.weights, grads)
             return
         stage_output, input_values = stage.fwd_cache.pop(mb)
         grads = None if stage.is_last else list(stage._retrieve_recv_grads(mb))

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from ..backward_split import WeightGradState, backward_input, backward_weight
+from ..backward_split import WeightGradState, accumulate_grad, backward_input, backward_weight
 from ..checkpoint import checkpoint as hr_checkpoint
 from ..plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
 from ..plan.reader import Action, Plan, RunError
@@ -362,10 +362,4 @@ class RankExecutor(StageBackend):
             m.weights = None
         if want_x:  # to send_b, or to the previous stage on this rank (pass_backward)
             self.dx_out[(s, mb)] = dx
-        for p, g in zip(params, wgrads):
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g
-            else:
-                p.grad.add_(g)
+        accumulate_grad(params, wgrads)
