@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -55,14 +54,6 @@ VARIANTS = {
     "ours ZBV bubble, eager": ("ours", 4, False),
     "ours ZBV bubble, compiled": ("ours", 4, True),
 }
-
-
-def _llama() -> Any:
-    spec = importlib.util.spec_from_file_location("hpr_llama_example", REPO / "examples" / "llama" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -147,7 +138,9 @@ def worker(rank: int, cfg: Dict[str, Any]) -> None:
     torch.set_num_threads(1)
     out: Dict[str, Any] = {"rows": []}
     try:
-        llama = _llama()
+        from hp_recompute.factory import import_file
+
+        llama = import_file(str(REPO / "examples" / "llama" / "model.py"), "bench/compile", RuntimeError)
         torch.manual_seed(0)
         full = llama.Transformer(llama.ModelArgs(dim=cfg["dim"], n_layers=cfg["layers"], n_heads=8, n_kv_heads=4,
                                                  vocab_size=cfg["vocab"], max_seq_len=cfg["seq"]))

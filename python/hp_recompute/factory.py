@@ -13,7 +13,7 @@ import sysconfig
 import traceback
 from typing import Any, Callable
 
-__all__ = ["call_factory", "raised_at"]
+__all__ = ["call_factory", "import_file", "raised_at"]
 
 #: Folders whose frames are not the user's code: this package, the standard library and
 #: installed packages; torch's folder is added when it is imported (Debian installs it
@@ -57,6 +57,21 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
     path, sep, factory = spec.rpartition(":")
     if not sep or not path or not factory:
         raise error(f"{flag}: expected FILE.py:FACTORY, got '{spec}'")
+    module = import_file(path, flag, error)
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise error(f"{flag}: '{path}' has no callable '{factory}'")
+    try:
+        return fn()
+    except BaseException as e:  # noqa: BLE001 - as in import_file
+        raise error(f"{flag}: {factory}() in '{path}' raised {raised_at(e)}") from None
+
+
+def import_file(path: str, flag: str, error: Callable[[str], Exception]) -> Any:
+    """Imports the Python file ``path`` as a module of its own (e.g. a bundled example's model).
+
+    Raises ``error(message)`` naming ``flag`` when the file is missing or its import raises.
+    """
     if not os.path.isfile(path):
         raise error(f"{flag}: no such file '{path}'")
     # A private module name per file (its stem and a digest of its absolute path), so
@@ -85,10 +100,4 @@ def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any
         # (index 0 may then be somebody else's entry).
         if sys.path.count(folder) > before:
             sys.path.remove(folder)  # the first occurrence: ours, inserted at the front
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise error(f"{flag}: '{path}' has no callable '{factory}'")
-    try:
-        return fn()
-    except BaseException as e:  # noqa: BLE001 - as above
-        raise error(f"{flag}: {factory}() in '{path}' raised {raised_at(e)}") from None
+    return module

@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from hp_recompute import compile_backend
+from hp_recompute.factory import call_factory
 
-_SPEC = importlib.util.spec_from_file_location("hpr_llama_example",
-                                               Path(__file__).resolve().parents[3] / "examples" / "llama" / "model.py")
-_LLAMA = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = _LLAMA  # its dataclass looks its module up
-_SPEC.loader.exec_module(_LLAMA)
+LLAMA = Path(__file__).resolve().parents[3] / "examples" / "llama" / "model.py"
 
 
 def pipeline():
-    model = _LLAMA.pipeline()
+    model = call_factory(f"{LLAMA}:pipeline", "compiled_llama", RuntimeError)
     for block in model.module.layers.values():
         block.compile(backend=compile_backend("aot_eager"), fullgraph=True)
     return model
