@@ -37,10 +37,19 @@ class _SkipsLast(torch.nn.Sequential):
         return x
 
 
+class _Block(torch.nn.Sequential):
+    """Linear, Tanh, Linear with a forward of its own: ``nn.Sequential``'s forward is torch's
+    code, whose frame dynamo skips, so its ``compile()`` would compile nothing."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for child in self:
+            x = child(x)
+        return x
+
+
 def _model(unused: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(DIM, DIM), torch.nn.Tanh(), torch.nn.Linear(DIM, DIM))
-              for _ in range(2)]
+    blocks = [_Block(torch.nn.Linear(DIM, DIM), torch.nn.Tanh(), torch.nn.Linear(DIM, DIM)) for _ in range(2)]
     if unused:
         return _SkipsLast(*blocks, torch.nn.Linear(DIM, DIM), torch.nn.Linear(DIM, DIM))
     return torch.nn.Sequential(*blocks, torch.nn.Linear(DIM, DIM))
@@ -230,6 +239,8 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     res["sharded_after_step"] = [_sharded(model[i]) for i in range(2)]
     res["comms"] = comms.counts
     res["live_sessions"] = len(scope.live_sessions())
+    if cfg.get("compile"):  # the blocks ran compiled graphs (dynamo captured some)
+        res["compiled_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
     # A second step on the same model: the settings of the first were restored, and a
     # plain backward (FSDP's own sync) adds to the sharded gradients as usual.

@@ -48,3 +48,16 @@ def test_compiled_blocks_prefetched_and_split(tmp_path: Path, reshard: bool) -> 
     check_step(results, 2)
     for res in results:
         assert res["handles"] == [2, 2] and res["session_replays"] == 2 * 2, res
+        assert res["compiled_graphs"] > 0
+
+
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
+                    reason="the compiled dx/dw split needs torch >= 2.13")
+def test_hsdp_compiled_selective_autocast_accumulated(tmp_path: Path) -> None:
+    """The whole stack at once: HSDP 2 x 2, blocks with a selective policy compiled inside
+    their checkpoint, bfloat16 autocast, two accumulated microbatches, prefetched replays."""
+    results = run_case(tmp_path, ranks=4, hsdp=True, microbatches=2, prefetch=True, selective=True, autocast=True,
+                       compile="aot_eager")
+    check_step(results, 2, hsdp=True)
+    for res in results:
+        assert res["session_replays"] == 2 * 2 and res["compiled_graphs"] > 0, res["session_replays"]
