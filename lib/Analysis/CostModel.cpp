@@ -142,8 +142,10 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       cost.plainKeptBytes += region.getSavedBytes();
       if (checkpointed) {
         cost.checkpointed = true;
-        cost.keptBytes += region.getInputBytes();
-        cost.recomputedBytes += region.getSavedBytes();
+        cost.keptBytes += region.getInputBytes() +
+                          region.getCheckpointStateBytes().value_or(0);
+        cost.recomputedBytes +=
+            region.getReplayBytes().value_or(region.getSavedBytes());
       } else {
         cost.keptBytes += region.getSavedBytes();
       }
@@ -151,8 +153,10 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
     anyCost |= cost.plainForwardUs > 0;
     // The first stage's I keeps nothing for its W (regionTimeOf: its W is
     // one full backward).
-    if (firstStage)
+    if (firstStage) {
       cost.weightStateBytes = 0;
+      cost.weightIsWholeBackward = true;
+    }
     cost.dpShard = shard;
     cost.unshardUs = allGatherUs(cost.paramBytes, shard);
     // A reduce-scatter moves what the all-gather does.

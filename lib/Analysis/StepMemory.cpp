@@ -23,6 +23,10 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
   // Beyond activations: what the header lists, in program order.
   int64_t other = 0;
   llvm::DenseSet<int64_t> gradsAllocated;
+  // Sends are waited for at the end of the step (the runtimes' transports,
+  // as torch's schedules), so a sent tensor lives until then: the stage
+  // outputs sent by send_f, by (stage, mb), and each input gradient sent.
+  llvm::DenseSet<std::pair<int64_t, int64_t>> sentForward;
   int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
   ArrayRef<int64_t> stageToRank =
       program->getParentOfType<ScheduleOp>().getStageToRank();
@@ -50,6 +54,10 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     }
     if (isa<ForwardOp, RecvBOp>(op))
       other += costs[stage].outputBytes;
+    if (isa<SendFOp>(op))
+      sentForward.insert({stage, action.getMicrobatchIndex()});
+    if (isa<SendBOp>(op) && stage > 0)
+      other += costs[stage - 1].outputBytes;
     if (isa<BackwardInputOp>(op))
       other += costs[stage].weightStateBytes;
     // dx handed to a co-located previous stage becomes its output gradient.
@@ -65,18 +73,22 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     // without retaining), its output and the output's gradient.
     if (isa<BackwardWeightOp>(op))
       other -= costs[stage].weightStateBytes;
-    if (isLastBackward[pos - 1])
-      other -= costs[stage].outputBytes * (stage == lastStage ? 0 : 2);
+    if (isLastBackward[pos - 1] && stage != lastStage) {
+      bool sent = sentForward.contains({stage, action.getMicrobatchIndex()});
+      other -= costs[stage].outputBytes * (sent ? 1 : 2);
+    }
     // Weight gradients come last: the stage's first W or B allocates them
     // for the rest of the step; each later one computes a fresh copy before
     // adding it in. B is one autograd call that frees the graph as it goes,
-    // so its copy meets the activations already freed; W is one call per
-    // weight group over a retained graph, so its copy meets them all.
+    // so its copy meets the activations already freed, and so is the first
+    // stage's W (weightIsWholeBackward); any other W is one call per weight
+    // group over a retained graph, so its copy meets them all.
     int64_t transient = 0;
     if (isa<BackwardWeightOp, BackwardOp>(op)) {
+      bool oneCall = isa<BackwardOp>(op) || costs[stage].weightIsWholeBackward;
       if (gradsAllocated.insert(stage).second)
         other += costs[stage].paramBytes;
-      else if (isa<BackwardWeightOp>(op))
+      else if (!oneCall)
         peak = std::max(peak, live + other + costs[stage].paramBytes);
       else
         transient = costs[stage].paramBytes;

@@ -79,7 +79,8 @@ public:
             {"name", "checkpoint", "checkpointable", "fwd_flops", "fwd_time_us",
              "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us",
              "checkpoint_fwd_time_us", "replay_time_us",
-             "bwd_weight_input_bytes", "bwd_workspace_bytes", "saved_bytes",
+             "bwd_weight_input_bytes", "bwd_workspace_bytes",
+             "checkpoint_state_bytes", "replay_bytes", "saved_bytes",
              "input_bytes", "param_bytes", "stage"}))
       return err;
     if (auto err = readString(obj, path, "name", region.name, true))

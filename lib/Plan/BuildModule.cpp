@@ -50,7 +50,8 @@ static void buildModel(OpBuilder &builder, Location loc,
           llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
           region.savedBytes, region.inputBytes, region.paramBytes,
           /*measured costs, set below=*/FloatAttr(), FloatAttr(), FloatAttr(),
-          FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr());
+          FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr(), IntegerAttr(),
+          IntegerAttr());
       // Measured costs are attributes only when measured (absent = the cost
       // model's fallbacks).
       for (const model::MeasuredTime &time : model::kMeasuredTimes)

@@ -14,7 +14,11 @@ gradients I keeps for W, ``bwd_weight_input_bytes``, and the transient bytes of 
 backward, ``bwd_workspace_bytes``, measured once at the allocator). Checkpointable regions
 are also run as the runner runs them when checkpointed: the forward under
 ``hp_recompute.checkpoint`` (``checkpoint_fwd_time_us``: its saved tensors go to holders)
-and one replay through ``recompute_handle`` (``replay_time_us``).
+and one replay through ``recompute_handle`` (``replay_time_us``); and, once at the
+allocator, what that forward holds besides its outputs (``checkpoint_state_bytes``: the RNG
+states the replay restores, 5056 bytes of CPU generator state per call on torch 2.13) and
+what the replay allocates (``replay_bytes``: the saved tensors but the region's input, which
+the forward kept and the replay does not allocate again).
 
 ``--from-run REPORT`` measures nothing: it takes the costs from a run instead
 (``python -m hp_recompute.run --report``, multi-process). Each of the report's
@@ -74,6 +78,7 @@ __all__ = ["measure_region_times", "measure_module_times", "measure_concurrently
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
 CHECKPOINT_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
 BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")
+CHECKPOINT_BYTES_KEYS = ("checkpoint_state_bytes", "replay_bytes")
 _SESSION = "hp_recompute.costs"
 
 
@@ -122,11 +127,31 @@ def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tu
     return t1 - t0, t2 - t1
 
 
+def _checkpoint_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[int, int]:
+    """At the allocator, for ``fn(*args, **kwargs)`` under ``hp_recompute.checkpoint``: the bytes
+    its forward holds besides its outputs (what the checkpoint keeps to replay), and the bytes
+    one replay allocates. The planner holds the first with the region's input from forward to
+    last backward, the second from recompute to clear (docs/models.md, "Cost model")."""
+    from torch.utils._pytree import tree_flatten
+
+    with recompute_handle_collector_ctx() as handles, AllocatorPeak() as forward:
+        out = checkpoint(fn, *args, **kwargs)
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    held = (forward.net or 0) - _distinct_bytes(outputs)
+    with AllocatorPeak() as replay:
+        for handle in handles:
+            recompute_handle(handle, _SESSION)
+    clear_recompute_session(_SESSION)
+    del out, outputs
+    return max(held, 0), max(replay.net or 0, 0)
+
+
 def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
     """Median times of every region, in microseconds (TIME_KEYS; CHECKPOINT_KEYS if checkpointable)."""
     params = dict(model.module.named_parameters())
     state_bytes: Dict[str, int] = {}
     workspace: Dict[str, int] = {}
+    held: Dict[str, Tuple[int, int]] = {}
     samples: Dict[str, Dict[str, List[float]]] = {
         r.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if r.checkpointable else ())} for r in model.regions}
     for round_ in range(repeats):
@@ -165,11 +190,20 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
                 for key, seconds in zip(TIME_KEYS, (fwd_s, t1 - t0, t2 - t1, t4 - t3)):
                     samples[region.name][key].append(seconds * 1e6)
                 state_bytes[region.name] = kept
+    # Last and untimed: measured within the rounds, it moved some later workspace measurements
+    # by one RNG state (5056 bytes) from run to run.
+    x = batch
+    for index, region in enumerate(model.regions):
+        inp = x if index == 0 else _leaf(x)
+        if region.checkpointable:
+            held[region.name] = _checkpoint_bytes(region.fn, inp, batch)
+        x = region.fn(inp, batch)
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():
         out[name] = {k: statistics.median(v) for k, v in keys.items()}
         out[name][BYTES_KEYS[0]] = state_bytes[name]
         out[name][BYTES_KEYS[1]] = workspace[name]
+        out[name].update(zip(CHECKPOINT_BYTES_KEYS, held.get(name, ())))
     return out
 
 
@@ -276,7 +310,8 @@ def times_from_run(names: Sequence[str], report_path: str,
             raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}' has no {missing[0]}: plan with "
                            f"costs measured by python -m hp_recompute.costs before taking them from a run")
         times[name] = {k: float(region[k]) for k in keys}
-        times[name].update({k: region[k] for k in BYTES_KEYS if k in region})  # measured with the times
+        # Bytes were measured with the times: they come along.
+        times[name].update({k: region[k] for k in BYTES_KEYS + CHECKPOINT_BYTES_KEYS if k in region})
     planner = planner_extension()
     for rank in ranks:
         for measured in rank["measured_action_us"]:
@@ -351,12 +386,14 @@ def _needs_grad(t: Any) -> bool:
 
 
 def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
-                 checkpointed: bool) -> Tuple[List[_Call], List[torch.Tensor], float, float]:
+                 checkpointed: bool, held: Optional[Dict[str, Tuple[int, int]]] = None
+                 ) -> Tuple[List[_Call], List[torch.Tensor], float, float]:
     """Runs ``model(*inputs)`` with the calls of the modules ``names`` cut (Rule 1).
 
     Returns (the calls in order, the module's outputs that need grad, start, end). With
     ``checkpointed``, each region also runs under ``hp_recompute.checkpoint`` and replays once
-    right after its plain call, outside the times of the code around it."""
+    right after its plain call, outside the times of the code around it. With ``held``, each
+    region's checkpoint bytes (``_checkpoint_bytes``) are measured into it, also outside those times."""
     from torch.utils._pytree import tree_flatten, tree_map
 
     modules = dict(model.named_modules())
@@ -380,6 +417,8 @@ def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: 
             out = forward(*args, **kwargs)
             fwd_s = time.perf_counter() - t0
             ckpt = _checkpointed_times(forward, *args, **kwargs) if checkpointed else None
+            if held is not None:
+                held[name] = _checkpoint_bytes(forward, *args, **kwargs)
             record = _Call(name, enter, 0.0, fwd_s, ckpt, cut_in)
 
             def leaf_out(t: Any) -> Any:
@@ -528,11 +567,14 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
                 if piece.name is not None:
                     samples[piece.name]["fwd_time_us"].append(piece.fwd_s * 1e6)
         del calls, outputs, pieces
+    held: Dict[str, Tuple[int, int]] = {}  # last, as in measure_region_times
+    _cut_forward(model, inputs, names, checkpointed=False, held=held)
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():
         out[name] = {k: statistics.median(v) if v else 0.0 for k, v in keys.items()}
         out[name][BYTES_KEYS[0]] = kept.get(name, 0)
         out[name][BYTES_KEYS[1]] = workspace.get(name, 0)
+        out[name].update(zip(CHECKPOINT_BYTES_KEYS, held.get(name, ())))
     return out
 
 

@@ -18,9 +18,11 @@
 //    model has F = I = W = 1;
 //  - a recompute replays the checkpointed regions;
 //  - memory kept from forward to backward: saved bytes of the regions that
-//    are not checkpointed plus the boundary input of those that are (all
-//    saved bytes for a `no_checkpoint` microbatch);
-//  - memory a recompute brings back: the checkpointed regions' saved bytes;
+//    are not checkpointed plus the boundary input and checkpoint state (RNG
+//    states) of those that are (all saved bytes for a `no_checkpoint`
+//    microbatch);
+//  - memory a recompute brings back: the checkpointed regions' replay bytes
+//    when measured, else their saved bytes;
 //  - step memory beyond activations: the stage output (the next stage's
 //    first input_bytes) and its gradient, the weight gradients (param_bytes)
 //    and what I keeps for W (bwd_weight_input_bytes); a backward action
@@ -119,10 +121,13 @@ struct StageCost {
   /// of weight gradients.
   int64_t paramBytes = 0;
   int64_t weightStateBytes = 0; ///< what I keeps for W
-  int64_t workspaceBytes = 0;   ///< transient bytes of a backward action
-  int64_t dpShard = 1;          ///< ranks the parameters are sharded over
-  double unshardUs = 0;         ///< UNSHARD: all-gather over dpShard
-  double reduceGradUs = 0;      ///< REDUCE_GRAD: reduce-scatter, all-reduce
+  /// W is one autograd call from the stage output, as B is (the first
+  /// stage: its input needs no gradient, so I records nothing to split at).
+  bool weightIsWholeBackward = false;
+  int64_t workspaceBytes = 0; ///< transient bytes of a backward action
+  int64_t dpShard = 1;        ///< ranks the parameters are sharded over
+  double unshardUs = 0;       ///< UNSHARD: all-gather over dpShard
+  double reduceGradUs = 0;    ///< REDUCE_GRAD: reduce-scatter, all-reduce
 
   /// Parameter bytes one rank holds while the stage is sharded.
   int64_t shardedParamBytes() const { return paramBytes / dpShard; }

@@ -3,7 +3,9 @@
 // The planner's prediction of what the runner measures at the allocator: a
 // rank's activations (ActivationModel.h) plus, as CostModel.h ("step
 // memory") and docs/models.md describe them, stage outputs and their
-// gradients until the last backward, I's state until W, weight gradients
+// gradients until the last backward (a sent output, and each sent input
+// gradient, until the end of the step: sends are waited for there), I's
+// state until W, weight gradients
 // from the stage's first W or B to the end of the step (and a second copy
 // while a later W or B adds its gradients in), and each backward's
 // transient workspace. With FSDP (dp_shard N > 1): a stage's gathered

@@ -32,8 +32,11 @@ struct Region {
   int64_t savedBytes = 0;         ///< activations autograd saves for backward
   int64_t inputBytes = 0;         ///< boundary input kept when checkpointed
   int64_t paramBytes = 0;
-  int64_t bwdWeightInputBytes = 0; ///< gradients I keeps for W; 0 = unknown
-  int64_t bwdWorkspaceBytes = 0;   ///< transient bytes of its backward
+  int64_t bwdWeightInputBytes = 0;  ///< gradients I keeps for W; 0 = unknown
+  int64_t bwdWorkspaceBytes = 0;    ///< transient bytes of its backward
+  int64_t checkpointStateBytes = 0; ///< held by a checkpointed forward besides
+                                    ///< its input (RNG states); 0 = unknown
+  int64_t replayBytes = 0;          ///< one replay allocates; 0 = savedBytes
   int stage = -1; ///< fixed pipeline stage, -1 = chosen by partition
 };
 
@@ -56,7 +59,9 @@ inline constexpr MeasuredTime kMeasuredTimes[] = {
     {"replay_time_us", &Region::replayTimeUs}};
 inline constexpr MeasuredBytes kMeasuredBytes[] = {
     {"bwd_weight_input_bytes", &Region::bwdWeightInputBytes},
-    {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes}};
+    {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes},
+    {"checkpoint_state_bytes", &Region::checkpointStateBytes},
+    {"replay_bytes", &Region::replayBytes}};
 
 /// The data-parallel layout each pipeline stage is replicated over
 /// (docs/models.md, "Data parallelism"): FSDP2 shards a stage's parameters

@@ -101,7 +101,9 @@ LogicalResult RegionOp::verify() {
         {getInputBytes(), "input"},
         {getParamBytes(), "params"},
         {getBwdWeightInputBytes().value_or(0), "bwd_weight_input_bytes"},
-        {getBwdWorkspaceBytes().value_or(0), "bwd_workspace_bytes"}})
+        {getBwdWorkspaceBytes().value_or(0), "bwd_workspace_bytes"},
+        {getCheckpointStateBytes().value_or(0), "checkpoint_state_bytes"},
+        {getReplayBytes().value_or(0), "replay_bytes"}})
     if (static_cast<int64_t>(value) < 0)
       return emitOpError() << "region '" << getName() << "' has negative '"
                            << label << "' bytes";

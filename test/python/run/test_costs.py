@@ -34,6 +34,9 @@ def test_measured_times_are_written_and_planned_with(tmp_path: Path) -> None:
     for region in graph["regions"]:
         assert planned[region["name"]]["bwd_input_time_us"] == region["bwd_input_time_us"]
         assert planned[region["name"]]["bwd_weight_time_us"] == region["bwd_weight_time_us"]
+        for key in ("checkpoint_state_bytes", "replay_bytes"):
+            assert planned[region["name"]].get(key) == region.get(key)
+            assert (region.get(key, 0) > 0) == region["checkpointable"], region
     # The simulated step is at least the critical path of one microbatch: every forward and dx.
     one_microbatch = sum(r["fwd_time_us"] + r["bwd_input_time_us"] for r in graph["regions"])
     assert plan["summary"]["step_time_us"] >= one_microbatch

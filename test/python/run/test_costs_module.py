@@ -79,6 +79,13 @@ def test_a_plain_module_gets_the_adapters_bytes_and_plans(tmp_path: Path) -> Non
         assert mine["fwd_time_us"] > 0 and mine["bwd_time_us"] > 0 and mine["bwd_weight_time_us"] > 0
         if mine["checkpointable"]:
             assert mine["bwd_input_time_us"] > 0 and mine["replay_time_us"] > 0 and mine["checkpoint_fwd_time_us"] > 0
+            # A checkpoint keeps the CPU generator's state to replay with (preserve_rng_state).
+            assert mine["checkpoint_state_bytes"] == theirs["checkpoint_state_bytes"] >= torch.get_rng_state().numel()
+            # A replay allocates what the forward saved but the input it kept.
+            assert mine["replay_bytes"] == theirs["replay_bytes"]
+            assert mine["saved_bytes"] - mine["input_bytes"] <= mine["replay_bytes"] <= mine["saved_bytes"]
+        else:
+            assert not {"checkpoint_state_bytes", "replay_bytes"} & (set(mine) | set(theirs))
     assert "torch " + torch.__version__ in cut["source"]
     plan = json.loads(make_plan(tmp_path, "--model", str(tmp_path / "cut.json"), "--checkpoint", "all",
                                 *flags(("1f1b", 2, 4))).read_text())

@@ -162,6 +162,11 @@ MLP_MODEL_JSON = GPT_MODEL_JSON.parent.parent / "mlp" / "mlp.model.json"
 #: The runner's bundled models: model JSON, and the factory (None: the default GPT).
 BUNDLED = {"gpt": (GPT_MODEL_JSON, None),
            "mlp": (MLP_MODEL_JSON, str(MLP_MODEL_JSON.parent / "model.py") + ":build")}
+#: Even stage splits of the bundled models, by number of stages. The memory test fixes the
+#: split: balanced by measured times, it would move from run to run with the machine's noise,
+#: and so would the predicted peak, which depends on bytes only.
+EVEN_STAGES = {("gpt", 2): "0:0-4,1:5-9", ("gpt", 4): "0:0-2,1:3-4,2:5-6,3:7-9",
+               ("mlp", 2): "0:0-8,1:9-17", ("mlp", 4): "0:0-4,1:5-8,2:9-12,3:13-17"}
 
 
 def _measure_costs(out: Path, model: str) -> Path:
@@ -186,7 +191,8 @@ def costed(tmp_path_factory) -> Dict[str, Path]:
 @pytest.mark.parametrize("cfg", [("1f1b", 2, 4), ("zb-h1", 2, 4), ("zbv", 2, 4)], ids=lambda c: c[0])
 def test_planned_memory_is_within_ten_percent_of_the_allocator(tmp_path: Path, costed: Dict[str, Path], cfg,
                                                                model: str) -> None:
-    plan = make_plan(tmp_path, "--model", str(costed[model]), *flags(cfg))
+    stages = EVEN_STAGES[(model, 2 * cfg[1] if cfg[0] == "zbv" else cfg[1])]
+    plan = make_plan(tmp_path, "--model", str(costed[model]), "--stages", stages, *flags(cfg))
     raw = json.loads(plan.read_text())
     report_path = tmp_path / "r.json"
     factory = BUNDLED[model][1]

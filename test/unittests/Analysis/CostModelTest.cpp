@@ -60,6 +60,26 @@ TEST(CostModel, CheckpointedRegionsKeepTheirInputAndReplayTheirSaves) {
   EXPECT_EQ(costs[0].recomputedBytes, 3000);
 }
 
+TEST(CostModel, MeasuredCheckpointStateAndReplayBytesWin) {
+  // A checkpoint holds the RNG states its replay restores, as long as the
+  // input; a plainly run region holds no such state. A replay brings back
+  // what was measured, else the region's saved bytes.
+  model::StagedModel staged;
+  model::Region kept = region("embed", false, 0, 5, 100, 10);
+  kept.checkpointStateBytes = 7000;
+  kept.replayBytes = 7;
+  model::Region measured = region("layers.0", true, 0, 20, 1000, 64);
+  measured.checkpointStateBytes = 5056;
+  measured.replayBytes = 936;
+  model::Region unmeasured = region("layers.1", true, 0, 20, 2000, 64);
+  staged.stages.push_back({0, {kept, measured, unmeasured}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_EQ(costs[0].keptBytes, 100 + 64 + 5056 + 64);
+  EXPECT_EQ(costs[0].plainKeptBytes, 100 + 1000 + 2000);
+  EXPECT_EQ(costs[0].recomputedBytes, 936 + 2000);
+}
+
 TEST(CostModel, UnprofiledRegionsRunAtOneTeraflop) {
   model::StagedModel staged;
   staged.stages.push_back({0, {region("layers.0", true, 3e6, 0, 8, 8)}});

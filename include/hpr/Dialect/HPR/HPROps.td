@@ -67,8 +67,11 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     profiled: the measured dx, dw and full backward times (`bwd_input_time_us`,
     `bwd_weight_time_us`, `bwd_time_us`), the forward under checkpoint
     (`checkpoint_fwd_time_us`), one replay (`replay_time_us`), the bytes of
-    the gradients dx keeps for dw (`bwd_weight_input_bytes`) and the
-    transient bytes of the backward (`bwd_workspace_bytes`).
+    the gradients dx keeps for dw (`bwd_weight_input_bytes`), the
+    transient bytes of the backward (`bwd_workspace_bytes`) and what a
+    checkpointed forward holds besides its input, the RNG states its replay
+    restores (`checkpoint_state_bytes`), and what one replay allocates
+    (`replay_bytes`; absent: `saved`, which may count the kept input again).
   }];
   let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
                        UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
@@ -80,7 +83,9 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        OptionalAttr<F64Attr>:$checkpoint_fwd_time_us,
                        OptionalAttr<F64Attr>:$replay_time_us,
                        OptionalAttr<I64Attr>:$bwd_weight_input_bytes,
-                       OptionalAttr<I64Attr>:$bwd_workspace_bytes);
+                       OptionalAttr<I64Attr>:$bwd_workspace_bytes,
+                       OptionalAttr<I64Attr>:$checkpoint_state_bytes,
+                       OptionalAttr<I64Attr>:$replay_bytes);
   let assemblyFormat = [{
     $name (`checkpoint` $checkpoint^)?
     (`non_checkpointable` $non_checkpointable^)?
