@@ -16,6 +16,20 @@ using namespace mlir::hpr;
 
 namespace {
 
+/// The step peak of `module`'s first program (rank 0).
+int64_t firstProgramPeak(ModuleOp module) {
+  ProgramOp program = *(*module.getOps<ScheduleOp>().begin())
+                           .getBody()
+                           .getOps<ProgramOp>()
+                           .begin();
+  std::vector<StageCost> costs =
+      computeStageCosts(*module.getOps<ModelOp>().begin());
+  ProgramActivations activations = collectActivationLifetimes(program);
+  return computeStepPeakBytes(program, activations,
+                              computeActivationProfile(activations, costs),
+                              costs);
+}
+
 /// The step peak of one rank running F0 B0 REDUCE_GRAD of one stage with
 /// 1000 parameter bytes and 300 saved bytes, FSDP-sharded over `shard`,
 /// with hpr-insert-unshard's UNSHARD and RESHARD.
@@ -38,16 +52,7 @@ int64_t stepPeak(int64_t shard) {
   PassManager pm(&context);
   nestOnPrograms(pm).addPass(createHPRInsertUnshard());
   EXPECT_TRUE(succeeded(pm.run(**module)));
-  ProgramOp program = *(*(*module)->getOps<ScheduleOp>().begin())
-                           .getBody()
-                           .getOps<ProgramOp>()
-                           .begin();
-  std::vector<StageCost> costs =
-      computeStageCosts(*(*module)->getOps<ModelOp>().begin());
-  ProgramActivations activations = collectActivationLifetimes(program);
-  return computeStepPeakBytes(program, activations,
-                              computeActivationProfile(activations, costs),
-                              costs);
+  return firstProgramPeak(**module);
 }
 
 // Unsharded: the 300 activations, then the 1000 gradient bytes B allocates
@@ -85,16 +90,7 @@ int64_t firstRankPeak() {
   sched::lowerCommunication(*schedule);
   auto module = buildPlanModule(context, staged, *schedule, "test");
   EXPECT_TRUE(static_cast<bool>(module));
-  ProgramOp program = *(*(*module)->getOps<ScheduleOp>().begin())
-                           .getBody()
-                           .getOps<ProgramOp>()
-                           .begin();
-  std::vector<StageCost> costs =
-      computeStageCosts(*(*module)->getOps<ModelOp>().begin());
-  ProgramActivations activations = collectActivationLifetimes(program);
-  return computeStepPeakBytes(program, activations,
-                              computeActivationProfile(activations, costs),
-                              costs);
+  return firstProgramPeak(**module);
 }
 
 // F0 F1 keep 200 bytes and two 10-byte outputs; B0 frees its 100 and its
