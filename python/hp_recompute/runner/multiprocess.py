@@ -67,8 +67,9 @@ class GlooTransport(Transport):
     microbatch), so an out-of-order message can never be taken for another. A receive's
     ``irecv`` is issued where it is posted, into its own buffer, and waited for by
     ``recv``. Sends are waited for at ``flush`` (end of step): an early wait could
-    deadlock a plan that relies on asynchronous sends. Each send drops the sends that have
-    completed, so their buffers are not held to the end of the step.
+    deadlock a plan that relies on asynchronous sends. So a sent tensor is held to the end
+    of the step (gloo reports a send complete only once it is waited for), as in torch's
+    schedules, and the planner's memory model holds it so (docs/models.md, "Cost model").
     """
 
     def __init__(self, num_mb: int, shapes: Dict[int, Tuple[torch.Size, torch.dtype]], timeout: float) -> None:
@@ -82,7 +83,6 @@ class GlooTransport(Transport):
             raise RunError(f"hp_recompute.run: the send_{kind} of stage {stage} mb {mb} has no message tag; "
                            f"write the plan with hp-recompute-plan --emit json")
         tensor = tensor.detach().contiguous()
-        self.pending = [(work, t) for work, t in self.pending if not work.is_completed()]
         self.pending.append((dist.isend(tensor, dst, tag=tag), tensor))
 
     def post(self, kind: str, stage: int, mb: int, src: int, dst: int, tag: int) -> None:

@@ -11,17 +11,20 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
+
 using namespace mlir;
 using namespace mlir::hpr;
 
 namespace {
 
-/// The step peak of `module`'s first program (rank 0).
-int64_t firstProgramPeak(ModuleOp module) {
-  ProgramOp program = *(*module.getOps<ScheduleOp>().begin())
-                           .getBody()
-                           .getOps<ProgramOp>()
-                           .begin();
+/// The step peak of `module`'s program of `rank`.
+int64_t programPeak(ModuleOp module, unsigned rank = 0) {
+  ProgramOp program = *std::next((*module.getOps<ScheduleOp>().begin())
+                                     .getBody()
+                                     .getOps<ProgramOp>()
+                                     .begin(),
+                                 rank);
   std::vector<StageCost> costs =
       computeStageCosts(*module.getOps<ModelOp>().begin());
   ProgramActivations activations = collectActivationLifetimes(program);
@@ -52,7 +55,7 @@ int64_t stepPeak(int64_t shard) {
   PassManager pm(&context);
   nestOnPrograms(pm).addPass(createHPRInsertUnshard());
   EXPECT_TRUE(succeeded(pm.run(**module)));
-  return firstProgramPeak(**module);
+  return programPeak(**module);
 }
 
 // Unsharded: the 300 activations, then the 1000 gradient bytes B allocates
@@ -68,10 +71,11 @@ TEST(StepMemory, GatheredParametersAndTheReducedShardCount) {
   EXPECT_EQ(stepPeak(4), 2000);
 }
 
-/// The step peak of rank 0 in GPipe over two ranks and two microbatches:
+/// The step peak of `rank` in GPipe over two ranks and two microbatches:
 /// stage 0 saves 100 bytes a microbatch, has 1000 parameter bytes and sends
-/// 10-byte outputs; stage 1 takes those 10 bytes and saves 50.
-int64_t firstRankPeak() {
+/// 10-byte outputs; stage 1 takes those 10 bytes, saves 50, has 1000
+/// parameter bytes and sends 10-byte input gradients back.
+int64_t gpipePeak(unsigned rank) {
   MLIRContext context;
   context.loadDialect<HPRDialect>();
   model::StagedModel staged;
@@ -83,6 +87,7 @@ int64_t firstRankPeak() {
   second.name = "layers.1";
   second.savedBytes = 50;
   second.inputBytes = 10;
+  second.paramBytes = 1000;
   staged.stages.push_back({0, {first}});
   staged.stages.push_back({1, {second}});
   auto schedule = sched::generateSchedule("gpipe", {2, 2, 0});
@@ -90,16 +95,24 @@ int64_t firstRankPeak() {
   sched::lowerCommunication(*schedule);
   auto module = buildPlanModule(context, staged, *schedule, "test");
   EXPECT_TRUE(static_cast<bool>(module));
-  return firstProgramPeak(**module);
+  return programPeak(**module, rank);
 }
 
-// F0 F1 keep 200 bytes and two 10-byte outputs; B0 frees its 100 and its
-// output's gradient but not the sent output (the transport holds it to the
-// end of the step), and allocates the 1000 gradient bytes; B1's fresh copy
-// (1000) meets the gradients, both sent outputs and mb 1's output gradient:
-// 1000 + 1000 + 10 + 10 (2000 if a sent output died at its last backward).
+// Rank 0: F0 F1 keep 200 bytes and two 10-byte outputs; B0 frees its 100
+// and its output's gradient but not the sent output (the transport holds it
+// to the end of the step), and allocates the 1000 gradient bytes; after B1
+// frees mb 1's activations and output gradient, its fresh copy (1000) meets
+// the gradients and both sent outputs: 1000 + 1000 + 10 + 10 (2000 if a sent
+// output died at its last backward).
 TEST(StepMemory, SentOutputsLiveToTheEndOfTheStep) {
-  EXPECT_EQ(firstRankPeak(), 2020);
+  EXPECT_EQ(gpipePeak(0), 2020);
+}
+
+// Rank 1: B0 allocates the 1000 gradient bytes and sends mb 0's 10-byte
+// input gradient (stage 0's output size), held to the end of the step; B1's
+// fresh copy meets both: 1000 + 1000 + 10.
+TEST(StepMemory, SentInputGradientsLiveToTheEndOfTheStep) {
+  EXPECT_EQ(gpipePeak(1), 2010);
 }
 
 } // namespace
