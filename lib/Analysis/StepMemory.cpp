@@ -23,10 +23,6 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
   // Beyond activations: what the header lists, in program order.
   int64_t other = 0;
   llvm::DenseSet<int64_t> gradsAllocated;
-  // Sends are waited for at the end of the step (the runtimes' transports,
-  // as torch's schedules), so a sent tensor lives until then: the stage
-  // outputs sent by send_f, by (stage, mb), and each input gradient sent.
-  llvm::DenseSet<std::pair<int64_t, int64_t>> sentForward;
   int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
   ArrayRef<int64_t> stageToRank =
       program->getParentOfType<ScheduleOp>().getStageToRank();
@@ -54,8 +50,9 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     }
     if (isa<ForwardOp, RecvBOp>(op))
       other += costs[stage].outputBytes;
-    if (isa<SendFOp>(op))
-      sentForward.insert({stage, action.getMicrobatchIndex()});
+    // Sends are waited for at the end of the step (the runtimes' transports,
+    // as torch's schedules), so a sent tensor lives until then: an input
+    // gradient sent here, and below a stage output sent to the next rank.
     if (isa<SendBOp>(op) && stage > 0)
       other += costs[stage - 1].outputBytes;
     if (isa<BackwardInputOp>(op))
@@ -74,7 +71,7 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     if (isa<BackwardWeightOp>(op))
       other -= costs[stage].weightStateBytes;
     if (isLastBackward[pos - 1] && stage != lastStage) {
-      bool sent = sentForward.contains({stage, action.getMicrobatchIndex()});
+      bool sent = stageToRank[stage + 1] != rank;
       other -= costs[stage].outputBytes * (sent ? 1 : 2);
     }
     // Weight gradients come last: the stage's first W or B allocates them
