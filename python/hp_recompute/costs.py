@@ -49,6 +49,7 @@ model JSON is written from scratch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -57,7 +58,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -113,18 +114,37 @@ def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[t
     return max((m.peak or 0) - max(m.net or 0, 0) for m in meters)
 
 
+@contextlib.contextmanager
+def _stopwatch(into: List[float]) -> Iterator[None]:
+    """Appends the seconds the block took to ``into``."""
+    t0 = time.perf_counter()
+    yield
+    into.append(time.perf_counter() - t0)
+
+
+def _checkpoint_and_replay(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+                           forward: ContextManager[Any], replay: ContextManager[Any]) -> List[torch.Tensor]:
+    """Runs ``fn(*args, **kwargs)`` under ``hp_recompute.checkpoint`` inside ``forward`` and its one
+    replay through ``recompute_handle`` inside ``replay``, as the runner does, then clears the
+    replay. Returns the forward's output tensors."""
+    from torch.utils._pytree import tree_flatten
+
+    with forward, recompute_handle_collector_ctx() as handles:
+        out = checkpoint(fn, *args, **kwargs)
+    try:
+        with replay:
+            for handle in handles:
+                recompute_handle(handle, _SESSION)
+    finally:
+        clear_recompute_session(_SESSION)
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
 def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[float, float]:
     """(forward under checkpoint, one replay) of ``fn(*args, **kwargs)``, in seconds."""
-    t0 = time.perf_counter()
-    with recompute_handle_collector_ctx() as handles:
-        out = checkpoint(fn, *args, **kwargs)
-    t1 = time.perf_counter()
-    for handle in handles:
-        recompute_handle(handle, _SESSION)
-    t2 = time.perf_counter()
-    clear_recompute_session(_SESSION)
-    del out
-    return t1 - t0, t2 - t1
+    seconds: List[float] = []
+    _checkpoint_and_replay(fn, args, kwargs, _stopwatch(seconds), _stopwatch(seconds))
+    return seconds[0], seconds[1]
 
 
 def _checkpoint_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[int, int]:
@@ -132,17 +152,9 @@ def _checkpoint_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tupl
     its forward holds besides its outputs (what the checkpoint keeps to replay), and the bytes
     one replay allocates. The planner holds the first with the region's input from forward to
     last backward, the second from recompute to clear (docs/models.md, "Cost model")."""
-    from torch.utils._pytree import tree_flatten
-
-    with recompute_handle_collector_ctx() as handles, AllocatorPeak() as forward:
-        out = checkpoint(fn, *args, **kwargs)
-    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    forward, replay = AllocatorPeak(), AllocatorPeak()
+    outputs = _checkpoint_and_replay(fn, args, kwargs, forward, replay)
     held = (forward.net or 0) - _distinct_bytes(outputs)
-    with AllocatorPeak() as replay:
-        for handle in handles:
-            recompute_handle(handle, _SESSION)
-    clear_recompute_session(_SESSION)
-    del out, outputs
     return max(held, 0), max(replay.net or 0, 0)
 
 
