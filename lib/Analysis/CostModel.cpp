@@ -43,6 +43,10 @@ llvm::StringRef mlir::hpr::regionTimeKey(RegionTime time) {
     return "checkpoint_fwd_time_us";
   case RegionTime::Replay:
     return "replay_time_us";
+  case RegionTime::SelectiveForward:
+    return "selective_fwd_time_us";
+  case RegionTime::SelectiveReplay:
+    return "selective_replay_time_us";
   case RegionTime::BackwardInput:
     return "bwd_input_time_us";
   case RegionTime::BackwardWeight:
@@ -53,20 +57,51 @@ llvm::StringRef mlir::hpr::regionTimeKey(RegionTime time) {
   llvm_unreachable("unknown region time");
 }
 
+RegionCheckpoint mlir::hpr::regionCheckpointOf(RegionOp region) {
+  if (!region.getCheckpoint())
+    return RegionCheckpoint::None;
+  return region.getSelective() ? RegionCheckpoint::Selective
+                               : RegionCheckpoint::Full;
+}
+
+llvm::StringRef mlir::hpr::regionCheckpointName(RegionCheckpoint checkpoint) {
+  switch (checkpoint) {
+  case RegionCheckpoint::None:
+    return "none";
+  case RegionCheckpoint::Full:
+    return "full";
+  case RegionCheckpoint::Selective:
+    return "selective";
+  }
+  llvm_unreachable("unknown region checkpoint");
+}
+
+std::optional<RegionCheckpoint>
+mlir::hpr::parseRegionCheckpoint(llvm::StringRef name) {
+  for (RegionCheckpoint checkpoint :
+       {RegionCheckpoint::None, RegionCheckpoint::Full,
+        RegionCheckpoint::Selective})
+    if (name == regionCheckpointName(checkpoint))
+      return checkpoint;
+  return std::nullopt;
+}
+
 std::optional<RegionTime> mlir::hpr::regionTimeOf(sched::ActionKind kind,
                                                   bool firstStage,
                                                   bool checkpointedForward,
-                                                  bool regionCheckpointed) {
+                                                  RegionCheckpoint checkpoint) {
   using Kind = sched::ActionKind;
+  bool selective = checkpoint == RegionCheckpoint::Selective;
   switch (kind) {
   case Kind::Forward:
-    return regionCheckpointed && checkpointedForward
-               ? RegionTime::CheckpointForward
-               : RegionTime::Forward;
+    if (checkpoint == RegionCheckpoint::None || !checkpointedForward)
+      return RegionTime::Forward;
+    return selective ? RegionTime::SelectiveForward
+                     : RegionTime::CheckpointForward;
   case Kind::Recompute:
-    if (!regionCheckpointed)
+    if (checkpoint == RegionCheckpoint::None)
       return std::nullopt;
-    return RegionTime::Replay;
+    return selective ? RegionTime::SelectiveReplay : RegionTime::Replay;
   // The model input needs no gradient: the first stage's I computes nothing,
   // and its W is one full backward from the output.
   case Kind::BackwardInput:
@@ -100,6 +135,14 @@ double mlir::hpr::regionTimeUs(RegionOp region, RegionTime time) {
     return measuredOr(region.getCheckpointFwdTimeUs(), forwardUs);
   case RegionTime::Replay:
     return measuredOr(region.getReplayTimeUs(), forwardUs);
+  // Only measured regions are selective (RegionOp::verify); the fallbacks
+  // are the full checkpoint's.
+  case RegionTime::SelectiveForward:
+    return measuredOr(region.getSelectiveFwdTimeUs(),
+                      measuredOr(region.getCheckpointFwdTimeUs(), forwardUs));
+  case RegionTime::SelectiveReplay:
+    return measuredOr(region.getSelectiveReplayTimeUs(),
+                      measuredOr(region.getReplayTimeUs(), forwardUs));
   case RegionTime::BackwardInput:
     return inputUs();
   case RegionTime::BackwardWeight:
@@ -121,12 +164,15 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
     StageCost cost;
     bool firstStage = costs.empty();
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
-      bool checkpointed =
-          isCheckpointed ? isCheckpointed(region) : region.getCheckpoint();
+      RegionCheckpoint checkpoint = regionCheckpointOf(region);
+      if (isCheckpointed && !isCheckpointed(region))
+        checkpoint = RegionCheckpoint::None;
+      else if (isCheckpointed && checkpoint == RegionCheckpoint::None)
+        checkpoint = RegionCheckpoint::Full;
       // Each action's time is the sum of its regions' times (regionTimeOf).
       auto add = [&](double &sum, Kind kind, bool checkpointedForward) {
-        if (std::optional<RegionTime> time = regionTimeOf(
-                kind, firstStage, checkpointedForward, checkpointed))
+        if (std::optional<RegionTime> time =
+                regionTimeOf(kind, firstStage, checkpointedForward, checkpoint))
           sum += regionTimeUs(region, *time);
       };
       add(cost.forwardUs, Kind::Forward, /*checkpointedForward=*/true);
@@ -140,12 +186,17 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       cost.workspaceBytes = std::max<int64_t>(
           cost.workspaceBytes, region.getBwdWorkspaceBytes().value_or(0));
       cost.plainKeptBytes += region.getSavedBytes();
-      if (checkpointed) {
+      if (checkpoint != RegionCheckpoint::None) {
         cost.checkpointed = true;
         cost.keptBytes += region.getInputBytes() +
                           region.getCheckpointStateBytes().value_or(0);
-        cost.recomputedBytes +=
+        int64_t replayBytes =
             region.getReplayBytes().value_or(region.getSavedBytes());
+        if (checkpoint == RegionCheckpoint::Selective) {
+          cost.keptBytes += region.getSelectiveSavedBytes().value_or(0);
+          replayBytes = region.getSelectiveReplayBytes().value_or(replayBytes);
+        }
+        cost.recomputedBytes += replayBytes;
       } else {
         cost.keptBytes += region.getSavedBytes();
       }

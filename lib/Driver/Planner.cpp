@@ -31,6 +31,8 @@ const char *mlir::hpr::checkpointPolicyName(CheckpointPolicy policy) {
     return "none";
   case CheckpointPolicy::Auto:
     return "auto";
+  case CheckpointPolicy::Selective:
+    return "selective";
   }
   return "all";
 }
@@ -39,7 +41,7 @@ std::optional<CheckpointPolicy>
 mlir::hpr::parseCheckpointPolicy(llvm::StringRef name) {
   for (CheckpointPolicy policy :
        {CheckpointPolicy::All, CheckpointPolicy::Model, CheckpointPolicy::None,
-        CheckpointPolicy::Auto})
+        CheckpointPolicy::Auto, CheckpointPolicy::Selective})
     if (name == checkpointPolicyName(policy))
       return policy;
   return std::nullopt;
@@ -138,11 +140,20 @@ loadModel(const PlanRequest &request, int numStages,
   if (!graph)
     return graph.takeError();
   // `auto` starts from every candidate; hpr-select-checkpoints chooses.
+  bool selective = request.checkpoint == CheckpointPolicy::Selective;
   bool everything = request.checkpoint == CheckpointPolicy::All ||
-                    request.checkpoint == CheckpointPolicy::Auto;
+                    request.checkpoint == CheckpointPolicy::Auto || selective;
   if (everything || request.checkpoint == CheckpointPolicy::None)
-    for (model::Region &region : graph->regions)
+    for (model::Region &region : graph->regions) {
       region.checkpoint = everything && region.checkpointable;
+      region.selective = selective && region.checkpoint;
+      // The selective policy has no cost fallback (docs/models.md).
+      if (region.selective && region.selectiveReplayTimeUs <= 0)
+        return llvm::createStringError(
+            "--checkpoint selective: region '" + region.name +
+            "' has no measured selective costs (selective_replay_time_us); "
+            "measure them with python -m hp_recompute.costs (torch >= 2.4)");
+    }
   return model::partitionModel(*graph, numStages, request.stageSpec);
 }
 

@@ -24,6 +24,23 @@ namespace {
 constexpr double kMaxTimeUs = 1e12;
 constexpr double kMaxFlops = 1e21;
 
+/// Every key a region may have: its name, policy and required costs, then
+/// the measured ones (kMeasuredTimes, kMeasuredBytes).
+const std::vector<const char *> &regionKeys() {
+  static const std::vector<const char *> keys = [] {
+    std::vector<const char *> keys = {
+        "name",        "checkpoint",  "checkpointable",
+        "fwd_flops",   "fwd_time_us", "saved_bytes",
+        "input_bytes", "param_bytes", "stage"};
+    for (const MeasuredTime &time : kMeasuredTimes)
+      keys.push_back(time.key);
+    for (const MeasuredBytes &bytes : kMeasuredBytes)
+      keys.push_back(bytes.key);
+    return keys;
+  }();
+  return keys;
+}
+
 /// Collects the first schema violation with its path.
 class Reader : public mlir::hpr::JsonFieldReader {
 public:
@@ -74,18 +91,11 @@ public:
                          Region &region) {
     if (!obj.is_object())
       return fail(path, "a region object", obj);
-    if (auto err = checkKeys(
-            obj, path,
-            {"name", "checkpoint", "checkpointable", "fwd_flops", "fwd_time_us",
-             "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us",
-             "checkpoint_fwd_time_us", "replay_time_us",
-             "bwd_weight_input_bytes", "bwd_workspace_bytes",
-             "checkpoint_state_bytes", "replay_bytes", "saved_bytes",
-             "input_bytes", "param_bytes", "stage"}))
+    if (auto err = checkKeys(obj, path, regionKeys()))
       return err;
     if (auto err = readString(obj, path, "name", region.name, true))
       return err;
-    if (auto err = readBool(obj, path, "checkpoint", region.checkpoint))
+    if (auto err = readCheckpoint(obj, path, region))
       return err;
     if (auto err = readBool(obj, path, "checkpointable", region.checkpointable))
       return err;
@@ -117,9 +127,33 @@ public:
     }
     if (region.checkpoint && !region.checkpointable)
       return failMsg(path + "/checkpoint",
-                     "a region with \"checkpointable\": false cannot have "
-                     "\"checkpoint\": true");
+                     "a region with \"checkpointable\": false cannot be "
+                     "checkpointed");
+    // The selective policy has no cost fallback: what it saves is measured.
+    if (region.selective && region.selectiveReplayTimeUs <= 0)
+      return failMsg(path + "/checkpoint",
+                     "\"selective\" needs the region's measured selective "
+                     "costs (selective_replay_time_us, ...: python -m "
+                     "hp_recompute.costs)");
     return llvm::Error::success();
+  }
+
+  /// `checkpoint`: false (none), true (full) or "selective"; false when
+  /// absent.
+  llvm::Error readCheckpoint(const json &obj, const std::string &path,
+                             Region &region) {
+    auto it = obj.find("checkpoint");
+    if (it == obj.end())
+      return llvm::Error::success();
+    if (it->is_boolean()) {
+      region.checkpoint = it->get<bool>();
+      return llvm::Error::success();
+    }
+    if (it->is_string() && it->get<std::string>() == "selective") {
+      region.checkpoint = region.selective = true;
+      return llvm::Error::success();
+    }
+    return fail(path + "/checkpoint", "false, true or \"selective\"", *it);
   }
 
   /// `data_parallel` of `obj` at `parent`: {"shard": N, "replicate": M},
@@ -248,7 +282,8 @@ std::string mlir::hpr::model::printModelJson(const ModelGraph &graph) {
   for (const Region &region : graph.regions) {
     ojson r = ojson::object();
     r["name"] = region.name;
-    r["checkpoint"] = region.checkpoint;
+    r["checkpoint"] =
+        region.selective ? ojson("selective") : ojson(region.checkpoint);
     r["checkpointable"] = region.checkpointable;
     r["fwd_flops"] = number(region.fwdFlops);
     r["fwd_time_us"] = number(region.fwdTimeUs);

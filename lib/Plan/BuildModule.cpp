@@ -46,11 +46,13 @@ static void buildModel(OpBuilder &builder, Location loc,
     builder.setInsertionPointToStart(&stageOp.getBody().emplaceBlock());
     for (const model::Region &region : stage.regions) {
       auto op = builder.create<RegionOp>(
-          loc, region.name, region.checkpoint, !region.checkpointable,
-          llvm::APFloat(region.fwdFlops), llvm::APFloat(region.fwdTimeUs),
-          region.savedBytes, region.inputBytes, region.paramBytes,
+          loc, region.name, region.checkpoint, region.selective,
+          !region.checkpointable, llvm::APFloat(region.fwdFlops),
+          llvm::APFloat(region.fwdTimeUs), region.savedBytes, region.inputBytes,
+          region.paramBytes,
           /*measured costs, set below=*/FloatAttr(), FloatAttr(), FloatAttr(),
           FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr(), IntegerAttr(),
+          IntegerAttr(), FloatAttr(), FloatAttr(), IntegerAttr(),
           IntegerAttr());
       // Measured costs are attributes only when measured (absent = the cost
       // model's fallbacks).

@@ -32,7 +32,10 @@ using namespace mlir::hpr::plan_json;
 
 static json regionJson(RegionOp region) {
   json entry = {{"name", region.getName().str()},
-                {"checkpoint", region.getCheckpoint()},
+                // false, true or "selective", as in the model JSON
+                {"checkpoint", region.getSelective()
+                                   ? json("selective")
+                                   : json(region.getCheckpoint())},
                 {"checkpointable", !region.getNonCheckpointable()},
                 {"fwd_flops", region.getFwdFlops().convertToDouble()},
                 {"fwd_time_us", region.getFwdTimeUs().convertToDouble()},

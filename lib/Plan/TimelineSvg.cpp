@@ -57,6 +57,30 @@ Style styleOf(sched::ActionKind kind) {
 constexpr const char *kIdleFill = "#eeeeee";
 constexpr const char *kCurveStroke = "#7b3294";
 
+/// `text` with XML's special characters escaped (region names are any
+/// string the model file gives).
+std::string escapeXml(llvm::StringRef text) {
+  std::string out;
+  for (char c : text)
+    switch (c) {
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '&':
+      out += "&amp;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    default:
+      out += c;
+    }
+  return out;
+}
+
 /// "1.45 MB": bytes for a label.
 std::string formatBytes(int64_t bytes) {
   static const char *units[] = {"B", "kB", "MB", "GB", "TB"};
@@ -96,6 +120,17 @@ void mlir::hpr::writeTimelineSvg(ModuleOp module, const PlanSummary &summary,
   ModelOp model = getModel(module);
   ScheduleOp scheduleOp = getSchedule(module);
   std::vector<StageCost> costs = computeStageCosts(model);
+  // What a recompute of each stage replays, and how: "layers.2 (selective)".
+  std::vector<std::string> replays;
+  for (StageOp stage : model.getBody().getOps<StageOp>()) {
+    std::string &text = replays.emplace_back();
+    for (RegionOp region : stage.getBody().getOps<RegionOp>())
+      if (RegionCheckpoint checkpoint = regionCheckpointOf(region);
+          checkpoint != RegionCheckpoint::None)
+        text += llvm::formatv("{0}{1} ({2})", text.empty() ? "" : ", ",
+                              escapeXml(region.getName()),
+                              regionCheckpointName(checkpoint));
+  }
   const ModuleSchedule &cells = summary.timeline;
   const sched::SimulationResult &simulation = summary.simulation;
   double makespan = std::max(simulation.makespan, 1e-9);
@@ -170,7 +205,11 @@ void mlir::hpr::writeTimelineSvg(ModuleOp module, const PlanSummary &summary,
                          "stroke-width=\"0.5\">",
                          x, top, std::max(w, 0.5), kLaneHeight, style.fill)
          << "<title>" << sched::formatAction(action)
-         << llvm::format(": %.1f-%.1f us</title></rect>", start, end);
+         << llvm::format(": %.1f-%.1f us", start, end);
+      if (action.kind == Kind::Recompute &&
+          static_cast<size_t>(action.stage) < replays.size())
+        os << "; replays " << replays[action.stage];
+      os << "</title></rect>";
       // The whole label where it fits (about 5.5 px per character of the
       // 9 px font), else the microbatch alone.
       std::string shortLabel = std::to_string(action.microbatch);

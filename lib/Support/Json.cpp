@@ -200,7 +200,7 @@ llvm::Error JsonFieldReader::readInt(const json &obj, const std::string &path,
 
 llvm::Error
 JsonFieldReader::checkKeys(const json &obj, const std::string &path,
-                           std::initializer_list<const char *> allowed) const {
+                           llvm::ArrayRef<const char *> allowed) const {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     if (llvm::is_contained(allowed, it.key()))
       continue;

@@ -26,6 +26,7 @@ from .sessions import (
     session_stats,
     stats,
 )
+from .selective import selective_context_fn
 from .wrapper import checkpoint_wrapper
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "recompute_handle_collector_ctx",
     "recompute_session_ctx",
     "reset_stats",
+    "selective_context_fn",
     "SessionScope",
     "session_stats",
     "stats",

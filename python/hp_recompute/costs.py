@@ -18,7 +18,10 @@ and one replay through ``recompute_handle`` (``replay_time_us``); and, once at t
 allocator, what that forward holds besides its outputs (``checkpoint_state_bytes``: the RNG
 states the replay restores, 5056 bytes of CPU generator state per call on torch 2.13) and
 what the replay allocates (``replay_bytes``: the saved tensors but the region's input, which
-the forward kept and the replay does not allocate again).
+the forward kept and the replay does not allocate again). Where this torch has selective
+checkpointing (>= 2.4), the same again under the selective policy (NOTE [ Selective policy ]):
+``selective_fwd_time_us``, ``selective_replay_time_us``, ``selective_saved_bytes`` (the outputs
+it saves, beyond the RNG states) and ``selective_replay_bytes``.
 
 ``--from-run REPORT`` measures nothing: it takes the costs from a run instead
 (``python -m hp_recompute.run --report``, multi-process). Each of the report's
@@ -69,7 +72,8 @@ from .factory import raised_at
 from .output_files import OutputError, check_outputs, text_writer, write_outputs
 from .runner.model import DEFAULT_MODEL, PipelineModel, load_model
 from .runner.memory import AllocatorPeak
-from .plan.reader import RunError, read_json
+from .selective import selective_context_fn, selective_supported
+from .plan.reader import RunError, read_json, region_checkpoint
 from .plan.verify import planner_extension
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
@@ -77,9 +81,18 @@ from .storage import storage_of
 __all__ = ["measure_region_times", "measure_module_times", "measure_concurrently", "times_from_run", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
-CHECKPOINT_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
 BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")
-CHECKPOINT_BYTES_KEYS = ("checkpoint_state_bytes", "replay_bytes")
+#: Per checkpoint policy: the forward and replay times, then the bytes held (besides the
+#: input) and replayed.
+FULL_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
+FULL_BYTES_KEYS = ("checkpoint_state_bytes", "replay_bytes")
+SELECTIVE_KEYS = ("selective_fwd_time_us", "selective_replay_time_us")
+SELECTIVE_BYTES_KEYS = ("selective_saved_bytes", "selective_replay_bytes")
+#: The policies measured (NOTE [ Selective policy ], Rules 3 and 4): full, and selective where
+#: this torch has it; each as the ``context_fn`` of its checkpoint.
+_POLICIES: List[Optional[Callable[[], Any]]] = [None] + ([selective_context_fn()] if selective_supported() else [])
+CHECKPOINT_KEYS = FULL_KEYS + (SELECTIVE_KEYS if len(_POLICIES) > 1 else ())
+CHECKPOINT_BYTES_KEYS = FULL_BYTES_KEYS + (SELECTIVE_BYTES_KEYS if len(_POLICIES) > 1 else ())
 _SESSION = "hp_recompute.costs"
 
 
@@ -123,14 +136,17 @@ def _stopwatch(into: List[float]) -> Iterator[None]:
 
 
 def _checkpoint_and_replay(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
-                           forward: ContextManager[Any], replay: ContextManager[Any]) -> List[torch.Tensor]:
-    """Runs ``fn(*args, **kwargs)`` under ``hp_recompute.checkpoint`` inside ``forward`` and its one
-    replay through ``recompute_handle`` inside ``replay``, as the runner does, then clears the
-    replay. Returns the forward's output tensors."""
+                           forward: ContextManager[Any], replay: ContextManager[Any],
+                           context_fn: Optional[Callable[[], Any]]) -> List[torch.Tensor]:
+    """Runs ``fn(*args, **kwargs)`` under ``hp_recompute.checkpoint`` (with ``context_fn``, a
+    policy of ``_POLICIES``) inside ``forward`` and its one replay through ``recompute_handle``
+    inside ``replay``, as the runner does, then clears the replay. Returns the forward's output
+    tensors."""
     from torch.utils._pytree import tree_flatten
 
+    options = {} if context_fn is None else {"context_fn": context_fn}
     with forward, recompute_handle_collector_ctx() as handles:
-        out = checkpoint(fn, *args, **kwargs)
+        out = checkpoint(fn, *args, **options, **kwargs)
     try:
         with replay:
             for handle in handles:
@@ -140,22 +156,31 @@ def _checkpoint_and_replay(fn: Callable[..., Any], args: Sequence[Any], kwargs: 
     return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
-def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[float, float]:
-    """(forward under checkpoint, one replay) of ``fn(*args, **kwargs)``, in seconds."""
+def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[float, ...]:
+    """The times of ``fn(*args, **kwargs)`` under each policy's checkpoint, in seconds: its forward
+    and one replay (CHECKPOINT_KEYS)."""
     seconds: List[float] = []
-    _checkpoint_and_replay(fn, args, kwargs, _stopwatch(seconds), _stopwatch(seconds))
-    return seconds[0], seconds[1]
+    for context_fn in _POLICIES:
+        _checkpoint_and_replay(fn, args, kwargs, _stopwatch(seconds), _stopwatch(seconds), context_fn)
+    return tuple(seconds)
 
 
-def _checkpoint_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[int, int]:
-    """At the allocator, for ``fn(*args, **kwargs)`` under ``hp_recompute.checkpoint``: the bytes
-    its forward holds besides its outputs (what the checkpoint keeps to replay), and the bytes
-    one replay allocates. The planner holds the first with the region's input from forward to
-    last backward, the second from recompute to clear (docs/models.md, "Cost model")."""
-    forward, replay = AllocatorPeak(), AllocatorPeak()
-    outputs = _checkpoint_and_replay(fn, args, kwargs, forward, replay)
-    held = (forward.net or 0) - _distinct_bytes(outputs)
-    return max(held, 0), max(replay.net or 0, 0)
+def _checkpoint_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[int, ...]:
+    """At the allocator, for ``fn(*args, **kwargs)`` under each policy's checkpoint
+    (CHECKPOINT_BYTES_KEYS): the bytes its forward holds besides its outputs (what the checkpoint
+    keeps to replay: the RNG states, and a selective one's saved outputs, counted without the
+    states), and the bytes one replay allocates. The planner holds the first with the region's
+    input from forward to last backward, the second from recompute to clear (docs/models.md,
+    "Cost model")."""
+    measured: List[int] = []
+    for context_fn in _POLICIES:
+        forward, replay = AllocatorPeak(), AllocatorPeak()
+        outputs = _checkpoint_and_replay(fn, args, kwargs, forward, replay, context_fn)
+        held = max((forward.net or 0) - _distinct_bytes(outputs), 0)
+        if measured:  # beyond the RNG states every policy's checkpoint holds
+            held = max(held - measured[0], 0)
+        measured += [held, max(replay.net or 0, 0)]
+    return tuple(measured)
 
 
 def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
@@ -163,7 +188,7 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
     params = dict(model.module.named_parameters())
     state_bytes: Dict[str, int] = {}
     workspace: Dict[str, int] = {}
-    held: Dict[str, Tuple[int, int]] = {}
+    held: Dict[str, Tuple[int, ...]] = {}
     samples: Dict[str, Dict[str, List[float]]] = {
         r.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if r.checkpointable else ())} for r in model.regions}
     for round_ in range(repeats):
@@ -307,7 +332,7 @@ def times_from_run(names: Sequence[str], report_path: str,
     try:
         stages = {st["stage"]: st["regions"] for st in plan["model"]["stages"]}
         priced = {r["name"]: r for regions in stages.values() for r in regions}
-        checkpointed = {r["name"]: bool(r["checkpoint"]) for r in priced.values()}
+        checkpointed = {r["name"]: region_checkpoint(r) for r in priced.values()}
     except (KeyError, TypeError, AttributeError):
         raise RunError(f"hp_recompute.costs: {plan_path}: /model/stages: expected stages of named regions "
                        f"(a plan JSON of hp-recompute-plan)") from None
@@ -316,14 +341,16 @@ def times_from_run(names: Sequence[str], report_path: str,
                        f"JSON's [{', '.join(names)}]")
     times: Dict[str, Dict[str, float]] = {}
     for name, region in priced.items():
-        keys = TIME_KEYS + (CHECKPOINT_KEYS if region.get("checkpointable") else ())
+        keys = TIME_KEYS + (FULL_KEYS if region.get("checkpointable") else ())
+        keys += SELECTIVE_KEYS if region_checkpoint(region) == "selective" else ()
         missing = [k for k in keys if not _finite(region.get(k)) or region[k] <= 0]
         if missing:
             raise RunError(f"hp_recompute.costs: {plan_path}: region '{name}' has no {missing[0]}: plan with "
                            f"costs measured by python -m hp_recompute.costs before taking them from a run")
         times[name] = {k: float(region[k]) for k in keys}
-        # Bytes were measured with the times: they come along.
-        times[name].update({k: region[k] for k in BYTES_KEYS + CHECKPOINT_BYTES_KEYS if k in region})
+        # The rest was measured with the times: it comes along.
+        times[name].update({k: region[k] for k in SELECTIVE_KEYS + BYTES_KEYS + FULL_BYTES_KEYS + SELECTIVE_BYTES_KEYS
+                            if k in region and k not in times[name]})
     planner = planner_extension()
     for rank in ranks:
         for measured in rank["measured_action_us"]:
@@ -374,7 +401,7 @@ class _Call:
     enter: float  # perf_counter when called: the code before it ends
     leave: float  # after it (and after its checkpointed run): the code after it starts
     fwd_s: float
-    checkpointed: Optional[Tuple[float, float]]
+    checkpointed: Optional[Tuple[float, ...]]  # CHECKPOINT_KEYS
     cut_in: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (argument, its leaf)
     outs: List[torch.Tensor] = field(default_factory=list)  # its results, graph inside the region
     cut_out: List[torch.Tensor] = field(default_factory=list)  # the leaves the caller got, one per result
@@ -398,7 +425,7 @@ def _needs_grad(t: Any) -> bool:
 
 
 def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
-                 checkpointed: bool, held: Optional[Dict[str, Tuple[int, int]]] = None
+                 checkpointed: bool, held: Optional[Dict[str, Tuple[int, ...]]] = None
                  ) -> Tuple[List[_Call], List[torch.Tensor], float, float]:
     """Runs ``model(*inputs)`` with the calls of the modules ``names`` cut (Rule 1).
 
@@ -579,7 +606,7 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
                 if piece.name is not None:
                     samples[piece.name]["fwd_time_us"].append(piece.fwd_s * 1e6)
         del calls, outputs, pieces
-    held: Dict[str, Tuple[int, int]] = {}  # last, as in measure_region_times
+    held: Dict[str, Tuple[int, ...]] = {}  # last, as in measure_region_times
     _cut_forward(model, inputs, names, checkpointed=False, held=held)
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():

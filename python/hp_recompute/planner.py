@@ -45,7 +45,7 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
             sized by ``ranks``, ``microbatches`` and ``stages_per_rank`` (0: the schedule's own).
         model: a model file (``.pt2`` or model JSON; TorchScript ``.pt``/``.ir`` need LibTorch
             and are read by the CLI only); None plans the schedule alone (unit-cost stages).
-        checkpoint: ``all``, ``model``, ``none`` or ``auto`` (needs ``memory_budget``).
+        checkpoint: ``all``, ``model``, ``none``, ``auto`` (needs ``memory_budget``) or ``selective``.
         prefetch: ``jit``, ``lookahead=K`` or ``bubble``.
         memory_budget: per-rank activation bytes (what ``auto`` and ``bubble`` fit within).
         stages: an explicit stage split such as ``0:0-3,1:4-7``.

@@ -87,7 +87,10 @@ cl::opt<CheckpointPolicy> checkpointPolicy(
                clEnumValN(CheckpointPolicy::None, "none",
                           "no region: keep every activation (the baseline)"),
                clEnumValN(CheckpointPolicy::Auto, "auto",
-                          "the fastest choice within --memory-budget")),
+                          "the fastest choice within --memory-budget"),
+               clEnumValN(CheckpointPolicy::Selective, "selective",
+                          "every checkpointable region, by the selective "
+                          "policy (needs measured selective costs)")),
     cl::init(CheckpointPolicy::All), cl::cat(category));
 
 cl::opt<std::string> scheduleFile("schedule",

@@ -16,6 +16,10 @@
 //    (and keeps nothing) and its W is its full backward (the runtime's W
 //    there is one call from the output); the unit-time
 //    model has F = I = W = 1;
+//  - a selective region (docs/models.md, "Policies") takes its measured
+//    selective_fwd_time_us and selective_replay_time_us instead, keeps its
+//    selective_saved_bytes on top of input and state, and its replay brings
+//    back selective_replay_bytes;
 //  - a recompute replays the checkpointed regions;
 //  - memory kept from forward to backward: saved bytes of the regions that
 //    are not checkpointed plus the boundary input and checkpoint state (RNG
@@ -79,6 +83,8 @@ enum class RegionTime {
   Forward,           ///< fwd_time_us
   CheckpointForward, ///< checkpoint_fwd_time_us
   Replay,            ///< replay_time_us
+  SelectiveForward,  ///< selective_fwd_time_us
+  SelectiveReplay,   ///< selective_replay_time_us
   BackwardInput,     ///< bwd_input_time_us
   BackwardWeight,    ///< bwd_weight_time_us
   Backward,          ///< bwd_time_us
@@ -87,11 +93,24 @@ enum class RegionTime {
 /// The JSON field of `time`, e.g. "bwd_input_time_us".
 llvm::StringRef regionTimeKey(RegionTime time);
 
+/// How a region is checkpointed: not, fully, or by the selective policy.
+enum class RegionCheckpoint { None, Full, Selective };
+
+/// `region`'s checkpoint as its attributes say.
+RegionCheckpoint regionCheckpointOf(RegionOp region);
+
+/// The plan JSON spelling of `checkpoint` for the Python bindings ("none",
+/// "full", "selective") and back; none when unknown.
+llvm::StringRef regionCheckpointName(RegionCheckpoint checkpoint);
+std::optional<RegionCheckpoint> parseRegionCheckpoint(llvm::StringRef name);
+
 /// The cost rule, the one place that says which of a region's times the
 /// planner adds into an action of its stage: a forward takes each region's
 /// checkpoint_fwd_time_us when the region is checkpointed and the forward
 /// runs under checkpoint (`checkpointedForward`), else its fwd_time_us; a
-/// recompute the checkpointed regions' replay_time_us; I, W and B their
+/// recompute the checkpointed regions' replay_time_us (for a selective
+/// region, selective_fwd_time_us and selective_replay_time_us); I, W and B
+/// their
 /// bwd_input_time_us, bwd_weight_time_us and bwd_time_us, except on the
 /// first stage (`firstStage`), whose I is priced 0 (the model input needs no
 /// gradient) and whose W is its B. None: the region adds nothing (a
@@ -99,7 +118,7 @@ llvm::StringRef regionTimeKey(RegionTime time);
 /// by it, and `python -m hp_recompute.costs --from-run` scales by it.
 std::optional<RegionTime> regionTimeOf(sched::ActionKind kind, bool firstStage,
                                        bool checkpointedForward,
-                                       bool regionCheckpointed);
+                                       RegionCheckpoint regionCheckpoint);
 
 /// `region`'s `time` in us: measured, else the fallback of the file
 /// comment (FLOPs at 1 TFLOP/s, kInputPerForward, ...).
@@ -135,7 +154,8 @@ struct StageCost {
 
 /// Costs of every stage of `model`, indexed by stage. `isCheckpointed`
 /// decides which regions count as checkpointed (default: the `checkpoint`
-/// attribute), so that a pass can price a choice before making it.
+/// attribute), so that a pass can price a choice before making it; a
+/// checkpointed region marked `selective` is priced selective.
 std::vector<StageCost>
 computeStageCosts(ModelOp model,
                   llvm::function_ref<bool(RegionOp)> isCheckpointed = {});

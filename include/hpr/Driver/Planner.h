@@ -29,11 +29,12 @@
 namespace mlir::hpr {
 
 /// Which regions to checkpoint (`--checkpoint`).
-enum class CheckpointPolicy { All, Model, None, Auto };
+enum class CheckpointPolicy { All, Model, None, Auto, Selective };
 
 /// The `--checkpoint` spelling of `policy`.
 const char *checkpointPolicyName(CheckpointPolicy policy);
-/// The policy spelled `name` (all, model, none, auto); none when unknown.
+/// The policy spelled `name` (all, model, none, auto, selective); none when
+/// unknown.
 std::optional<CheckpointPolicy> parseCheckpointPolicy(llvm::StringRef name);
 
 /// Everything the planner is asked (the CLI's flags, docs/cli.md).

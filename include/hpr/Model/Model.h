@@ -21,6 +21,9 @@ namespace mlir::hpr::model {
 struct Region {
   std::string name;
   bool checkpoint = false;    ///< recomputed in backward instead of saved
+  bool selective = false;     ///< checkpointed with the selective policy: the
+                              ///< outputs of its op set are saved, the rest
+                              ///< recomputed (docs/models.md, "Policies")
   bool checkpointable = true; ///< false for code outside submodule calls
   double fwdFlops = 0;
   double fwdTimeUs = 0;           ///< 0 when not profiled
@@ -37,6 +40,13 @@ struct Region {
   int64_t checkpointStateBytes = 0; ///< held by a checkpointed forward besides
                                     ///< its input (RNG states); 0 = unknown
   int64_t replayBytes = 0;          ///< one replay allocates; 0 = savedBytes
+  /// The selective policy's costs, measured (0 = not measured): its forward,
+  /// its replay, what it saves besides the input and checkpoint state, and
+  /// what its replay allocates.
+  double selectiveFwdTimeUs = 0;
+  double selectiveReplayTimeUs = 0;
+  int64_t selectiveSavedBytes = 0;
+  int64_t selectiveReplayBytes = 0;
   int stage = -1; ///< fixed pipeline stage, -1 = chosen by partition
 };
 
@@ -56,12 +66,16 @@ inline constexpr MeasuredTime kMeasuredTimes[] = {
     {"bwd_weight_time_us", &Region::bwdWeightTimeUs},
     {"bwd_time_us", &Region::bwdTimeUs},
     {"checkpoint_fwd_time_us", &Region::checkpointFwdTimeUs},
-    {"replay_time_us", &Region::replayTimeUs}};
+    {"replay_time_us", &Region::replayTimeUs},
+    {"selective_fwd_time_us", &Region::selectiveFwdTimeUs},
+    {"selective_replay_time_us", &Region::selectiveReplayTimeUs}};
 inline constexpr MeasuredBytes kMeasuredBytes[] = {
     {"bwd_weight_input_bytes", &Region::bwdWeightInputBytes},
     {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes},
     {"checkpoint_state_bytes", &Region::checkpointStateBytes},
-    {"replay_bytes", &Region::replayBytes}};
+    {"replay_bytes", &Region::replayBytes},
+    {"selective_saved_bytes", &Region::selectiveSavedBytes},
+    {"selective_replay_bytes", &Region::selectiveReplayBytes}};
 
 /// The data-parallel layout each pipeline stage is replicated over
 /// (docs/models.md, "Data parallelism"): FSDP2 shards a stage's parameters

@@ -9,6 +9,7 @@
 #ifndef HPR_SUPPORT_JSON_H
 #define HPR_SUPPORT_JSON_H
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -65,7 +66,7 @@ public:
                       int64_t high) const;
   /// Refuses keys outside `allowed`.
   llvm::Error checkKeys(const json &obj, const std::string &path,
-                        std::initializer_list<const char *> allowed) const;
+                        llvm::ArrayRef<const char *> allowed) const;
 
   llvm::StringRef fileName() const { return file; }
 

@@ -300,7 +300,8 @@ NB_MODULE(_planner, m) {
         if (!policy)
           return std::pair<std::string, std::vector<std::string>>{
               "",
-              {"usage: --checkpoint: expected all, model, none or auto, got '" +
+              {"usage: --checkpoint: expected all, model, none, auto or "
+               "selective, got '" +
                checkpoint + "'"}};
         request.checkpoint = *policy;
         request.prefetch = prefetch;
@@ -401,23 +402,30 @@ NB_MODULE(_planner, m) {
   m.def(
       "region_time_field",
       [](const std::string &action, int stage, bool checkpointedForward,
-         bool regionCheckpointed) -> std::optional<std::string> {
+         const std::string &regionCheckpoint) -> std::optional<std::string> {
         std::optional<mlir::hpr::sched::ActionKind> kind =
             mlir::hpr::sched::kindFromJsonName(action);
+        std::optional<mlir::hpr::RegionCheckpoint> checkpoint =
+            mlir::hpr::parseRegionCheckpoint(regionCheckpoint);
+        if (!checkpoint)
+          throw nb::value_error(
+              ("region_checkpoint: expected none, full or selective, got '" +
+               regionCheckpoint + "'")
+                  .c_str());
         if (!kind)
           return std::nullopt;
-        std::optional<mlir::hpr::RegionTime> time =
-            mlir::hpr::regionTimeOf(*kind, /*firstStage=*/stage == 0,
-                                    checkpointedForward, regionCheckpointed);
+        std::optional<mlir::hpr::RegionTime> time = mlir::hpr::regionTimeOf(
+            *kind, /*firstStage=*/stage == 0, checkpointedForward, *checkpoint);
         if (!time)
           return std::nullopt;
         return mlir::hpr::regionTimeKey(*time).str();
       },
-      "action"_a, "stage"_a, "checkpointed_forward"_a, "region_checkpointed"_a,
+      "action"_a, "stage"_a, "checkpointed_forward"_a, "region_checkpoint"_a,
       "The region field (e.g. \"bwd_input_time_us\") the planner adds into "
       "the time of an `action` (a plan JSON op name: \"forward\", "
-      "\"backward_input\", ...) of stage `stage` for a region that is "
-      "`region_checkpointed`, a forward running under checkpoint when "
+      "\"backward_input\", ...) of stage `stage` for a region checkpointed "
+      "as `region_checkpoint` (\"none\", \"full\", \"selective\"), a forward "
+      "running under checkpoint when "
       "`checkpointed_forward`; None when the region adds nothing (the "
       "first stage's backward_input, a plain region's recompute, a "
       "transfer). The rule of computeStageCosts.");

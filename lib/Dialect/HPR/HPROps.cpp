@@ -87,13 +87,21 @@ LogicalResult RegionOp::verify() {
     return emitOpError() << "region '" << getName()
                          << "' is marked both checkpoint and "
                             "non_checkpointable";
+  if (getSelective() && !getCheckpoint())
+    return emitOpError() << "region '" << getName()
+                         << "' is marked selective but not checkpoint";
+  if (getSelective() && !getSelectiveReplayTimeUs())
+    return emitOpError() << "region '" << getName()
+                         << "' is marked selective without its measured "
+                            "selective costs (selective_replay_time_us)";
   auto negative = [](std::optional<llvm::APFloat> value) {
     return value && value->convertToDouble() < 0;
   };
   if (getFwdFlops().convertToDouble() < 0 ||
       getFwdTimeUs().convertToDouble() < 0 || negative(getBwdInputTimeUs()) ||
       negative(getBwdWeightTimeUs()) || negative(getBwdTimeUs()) ||
-      negative(getCheckpointFwdTimeUs()) || negative(getReplayTimeUs()))
+      negative(getCheckpointFwdTimeUs()) || negative(getReplayTimeUs()) ||
+      negative(getSelectiveFwdTimeUs()) || negative(getSelectiveReplayTimeUs()))
     return emitOpError() << "region '" << getName()
                          << "' has a negative time or FLOP cost";
   for (auto [value, label] :
@@ -103,7 +111,9 @@ LogicalResult RegionOp::verify() {
         {getBwdWeightInputBytes().value_or(0), "bwd_weight_input_bytes"},
         {getBwdWorkspaceBytes().value_or(0), "bwd_workspace_bytes"},
         {getCheckpointStateBytes().value_or(0), "checkpoint_state_bytes"},
-        {getReplayBytes().value_or(0), "replay_bytes"}})
+        {getReplayBytes().value_or(0), "replay_bytes"},
+        {getSelectiveSavedBytes().value_or(0), "selective_saved_bytes"},
+        {getSelectiveReplayBytes().value_or(0), "selective_replay_bytes"}})
     if (static_cast<int64_t>(value) < 0)
       return emitOpError() << "region '" << getName() << "' has negative '"
                            << label << "' bytes";

@@ -5,7 +5,8 @@ Why in place: torchtitan and FSDP address parameters by their fully qualified na
 one of them. We replace the *instance's* ``forward`` instead (``nn.Module.__call__``
 looks it up on the instance first), so the module tree, its parameter names, its
 state dict and its hooks stay as they were. The new forward runs the original one
-through ``hp_recompute.checkpoint``, or plainly while ``plan.interpreter.plain_forwards()`` is open (a
+through ``hp_recompute.checkpoint`` (with the selective policy's ``context_fn`` for a region
+the plan checkpoints ``"selective"``), or plainly while ``plan.interpreter.plain_forwards()`` is open (a
 forward the plan marks ``"checkpoint": false``).
 
 A region that ``fully_shard`` has made an FSDP module is checkpointed inside FSDP's hooks,
@@ -27,7 +28,7 @@ no recompute handle, so it is refused here, before the first forward.
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Sequence
+from typing import Any, Callable, Collection, List, Optional, Sequence
 
 import torch
 
@@ -35,16 +36,19 @@ from ..checkpoint import checkpoint as hpr_checkpoint
 from ..fsdp import ReplayFunction, is_fsdp_module
 from ..plan.interpreter import forwards_are_plain
 from ..plan.reader import RunError
+from ..selective import selective_context_fn
 
 __all__ = ["checkpoint_regions", "is_planned_checkpoint"]
 
 _MARK = "_hp_recompute_planned_forward"
 
 
-def _planned_forward(original: Any, *args: Any, **kwargs: Any) -> Any:
+def _planned_forward(original: Any, context_fn: Optional[Callable[[], Any]], *args: Any, **kwargs: Any) -> Any:
     if forwards_are_plain() or not torch.is_grad_enabled():
         return original(*args, **kwargs)
-    return hpr_checkpoint(original, *args, use_reentrant=False, **kwargs)
+    if context_fn is None:
+        return hpr_checkpoint(original, *args, use_reentrant=False, **kwargs)
+    return hpr_checkpoint(original, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
 
 def _wrapped_forward(checkpointed: Any, inner: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -59,6 +63,12 @@ def _is_our_wrapper(module: torch.nn.Module) -> bool:
     fn = getattr(module, "checkpoint_fn", None)
     # torch's CheckpointWrapper keeps ``partial(checkpoint_fn, **options)`` (context_fn, ...) on torch 2.x
     return (fn.func if isinstance(fn, functools.partial) else fn) is hpr_checkpoint
+
+
+def _wrapper_context_fn(module: torch.nn.Module) -> Optional[Callable[[], Any]]:
+    """The ``context_fn`` the user gave ``checkpoint_wrapper``, if any."""
+    fn = getattr(module, "checkpoint_fn", None)
+    return fn.keywords.get("context_fn") if isinstance(fn, functools.partial) else None
 
 
 def is_planned_checkpoint(module: torch.nn.Module) -> bool:
@@ -79,15 +89,19 @@ def _refuse_compiled_around(region: torch.nn.Module, fqn: str, stage: int) -> No
                    f"inside the checkpoint (docs/compile-split.md)")
 
 
-def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int) -> List[str]:
-    """Makes every region ``fqns`` of stage ``stage``'s ``module`` run through our checkpoint.
+def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
+                       selective: Collection[str] = ()) -> List[str]:
+    """Makes every region ``fqns`` of stage ``stage``'s ``module`` run through our checkpoint,
+    those in ``selective`` with the selective policy (NOTE [ Selective policy ]).
 
     A region the user wrapped with ``hp_recompute.checkpoint_wrapper`` keeps its wrapper
     and its options (a selective policy's ``context_fn``); it only learns to run its inner
     module plainly inside ``plain_forwards()``. Returns the FQNs it patched (none twice).
-    Raises ``RunError`` naming the region when ``module`` has no such submodule or torch's
-    checkpoint wraps it.
+    Raises ``RunError`` naming the region when ``module`` has no such submodule, torch's
+    checkpoint wraps it, or the plan checkpoints it selectively and its wrapper has no
+    ``context_fn`` (it would keep less than planned and replay everything).
     """
+    context_fn = selective_context_fn() if selective else None
     patched: List[str] = []
     for fqn in fqns:
         try:
@@ -100,6 +114,11 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int)
             continue
         _refuse_compiled_around(region, fqn, stage)
         if _is_our_wrapper(region):
+            if fqn in selective and _wrapper_context_fn(region) is None:
+                raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
+                               f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "
+                               f"every op; unwrap it (the plan checkpoints it) or pass the policy: "
+                               f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
             region.forward = functools.partial(_wrapped_forward, region.forward, region._checkpoint_wrapped_module)
         elif hasattr(region, "checkpoint_fn") or hasattr(region, "_checkpoint_wrapped_module"):
             raise RunError(f"hp_recompute.pipelining: stage {stage}: region '{fqn}' is already wrapped by torch's "
@@ -109,7 +128,7 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int)
             original = region.forward
             if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (fsdp.py Rule 6)
                 original = ReplayFunction(region, original)
-            region.forward = functools.partial(_planned_forward, original)
+            region.forward = functools.partial(_planned_forward, original, context_fn if fqn in selective else None)
         setattr(region, _MARK, True)
         patched.append(fqn)
     return patched

@@ -101,7 +101,7 @@ from .. import compile_split
 from ..backward_split import WeightGradState, accumulate_grad, backward_input, backward_weight
 from ..fsdp import begin_step, discard_step, is_fsdp_module, reduce_gradients
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
-from ..plan.reader import Action, Plan, RunError
+from ..plan.reader import Action, Plan, RunError, region_checkpoint
 from ..plan.verify import admit_plan, load_plan
 from ..sessions import SessionScope
 from .regions import checkpoint_regions
@@ -191,13 +191,16 @@ class PlannedSchedule(PipelineScheduleMulti):
         self.stage_index_to_group_rank = mapping
         for stage in self._stages:  # Rule 2
             stage.stage_index_to_group_rank = mapping
-            checkpoint_regions(stage.submod, self.checkpointed_regions(stage.stage_index), stage.stage_index)
+            checkpoint_regions(stage.submod, self.checkpointed_regions(stage.stage_index), stage.stage_index,
+                               self.checkpointed_regions(stage.stage_index, "selective"))
         self.program: List[Action] = self.plan.ranks[self.rank]
         self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
 
-    def checkpointed_regions(self, stage: int) -> List[str]:
-        """FQNs of the regions the plan checkpoints in ``stage``."""
-        return [r["name"] for r in self.plan.stages[stage] if r.get("checkpoint", False)]
+    def checkpointed_regions(self, stage: int, policy: Optional[str] = None) -> List[str]:
+        """FQNs of the regions the plan checkpoints in ``stage``; with ``policy`` (``"full"``,
+        ``"selective"``), only those it checkpoints so."""
+        return [r["name"] for r in self.plan.stages[stage]
+                if region_checkpoint(r) != "none" and policy in (None, region_checkpoint(r))]
 
     def _check_stages(self, n_microbatches: int) -> None:
         """Rule 1: the stages given are the ones the plan puts on this rank."""

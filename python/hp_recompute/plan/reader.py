@@ -17,7 +17,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["RunError", "Action", "Plan", "build_plan", "expected", "read_json", "read_text"]
+import torch
+
+from ..selective import selective_supported
+
+__all__ = ["RunError", "Action", "Plan", "build_plan", "expected", "read_json", "read_text", "region_checkpoint"]
 
 COMPUTE_OPS = ("forward", "backward_input", "backward_weight", "backward")
 CONSUMER_OPS = ("backward_input", "backward_weight", "backward")
@@ -108,6 +112,13 @@ class Plan:
                 if action.op in ("backward_weight", "backward"):
                     order[action.stage].append(action.microbatch)
         return order
+
+
+def region_checkpoint(region: Dict[str, Any]) -> str:
+    """A plan region's checkpoint policy: ``"none"``, ``"full"`` or ``"selective"`` (its JSON
+    ``checkpoint``: false, true or "selective"; NOTE [ Selective policy ])."""
+    value = region.get("checkpoint", False)
+    return "selective" if value == "selective" else "full" if value is True else "none"
 
 
 #: Deeper than any plan nests (6 levels); Python's parser would overflow its stack first.
@@ -218,9 +229,18 @@ def build_plan(raw: Dict[str, Any], path: str) -> Plan:
     """The runtime's view of ``raw``, a plan the admission check accepted (``plan.verify.admit_plan``).
 
     Checks only what no planner rule covers: that this runtime executes every op (an op
-    it skipped would be a silently wrong step) and the report fields of ``/summary``.
+    it skipped would be a silently wrong step) and every region's checkpoint policy (NOTE
+    [ Selective policy ], Rule 4), and the report fields of ``/summary``.
     """
     at: Locate = lambda where: f"{path}: {where}"  # noqa: E731
+    stages = [stage["regions"] for stage in raw["model"]["stages"]]
+    for s, regions in enumerate(stages):
+        for j, region in enumerate(regions):
+            if region_checkpoint(region) == "selective" and not selective_supported():
+                raise RunError(f"{at(f'/model/stages/{s}/regions/{j}/checkpoint')}: region '{region['name']}' is "
+                               f"checkpointed \"selective\", which needs torch >= 2.4 "
+                               f"(create_selective_checkpoint_contexts); this is torch {torch.__version__}: plan "
+                               f"with --checkpoint all instead")
     sched = raw["schedule"]
     ranks: List[List[Action]] = []
     for r, rank in enumerate(raw["ranks"]):
@@ -241,7 +261,7 @@ def build_plan(raw: Dict[str, Any], path: str) -> Plan:
     return Plan(path=path, raw=raw, name=str(sched.get("name", "?")), num_ranks=num_ranks,
                 num_stages=sched["num_stages"], num_microbatches=sched["num_microbatches"],
                 stage_to_rank=list(sched["stage_to_rank"]),
-                stages=[stage["regions"] for stage in raw["model"]["stages"]],
+                stages=stages,
                 sessions={s["id"]: s for s in raw.get("sessions", [])}, ranks=ranks,
                 summary=_summary(at, raw.get("summary", {}), num_ranks),
                 tagged=all(a.tag >= 0 for actions in ranks for a in actions if a.op in TRANSFER_OPS))

@@ -288,15 +288,17 @@ class RankExecutor(StageBackend):
         if not unit.checkpoint or forwards_are_plain() or self.mode == "none":
             return fn(h)
         fn = _ReplayKeepsBuffers(fn, self.model.module, self.buffers_changed_by, unit.name)
+        # A selective region's policy (NOTE [ Selective policy ]), in either mode.
+        options = {} if unit.context_fn is None else {"context_fn": unit.context_fn}
         if self.mode == "plan":
-            return hr_checkpoint(fn, h)
+            return hr_checkpoint(fn, h, **options)
 
         def counted(x: Any) -> Any:
             self.native_calls += 1
             return fn(x)
 
         self.native_forwards += 1
-        return torch_checkpoint.checkpoint(counted, h, use_reentrant=False)
+        return torch_checkpoint.checkpoint(counted, h, use_reentrant=False, **options)
 
     def forward(self, a: Action) -> torch.Tensor:
         s, mb = a.stage, a.microbatch

@@ -28,8 +28,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..factory import call_factory
-from ..plan.reader import Plan, RunError
+from ..plan.reader import Plan, RunError, region_checkpoint
 from ..replay_state import device_module
+from ..selective import selective_context_fn
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
            "DEFAULT_MODEL", "region_seed"]
@@ -199,6 +200,8 @@ class Unit:
     name: str
     checkpoint: bool
     regions: List[Region]
+    #: The ``context_fn`` of a selective checkpoint (plan ``"checkpoint": "selective"``); None otherwise.
+    context_fn: Optional[Callable[[], Any]] = None
 
     def __call__(self, x: Any, batch: Any, seed: Optional[int] = None) -> Any:
         """Runs the regions in order; with ``seed``, each region draws from its own RNG stream.
@@ -248,7 +251,9 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
             if pr.get("checkpoint", False) and not region.checkpointable:
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: "
                                f"region '{region.name}' is not checkpointable")
-            units.append(Unit(region.name, bool(pr.get("checkpoint", False)), [region]))
+            selective = region_checkpoint(pr) == "selective"
+            units.append(Unit(region.name, bool(pr.get("checkpoint", False)), [region],
+                              selective_context_fn() if selective else None))
             flat.append(region.name)
         specs.append(StageSpec(s, units))
     expected = [r.name for r in model.regions]

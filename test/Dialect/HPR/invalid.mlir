@@ -27,6 +27,24 @@ hpr.model "m" {
 
 hpr.model "m" {
   hpr.stage 0 {
+    // expected-error @+1 {{region 'layers.0' is marked selective but not checkpoint}}
+    hpr.region "layers.0" selective flops 1.0 time_us 0.0 saved 1 input 0 params 0 {selective_replay_time_us = 1.0 : f64}
+  }
+}
+
+// -----
+
+hpr.model "m" {
+  hpr.stage 0 {
+    // expected-error @+1 {{region 'layers.0' is marked selective without its measured selective costs (selective_replay_time_us)}}
+    hpr.region "layers.0" checkpoint selective flops 1.0 time_us 0.0 saved 1 input 0 params 0
+  }
+}
+
+// -----
+
+hpr.model "m" {
+  hpr.stage 0 {
     // expected-error @+1 {{region 'embed' is marked both checkpoint and non_checkpointable}}
     hpr.region "embed" checkpoint non_checkpointable flops 1.0 time_us 0.0 saved 1 input 0 params 0
   }

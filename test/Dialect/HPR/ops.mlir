@@ -10,6 +10,7 @@
 // CHECK-NEXT:      hpr.region "layers.0" checkpoint flops 2.500000e+06 time_us 1.250000e+01 saved 4096 input 512 params 1024
 // CHECK:         hpr.stage 1 {
 // CHECK-NEXT:      hpr.region "layers.1" flops
+// CHECK-NEXT:      hpr.region "layers.2" checkpoint selective flops 1.000000e+00 time_us 0.000000e+00 saved 8 input 4 params 0 {selective_replay_time_us = 2.500000e-01 : f64, selective_saved_bytes = 2 : i64}
 hpr.model "m" {
   hpr.stage 0 {
     hpr.region "embed" non_checkpointable flops 1.0 time_us 0.0 saved 8 input 0 params 16
@@ -17,6 +18,7 @@ hpr.model "m" {
   }
   hpr.stage 1 {
     hpr.region "layers.1" flops 1.0 time_us 0.0 saved 8 input 0 params 0
+    hpr.region "layers.2" checkpoint selective flops 1.0 time_us 0.0 saved 8 input 4 params 0 {selective_replay_time_us = 0.25 : f64, selective_saved_bytes = 2 : i64}
   }
 }
 

@@ -273,7 +273,8 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                                                                  plan=cfg["plan"])
         plan_grads = grads(plan_stages)
         extra: Dict[str, Any] = {}
-        if cfg.get("planned_wrap") in ("full", "selective"):  # what the replays compute (a selective policy: no matmul)
+        # what the replays compute (a selective policy: no matmul)
+        if cfg.get("planned_wrap") in ("full", "selective") or cfg.get("count_replay_matmuls"):
             extra["replay_matmuls"] = replay_matmuls(planned, plan_stages, x, y)
         if cfg["plan"].endswith(".csv"):
             from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime

@@ -36,11 +36,13 @@ PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-
 DIM, LAYERS_PER_STAGE = 16, 2
 
 
-def model_json(path: Path, layers: int) -> None:
-    """Uniform blocks layers.0 .. and a head, with made-up but consistent costs."""
+def model_json(path: Path, layers: int, policy: Any = True) -> None:
+    """Uniform blocks layers.0 .. checkpointed as ``policy`` (true, "selective") and a head, with
+    made-up but consistent costs."""
     def region(name: str, checkpointable: bool) -> Dict[str, Any]:
-        return {"name": name, "checkpoint": checkpointable, "checkpointable": checkpointable, "fwd_flops": 1e5,
-                "fwd_time_us": 0, "saved_bytes": 4096, "input_bytes": 512, "param_bytes": 4352}
+        return {"name": name, "checkpoint": checkpointable and policy, "checkpointable": checkpointable,
+                "fwd_flops": 1e5, "fwd_time_us": 0, "saved_bytes": 4096, "input_bytes": 512, "param_bytes": 4352,
+                **({"selective_replay_time_us": 0.1} if policy == "selective" else {})}
     regions = [region(f"layers.{i}", True) for i in range(layers)] + [region("head", False)]
     path.write_text(json.dumps({"format": "hp-recompute-model", "version": 1, "name": "pp-test", "regions": regions}))
 
@@ -53,10 +55,10 @@ def stage_spec(stages: int, per: int = LAYERS_PER_STAGE) -> str:
 
 def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatches: int, emit: str = "json",
              prefetch: str = "jit", dropout: float = 0.0, planned_wrap: Any = None, per: int = LAYERS_PER_STAGE,
-             worker: Any = pp_worker.main, **extra: Any) -> List[Dict[str, Any]]:
+             worker: Any = pp_worker.main, policy: Any = True, **extra: Any) -> List[Dict[str, Any]]:
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
     layers = per * stages
-    model_json(tmp / "model.json", layers)
+    model_json(tmp / "model.json", layers, policy)
     plan = tmp / ("plan.json" if emit == "json" else "plan.csv")
     if torch_schedule == "1f1b":
         source = ["--schedule-gen", "1f1b", "--ranks", str(ranks), "--microbatches", str(microbatches)]
@@ -65,7 +67,7 @@ def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatch
         dump = str(tmp / "torch_order.csv")
         source = ["--schedule", dump]
     cmd = [str(PLAN_TOOL), *source, "--model", str(tmp / "model.json"), "--stages", stage_spec(stages, per),
-           "--prefetch", prefetch, "--emit", emit, "-o", str(plan)]
+           "--checkpoint", "model", "--prefetch", prefetch, "--emit", emit, "-o", str(plan)]
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "stages": stages,
@@ -127,6 +129,44 @@ def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_
     assert all(f == 0 for f in replayed) if wrap == "selective" else all(f > 0 for f in replayed), replayed
 
 
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_a_plan_that_checkpoints_selectively_applies_the_policy_to_plain_blocks(tmp_path: Path) -> None:
+    """NOTE [ Selective policy ]: the plan says "selective", the blocks are plain modules;
+    PlannedSchedule checkpoints them with the selective policy's context_fn: exact gradients,
+    one replay per block and microbatch (prefetched), and no replay runs a matmul."""
+    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, policy="selective",
+                       count_replay_matmuls=True)
+    check(results, 4)
+    assert all(res["replay_matmuls"] == 0 for res in results), [res["replay_matmuls"] for res in results]
+
+
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_a_selective_plan_refuses_a_wrapper_without_a_policy() -> None:
+    """A block the user wrapped without ``context_fn`` would replay every op and keep less than
+    the plan prices; one wrapped with a policy keeps it."""
+    import functools
+
+    from hp_recompute import checkpoint_wrapper
+    from hp_recompute.pipelining.regions import checkpoint_regions
+    from hp_recompute.plan.reader import RunError
+    from hp_recompute.selective import selective_context_fn
+
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleDict({"0": checkpoint_wrapper(torch.nn.Linear(4, 4)),
+                                         "1": checkpoint_wrapper(torch.nn.Linear(4, 4),
+                                                                 context_fn=selective_context_fn())})
+    with pytest.raises(RunError) as error:
+        checkpoint_regions(module, ["layers.0"], 3, selective=["layers.0"])
+    assert str(error.value) == (
+        "hp_recompute.pipelining: stage 3: the plan checkpoints region 'layers.0' \"selective\", but its "
+        "checkpoint_wrapper has no context_fn, so it would replay every op; unwrap it (the plan checkpoints it) or "
+        "pass the policy: checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
+    assert checkpoint_regions(module, ["layers.1"], 3, selective=["layers.1"]) == ["layers.1"]
+    assert isinstance(module.layers["1"].forward, functools.partial)
+
+
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
                     f"backwards (hp_recompute.compile_split, torch >= 2.13)")
 def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -> None:
@@ -141,6 +181,18 @@ def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -
 COMPILED_CASES = [("zbv", "aot_eager"), ("zbv", "inductor"), ("izb", "aot_eager")]
 if getattr(pipelining.schedules, "ScheduleDualPipeV", None) is not None:
     COMPILED_CASES.append(("dpv", "aot_eager"))
+
+
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_a_plan_that_checkpoints_selectively_applies_the_policy_to_plain_blocks(tmp_path: Path) -> None:
+    """NOTE [ Selective policy ]: the plan says "selective", the blocks are plain modules;
+    PlannedSchedule checkpoints them with the selective policy's context_fn: exact gradients,
+    one replay per block and microbatch (prefetched), and no replay runs a matmul."""
+    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, policy="selective",
+                       count_replay_matmuls=True)
+    check(results, 4)
+    assert all(res["replay_matmuls"] == 0 for res in results), [res["replay_matmuls"] for res in results]
 
 
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "

@@ -90,7 +90,7 @@ def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: 
 @pytest.mark.parametrize("kwargs,line", [
     (dict(schedule_gen="zbv", schedule="x.csv"), "usage: give one schedule"),
     (dict(), "usage: give one schedule"),
-    (dict(schedule_gen="zbv", checkpoint="some"), "usage: --checkpoint: expected all, model, none or auto, got 'some'"),
+    (dict(schedule_gen="zbv", checkpoint="some"), "usage: --checkpoint: expected all, model, none, auto or selective, got 'some'"),
     (dict(schedule_gen="zbv", checkpoint="auto"), "usage: --checkpoint auto needs --memory-budget"),
     (dict(schedule_gen="zbv", prefetch="soon"), "usage: --prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
     (dict(schedule_gen="zbv", memory_budget=-1), "usage: --memory-budget: expected bytes >= 0, got -1"),

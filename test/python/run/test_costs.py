@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, run_cli
+from hp_recompute.selective import selective_supported
 
 TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
 
@@ -49,27 +50,36 @@ def test_from_run_scales_the_fields_the_planner_sums() -> None:
     from hp_recompute.plan.verify import planner_extension
 
     field = planner_extension().region_time_field
-    assert field("forward", 1, True, True) == "checkpoint_fwd_time_us"
-    assert field("forward", 1, False, True) == "fwd_time_us"  # a no_checkpoint forward
-    assert field("recompute", 1, True, True) == "replay_time_us"
-    assert field("recompute", 1, True, False) is None
-    assert field("backward_input", 1, True, False) == "bwd_input_time_us"
-    assert field("backward_input", 0, True, False) is None
-    assert field("backward_weight", 1, True, False) == "bwd_weight_time_us"
-    assert field("backward_weight", 0, True, False) == "bwd_time_us"
-    assert field("backward", 0, True, True) == "bwd_time_us"
-    assert field("clear", 1, True, True) is None
+    assert field("forward", 1, True, "full") == "checkpoint_fwd_time_us"
+    assert field("forward", 1, False, "full") == "fwd_time_us"  # a no_checkpoint forward
+    assert field("forward", 1, True, "selective") == "selective_fwd_time_us"
+    assert field("forward", 1, True, "none") == "fwd_time_us"
+    assert field("recompute", 1, True, "full") == "replay_time_us"
+    assert field("recompute", 1, True, "selective") == "selective_replay_time_us"
+    assert field("recompute", 1, True, "none") is None
+    assert field("backward_input", 1, True, "none") == "bwd_input_time_us"
+    assert field("backward_input", 1, True, "selective") == "bwd_input_time_us"
+    assert field("backward_input", 0, True, "none") is None
+    assert field("backward_weight", 1, True, "none") == "bwd_weight_time_us"
+    assert field("backward_weight", 0, True, "none") == "bwd_time_us"
+    assert field("backward", 0, True, "full") == "bwd_time_us"
+    assert field("clear", 1, True, "full") is None
+    with pytest.raises(ValueError, match="region_checkpoint: expected none, full or selective, got 'True'"):
+        field("forward", 1, True, "True")
 
 
-def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["all", pytest.param("selective", marks=pytest.mark.skipif(
+    not selective_supported(), reason="selective checkpointing needs torch >= 2.4"))])
+def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path, policy: str) -> None:
     """Planned again with ``--from-run`` costs, each rank's simulated busy time is the sum of
     the durations its actions had in the run: the Python mapping of actions to region fields
-    agrees with the planner's cost model (CostModel.cpp), checked through the planner."""
+    agrees with the planner's cost model (CostModel.cpp), checked through the planner; for
+    the selective policy too (its own forward and replay fields)."""
     costed = tmp_path / "costed.json"
     assert _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(costed), "--repeats", "3",
                   "--warmup", "1").returncode == 0
     cfg = ("zb-h1", 2, 4)  # forward, recompute, I and W on both stages
-    plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", "all", *flags(cfg))
+    plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", policy, *flags(cfg))
     report_path = tmp_path / "report.json"
     steps = 3
     proc = run_cli("--plan", str(plan), "--world-size", "2", "--steps", str(steps), "--report", str(report_path))
@@ -78,7 +88,7 @@ def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path) -
     from_run = tmp_path / "from-run.json"
     proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report_path), "-o", str(from_run))
     assert proc.returncode == 0, proc.stderr
-    replanned = json.loads(make_plan(tmp_path, "--model", str(from_run), "--checkpoint", "all", *flags(cfg),
+    replanned = json.loads(make_plan(tmp_path, "--model", str(from_run), "--checkpoint", policy, *flags(cfg),
                                      name="again.json").read_text())
     timed = steps - len(report["profiled_steps"])
     for rank in report["ranks"]:

@@ -80,6 +80,50 @@ TEST(CostModel, MeasuredCheckpointStateAndReplayBytesWin) {
   EXPECT_EQ(costs[0].recomputedBytes, 936 + 2000);
 }
 
+TEST(CostModel, SelectiveRegionsKeepWhatTheirPolicySavesAndReplayTheRest) {
+  // docs/models.md, "Policies": a selective checkpoint keeps the input,
+  // the RNG states and its ops' outputs; its forward and replay take the
+  // measured selective times; its backward is the region's.
+  model::StagedModel staged;
+  model::Region full = region("layers.0", true, 0, 20, 1000, 64);
+  full.checkpointStateBytes = 5056;
+  full.replayBytes = 936;
+  full.checkpointFwdTimeUs = 22;
+  full.replayTimeUs = 21;
+  model::Region selective = full;
+  selective.name = "layers.1";
+  selective.selective = true;
+  selective.selectiveFwdTimeUs = 25;
+  selective.selectiveReplayTimeUs = 4;
+  selective.selectiveSavedBytes = 300;
+  selective.selectiveReplayBytes = 636;
+  selective.bwdInputTimeUs = 30;
+  staged.stages.push_back({0, {region("embed", false, 0, 5, 100, 10)}});
+  staged.stages.push_back({1, {full, selective}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 2u);
+  EXPECT_DOUBLE_EQ(costs[1].forwardUs, 22 + 25);
+  EXPECT_DOUBLE_EQ(costs[1].plainForwardUs, 20 + 20);
+  EXPECT_DOUBLE_EQ(costs[1].recomputeUs, 21 + 4);
+  EXPECT_DOUBLE_EQ(costs[1].backwardInputUs, kInputPerForward * 20 + 30);
+  EXPECT_EQ(costs[1].keptBytes, (64 + 5056) + (64 + 5056 + 300));
+  EXPECT_EQ(costs[1].recomputedBytes, 936 + 636);
+  EXPECT_EQ(costs[1].plainKeptBytes, 1000 + 1000);
+
+  // Priced as not checkpointed, the selective region keeps everything.
+  MLIRContext context;
+  auto schedule = sched::generateSchedule("gpipe", {2, 1, 0});
+  ASSERT_TRUE(static_cast<bool>(schedule));
+  sched::lowerCommunication(*schedule);
+  auto module = buildPlanModule(context, staged, *schedule, "test");
+  ASSERT_TRUE(static_cast<bool>(module));
+  std::vector<StageCost> plain =
+      computeStageCosts(*(*module)->getOps<ModelOp>().begin(),
+                        [](RegionOp region) { return !region.getSelective(); });
+  EXPECT_EQ(plain[1].keptBytes, (64 + 5056) + 1000);
+  EXPECT_DOUBLE_EQ(plain[1].recomputeUs, 21);
+}
+
 TEST(CostModel, UnprofiledRegionsRunAtOneTeraflop) {
   model::StagedModel staged;
   staged.stages.push_back({0, {region("layers.0", true, 3e6, 0, 8, 8)}});
@@ -192,12 +236,22 @@ TEST(CostModel, ChoiceCanBePricedBeforeItIsMade) {
 // through the bindings): which region field each action adds.
 TEST(CostModel, RegionTimeRuleNamesTheFieldEachActionAdds) {
   using Kind = sched::ActionKind;
-  auto field = [](Kind kind, bool first, bool ckptForward,
-                  bool ckptRegion) -> std::string {
+  auto field = [](Kind kind, bool first, bool ckptForward, bool ckptRegion,
+                  bool selective = false) -> std::string {
+    RegionCheckpoint checkpoint = !ckptRegion ? RegionCheckpoint::None
+                                  : selective ? RegionCheckpoint::Selective
+                                              : RegionCheckpoint::Full;
     std::optional<RegionTime> time =
-        regionTimeOf(kind, first, ckptForward, ckptRegion);
+        regionTimeOf(kind, first, ckptForward, checkpoint);
     return time ? regionTimeKey(*time).str() : "-";
   };
+  EXPECT_EQ(field(Kind::Forward, false, true, true, true),
+            "selective_fwd_time_us");
+  EXPECT_EQ(field(Kind::Forward, false, false, true, true), "fwd_time_us");
+  EXPECT_EQ(field(Kind::Recompute, false, true, true, true),
+            "selective_replay_time_us");
+  EXPECT_EQ(field(Kind::BackwardInput, false, true, true, true),
+            "bwd_input_time_us");
   EXPECT_EQ(field(Kind::Forward, false, true, true), "checkpoint_fwd_time_us");
   EXPECT_EQ(field(Kind::Forward, false, false, true), "fwd_time_us");
   EXPECT_EQ(field(Kind::Forward, false, true, false), "fwd_time_us");

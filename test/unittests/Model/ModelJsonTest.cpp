@@ -104,6 +104,31 @@ TEST(ModelJson, MeasuredCostsRoundTrip) {
   EXPECT_EQ(printed.find("bwd_time_us"), printed.rfind("bwd_time_us"));
 }
 
+TEST(ModelJson, SelectivePolicyRoundTrips) {
+  auto graph = parseModelJson(R"({"name": "m", "regions": [
+    {"name": "l0", "checkpoint": "selective", "fwd_flops": 1,
+     "saved_bytes": 8, "input_bytes": 8, "param_bytes": 8,
+     "selective_fwd_time_us": 2.5, "selective_replay_time_us": 0.5,
+     "selective_saved_bytes": 96, "selective_replay_bytes": 40},
+    {"name": "l1", "checkpoint": true, "fwd_flops": 1, "saved_bytes": 8,
+     "input_bytes": 8, "param_bytes": 8}]})",
+                              "m.json");
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  const Region &selective = graph->regions[0], &full = graph->regions[1];
+  EXPECT_TRUE(selective.checkpoint && selective.selective);
+  EXPECT_TRUE(full.checkpoint && !full.selective);
+  EXPECT_DOUBLE_EQ(selective.selectiveReplayTimeUs, 0.5);
+  EXPECT_EQ(selective.selectiveSavedBytes, 96);
+  std::string printed = printModelJson(*graph);
+  EXPECT_NE(printed.find("\"checkpoint\": \"selective\""), std::string::npos);
+  auto again = parseModelJson(printed, "printed.json");
+  ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError());
+  EXPECT_TRUE(again->regions[0].selective);
+  EXPECT_FALSE(again->regions[1].selective);
+  EXPECT_TRUE(again->regions[1].checkpoint);
+  EXPECT_EQ(again->regions[0].selectiveReplayBytes, 40);
+}
+
 TEST(ModelJson, SyntaxErrorHasRowAndColumn) {
   std::string err = errorOf("{\n  \"name\": \"x\",\n  \"regions\": [}\n");
   EXPECT_EQ(err.rfind("m.json:3:", 0), 0u) << err;
@@ -252,7 +277,19 @@ INSTANTIATE_TEST_SUITE_P(
                   "/regions/0/replay_time_us: expected a number between 0 "
                   "and 1e12 us"},
         Violation{REGION(", \"checkpoint\": 1"),
-                  "/regions/0/checkpoint: expected true or false, got '1'"},
+                  "/regions/0/checkpoint: expected false, true or "
+                  "\"selective\", got '1'"},
+        Violation{REGION(", \"checkpoint\": \"full\""),
+                  "/regions/0/checkpoint: expected false, true or "
+                  "\"selective\", got '\"full\"'"},
+        Violation{REGION(", \"checkpoint\": \"selective\""),
+                  "/regions/0/checkpoint: \"selective\" needs the region's "
+                  "measured selective costs (selective_replay_time_us"},
+        Violation{REGION(", \"checkpoint\": \"selective\", "
+                         "\"checkpointable\": false, "
+                         "\"selective_replay_time_us\": 1"),
+                  "/regions/0/checkpoint: a region with \"checkpointable\": "
+                  "false cannot be checkpointed"},
         Violation{REGION(", \"checkpointable\": \"no\""),
                   "/regions/0/checkpointable: expected true or false"},
         Violation{REGION(", \"checkpointable\": false, \"checkpoint\": true"),

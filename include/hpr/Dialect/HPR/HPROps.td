@@ -59,7 +59,9 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
   let summary = "a checkpointable region (one submodule call) and its costs";
   let description = [{
     `checkpoint`: the region's activations are recomputed in backward rather
-    than kept. `non_checkpointable` marks code outside submodule calls
+    than kept; with `selective`, by the selective policy: the outputs of its
+    op set (matmuls, attention) are saved and only the rest is recomputed,
+    at the measured selective costs below. `non_checkpointable` marks code outside submodule calls
     (embedding, head, loss), which is always kept. Costs: forward FLOPs and
     measured time, bytes autograd saves inside the region (`saved`), the
     boundary input kept when the region is checkpointed (`input`) and its
@@ -71,10 +73,14 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     transient bytes of the backward (`bwd_workspace_bytes`) and what a
     checkpointed forward holds besides its input, the RNG states its replay
     restores (`checkpoint_state_bytes`), and what one replay allocates
-    (`replay_bytes`; absent: `saved`, which may count the kept input again).
+    (`replay_bytes`; absent: `saved`, which may count the kept input again);
+    and the selective policy's forward and replay times
+    (`selective_fwd_time_us`, `selective_replay_time_us`), the bytes it saves
+    besides the input and checkpoint state (`selective_saved_bytes`) and what
+    its replay allocates (`selective_replay_bytes`).
   }];
   let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
-                       UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
+                       UnitAttr:$selective, UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
                        F64Attr:$fwd_time_us, I64Attr:$saved_bytes,
                        I64Attr:$input_bytes, I64Attr:$param_bytes,
                        OptionalAttr<F64Attr>:$bwd_input_time_us,
@@ -85,9 +91,13 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        OptionalAttr<I64Attr>:$bwd_weight_input_bytes,
                        OptionalAttr<I64Attr>:$bwd_workspace_bytes,
                        OptionalAttr<I64Attr>:$checkpoint_state_bytes,
-                       OptionalAttr<I64Attr>:$replay_bytes);
+                       OptionalAttr<I64Attr>:$replay_bytes,
+                       OptionalAttr<F64Attr>:$selective_fwd_time_us,
+                       OptionalAttr<F64Attr>:$selective_replay_time_us,
+                       OptionalAttr<I64Attr>:$selective_saved_bytes,
+                       OptionalAttr<I64Attr>:$selective_replay_bytes);
   let assemblyFormat = [{
-    $name (`checkpoint` $checkpoint^)?
+    $name (`checkpoint` $checkpoint^)? (`selective` $selective^)?
     (`non_checkpointable` $non_checkpointable^)?
     `flops` $fwd_flops `time_us` $fwd_time_us `saved` $saved_bytes
     `input` $input_bytes `params` $param_bytes attr-dict
