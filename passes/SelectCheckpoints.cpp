@@ -1,7 +1,8 @@
 //===- SelectCheckpoints.cpp - Choose what to checkpoint under a budget ---===//
 //
-// Decides, before sessions exist, which regions are checkpointed (the same
-// choice for every microbatch of a stage) and which microbatches of a
+// Decides, before sessions exist, how each region is checkpointed (none,
+// full or selective; the same choice for every microbatch of a stage) and
+// which microbatches of a
 // checkpointed stage run plainly (`no_checkpoint`), so that every rank's
 // activation peak under jit recompute (ActivationModel.h) stays within the
 // budget and the simulated step time is as short as that allows. The
@@ -29,19 +30,26 @@ namespace {
 
 using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
 
-/// Largest candidate count priced exhaustively, and the most simulated cells
-/// that may take in all.
-constexpr size_t kExhaustiveRegions = 10;
+/// Most choices priced exhaustively (2^10: ten regions with two policies
+/// each), and the most simulated cells that may take in all.
+constexpr uint64_t kExhaustiveChoices = uint64_t(1) << 10;
 constexpr size_t kExhaustiveCellSimulations = size_t(1) << 26;
 /// Rounds of the search for the least memory (each may lower a rank's peak).
 constexpr unsigned kLeastMemoryRounds = 4;
 
-/// A choice being priced: which candidate regions are checkpointed, and
+/// A choice being priced: how each candidate region is checkpointed, and
 /// which (stage, microbatch)s of checkpointed stages run plainly.
 struct Choice {
-  llvm::SmallVector<bool> regions;
+  llvm::SmallVector<RegionCheckpoint> regions;
   llvm::DenseSet<Key> plain;
 };
+
+/// A region's replay time under `checkpoint` (Full or Selective).
+double replayUs(RegionOp region, RegionCheckpoint checkpoint) {
+  return regionTimeUs(region, checkpoint == RegionCheckpoint::Selective
+                                  ? RegionTime::SelectiveReplay
+                                  : RegionTime::Replay);
+}
 
 /// What the search needs of the module, gathered once.
 class Problem {
@@ -51,21 +59,41 @@ public:
     for (StageOp stage : model.getBody().getOps<StageOp>())
       for (RegionOp region : stage.getBody().getOps<RegionOp>())
         if (!region.getNonCheckpointable() &&
-            region.getSavedBytes() > region.getInputBytes())
+            region.getSavedBytes() > region.getInputBytes()) {
           candidates.push_back(region);
+          // Selective needs measured costs (RegionOp::verify).
+          policies.push_back({RegionCheckpoint::Full, RegionCheckpoint::None});
+          if (region.getSelectiveReplayTimeUs())
+            policies.back().insert(policies.back().begin() + 1,
+                                   RegionCheckpoint::Selective);
+        }
     for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
       programs.push_back(collectActivationLifetimes(program));
     buildTimelineTemplate();
   }
 
   llvm::SmallVector<RegionOp> candidates;
+  /// Each candidate's policies, from least memory to most: full, selective
+  /// where measured, none.
+  std::vector<llvm::SmallVector<RegionCheckpoint, 3>> policies;
   std::vector<ProgramActivations> programs;
 
   std::vector<StageCost> costsOf(const Choice &choice) const {
     return computeStageCosts(model, [&](RegionOp region) {
       auto it = llvm::find(candidates, region);
-      return it != candidates.end() && choice.regions[it - candidates.begin()];
+      return it == candidates.end() ? RegionCheckpoint::None
+                                    : choice.regions[it - candidates.begin()];
     });
+  }
+
+  /// How many choices the candidates' policies make (saturating).
+  uint64_t numChoices() const {
+    uint64_t n = 1;
+    for (const auto &each : policies)
+      n = n > std::numeric_limits<uint64_t>::max() / each.size()
+              ? std::numeric_limits<uint64_t>::max()
+              : n * each.size();
+    return n;
   }
 
   static bool runsCheckpointed(const ActivationLifetime &lifetime,
@@ -293,13 +321,19 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
     return std::move(found);
   };
   size_t k = problem.candidates.size();
-  if (k <= kExhaustiveRegions &&
-      (problem.numCells() << k) <= kExhaustiveCellSimulations) {
+  uint64_t numChoices = problem.numChoices();
+  if (numChoices <= kExhaustiveChoices &&
+      problem.numCells() * numChoices <= kExhaustiveCellSimulations) {
     std::pair<double, int64_t> bestCost;
     Choice subset = everything;
-    for (uint64_t mask = 0; mask < (uint64_t(1) << k); ++mask) {
-      for (size_t i = 0; i < k; ++i)
-        subset.regions[i] = (mask >> i) & 1;
+    for (uint64_t index = 0; index < numChoices; ++index) {
+      // `index` in the mixed radix of the candidates' policy counts.
+      uint64_t rest = index;
+      for (size_t i = 0; i < k; ++i) {
+        subset.regions[i] =
+            problem.policies[i][rest % problem.policies[i].size()];
+        rest /= problem.policies[i].size();
+      }
       considerLeast(subset);
       Choice choice = refine(problem, subset, budget.getValue(), true);
       if (!fits(problem, choice))
@@ -312,31 +346,81 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
     }
     return done();
   }
-  // Greedy: stop checkpointing the region that saves the most replay time
-  // per byte it brings back first, as long as the budget holds.
+  // Greedy: move candidates to a policy that keeps more (full to selective,
+  // selective or full to none) in order of replay time saved per byte kept
+  // on top, as long as the budget holds.
   considerLeast(everything);
-  std::vector<size_t> order(k);
-  std::iota(order.begin(), order.end(), 0);
-  auto gainPerByte = [&](size_t i) {
-    RegionOp region = problem.candidates[i];
-    double replay = region.getReplayTimeUs()
-                        ? region.getReplayTimeUs()->convertToDouble()
-                        : region.getFwdTimeUs().convertToDouble();
-    return replay /
-           static_cast<double>(region.getSavedBytes() - region.getInputBytes());
+  struct Move {
+    size_t candidate;
+    RegionCheckpoint to;
+    double gainPerByte;
   };
-  llvm::stable_sort(order, [&](size_t a, size_t b) {
-    return gainPerByte(a) > gainPerByte(b);
-  });
-  Choice regions = everything;
-  for (size_t i : order) {
-    regions.regions[i] = false;
-    if (!fits(problem, refine(problem, regions, budget.getValue(), true)))
-      regions.regions[i] = true;
+  std::vector<Move> moves;
+  for (size_t i = 0; i < k; ++i) {
+    RegionOp region = problem.candidates[i];
+    int64_t input = region.getInputBytes();
+    for (RegionCheckpoint to : problem.policies[i]) {
+      if (to == RegionCheckpoint::Full)
+        continue;
+      // From the policy before it: what the replay no longer does, per byte
+      // the forward keeps beyond it.
+      RegionCheckpoint from =
+          to == RegionCheckpoint::None && problem.policies[i].size() == 3
+              ? RegionCheckpoint::Selective
+              : RegionCheckpoint::Full;
+      auto kept = [&](RegionCheckpoint checkpoint) -> int64_t {
+        if (checkpoint == RegionCheckpoint::None)
+          return region.getSavedBytes();
+        if (checkpoint == RegionCheckpoint::Selective)
+          return input + region.getSelectiveSavedBytes().value_or(0);
+        return input;
+      };
+      double gain = replayUs(region, from) -
+                    (to == RegionCheckpoint::None ? 0 : replayUs(region, to));
+      moves.push_back({i, to,
+                       gain / static_cast<double>(std::max<int64_t>(
+                                  kept(to) - kept(from), 1))});
+    }
   }
-  Choice choice = refine(problem, regions, budget.getValue(), true);
-  if (fits(problem, choice))
-    found.best = std::move(choice);
+  llvm::stable_sort(moves, [](const Move &a, const Move &b) {
+    return a.gainPerByte > b.gainPerByte;
+  });
+  // Policies in order of memory kept: a move applies to a candidate that
+  // keeps less than its target.
+  auto rank = [](RegionCheckpoint checkpoint) {
+    return checkpoint == RegionCheckpoint::Full        ? 0
+           : checkpoint == RegionCheckpoint::Selective ? 1
+                                                       : 2;
+  };
+  // One sweep over the moves `allowed`; the fitting choice it ends with.
+  auto sweep = [&](auto allowed) -> std::optional<Choice> {
+    Choice regions = everything;
+    for (const Move &move : moves) {
+      RegionCheckpoint &current = regions.regions[move.candidate];
+      if (!allowed(move) || rank(current) >= rank(move.to))
+        continue;
+      RegionCheckpoint before = current;
+      current = move.to;
+      if (!fits(problem, refine(problem, regions, budget.getValue(), true)))
+        current = before;
+    }
+    Choice choice = refine(problem, regions, budget.getValue(), true);
+    if (!fits(problem, choice))
+      return std::nullopt;
+    return choice;
+  };
+  // With selective in play, the sweep over none and full alone too, so that
+  // the third policy never makes the heuristic's answer slower.
+  found.best = sweep([](const Move &) { return true; });
+  if (llvm::any_of(moves, [](const Move &move) {
+        return move.to == RegionCheckpoint::Selective;
+      }))
+    if (std::optional<Choice> twoPolicies = sweep([](const Move &move) {
+          return move.to != RegionCheckpoint::Selective;
+        }))
+      if (!found.best ||
+          problem.stepTime(*twoPolicies) < problem.stepTime(*found.best))
+        found.best = std::move(twoPolicies);
   return done();
 }
 
@@ -371,8 +455,8 @@ void SelectCheckpointsPass::runOnOperation() {
   Problem problem(model, schedules.front(), extractSchedule(module));
 
   Choice everything, nothing;
-  everything.regions.assign(problem.candidates.size(), true);
-  nothing.regions.assign(problem.candidates.size(), false);
+  everything.regions.assign(problem.candidates.size(), RegionCheckpoint::Full);
+  nothing.regions.assign(problem.candidates.size(), RegionCheckpoint::None);
   Choice choice = nothing;
   if (!fits(problem, nothing)) {
     Found found = search(problem, everything);
@@ -394,10 +478,14 @@ void SelectCheckpointsPass::runOnOperation() {
   for (StageOp stage : model.getBody().getOps<StageOp>())
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
       auto it = llvm::find(problem.candidates, region);
-      bool on = it != problem.candidates.end() &&
-                choice.regions[it - problem.candidates.begin()];
-      region.setCheckpoint(on);
-      numCheckpointedRegions += on;
+      RegionCheckpoint checkpoint =
+          it == problem.candidates.end()
+              ? RegionCheckpoint::None
+              : choice.regions[it - problem.candidates.begin()];
+      region.setCheckpoint(checkpoint != RegionCheckpoint::None);
+      region.setSelective(checkpoint == RegionCheckpoint::Selective);
+      numCheckpointedRegions += checkpoint != RegionCheckpoint::None;
+      numSelectiveRegions += checkpoint == RegionCheckpoint::Selective;
     }
   std::vector<StageCost> costs = problem.costsOf(choice);
   module.walk([&](ForwardOp forward) {

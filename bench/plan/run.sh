@@ -25,24 +25,30 @@ for mb in 74 740 7400; do
 done
 
 # The planning choices by time and memory on a costed model at about 10^5 actions:
-# ZBV, 8 ranks, 740 microbatches, the bundled GPT's block repeated to 16 blocks
-# (two per stage). auto's budget: the activation peak of checkpointing every block.
-python3 "$(dirname "$0")/../prefetch/make_model.py" examples/gpt/gpt.model.json 16 "$out/gpt16.json"
-gen=(--model "$out/gpt16.json" --schedule-gen zbv --ranks 8 --microbatches 740)
-"$tool" "${gen[@]}" --emit json -o "$out/jit.json"
-budget=$(python3 -c "import json; print(max(json.load(open('$out/jit.json'))['summary']['peak_bytes']))")
-printf '\n| choice (GPT x16, ZBV 8 x 740) | actions | wall s | peak RSS MiB |\n'
-printf '| --- | ---: | ---: | ---: |\n'
-for choice in "--prefetch jit" "--prefetch bubble" "--checkpoint auto --memory-budget $budget" \
-              "--checkpoint auto --memory-budget $budget --prefetch bubble"; do
-  # shellcheck disable=SC2086
-  /usr/bin/time -f '%e %M' -o "$out/time" "$tool" "${gen[@]}" $choice --emit json -o "$out/plan.json"
-  read -r wall rss < "$out/time"
-  actions=$(python3 -c "import json; print(sum(len(r['actions']) for r in json.load(open('$out/plan.json'))['ranks']))")
-  label=${choice/--memory-budget $budget/--memory-budget B}
-  awk -v c="$label" -v a="$actions" -v w="$wall" -v r="$rss" \
-    'BEGIN { printf "| `%s` | %d | %.2f | %.0f |\n", c, a, w, r / 1024 }'
-done
+# ZBV, 8 ranks, 740 microbatches, a model's block repeated to 16 blocks (two per stage):
+# the bundled GPT's (FLOP-priced), and the costed Llama's of bench/prefetch (measured, with
+# selective costs: auto chooses among three policies). auto's budget: the activation peak
+# of checkpointing every block.
+choices() {  # LABEL MODEL_JSON
+  python3 "$(dirname "$0")/../prefetch/make_model.py" "$2" 16 "$out/m16.json"
+  gen=(--model "$out/m16.json" --schedule-gen zbv --ranks 8 --microbatches 740)
+  "$tool" "${gen[@]}" --emit json -o "$out/jit.json"
+  budget=$(python3 -c "import json; print(max(json.load(open('$out/jit.json'))['summary']['peak_bytes']))")
+  printf '\n| choice (%s x16, ZBV 8 x 740) | actions | wall s | peak RSS MiB |\n' "$1"
+  printf '| --- | ---: | ---: | ---: |\n'
+  for choice in "--prefetch jit" "--prefetch bubble" "--checkpoint auto --memory-budget $budget" \
+                "--checkpoint auto --memory-budget $budget --prefetch bubble"; do
+    # shellcheck disable=SC2086
+    /usr/bin/time -f '%e %M' -o "$out/time" "$tool" "${gen[@]}" $choice --emit json -o "$out/plan.json"
+    read -r wall rss < "$out/time"
+    actions=$(python3 -c "import json; print(sum(len(r['actions']) for r in json.load(open('$out/plan.json'))['ranks']))")
+    label=${choice/--memory-budget $budget/--memory-budget B}
+    awk -v c="$label" -v a="$actions" -v w="$wall" -v r="$rss" \
+      'BEGIN { printf "| `%s` | %d | %.2f | %.0f |\n", c, a, w, r / 1024 }'
+  done
+}
+choices GPT examples/gpt/gpt.model.json
+choices "Llama (selective costs)" "$(dirname "$0")/../prefetch/llama.costed.json"
 
 [ -n "$baseline" ] || exit 0
 median() { sort -n | sed -n 2p; }  # of 3

@@ -1,8 +1,10 @@
-"""Writes a model JSON with N transformer blocks cut from the bundled GPT's costs.
+"""Writes a model JSON with N blocks cut from a model JSON's costs.
 
-The bundled GPT has 8 blocks, too few for 16- and 32-rank interleaved schedules; this
-keeps its embedding, block and head regions (FLOPs, saved/input/param bytes, and the
-measured times when the input model has them) and repeats the block N times.
+The bundled GPT has 8 blocks (the costed Llama 4), too few for 16- and 32-rank interleaved
+schedules; this keeps the regions before the first checkpointable one (embedding) and the
+non-checkpointable ones after it (head), with all their fields (FLOPs, bytes, and the
+measured times and selective costs when the input model has them), and repeats that first
+checkpointable region, the block, N times (``blocks.0`` -> ``blocks.0 .. blocks.N-1``).
 Usage: make_model.py IN.json N OUT.json
 """
 
@@ -11,13 +13,17 @@ import sys
 
 
 def main(src: str, blocks: int, dst: str) -> None:
-    model = json.load(open(src))
+    with open(src, encoding="utf-8") as f:
+        model = json.load(f)
     regions = model["regions"]
-    block = next(r for r in regions if r["name"] == "blocks.0")
-    head, tail = regions[0], regions[-1]
-    model["regions"] = [head] + [dict(block, name=f"blocks.{i}") for i in range(blocks)] + [tail]
+    first = next(i for i, r in enumerate(regions) if r.get("checkpointable", True))
+    block = regions[first]
+    prefix = block["name"].rsplit(".", 1)[0]
+    tail = [r for r in regions[first:] if not r.get("checkpointable", True)]
+    model["regions"] = (regions[:first] + [dict(block, name=f"{prefix}.{i}") for i in range(blocks)] + tail)
     model["name"] = f"{model['name']}-{blocks}"
-    json.dump(model, open(dst, "w"), indent=1)
+    with open(dst, "w", encoding="utf-8") as f:
+        json.dump(model, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -154,7 +154,8 @@ double mlir::hpr::regionTimeUs(RegionOp region, RegionTime time) {
 }
 
 std::vector<StageCost> mlir::hpr::computeStageCosts(
-    ModelOp model, llvm::function_ref<bool(RegionOp)> isCheckpointed) {
+    ModelOp model,
+    llvm::function_ref<RegionCheckpoint(RegionOp)> checkpointOf) {
   using Kind = sched::ActionKind;
   std::vector<StageCost> costs;
   bool anyCost = false;
@@ -164,11 +165,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
     StageCost cost;
     bool firstStage = costs.empty();
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
-      RegionCheckpoint checkpoint = regionCheckpointOf(region);
-      if (isCheckpointed && !isCheckpointed(region))
-        checkpoint = RegionCheckpoint::None;
-      else if (isCheckpointed && checkpoint == RegionCheckpoint::None)
-        checkpoint = RegionCheckpoint::Full;
+      RegionCheckpoint checkpoint =
+          checkpointOf ? checkpointOf(region) : regionCheckpointOf(region);
       // Each action's time is the sum of its regions' times (regionTimeOf).
       auto add = [&](double &sum, Kind kind, bool checkpointedForward) {
         if (std::optional<RegionTime> time =

@@ -152,13 +152,12 @@ struct StageCost {
   int64_t shardedParamBytes() const { return paramBytes / dpShard; }
 };
 
-/// Costs of every stage of `model`, indexed by stage. `isCheckpointed`
-/// decides which regions count as checkpointed (default: the `checkpoint`
-/// attribute), so that a pass can price a choice before making it; a
-/// checkpointed region marked `selective` is priced selective.
-std::vector<StageCost>
-computeStageCosts(ModelOp model,
-                  llvm::function_ref<bool(RegionOp)> isCheckpointed = {});
+/// Costs of every stage of `model`, indexed by stage. `checkpointOf` says
+/// how each region counts as checkpointed (default: its attributes,
+/// regionCheckpointOf), so that a pass can price a choice before making it.
+std::vector<StageCost> computeStageCosts(
+    ModelOp model,
+    llvm::function_ref<RegionCheckpoint(RegionOp)> checkpointOf = {});
 
 /// Whether `forward` runs under checkpoint: its stage has a checkpointed
 /// region and the forward is not marked `no_checkpoint`.

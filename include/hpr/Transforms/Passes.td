@@ -8,8 +8,10 @@ include "mlir/Pass/PassBase.td"
 def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
   let summary = "Choose what to checkpoint so that every rank fits a budget";
   let description = [{
-    Chooses which regions of `hpr.model` are checkpointed (the same choice
-    for every microbatch of a stage, as Megatron and torchtitan make it) and
+    Chooses how each region of `hpr.model` is checkpointed: not, fully, or
+    by the selective policy where its selective costs are measured (the same
+    choice for every microbatch of a stage, as Megatron and torchtitan make
+    it), and
     marks `no_checkpoint` the microbatches of checkpointed stages that may
     keep all their activations, so that every rank's activation peak under
     jit recompute stays within `budget` bytes and the simulated step time is
@@ -23,11 +25,14 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
        memory; if that exceeds the budget the pass fails and names that
        smallest feasible budget. If checkpointing nothing fits, nothing is
        checkpointed.
-    3. Otherwise, with at most 10 candidates (and a small enough program),
-       every subset is priced by simulation and the fastest that fits wins:
-       optimal among stage-uniform choices. Beyond that, a greedy sweep
-       stops checkpointing candidates in order of replay time saved per byte
-       brought back while the budget holds.
+    3. Otherwise, with at most 1024 choices (each candidate full or none,
+       or selective too: ten candidates with two policies, six with three;
+       and a small enough program), every choice is priced by simulation
+       and the fastest that fits wins: optimal among stage-uniform choices.
+       Beyond that, a greedy sweep moves candidates to a policy that keeps
+       more (full to selective, to none) in order of replay time saved per
+       byte kept on top while the budget holds; with selective in play it
+       sweeps once more over none and full alone, and the faster choice wins.
     4. Then, per rank, microbatches of checkpointed stages are made plain,
        shortest-lived first, where the peak still fits and the rank saves
        time; kept only if the simulated step time does not grow.
@@ -42,6 +47,8 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
   let statistics = [
     Statistic<"numCheckpointedRegions", "num-checkpointed-regions",
               "Regions left checkpointed">,
+    Statistic<"numSelectiveRegions", "num-selective-regions",
+              "Regions left checkpointed by the selective policy">,
     Statistic<"numPlainMicrobatches", "num-plain-microbatches",
               "Microbatches of checkpointed stages marked no_checkpoint">,
   ];

@@ -115,6 +115,54 @@ def test_auto_beats_every_uniform_choice_within_the_budget(tmp_path: Path) -> No
         assert summary["recomputes"] < every["recomputes"]
 
 
+def _selective_model(tmp_path: Path) -> Path:
+    """The GPT's first five blocks with selective costs made up per block: the policy keeps
+    20-40% of a block's saved bytes and replays 15-35% of its forward (docs/models.md,
+    "Policies"), so that each block's three policies trade memory for time differently."""
+    model = json.loads(GPT.read_text())
+    head = [r for r in model["regions"] if not r.get("checkpointable", True)]
+    blocks = [r for r in model["regions"] if r.get("checkpointable", True)][:5]
+    for i, r in enumerate(blocks):
+        forward_us = r["fwd_flops"] / 1e6  # the cost model's 1 TFLOP/s
+        r["selective_saved_bytes"] = (r["saved_bytes"] - r["input_bytes"]) * (2 + i % 3) // 10
+        r["selective_replay_time_us"] = forward_us * (0.15 + 0.05 * i)
+    model["regions"] = head[:1] + blocks + head[1:]
+    path = tmp_path / "selective.model.json"
+    path.write_text(json.dumps(model))
+    return path
+
+
+def test_auto_chooses_among_none_full_and_selective_as_a_brute_force_would(tmp_path: Path) -> None:
+    """With measured selective costs, auto chooses per region among three policies: at every
+    budget no fixed choice of the 3^5 (each planned with ``--checkpoint model``) that fits is
+    faster, and somewhere selective wins over everything two policies can do."""
+    path = _selective_model(tmp_path)
+    model = json.loads(path.read_text())
+    blocks = [r["name"] for r in model["regions"] if r.get("checkpointable", True)]
+    choices = []
+    for policies in itertools.product((False, True, "selective"), repeat=len(blocks)):
+        chosen = dict(zip(blocks, policies))
+        for r in model["regions"]:
+            r["checkpoint"] = chosen.get(r["name"], False)
+        fixed = tmp_path / "fixed.json"
+        fixed.write_text(json.dumps(model))
+        plan = plan_json("--model", str(fixed), "--checkpoint", "model", *SMALL)
+        choices.append({"step": plan["summary"]["step_time_us"], "peak": max(plan["summary"]["peak_bytes"]),
+                        "selective": "selective" in policies})
+    peaks = sorted({c["peak"] for c in choices})
+    selective_won = False
+    for budget in peaks[::max(1, len(peaks) // 8)] + [peaks[-1] - 1]:
+        plan = plan_json("--model", str(path), *SMALL, "--checkpoint", "auto", "--memory-budget", str(budget))
+        step = plan["summary"]["step_time_us"]
+        assert max(plan["summary"]["peak_bytes"]) <= budget
+        check_lifecycles(plan)
+        assert step <= min(c["step"] for c in choices if c["peak"] <= budget) * (1 + 1e-12), budget
+        two_way = [c["step"] for c in choices if c["peak"] <= budget and not c["selective"]]
+        used = any(r["checkpoint"] == "selective" for st in plan["model"]["stages"] for r in st["regions"])
+        selective_won |= used and (not two_way or step < min(two_way) * (1 - 1e-9))
+    assert selective_won
+
+
 def test_auto_with_room_checkpoints_nothing() -> None:
     none = _plan(*SMALL, "--checkpoint", "none")
     plan = _plan(*SMALL, "--checkpoint", "auto", "--memory-budget", str(max(none["summary"]["peak_bytes"])))

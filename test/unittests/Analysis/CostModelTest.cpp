@@ -110,18 +110,21 @@ TEST(CostModel, SelectiveRegionsKeepWhatTheirPolicySavesAndReplayTheRest) {
   EXPECT_EQ(costs[1].recomputedBytes, 936 + 636);
   EXPECT_EQ(costs[1].plainKeptBytes, 1000 + 1000);
 
-  // Priced as not checkpointed, the selective region keeps everything.
+  // Priced as a choice: the selective region not checkpointed keeps
+  // everything, and the full one priced selective takes its selective costs.
   MLIRContext context;
   auto schedule = sched::generateSchedule("gpipe", {2, 1, 0});
   ASSERT_TRUE(static_cast<bool>(schedule));
   sched::lowerCommunication(*schedule);
   auto module = buildPlanModule(context, staged, *schedule, "test");
   ASSERT_TRUE(static_cast<bool>(module));
-  std::vector<StageCost> plain =
-      computeStageCosts(*(*module)->getOps<ModelOp>().begin(),
-                        [](RegionOp region) { return !region.getSelective(); });
-  EXPECT_EQ(plain[1].keptBytes, (64 + 5056) + 1000);
-  EXPECT_DOUBLE_EQ(plain[1].recomputeUs, 21);
+  std::vector<StageCost> swapped = computeStageCosts(
+      *(*module)->getOps<ModelOp>().begin(), [](RegionOp region) {
+        return region.getSelective() ? RegionCheckpoint::None
+                                     : RegionCheckpoint::Selective;
+      });
+  EXPECT_EQ(swapped[1].keptBytes, (64 + 5056 + 0) + 1000);
+  EXPECT_DOUBLE_EQ(swapped[1].recomputeUs, 21);
 }
 
 TEST(CostModel, UnprofiledRegionsRunAtOneTeraflop) {
@@ -222,12 +225,16 @@ TEST(CostModel, ChoiceCanBePricedBeforeItIsMade) {
   auto module = buildPlanModule(context, staged, *schedule, "test");
   ASSERT_TRUE(static_cast<bool>(module));
   ModelOp modelOp = *(*module)->getOps<ModelOp>().begin();
-  std::vector<StageCost> costs = computeStageCosts(
-      modelOp, [](RegionOp region) { return region.getName() == "layers.1"; });
+  std::vector<StageCost> costs =
+      computeStageCosts(modelOp, [](RegionOp region) {
+        return region.getName() == "layers.1" ? RegionCheckpoint::Full
+                                              : RegionCheckpoint::None;
+      });
   EXPECT_EQ(costs[0].keptBytes, 1000 + 64);
   EXPECT_EQ(costs[0].recomputedBytes, 2000);
   EXPECT_DOUBLE_EQ(costs[0].recomputeUs, 30);
-  EXPECT_FALSE(computeStageCosts(modelOp, [](RegionOp) { return false; })[0]
+  EXPECT_FALSE(computeStageCosts(
+                   modelOp, [](RegionOp) { return RegionCheckpoint::None; })[0]
                    .checkpointed);
 }
 
