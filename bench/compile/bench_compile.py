@@ -25,7 +25,6 @@ Usage: python bench/compile/bench_compile.py [--steps 5] [--repeats 2] [--dim 25
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import os
@@ -60,20 +59,7 @@ def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-def _stage(full: Any, stage: int, stages: int, layers: int) -> Any:
-    module = copy.deepcopy(full)
-    per = layers // stages
-    for name in list(module.layers.keys()):
-        if not stage * per <= int(name) < (stage + 1) * per:
-            del module.layers[name]
-    if stage != 0:
-        module.tok_embeddings = None
-    if stage != stages - 1:
-        module.norm = module.output = None
-    return module
-
-
-def _one(rank: int, cfg: Dict[str, Any], variant: str, full: Any) -> Dict[str, Any]:
+def _one(rank: int, cfg: Dict[str, Any], variant: str, llama: Any, full: Any) -> Dict[str, Any]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleZBVZeroBubble
@@ -86,7 +72,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, full: Any) -> Dict[str, A
     torch._dynamo.reset()
     stages = []
     for s in mine:
-        module = _stage(full, s, stages_n, cfg["layers"])
+        module = llama.stage_module(full, s, stages_n)
         for key in list(module.layers.keys()):
             if kind == "ours":
                 block = hr.checkpoint_wrapper(module.layers[key])
@@ -147,7 +133,7 @@ def worker(rank: int, cfg: Dict[str, Any]) -> None:
         for repeat in range(cfg["repeats"]):
             eager: Dict[str, Dict[str, torch.Tensor]] = {}
             for variant, (kind, _, compiled) in VARIANTS.items():
-                row = _one(rank, cfg, variant, full)
+                row = _one(rank, cfg, variant, llama, full)
                 grads = row.pop("grads")
                 if not compiled:
                     eager[kind] = grads

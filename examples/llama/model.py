@@ -21,6 +21,7 @@ torch >= 2.0 (``F.scaled_dot_product_attention``); on torch 1.13 ``build`` raise
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -160,6 +161,22 @@ class Transformer(nn.Module):
             h = layer(h, self.freqs_cis)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+
+def stage_module(full: Transformer, stage: int, stages: int) -> Transformer:
+    """Stage ``stage`` of ``stages`` as torchtitan builds it: a copy of ``full`` with its share
+    of the layers (``n_layers / stages`` in order), the embedding on the first stage and the
+    norm and output on the last; every kept part keeps the full model's FQN."""
+    module = copy.deepcopy(full)
+    per = len(full.layers) // stages
+    for name in list(module.layers.keys()):
+        if not stage * per <= int(name) < (stage + 1) * per:
+            del module.layers[name]
+    if stage != 0:
+        module.tok_embeddings = None
+    if stage != stages - 1:
+        module.norm = module.output = None
+    return module
 
 
 def _require_sdpa() -> None:

@@ -34,6 +34,8 @@ from hp_recompute import compile_split  # noqa: E402
 REPO = HERE.parents[2]
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
 DIM, LAYERS_PER_STAGE = 16, 2
+needs_selective = pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                                     reason="selective checkpointing needs torch >= 2.4")
 
 
 def model_json(path: Path, layers: int, policy: Any = True) -> None:
@@ -129,8 +131,7 @@ def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_
     assert all(f == 0 for f in replayed) if wrap == "selective" else all(f > 0 for f in replayed), replayed
 
 
-@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
-                    reason="selective checkpointing needs torch >= 2.4")
+@needs_selective
 def test_a_plan_that_checkpoints_selectively_applies_the_policy_to_plain_blocks(tmp_path: Path) -> None:
     """NOTE [ Selective policy ]: the plan says "selective", the blocks are plain modules;
     PlannedSchedule checkpoints them with the selective policy's context_fn: exact gradients,
@@ -141,8 +142,7 @@ def test_a_plan_that_checkpoints_selectively_applies_the_policy_to_plain_blocks(
     assert all(res["replay_matmuls"] == 0 for res in results), [res["replay_matmuls"] for res in results]
 
 
-@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
-                    reason="selective checkpointing needs torch >= 2.4")
+@needs_selective
 def test_a_selective_plan_refuses_a_wrapper_without_a_policy() -> None:
     """A block the user wrapped without ``context_fn`` would replay every op and keep less than
     the plan prices; one wrapped with a policy keeps it."""
@@ -181,18 +181,6 @@ def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -
 COMPILED_CASES = [("zbv", "aot_eager"), ("zbv", "inductor"), ("izb", "aot_eager")]
 if getattr(pipelining.schedules, "ScheduleDualPipeV", None) is not None:
     COMPILED_CASES.append(("dpv", "aot_eager"))
-
-
-@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
-                    reason="selective checkpointing needs torch >= 2.4")
-def test_a_plan_that_checkpoints_selectively_applies_the_policy_to_plain_blocks(tmp_path: Path) -> None:
-    """NOTE [ Selective policy ]: the plan says "selective", the blocks are plain modules;
-    PlannedSchedule checkpoints them with the selective policy's context_fn: exact gradients,
-    one replay per block and microbatch (prefetched), and no replay runs a matmul."""
-    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, policy="selective",
-                       count_replay_matmuls=True)
-    check(results, 4)
-    assert all(res["replay_matmuls"] == 0 for res in results), [res["replay_matmuls"] for res in results]
 
 
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "

@@ -163,6 +163,32 @@ def test_auto_chooses_among_none_full_and_selective_as_a_brute_force_would(tmp_p
     assert selective_won
 
 
+def test_auto_beyond_the_exhaustive_limit_is_never_slower_with_selective(tmp_path: Path) -> None:
+    """Eight blocks with three policies (3^8 choices) leave the exhaustive search: the greedy
+    sweep's answer fits the budget and is no slower than the answer without selective costs
+    (the sweep over none and full alone runs too)."""
+    model = json.loads(GPT.read_text())
+    blocks = [r for r in model["regions"] if r.get("checkpointable", True)]
+    assert len(blocks) == 8
+    for i, r in enumerate(blocks):
+        r["selective_saved_bytes"] = (r["saved_bytes"] - r["input_bytes"]) * (2 + i % 3) // 10
+        r["selective_replay_time_us"] = r["fwd_flops"] / 1e6 * (0.15 + 0.05 * (i % 5))
+    path = tmp_path / "selective8.json"
+    path.write_text(json.dumps(model))
+    every = _plan(*SMALL)
+    none = _plan(*SMALL, "--checkpoint", "none")
+    low, high = max(every["summary"]["peak_bytes"]), max(none["summary"]["peak_bytes"])
+    used = False
+    for budget in (low, (3 * low + high) // 4, (low + high) // 2):
+        three = plan_json("--model", str(path), *SMALL, "--checkpoint", "auto", "--memory-budget", str(budget))
+        two = _plan(*SMALL, "--checkpoint", "auto", "--memory-budget", str(budget))
+        assert max(three["summary"]["peak_bytes"]) <= budget
+        check_lifecycles(three)
+        assert three["summary"]["step_time_us"] <= two["summary"]["step_time_us"] * (1 + 1e-12), budget
+        used |= any(r["checkpoint"] == "selective" for st in three["model"]["stages"] for r in st["regions"])
+    assert used, "some budget between all and none takes a selective block"
+
+
 def test_auto_with_room_checkpoints_nothing() -> None:
     none = _plan(*SMALL, "--checkpoint", "none")
     plan = _plan(*SMALL, "--checkpoint", "auto", "--memory-budget", str(max(none["summary"]["peak_bytes"])))

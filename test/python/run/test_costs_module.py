@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, REPO, flags, make_plan, run_cli
+from hp_recompute.selective import selective_supported
 
 GPT = str(REPO / "examples" / "gpt" / "model.py")
 MLP = str(REPO / "examples" / "mlp" / "model.py")
@@ -244,15 +245,20 @@ def test_the_output_may_not_be_the_module_file(tmp_path: Path) -> None:
 # The issue's criterion: planned peaks within 10% of the allocator in a real 2-rank run
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("model", ["gpt", "mlp", pytest.param("llama", marks=needs_sdpa)])
-def test_planned_peak_of_a_module_costed_without_adapter_is_within_ten_percent(tmp_path: Path, model: str) -> None:
-    """Costs from --module, a plan that checkpoints every region (1F1B, 2 ranks x 4, even split), a real run
-    of the runner (2 processes; the runner itself needs region functions, so it runs the
-    model's PipelineModel: the bundled adapters, examples/llama/model.py:pipeline)."""
+@pytest.mark.parametrize("model,policy", [
+    ("gpt", "all"), ("mlp", "all"), pytest.param("llama", "all", marks=needs_sdpa),
+    pytest.param("llama", "selective", marks=[needs_sdpa, pytest.mark.skipif(
+        not selective_supported(), reason="selective checkpointing needs torch >= 2.4")])])
+def test_planned_peak_of_a_module_costed_without_adapter_is_within_ten_percent(tmp_path: Path, model: str,
+                                                                               policy: str) -> None:
+    """Costs from --module, a plan that checkpoints every region fully or selectively (1F1B, 2
+    ranks x 4, even split), a real run of the runner (2 processes; the runner itself needs
+    region functions, so it runs the model's PipelineModel: the bundled adapters,
+    examples/llama/model.py:pipeline)."""
     costed = tmp_path / f"{model}.costed.json"
     _measure(costed, model)
     _, _, factory, stages = MODELS[model]
-    plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", "all", "--stages", stages,
+    plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", policy, "--stages", stages,
                      *flags(("1f1b", 2, 4)))
     report_path = tmp_path / "r.json"
     proc = run_cli("--plan", str(plan), "--steps", "2", "--report", str(report_path),
