@@ -16,7 +16,7 @@
 
 #include "llvm/ADT/DenseSet.h"
 
-#include <numeric>
+#include <limits>
 
 namespace mlir::hpr {
 #define GEN_PASS_DEF_HPRSELECTCHECKPOINTS
@@ -44,11 +44,17 @@ struct Choice {
   llvm::DenseSet<Key> plain;
 };
 
-/// A region's replay time under `checkpoint` (Full or Selective).
-double replayUs(RegionOp region, RegionCheckpoint checkpoint) {
-  return regionTimeUs(region, checkpoint == RegionCheckpoint::Selective
-                                  ? RegionTime::SelectiveReplay
-                                  : RegionTime::Replay);
+/// The policies each candidate may take, in candidate order.
+using PolicySets = std::vector<llvm::SmallVector<RegionCheckpoint, 3>>;
+
+/// How many choices `policies` make (saturating).
+uint64_t countChoices(const PolicySets &policies) {
+  uint64_t n = 1;
+  for (const auto &each : policies)
+    n = n > std::numeric_limits<uint64_t>::max() / each.size()
+            ? std::numeric_limits<uint64_t>::max()
+            : n * each.size();
+  return n;
 }
 
 /// What the search needs of the module, gathered once.
@@ -75,7 +81,7 @@ public:
   llvm::SmallVector<RegionOp> candidates;
   /// Each candidate's policies, from least memory to most: full, selective
   /// where measured, none.
-  std::vector<llvm::SmallVector<RegionCheckpoint, 3>> policies;
+  PolicySets policies;
   std::vector<ProgramActivations> programs;
 
   std::vector<StageCost> costsOf(const Choice &choice) const {
@@ -84,16 +90,6 @@ public:
       return it == candidates.end() ? RegionCheckpoint::None
                                     : choice.regions[it - candidates.begin()];
     });
-  }
-
-  /// How many choices the candidates' policies make (saturating).
-  uint64_t numChoices() const {
-    uint64_t n = 1;
-    for (const auto &each : policies)
-      n = n > std::numeric_limits<uint64_t>::max() / each.size()
-              ? std::numeric_limits<uint64_t>::max()
-              : n * each.size();
-    return n;
   }
 
   static bool runsCheckpointed(const ActivationLifetime &lifetime,
@@ -301,8 +297,8 @@ leastMemory(const Problem &problem, Choice start) {
   return {std::move(least), std::move(peaks)};
 }
 
-/// The fastest choice within the budget: every subset of candidates, each
-/// refined, when small; else a greedy sweep.
+/// The fastest choice within the budget: every choice of policies, each
+/// refined, when few; else greedy sweeps.
 SelectCheckpointsPass::Found
 SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
   Found found;
@@ -321,34 +317,44 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
     return std::move(found);
   };
   size_t k = problem.candidates.size();
-  uint64_t numChoices = problem.numChoices();
-  if (numChoices <= kExhaustiveChoices &&
-      problem.numCells() * numChoices <= kExhaustiveCellSimulations) {
+  // Every choice among `policies`, each refined and priced by simulation:
+  // the fastest that fits, if any; nothing when there are too many to price.
+  auto exhaustive =
+      [&](const PolicySets &policies) -> std::optional<std::optional<Choice>> {
+    uint64_t numChoices = countChoices(policies);
+    if (numChoices > kExhaustiveChoices ||
+        problem.numCells() * numChoices > kExhaustiveCellSimulations)
+      return std::nullopt;
+    std::optional<Choice> best;
     std::pair<double, int64_t> bestCost;
     Choice subset = everything;
     for (uint64_t index = 0; index < numChoices; ++index) {
       // `index` in the mixed radix of the candidates' policy counts.
       uint64_t rest = index;
       for (size_t i = 0; i < k; ++i) {
-        subset.regions[i] =
-            problem.policies[i][rest % problem.policies[i].size()];
-        rest /= problem.policies[i].size();
+        subset.regions[i] = policies[i][rest % policies[i].size()];
+        rest /= policies[i].size();
       }
       considerLeast(subset);
       Choice choice = refine(problem, subset, budget.getValue(), true);
       if (!fits(problem, choice))
         continue;
       std::pair<double, int64_t> cost = problem.stepTime(choice);
-      if (!found.best || cost < bestCost) {
-        found.best = std::move(choice);
+      if (!best || cost < bestCost) {
+        best = std::move(choice);
         bestCost = cost;
       }
     }
+    return best;
+  };
+  if (std::optional<std::optional<Choice>> best =
+          exhaustive(problem.policies)) {
+    found.best = std::move(*best);
     return done();
   }
   // Greedy: move candidates to a policy that keeps more (full to selective,
-  // selective or full to none) in order of replay time saved per byte kept
-  // on top, as long as the budget holds.
+  // selective or full to none) in order of the time a step saves per byte
+  // kept on top, as long as the budget holds.
   considerLeast(everything);
   struct Move {
     size_t candidate;
@@ -358,36 +364,50 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
   std::vector<Move> moves;
   for (size_t i = 0; i < k; ++i) {
     RegionOp region = problem.candidates[i];
-    int64_t input = region.getInputBytes();
+    // What a microbatch of the region costs under `checkpoint`: its forward
+    // and replay time, and the bytes its forward keeps.
+    auto timeUs = [&](RegionCheckpoint checkpoint) {
+      switch (checkpoint) {
+      case RegionCheckpoint::None:
+        return regionTimeUs(region, RegionTime::Forward);
+      case RegionCheckpoint::Full:
+        return regionTimeUs(region, RegionTime::CheckpointForward) +
+               regionTimeUs(region, RegionTime::Replay);
+      case RegionCheckpoint::Selective:
+        return regionTimeUs(region, RegionTime::SelectiveForward) +
+               regionTimeUs(region, RegionTime::SelectiveReplay);
+      }
+      llvm_unreachable("unknown region checkpoint");
+    };
+    auto keptBytes = [&](RegionCheckpoint checkpoint) -> int64_t {
+      if (checkpoint == RegionCheckpoint::None)
+        return region.getSavedBytes();
+      return region.getInputBytes() +
+             (checkpoint == RegionCheckpoint::Selective
+                  ? region.getSelectiveSavedBytes().value_or(0)
+                  : 0);
+    };
     for (RegionCheckpoint to : problem.policies[i]) {
       if (to == RegionCheckpoint::Full)
         continue;
-      // From the policy before it: what the replay no longer does, per byte
-      // the forward keeps beyond it.
+      // From the policy before it (policies run from least memory to most).
       RegionCheckpoint from =
           to == RegionCheckpoint::None && problem.policies[i].size() == 3
               ? RegionCheckpoint::Selective
               : RegionCheckpoint::Full;
-      auto kept = [&](RegionCheckpoint checkpoint) -> int64_t {
-        if (checkpoint == RegionCheckpoint::None)
-          return region.getSavedBytes();
-        if (checkpoint == RegionCheckpoint::Selective)
-          return input + region.getSelectiveSavedBytes().value_or(0);
-        return input;
-      };
-      double gain = replayUs(region, from) -
-                    (to == RegionCheckpoint::None ? 0 : replayUs(region, to));
+      double gain = timeUs(from) - timeUs(to);
+      if (gain <= 0) // keeps more and saves no time
+        continue;
       moves.push_back({i, to,
                        gain / static_cast<double>(std::max<int64_t>(
-                                  kept(to) - kept(from), 1))});
+                                  keptBytes(to) - keptBytes(from), 1))});
     }
   }
   llvm::stable_sort(moves, [](const Move &a, const Move &b) {
     return a.gainPerByte > b.gainPerByte;
   });
-  // Policies in order of memory kept: a move applies to a candidate that
-  // keeps less than its target.
-  auto rank = [](RegionCheckpoint checkpoint) {
+  // A move applies to a candidate whose policy keeps less than its target.
+  auto memoryOrder = [](RegionCheckpoint checkpoint) {
     return checkpoint == RegionCheckpoint::Full        ? 0
            : checkpoint == RegionCheckpoint::Selective ? 1
                                                        : 2;
@@ -397,7 +417,7 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
     Choice regions = everything;
     for (const Move &move : moves) {
       RegionCheckpoint &current = regions.regions[move.candidate];
-      if (!allowed(move) || rank(current) >= rank(move.to))
+      if (!allowed(move) || memoryOrder(current) >= memoryOrder(move.to))
         continue;
       RegionCheckpoint before = current;
       current = move.to;
@@ -409,18 +429,27 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
       return std::nullopt;
     return choice;
   };
-  // With selective in play, the sweep over none and full alone too, so that
-  // the third policy never makes the heuristic's answer slower.
   found.best = sweep([](const Move &) { return true; });
-  if (llvm::any_of(moves, [](const Move &move) {
-        return move.to == RegionCheckpoint::Selective;
-      }))
-    if (std::optional<Choice> twoPolicies = sweep([](const Move &move) {
+  // With selective in play, what none and full alone give too (the search
+  // the model without selective costs gets: exhaustive where that is small
+  // enough), so that the third policy never makes the answer slower. Its
+  // least memory too: a selective replay allocates less than a full one.
+  PolicySets twoPolicies(k, {RegionCheckpoint::Full, RegionCheckpoint::None});
+  if (twoPolicies != problem.policies) {
+    Choice selective = everything;
+    for (size_t i = 0; i < k; ++i)
+      if (problem.policies[i].size() == 3)
+        selective.regions[i] = RegionCheckpoint::Selective;
+    considerLeast(selective);
+    std::optional<std::optional<Choice>> exact = exhaustive(twoPolicies);
+    std::optional<Choice> other =
+        exact ? std::move(*exact) : sweep([](const Move &move) {
           return move.to != RegionCheckpoint::Selective;
-        }))
-      if (!found.best ||
-          problem.stepTime(*twoPolicies) < problem.stepTime(*found.best))
-        found.best = std::move(twoPolicies);
+        });
+    if (other && (!found.best ||
+                  problem.stepTime(*other) < problem.stepTime(*found.best)))
+      found.best = std::move(other);
+  }
   return done();
 }
 

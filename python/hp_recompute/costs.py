@@ -719,7 +719,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _write(args: argparse.Namespace, graph: Dict[str, Any], times: Dict[str, Dict[str, float]], source: str) -> int:
     """Writes ``graph`` with ``times`` to ``-o`` and prints the table; the exit status."""
     for region in graph["regions"]:
-        region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in times[region["name"]].items()})
+        measured = times[region["name"]]
+        if not set(SELECTIVE_KEYS) <= set(measured):  # not measured here (Rule 4): none of the input's stays
+            for key in SELECTIVE_KEYS + SELECTIVE_BYTES_KEYS:
+                region.pop(key, None)
+        region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in measured.items()})
     graph["source"] = f"{graph.get('source', '')}; {source}".lstrip("; ")
     try:
         write_outputs([("-o", args.output, text_writer(json.dumps(graph, indent=2, allow_nan=False) + "\n"))])
@@ -729,7 +733,8 @@ def _write(args: argparse.Namespace, graph: Dict[str, Any], times: Dict[str, Dic
     table = sys.stderr if args.output == "-" else sys.stdout  # stdout holds the JSON then
     width = max([12] + [len(name) for name in times])
     print(f"{'region':<{width}} {'fwd_us':>9} {'dx_us':>9} {'dw_us':>9} {'bwd_us':>9} {'dx/fwd':>7} {'dw/fwd':>7} "
-          f"{'ckpt_fwd':>9} {'replay':>9}", file=table)
+          f"{'ckpt_fwd':>9} {'replay':>9}" + (f" {'sel_fwd':>9} {'sel_repl':>9}" if CHECKPOINT_KEYS != FULL_KEYS
+                                               else ""), file=table)
     for name, t in times.items():
         f, i, w, b = (t[k] for k in TIME_KEYS)
         extra = " ".join(f"{t[k]:9.1f}" for k in CHECKPOINT_KEYS if k in t)

@@ -110,8 +110,7 @@ std::optional<RegionCheckpoint> parseRegionCheckpoint(llvm::StringRef name);
 /// runs under checkpoint (`checkpointedForward`), else its fwd_time_us; a
 /// recompute the checkpointed regions' replay_time_us (for a selective
 /// region, selective_fwd_time_us and selective_replay_time_us); I, W and B
-/// their
-/// bwd_input_time_us, bwd_weight_time_us and bwd_time_us, except on the
+/// their bwd_input_time_us, bwd_weight_time_us and bwd_time_us, except on the
 /// first stage (`firstStage`), whose I is priced 0 (the model input needs no
 /// gradient) and whose W is its B. None: the region adds nothing (a
 /// transfer, a clear, a recompute of a plain region). computeStageCosts sums

@@ -22,7 +22,7 @@ namespace mlir::hpr {
 /// The options a plan was made with, recorded as the plan JSON's `planner`.
 struct PlannerOptions {
   std::string prefetch;                ///< jit, lookahead=K or bubble
-  std::string checkpoint;              ///< all, model, none or auto
+  std::string checkpoint;              ///< all, model, none, auto or selective
   std::optional<int64_t> memoryBudget; ///< bytes; none when not given
   std::string tool = "hp-recompute-plan";
 };

@@ -11,8 +11,8 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
     Chooses how each region of `hpr.model` is checkpointed: not, fully, or
     by the selective policy where its selective costs are measured (the same
     choice for every microbatch of a stage, as Megatron and torchtitan make
-    it), and
-    marks `no_checkpoint` the microbatches of checkpointed stages that may
+    it), and marks `no_checkpoint` the microbatches of checkpointed stages
+    that may
     keep all their activations, so that every rank's activation peak under
     jit recompute stays within `budget` bytes and the simulated step time is
     as short as that allows (ties: fewer recomputes). Runs before
@@ -31,8 +31,12 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
        and the fastest that fits wins: optimal among stage-uniform choices.
        Beyond that, a greedy sweep moves candidates to a policy that keeps
        more (full to selective, to none) in order of replay time saved per
-       byte kept on top while the budget holds; with selective in play it
-       sweeps once more over none and full alone, and the faster choice wins.
+       byte kept on top while the budget holds (a move that saves no time
+       is not made). With selective in play, none and full alone are searched
+       too, as for a model without selective costs (exhaustively where 2^k
+       choices are few enough), and the faster choice wins: the third policy
+       never makes the answer slower. The least memory is sought from
+       every region selective too.
     4. Then, per rank, microbatches of checkpointed stages are made plain,
        shortest-lived first, where the peak still fits and the rank saves
        time; kept only if the simulated step time does not grow.

@@ -110,15 +110,20 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
             raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}', but the "
                            f"stage module ({type(module).__name__}) has no submodule of that name; keep the full "
                            f"model's FQNs in each stage module (as torchtitan does)") from None
+        if _is_our_wrapper(region) and fqn in selective and _wrapper_context_fn(region) is None:
+            raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
+                           f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "
+                           f"every op; unwrap it (the plan checkpoints it) or pass the policy: "
+                           f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
         if getattr(region, _MARK, False):
+            # Patched for an earlier plan (stages reused by another schedule): this plan's policy.
+            forward = region.forward
+            if isinstance(forward, functools.partial) and forward.func is _planned_forward:
+                region.forward = functools.partial(_planned_forward, forward.args[0],
+                                                   context_fn if fqn in selective else None)
             continue
         _refuse_compiled_around(region, fqn, stage)
         if _is_our_wrapper(region):
-            if fqn in selective and _wrapper_context_fn(region) is None:
-                raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
-                               f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "
-                               f"every op; unwrap it (the plan checkpoints it) or pass the policy: "
-                               f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
             region.forward = functools.partial(_wrapped_forward, region.forward, region._checkpoint_wrapped_module)
         elif hasattr(region, "checkpoint_fn") or hasattr(region, "_checkpoint_wrapped_module"):
             raise RunError(f"hp_recompute.pipelining: stage {stage}: region '{fqn}' is already wrapped by torch's "

@@ -167,6 +167,22 @@ def test_a_selective_plan_refuses_a_wrapper_without_a_policy() -> None:
     assert isinstance(module.layers["1"].forward, functools.partial)
 
 
+@needs_selective
+def test_stages_reused_by_another_plan_take_its_policy() -> None:
+    """A second schedule over the same stage modules checkpoints each region as its own plan
+    says, not as the first one did."""
+    from hp_recompute.pipelining.regions import checkpoint_regions
+
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(4, 4)})
+    assert checkpoint_regions(module, ["layers.0"], 0) == ["layers.0"]
+    assert module.layers["0"].forward.args[1] is None  # full: no context_fn
+    assert checkpoint_regions(module, ["layers.0"], 0, selective=["layers.0"]) == []
+    assert module.layers["0"].forward.args[1] is not None  # selective
+    checkpoint_regions(module, ["layers.0"], 0)
+    assert module.layers["0"].forward.args[1] is None
+
+
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
                     f"backwards (hp_recompute.compile_split, torch >= 2.13)")
 def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -> None:

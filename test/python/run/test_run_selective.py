@@ -2,7 +2,9 @@
 
 Costs measure each region under the selective checkpoint, the planner prices a
 ``--checkpoint selective`` plan with those costs, and the runner applies the policy: gradients
-as a plain step's, replays without matmuls, planned memory close to the allocator's.
+as a plain step's, and planned memory close to the allocator's, which the selective policy's
+saved matmul outputs raise above the full checkpoint's (the replays' matmul count is tested
+under PlannedSchedule, test_planned_schedule.py).
 """
 
 from __future__ import annotations

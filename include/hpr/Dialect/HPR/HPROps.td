@@ -61,11 +61,11 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     `checkpoint`: the region's activations are recomputed in backward rather
     than kept; with `selective`, by the selective policy: the outputs of its
     op set (matmuls, attention) are saved and only the rest is recomputed,
-    at the measured selective costs below. `non_checkpointable` marks code outside submodule calls
-    (embedding, head, loss), which is always kept. Costs: forward FLOPs and
-    measured time, bytes autograd saves inside the region (`saved`), the
-    boundary input kept when the region is checkpointed (`input`) and its
-    parameter bytes (`params`). In the attribute dictionary, absent when not
+    at the measured selective costs below. `non_checkpointable` marks code
+    outside submodule calls (embedding, head, loss), which is always kept.
+    Costs: forward FLOPs and measured time, bytes autograd saves inside the
+    region (`saved`), the boundary input kept when the region is
+    checkpointed (`input`) and its parameter bytes (`params`). In the attribute dictionary, absent when not
     profiled: the measured dx, dw and full backward times (`bwd_input_time_us`,
     `bwd_weight_time_us`, `bwd_time_us`), the forward under checkpoint
     (`checkpoint_fwd_time_us`), one replay (`replay_time_us`), the bytes of
@@ -80,7 +80,8 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     its replay allocates (`selective_replay_bytes`).
   }];
   let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
-                       UnitAttr:$selective, UnitAttr:$non_checkpointable, F64Attr:$fwd_flops,
+                       UnitAttr:$selective, UnitAttr:$non_checkpointable,
+                       F64Attr:$fwd_flops,
                        F64Attr:$fwd_time_us, I64Attr:$saved_bytes,
                        I64Attr:$input_bytes, I64Attr:$param_bytes,
                        OptionalAttr<F64Attr>:$bwd_input_time_us,
