@@ -20,6 +20,17 @@ trap 'rm -rf "$out"' EXIT
 export PYTHONPATH="$repo/python"
 "$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --processes 2 \
   -o "$out/gpt.costed.json" >/dev/null 2>&1
+# The --stages spec of the plan a run report executed: replanned, the run's split is kept (a
+# split balanced again by the run's times could move a region to another stage).
+split_of() {
+  "$py" -c "
+import json, sys
+stages, first, spans = json.load(open(json.load(open(sys.argv[1]))['plan']))['model']['stages'], 0, []
+for st in stages:
+    spans.append(f\"{st['stage']}:{first}-{first + len(st['regions']) - 1}\")
+    first += len(st['regions'])
+print(','.join(spans))" "$1"
+}
 for sched in 1f1b zb-h1 zbv; do
   "$tool" --model "$out/gpt.costed.json" --checkpoint all --schedule-gen "$sched" --ranks 2 \
     --microbatches "$mb" --emit json -o "$out/$sched-all.json"
@@ -35,8 +46,8 @@ for sched in 1f1b zb-h1 zbv; do
     report="$out/$sched-${run%%:*}.json"
     "$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --from-run "$report" \
       -o "$report.costs.json" >/dev/null
-    "$tool" --model "$report.costs.json" --checkpoint "${run##*:}" --schedule-gen "$sched" --ranks 2 \
-      --microbatches "$mb" --emit json -o "$report.replanned.json"
+    "$tool" --model "$report.costs.json" --checkpoint "${run##*:}" --stages "$(split_of "$report")" \
+      --schedule-gen "$sched" --ranks 2 --microbatches "$mb" --emit json -o "$report.replanned.json"
   done
 done
 "$py" - "$out" "$mb" "$steps" <<'PY'
