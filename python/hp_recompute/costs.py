@@ -333,6 +333,8 @@ def times_from_run(names: Sequence[str], report_path: str,
         stages = {st["stage"]: st["regions"] for st in plan["model"]["stages"]}
         priced = {r["name"]: r for regions in stages.values() for r in regions}
         checkpointed = {r["name"]: region_checkpoint(r) for r in priced.values()}
+    except ValueError as e:
+        raise RunError(f"hp_recompute.costs: {plan_path}: /model/stages: {e}") from None
     except (KeyError, TypeError, AttributeError):
         raise RunError(f"hp_recompute.costs: {plan_path}: /model/stages: expected stages of named regions "
                        f"(a plan JSON of hp-recompute-plan)") from None

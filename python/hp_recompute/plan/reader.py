@@ -116,9 +116,17 @@ class Plan:
 
 def region_checkpoint(region: Dict[str, Any]) -> str:
     """A plan region's checkpoint policy: ``"none"``, ``"full"`` or ``"selective"`` (its JSON
-    ``checkpoint``: false, true or "selective"; NOTE [ Selective policy ])."""
+    ``checkpoint``: false, true or "selective"; NOTE [ Selective policy ]). Raises ``ValueError``
+    for any other value (an admitted plan has none; ``--from-run`` reads plans unadmitted)."""
     value = region.get("checkpoint", False)
-    return "selective" if value == "selective" else "full" if value is True else "none"
+    if value is False:
+        return "none"
+    if value is True:
+        return "full"
+    if value == "selective":
+        return "selective"
+    raise ValueError(f"region '{region.get('name')}': checkpoint: expected false, true or \"selective\", "
+                     f"got {value!r}")
 
 
 #: Deeper than any plan nests (6 levels); Python's parser would overflow its stack first.

@@ -37,15 +37,15 @@ STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one st
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
-             autocast: bool = False, planned_layout: bool = False) -> List[Dict[str, Any]]:
+             autocast: bool = False, planned_layout: bool = False, policy: Any = True) -> List[Dict[str, Any]]:
     stages = STAGES[schedule]
     layers = LAYERS_PER_STAGE * stages
-    model_json(tmp / "model.json", layers)
+    model_json(tmp / "model.json", layers, policy)
     plan = tmp / "plan.json"
     layout = {"dp_shard": 2, "dp_replicate": dp // 2} if planned_layout else {}  # docs/fsdp.md
     plan.write_text(json.dumps(make_plan(schedule_gen=schedule, model=tmp / "model.json", ranks=2,
                                          microbatches=MICROBATCHES, stages=stage_spec(stages), prefetch=prefetch,
-                                         **layout)))
+                                         checkpoint="model", **layout)))
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
@@ -104,6 +104,15 @@ def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Pa
     """torchtitan's composition under PlannedSchedule: blocks wrapped with a selective policy
     (matmul outputs saved), ``fully_shard``-ed, bfloat16 autocast, prefetched replays."""
     check(run_case(tmp_path, True, "bubble", selective=True, autocast=True))
+
+
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_a_selective_plan_on_plain_fsdp2_blocks_under_autocast(tmp_path: Path) -> None:
+    """The plan, not the user, says selective: PlannedSchedule checkpoints plain
+    ``fully_shard``-ed blocks with the selective policy inside FSDP's hooks, under bfloat16
+    autocast, replays prefetched into bubbles (gathering their parameters)."""
+    check(run_case(tmp_path, True, "bubble", unwrapped=True, autocast=True, policy="selective"))
 
 
 @pytest.mark.parametrize("hsdp", [False, True], ids=["fsdp2", "hsdp"])

@@ -105,6 +105,22 @@ def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path, p
         assert planned != json.loads(plan.read_text())["summary"]["busy_us"][rank["rank"]]
 
 
+def test_a_run_plan_with_an_unknown_policy_is_located(tmp_path: Path) -> None:
+    """``--from-run`` reads the run's plan without admitting it: a policy it does not know is
+    an error naming the plan and the region, not a region priced as not checkpointed."""
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"model": {"stages": [{"stage": 0, "regions": [
+        {"name": "blocks.0", "checkpoint": "Selective"}]}]}}))
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": []}]}))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 1, proc.stderr
+    assert (f"hp_recompute.costs: {plan}: /model/stages: region 'blocks.0': checkpoint: expected false, true or "
+            f"\"selective\", got 'Selective'") in proc.stderr
+    assert not out.exists() and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("report,where", [
     ({"ranks": [{"rank": 0}]},
      "/ranks: expected measured_action_us per rank (a multi-process report of python -m hp_recompute.run)"),
