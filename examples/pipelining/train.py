@@ -22,7 +22,9 @@ docs/fsdp.md walks through it:
 With ``--compile inductor`` (or ``aot_eager``) each block is compiled in torchtitan's
 order, after checkpoint-wrapping and before ``fully_shard``: a wrapped block's
 ``compile()`` compiles it inside the checkpoint with a backend whose backward splits into
-the plan's I and W (docs/compile-split.md).
+the plan's I and W (docs/compile-split.md). A plan that checkpoints selectively
+(``--checkpoint selective``, on a model with selective costs) compiles with ``aot_eager``
+only: inductor's fused kernels hide their ops from the policy (NOTE [ Selective policy ]).
 """
 
 import argparse
@@ -37,12 +39,13 @@ from torch.distributed.pipelining import PipelineStage
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as decoder  # noqa: E402
 
-from hp_recompute import checkpoint_wrapper, compile_backend, reset_stats, stats  # noqa: E402
+from hp_recompute import checkpoint_wrapper, compile_backend, reset_stats, selective_context_fn, stats  # noqa: E402
 from hp_recompute.pipelining import PlannedSchedule  # noqa: E402
 
 
 def prepare(module: torch.nn.Module, regions: list, mesh, reshard_after_forward: bool, backend) -> None:
-    """torchtitan's order: checkpoint-wrap what the plan checkpoints, compile each block, ``fully_shard``
+    """torchtitan's order: checkpoint-wrap what the plan checkpoints (with the selective policy's
+    ``context_fn`` where the plan says ``"selective"``), compile each block, ``fully_shard``
     each block, then the stage.
 
     The wrapper must come before ``fully_shard``: it replays its block with the block's
@@ -52,11 +55,12 @@ def prepare(module: torch.nn.Module, regions: list, mesh, reshard_after_forward:
     """
     if mesh is not None:
         from torch.distributed.fsdp import fully_shard
-    checkpointed = {r["name"] for r in regions if r.get("checkpoint")}
+    policy = {r["name"]: r.get("checkpoint") for r in regions}
     for name in list(module.layers.keys()):
         block = module.layers[name]
-        if f"layers.{name}" in checkpointed:
-            block = checkpoint_wrapper(block)
+        if policy.get(f"layers.{name}"):  # true (full) or "selective": the policy's context_fn
+            selective = {"context_fn": selective_context_fn()} if policy[f"layers.{name}"] == "selective" else {}
+            block = checkpoint_wrapper(block, **selective)
             if backend:
                 block.compile(backend=backend)
         elif backend:

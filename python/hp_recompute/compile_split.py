@@ -84,7 +84,7 @@ import torch
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["SUPPORTED", "compile_backend", "split_compile_kwargs"]
+__all__ = ["SUPPORTED", "compile_backend", "dispatches_each_op", "split_compile_kwargs"]
 
 
 def _version() -> Tuple[int, int]:
@@ -388,6 +388,15 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: Ca
         return _split(g, ex, is_weight, compile_half, kw.get("static_input_idxs") or ())
 
     return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=options, **kwargs)
+
+
+def dispatches_each_op(backend: Any) -> bool:
+    """Whether a block compiled with ``backend`` still dispatches each aten op when it runs
+    (``"eager"``, ``"aot_eager"``, ``compile_backend("aot_eager")``), so that a dispatch mode
+    around it, a selective policy's, sees them (NOTE [ Selective policy ] Rule 5)."""
+    if isinstance(backend, str):
+        return backend in ("eager", "aot_eager")
+    return getattr(backend, "__name__", None) == "hp_recompute_aot_eager"
 
 
 def split_compile_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -24,6 +24,15 @@ and the replay recomputes only the rest, reading those outputs back.
 4. torch before 2.4 has no ``create_selective_checkpoint_contexts``: a plan with a
    selective region is refused there before any rank runs (``plan.reader.build_plan``),
    and the costs tool writes no ``selective_*`` field.
+5. The policy sees the aten ops the region dispatches, one by one. A block compiled with
+   inductor runs fused kernels instead, its matmuls as ``out=`` calls into buffers the
+   kernel owns (``aten.addmm.out``): no policy can save those (returning a cached tensor
+   would leave the buffer unwritten), so the replay would recompute every matmul while
+   the plan prices a selective one. Hence ``checkpoint_wrapper(block, context_fn=...)
+   .compile()`` accepts only backends that dispatch each aten op (``"aot_eager"``,
+   ``"eager"``), and ``selective_context_fn()``'s policy raises ``CheckpointError`` at the
+   first ``out=`` call of a saved op, in the forward, before any gradient exists: whatever
+   compiled the block, the policy is applied or the step stops.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from typing import Any, Callable, ContextManager, Iterable, List, Optional, Tupl
 
 import torch
 import torch.utils.checkpoint
+
+from .errors import CheckpointError, error_text
 
 __all__ = ["SAVED_OPS", "saved_ops", "selective_context_fn", "selective_supported"]
 
@@ -60,14 +71,38 @@ def saved_ops(names: Iterable[str] = SAVED_OPS) -> List[Any]:
     return ops
 
 
+class _SavedOpsPolicy:
+    """``create_selective_checkpoint_contexts``'s policy function: save the outputs of ``ops``,
+    recompute every other op (Rule 2); an ``out=`` overload of a saved op is compiled code
+    the policy cannot apply to (Rule 5)."""
+
+    def __init__(self, ops: Iterable[Any]) -> None:
+        self.ops = frozenset(ops)
+        self.packets = frozenset(op.overloadpacket for op in self.ops)
+
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        if op in self.ops:
+            return CheckpointPolicy.MUST_SAVE
+        if getattr(op, "overloadpacket", None) in self.packets and op._schema.is_mutable:
+            raise CheckpointError(error_text(
+                f"the selective policy (NOTE [ Selective policy ] Rule 5) sees {op}, an out= kernel that compiled "
+                f"code (inductor) calls into its own buffer: it cannot be saved, so the replay would recompute "
+                f"every matmul; compile the block with backend=\"aot_eager\", or checkpoint it in full"))
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def selective_context_fn(
         names: Optional[Iterable[str]] = None) -> Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]:
     """The ``context_fn`` that checkpoints selectively (Rule 2): saves the outputs of ``names``
-    (default ``SAVED_OPS``), recomputes the rest. Raises ``RuntimeError`` on a torch without it."""
+    (default ``SAVED_OPS``), recomputes the rest; its forward raises ``CheckpointError`` on
+    a block compiled to fused kernels (Rule 5). Raises ``RuntimeError`` on a torch without it."""
     if not selective_supported():
         raise RuntimeError(f"hp_recompute: selective recompute needs torch >= 2.4 "
                            f"(torch.utils.checkpoint.create_selective_checkpoint_contexts); this is torch "
                            f"{torch.__version__}")
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return functools.partial(create_selective_checkpoint_contexts, saved_ops(SAVED_OPS if names is None else names))
+    return functools.partial(create_selective_checkpoint_contexts,
+                             _SavedOpsPolicy(saved_ops(SAVED_OPS if names is None else names)))

@@ -153,3 +153,63 @@ def test_our_hooks_are_not_compiled_inside_a_compiled_module_whose_frame_dynamo_
 
 def _torch_checkpoint(function, *args):
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+
+
+needs_split_and_selective = pytest.mark.skipif(
+    not hr.compile_split.SUPPORTED or not hr.selective.selective_supported(),
+    reason="needs the compiled dx/dw split (torch >= 2.13) and selective checkpointing")
+FUSED = "compile the block with backend=\"aot_eager\", or checkpoint it in full"
+
+
+@needs_split_and_selective
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_selective_policy_runs_on_a_block_compiled_with_aot_eager_and_stops_at_inductors_kernels(backend):
+    """NOTE [ Selective policy ] Rule 5: around a block compiled with aot_eager the policy
+    sees each aten op (the replay reads the matmuls back: gradients of the eager block);
+    around inductor's fused kernels it would save nothing, so its first out= matmul stops
+    the forward, before any gradient exists."""
+    torch.manual_seed(0)
+    eager, compiled = Block(), Block()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile(backend=backend)
+    torch.manual_seed(1)
+    x = torch.randn(4, 16)
+    torch.manual_seed(2)  # the same dropout masks in both
+    want = hr.checkpoint(eager, x, context_fn=hr.selective_context_fn()).square().sum()
+    want.backward()
+    if backend == "inductor":
+        with pytest.raises(hr.CheckpointError) as err:
+            hr.checkpoint(compiled, x, context_fn=hr.selective_context_fn())
+        assert "sees aten.addmm.out, an out= kernel that compiled code (inductor) calls into its own buffer" in \
+            str(err.value) and FUSED in str(err.value), str(err.value)
+        assert all(p.grad is None for p in compiled.parameters())
+        return
+    torch.manual_seed(2)
+    got = hr.checkpoint(compiled, x, context_fn=hr.selective_context_fn()).square().sum()
+    got.backward()
+    torch.testing.assert_close(got, want)
+    for p, q in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+@needs_split_and_selective
+def test_a_selective_wrapper_compiles_only_with_a_backend_that_dispatches_each_op():
+    """Rule 5 at ``compile()``: inductor (the default) is refused for a wrapper whose
+    context_fn enters a dispatch mode, before anything runs; aot_eager and a context_fn
+    without a mode compile."""
+    import contextlib
+
+    for kwargs in ({}, {"backend": "inductor"}, {"backend": hr.compile_backend("inductor")}):
+        wrapper = hr.checkpoint_wrapper(Block(), context_fn=hr.selective_context_fn())
+        with pytest.raises(hr.CheckpointError) as err:
+            wrapper.compile(**kwargs)
+        assert "this checkpoint_wrapper's context_fn enters a dispatch mode (a selective policy)" in str(err.value)
+        assert "compile with backend=\"aot_eager\", or drop the context_fn to checkpoint in full" in str(err.value)
+        assert getattr(wrapper._checkpoint_wrapped_module, "_compiled_call_impl", None) is None
+    x = torch.randn(4, 16, requires_grad=True)
+    for backend, context_fn in (("aot_eager", hr.selective_context_fn()),
+                                ("inductor", lambda: (contextlib.nullcontext(), contextlib.nullcontext()))):
+        wrapper = hr.checkpoint_wrapper(Block(), context_fn=context_fn)
+        wrapper.compile(backend=backend)
+        wrapper(x).sum().backward()
+        assert all(p.grad is not None for p in wrapper.parameters())

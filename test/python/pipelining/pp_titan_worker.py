@@ -134,7 +134,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
     from torch.distributed.pipelining import PipelineStage
 
-    from hp_recompute import checkpoint_wrapper, reset_stats, stats
+    from hp_recompute import checkpoint_wrapper, reset_stats, selective_context_fn, stats
     from hp_recompute.pipelining import PlannedSchedule
 
     dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=cfg["ranks"])
@@ -172,7 +172,8 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
             torch_on_compiled = f"{type(e).__name__}: {e}"
 
         def titan(block: nn.Module) -> nn.Module:  # torchtitan's order: activation checkpointing, then compile
-            wrapped = checkpoint_wrapper(block)
+            policy = {"context_fn": selective_context_fn()} if cfg.get("selective") else {}
+            wrapped = checkpoint_wrapper(block, **policy)
             wrapped.compile(backend=cfg["backend"], fullgraph=True)
             return wrapped
 
@@ -183,10 +184,11 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         reset_stats()
         flops = pp_worker.profiled_step(schedule, plan_stages, x, y)  # a third step
         plan_replays.append(stats()["replays"])
+        replay_matmuls = pp_worker.replay_matmuls(schedule, plan_stages, x, y)  # a fourth step
         one_backward = one_backward_flops(plan_stages, x, y, cfg)
         torch.save({"ref_losses": ref_losses, "plan_losses": plan_losses, "ref_grads": grads(ref_stages),
                     "plan_grads": plan_grads, "plan_replays": plan_replays, "blocks": len(mine),
-                    "flops": flops, "one_backward": one_backward, "torch_on_compiled": torch_on_compiled},
+                    "flops": flops, "replay_matmuls": replay_matmuls, "one_backward": one_backward, "torch_on_compiled": torch_on_compiled},
                    os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -141,7 +141,8 @@ def replay_matmuls(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.T
 
     Counted by a dispatch mode entered around the step, so below any mode a replay
     enters: a selective policy's recompute mode answers a saved op from its cache without
-    dispatching it further (torch's profiler would still record the call).
+    dispatching it further (torch's profiler would still record the call). A block compiled
+    with aot_eager dispatches its ops through it too.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -151,6 +152,10 @@ def replay_matmuls(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.T
 
     class Count(TorchDispatchMode):
         n = 0
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:  # compiled blocks stay compiled, their ops counted at run time
+            return True
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             if func in matmuls and THREAD.replay is not None:

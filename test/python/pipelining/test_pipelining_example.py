@@ -59,10 +59,18 @@ def test_the_example_trains_pp2_x_fsdp2_under_torchrun(tmp_path: Path, keep: boo
     assert float(steps[2][1]) < float(steps[0][1])
 
 
-def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str) -> subprocess.CompletedProcess:
-    plan = tmp_path / f"{schedule}.json"
+def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str, policy: str = "all") -> subprocess.CompletedProcess:
+    plan = tmp_path / f"{schedule}.{policy}.json"
     if not plan.exists():
-        subprocess.run([str(PLAN_TOOL), "--model", str(REPO / "examples/pipelining/decoder.model.json"),
+        model = REPO / "examples/pipelining/decoder.model.json"
+        if policy == "selective":  # the example's costs have no selective ones: made up, the run is what counts
+            data = json.loads(model.read_text())
+            for region in data["regions"]:
+                if region["checkpointable"]:
+                    region.update(selective_replay_time_us=1.0, selective_saved_bytes=region["saved_bytes"] // 2)
+            model = tmp_path / "decoder.selective.model.json"
+            model.write_text(json.dumps(data))
+        subprocess.run([str(PLAN_TOOL), "--model", str(model), "--checkpoint", policy,
                         "--schedule-gen", schedule, "--ranks", "2", "--microbatches", "4", "--prefetch", "bubble",
                         "--emit", "json", "-o", str(plan)], check=True)
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1")
@@ -93,4 +101,35 @@ def test_compiled_fsdp2_blocks_under_a_split_plan_are_refused_before_the_first_s
     proc = _train(tmp_path, "zbv", 4, "--dp", "2", "--compile", "aot_eager")
     assert proc.returncode != 0
     assert "holds FSDP2 modules (fully_shard) with compiled blocks, and the plan splits its backward" in proc.stderr
+    assert "step 0" not in proc.stdout
+
+
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED or
+                    not __import__("hp_recompute").fsdp.FSDP_AVAILABLE,
+                    reason="needs the compiled dx/dw split (torch >= 2.13) and FSDP2")
+@pytest.mark.parametrize("schedule,dp,backend", [("zbv", 1, None), ("zbv", 1, "aot_eager"), ("1f1b", 2, "aot_eager")],
+                         ids=["zbv-eager", "zbv-aot_eager", "1f1b-pp2xfsdp2-aot_eager"])
+def test_the_example_trains_a_selective_plan_to_the_full_plans_losses_under_torchrun(tmp_path: Path, schedule: str,
+                                                                                     dp: int, backend: str) -> None:
+    """torchtitan's whole order with the plan's selective policy: checkpoint-wrap with
+    ``selective_context_fn()``, ``block.compile()``, (``fully_shard``), the stage, under
+    torchrun: the losses of the plan that checkpoints in full, one replay per block per
+    microbatch."""
+    runs = {}
+    for policy in ("all", "selective"):
+        proc = _train(tmp_path, schedule, 2 * dp, "--dp", str(dp), *(["--compile", backend] if backend else []),
+                      policy=policy)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[policy] = re.findall(r"step (\d): loss ([0-9.]+), replays on rank \d: (\d+)", proc.stdout)
+    assert len(runs["all"]) == 3 and runs["selective"] == runs["all"], runs
+
+
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
+                    reason="the compiled dx/dw split needs torch >= 2.13")
+def test_a_selective_plan_with_inductor_compiled_blocks_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    """NOTE [ Selective policy ] Rule 5: inductor's fused kernels hide their matmuls from the
+    policy, so the selective wrapper's ``compile()`` refuses inductor, before any step."""
+    proc = _train(tmp_path, "zbv", 2, "--compile", "inductor", policy="selective")
+    assert proc.returncode != 0
+    assert "this checkpoint_wrapper's context_fn enters a dispatch mode (a selective policy)" in proc.stderr
     assert "step 0" not in proc.stdout

@@ -194,26 +194,33 @@ def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -
     check(results, 4)
 
 
-COMPILED_CASES = [("zbv", "aot_eager"), ("zbv", "inductor"), ("izb", "aot_eager")]
+COMPILED_CASES = [("zbv", "aot_eager", True), ("zbv", "inductor", True), ("izb", "aot_eager", True),
+                  ("zbv", "aot_eager", "selective")]
 if getattr(pipelining.schedules, "ScheduleDualPipeV", None) is not None:
-    COMPILED_CASES.append(("dpv", "aot_eager"))
+    COMPILED_CASES.append(("dpv", "aot_eager", True))
 
 
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
                     f"backwards (hp_recompute.compile_split, torch >= 2.13)")
-@pytest.mark.parametrize("torch_schedule,backend", COMPILED_CASES, ids=[f"{s}-{b}" for s, b in COMPILED_CASES])
+@pytest.mark.parametrize("torch_schedule,backend,policy", COMPILED_CASES,
+                         ids=[f"{s}-{b}" + ("-selective" if p == "selective" else "") for s, b, p in COMPILED_CASES])
 def test_a_torchtitan_model_with_block_compile_runs_a_zero_bubble_plan(tmp_path: Path, torch_schedule: str,
-                                                                       backend: str) -> None:
+                                                                       backend: str, policy: Any) -> None:
     """Issue 28's bar: a held-out torchtitan-style Llama (RMSNorm, rotary embeddings, SDPA,
     SwiGLU; ``layers`` a ModuleDict), each block wrapped with our ``checkpoint_wrapper`` and
     then ``block.compile(backend=..., fullgraph=True)`` (torchtitan's order, nothing else
     set), runs a plan of torch's zero-bubble order on 2 ranks: gradients of torch's eager
     schedule with checkpointing, one replay per block and microbatch, and the matmul work
     of the plan's I, W (and B) actions, replays apart, within 5% of one plain backward of
-    the same compiled stages. torch's own schedule refuses those stages (recorded)."""
+    the same compiled stages. torch's own schedule refuses those stages (recorded).
+
+    Selective (a plan that says so, blocks wrapped with ``selective_context_fn()``, compiled
+    with aot_eager: NOTE [ Selective policy ] Rule 5): the compiled replays run no matmul,
+    where full replays run them."""
     microbatches = 4
     results = run_case(tmp_path, torch_schedule, 2, 4, microbatches, prefetch="bubble", per=1,
-                       worker=pp_titan_worker.main, backend=backend)
+                       worker=pp_titan_worker.main, backend=backend, policy=policy,
+                       selective=policy == "selective")
     tol = {"aot_eager": 1e-5, "inductor": 1e-4}[backend]
     for rank, res in enumerate(results):
         for got, want in zip(res["plan_losses"], res["ref_losses"]):
@@ -226,12 +233,14 @@ def test_a_torchtitan_model_with_block_compile_runs_a_zero_bubble_plan(tmp_path:
         i = sum(n for k, n in flops.items() if k.startswith("backward_input"))
         w = sum(n for k, n in flops.items() if k.startswith("backward_weight"))
         b = flops.get("backward", 0)  # DualPipeV runs some microbatches' backward whole
-        print(f"\n{torch_schedule} {backend} rank {rank}: matmul FLOPs I {i} + W {w} + B {b} = {i + w + b}; one "
-              f"backward {one} ({(i + w + b) / one:.3f}x); by action {flops}; torch's schedule on compiled stages: "
-              f"{res['torch_on_compiled']}")
+        print(f"\n{torch_schedule} {backend} {policy} rank {rank}: matmul FLOPs I {i} + W {w} + B {b} = {i + w + b}; "
+              f"one backward {one} ({(i + w + b) / one:.3f}x); by action {flops}; matmuls in replays "
+              f"{res['replay_matmuls']}; torch's schedule on compiled stages: {res['torch_on_compiled']}")
         assert w > 0 and one > 0
         assert abs(i + w + b - one) <= 0.05 * one, (rank, flops, one)
         assert flops.get("replay", 0) > 0  # the replays ran, and apart from I and W
+        if backend == "aot_eager":  # its ops reach the counter (inductor's run as out= kernels)
+            assert (res["replay_matmuls"] == 0) == (policy == "selective"), (rank, res["replay_matmuls"])
         assert "not supported with stage modules that have used torch.compile" in res["torch_on_compiled"]
 
 
