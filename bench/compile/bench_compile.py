@@ -25,17 +25,12 @@ Usage: python bench/compile/bench_compile.py [--steps 5] [--repeats 2] [--dim 25
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 import torch.distributed as dist
@@ -43,6 +38,8 @@ import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+from harness import machine_line, median_step_ms, spawn, training_step  # noqa: E402
 TESTS = REPO / "test" / "python" / "pipelining"
 RANKS, MICROBATCHES = 2, 4
 # variant -> (schedule, stages, compiled)
@@ -93,12 +90,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, llama: Any, full: Any) ->
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
     target = tokens.roll(-1, dims=1)
-    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-
-    def step() -> None:
-        for st in stages:
-            st.submod.zero_grad(set_to_none=True)
-        schedule.step(*((tokens,) if first else ()), target=target if last else None)
+    step = training_step(schedule, stages, tokens, target)
 
     dist.barrier()
     start = time.perf_counter()
@@ -108,43 +100,30 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, llama: Any, full: Any) ->
     grads = {name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""): p.grad.clone()
              for st in stages for name, p in st.submod.named_parameters()}
     hr.reset_stats()
-    times = []
-    for _ in range(cfg["steps"]):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    replays = hr.stats()["replays"] / cfg["steps"]
-    return {"ms": statistics.median(times) * 1e3, "first_s": first_s, "grads": grads, "replays": replays}
+    ms = median_step_ms(step, cfg["steps"])
+    return {"ms": ms, "first_s": first_s, "grads": grads, "replays": hr.stats()["replays"] / cfg["steps"]}
 
 
-def worker(rank: int, cfg: Dict[str, Any]) -> None:
-    sys.path[:0] = [str(REPO / "python")]
-    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=RANKS)
-    torch.set_num_threads(1)
-    out: Dict[str, Any] = {"rows": []}
-    try:
-        from hp_recompute.factory import import_file
+def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    from hp_recompute.factory import import_file
 
-        llama = import_file(str(REPO / "examples" / "llama" / "model.py"), "bench/compile", RuntimeError)
-        torch.manual_seed(0)
-        full = llama.Transformer(llama.ModelArgs(dim=cfg["dim"], n_layers=cfg["layers"], n_heads=8, n_kv_heads=4,
-                                                 vocab_size=cfg["vocab"], max_seq_len=cfg["seq"]))
-        for repeat in range(cfg["repeats"]):
-            eager: Dict[str, Dict[str, torch.Tensor]] = {}
-            for variant, (kind, _, compiled) in VARIANTS.items():
-                row = _one(rank, cfg, variant, llama, full)
-                grads = row.pop("grads")
-                if not compiled:
-                    eager[kind] = grads
-                    same = None
-                else:
-                    same = all(torch.allclose(grads[n], eager[kind][n], rtol=1e-3, atol=1e-5) for n in grads)
-                out["rows"].append({"repeat": repeat, "variant": variant, "same": same, **row})
-    except BaseException:  # noqa: BLE001 -- reported by the parent
-        out["exception"] = traceback.format_exc()
-    torch.save(out, os.path.join(cfg["out"], f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    llama = import_file(str(REPO / "examples" / "llama" / "model.py"), "bench/compile", RuntimeError)
+    torch.manual_seed(0)
+    full = llama.Transformer(llama.ModelArgs(dim=cfg["dim"], n_layers=cfg["layers"], n_heads=8, n_kv_heads=4,
+                                             vocab_size=cfg["vocab"], max_seq_len=cfg["seq"]))
+    rows = []
+    for repeat in range(cfg["repeats"]):
+        eager: Dict[str, Dict[str, torch.Tensor]] = {}
+        for variant, (kind, _, compiled) in VARIANTS.items():
+            row = _one(rank, cfg, variant, llama, full)
+            grads = row.pop("grads")
+            if not compiled:
+                eager[kind] = grads
+                same = None
+            else:
+                same = all(torch.allclose(grads[n], eager[kind][n], rtol=1e-3, atol=1e-5) for n in grads)
+            rows.append({"repeat": repeat, "variant": variant, "same": same, **row})
+    return {"rows": rows}
 
 
 def main() -> None:
@@ -158,8 +137,6 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
     args = parser.parse_args()
     sys.path[:0] = [str(REPO / "python"), str(TESTS)]
-    import torch.multiprocessing as mp
-
     from hp_recompute import compile_split, make_plan
     from test_planned_schedule import model_json
 
@@ -173,19 +150,13 @@ def main() -> None:
         plan = make_plan(schedule_gen="zbv", model=work / "model.json", ranks=RANKS, microbatches=MICROBATCHES,
                          stages=spec, prefetch="bubble")
         (work / "plan.json").write_text(json.dumps(plan))
-        (work / "out").mkdir()
-        cfg = {"store": str(work / "store"), "out": str(work / "out"), "plan": str(work / "plan.json"),
-               "steps": args.steps, "repeats": args.repeats, "dim": args.dim, "layers": args.layers,
-               "batch": args.batch, "seq": args.seq, "vocab": 1024, "backend": args.backend}
-        mp.start_processes(worker, args=(cfg,), nprocs=RANKS, start_method="spawn", join=True)
-        results: List[Dict[str, Any]] = [torch.load(work / "out" / f"rank{r}.pt") for r in range(RANKS)]
-    for rank, res in enumerate(results):
-        if "exception" in res:
-            sys.exit(f"rank {rank} failed:\n{res['exception']}")
+        cfg = {"plan": str(work / "plan.json"), "steps": args.steps, "repeats": args.repeats, "dim": args.dim,
+               "layers": args.layers, "batch": args.batch, "seq": args.seq, "vocab": 1024, "backend": args.backend}
+        results = spawn(body, cfg, RANKS, work)
     print(f"PP {RANKS} (gloo, 1 thread per rank), {MICROBATCHES} microbatches, Llama-style {args.layers} blocks of "
           f"width {args.dim}, batch {args.batch} x seq {args.seq}, backend {args.backend}; step ms = median of "
           f"{args.steps} steps, slowest rank; first step s = metadata inference (+ compilation), slowest rank")
-    print(f"{platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, {datetime.date.today().isoformat()}")
+    print(machine_line())
     print("| run | variant | step ms | vs torch 1F1B compiled | first step s | replays / step (rank 0) | "
           "gradients = eager |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | --- |")

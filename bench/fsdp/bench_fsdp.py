@@ -27,24 +27,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
-import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+from harness import machine_line, median_step_ms, spawn, training_step  # noqa: E402
 TESTS = REPO / "test" / "python" / "pipelining"
 MICROBATCHES, STAGES, PP, DP = 4, 4, 2, 2
 VARIANTS = ["none", "torch ZBV + checkpoint", "ours jit", "ours bubble", "ours bubble, planned layout"]
@@ -91,12 +87,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
         plan = cfg["plans"][PLANS[variant]]
         schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss, plan=plan)
     x, y = _batch(cfg, mesh.get_local_rank("dp"))
-    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-
-    def step() -> None:
-        for st in stages:
-            st.submod.zero_grad(set_to_none=True)
-        schedule.step(*((x,) if first else ()), target=y if last else None)
+    step = training_step(schedule, stages, x, y)
 
     step()  # warm-up: torch infers the stages' metadata
     CALLS.clear()
@@ -109,40 +100,29 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
             want = ref[name.replace("_checkpoint_wrapped_module.", "")]
             if p.grad is None or not torch.allclose(p.grad.full_tensor(), want, rtol=1e-5, atol=1e-6):
                 grads_ok = False
-    times = []
-    for _ in range(cfg["steps"]):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"ms": statistics.median(times) * 1e3, "peak": meter.peak, "calls": calls, "grads_ok": grads_ok}
+    ms = median_step_ms(step, cfg["steps"])
+    return {"ms": ms, "peak": meter.peak, "calls": calls, "grads_ok": grads_ok}
 
 
-def worker(rank: int, cfg: Dict[str, Any]) -> None:
-    sys.path[:0] = [str(REPO / "python"), str(TESTS)]
-    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=PP * DP)
-    torch.set_num_threads(1)
-    out: Dict[str, Any] = {"rows": []}
-    try:
-        from pp_worker import Net
-        from torch.distributed.device_mesh import init_device_mesh
+def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    sys.path[:0] = [str(TESTS)]
+    from pp_worker import Net
+    from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
-        torch.manual_seed(0)
-        reference = copy.deepcopy(Net(cfg["dim"], cfg["layers"], 0.0))
-        for d in range(DP):
-            xd, yd = _batch(cfg, d)
-            (_loss(reference(xd), yd) / DP).backward()
-        ref = {n: p.grad for n, p in reference.named_parameters()}
-        for repeat in range(cfg["repeats"]):
-            for reshard in (True, False):
-                for variant in VARIANTS:
-                    row = _one(rank, cfg, variant, reshard, mesh, ref)
-                    out["rows"].append({"repeat": repeat, "reshard": reshard, "variant": variant, **row})
-    except BaseException:  # noqa: BLE001 -- reported by the parent
-        out["exception"] = traceback.format_exc()
-    torch.save(out, os.path.join(cfg["out"], f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
+    torch.manual_seed(0)
+    reference = copy.deepcopy(Net(cfg["dim"], cfg["layers"], 0.0))
+    for d in range(DP):
+        xd, yd = _batch(cfg, d)
+        (_loss(reference(xd), yd) / DP).backward()
+    ref = {n: p.grad for n, p in reference.named_parameters()}
+    rows = []
+    for repeat in range(cfg["repeats"]):
+        for reshard in (True, False):
+            for variant in VARIANTS:
+                row = _one(rank, cfg, variant, reshard, mesh, ref)
+                rows.append({"repeat": repeat, "reshard": reshard, "variant": variant, **row})
+    return {"rows": rows}
 
 
 def main() -> None:
@@ -154,8 +134,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256, help="samples per dp rank and step")
     args = parser.parse_args()
     sys.path[:0] = [str(REPO / "python"), str(TESTS)]
-    import torch.multiprocessing as mp
-
     from hp_recompute import make_plan
     from test_planned_schedule import model_json
 
@@ -179,20 +157,14 @@ def main() -> None:
             path = work / f"{name}.json"
             path.write_text(json.dumps(plan))
             plans[name] = str(path)
-        (work / "out").mkdir()
-        cfg = {"store": str(work / "store"), "out": str(work / "out"), "plans": plans, "steps": args.steps,
-               "repeats": args.repeats, "dim": args.dim, "layers": args.layers, "batch": args.batch}
-        mp.start_processes(worker, args=(cfg,), nprocs=PP * DP, start_method="spawn", join=True)
-        results = [torch.load(work / "out" / f"rank{r}.pt") for r in range(PP * DP)]
-    for rank, res in enumerate(results):
-        if "exception" in res:
-            sys.exit(f"rank {rank} failed:\n{res['exception']}")
+        cfg = {"plans": plans, "steps": args.steps, "repeats": args.repeats, "dim": args.dim,
+               "layers": args.layers, "batch": args.batch}
+        results = spawn(body, cfg, PP * DP, work)
     print(f"PP {PP} x FSDP2 {DP} (gloo, 4 processes, 1 thread each), ZBV, {STAGES} stages, {MICROBATCHES} "
           f"microbatches, {args.layers} blocks of width {args.dim}, batch {args.batch} per dp rank; "
           f"step ms = median of {args.steps} steps, slowest rank; peak = allocator bytes above the step's start "
           f"(pp rank 0, 1; dp rank 0)")
-    print(f"{platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{datetime.date.today().isoformat()}")
+    print(machine_line())
     print("| reshard_after_forward | run | variant | step ms | vs none | block calls / microbatch | "
           "peak bytes pp 0, 1 | measured / planned peak pp 0, 1 | gradients = unsharded |")
     print("| --- | ---: | --- | ---: | ---: | ---: | --- | --- | --- |")

@@ -20,29 +20,27 @@ every variant.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+from harness import machine_line, median_step_ms, spawn, training_step  # noqa: E402
 RANKS, MICROBATCHES = 2, 4
 DIM, LAYERS, SEQ, BATCH, VOCAB = 128, 8, 64, 16, 1024
-#: schedule -> (stages, the stage split of the regions tok_embeddings, layers.0-7, norm+output)
-SCHEDULES = {"zbv": (4, "0:0-2,1:3-4,2:5-6,3:7-9"), "1f1b": (2, "0:0-4,1:5-9")}
+#: schedule -> the stage split of the regions tok_embeddings, layers.0-7, norm+output (two
+#: stages per rank for the multi-stage schedules; which rank runs which is the plan's)
+SCHEDULES = {name: "0:0-2,1:3-4,2:5-6,3:7-9" if name in ("zbv", "interleaved-1f1b", "dualpipev") else "0:0-4,1:5-9"
+             for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev")}
 VARIANTS = {"none": dict(checkpoint="none"), "jit": dict(checkpoint="all"),
             "selective jit": dict(checkpoint="selective"), "auto": dict(checkpoint="auto"),
             "auto+bubble": dict(checkpoint="auto", prefetch="bubble")}
@@ -77,55 +75,39 @@ def _one(rank: int, cfg: Dict[str, Any], schedule_name: str, variant: str, llama
     import hp_recompute as hr
     from hp_recompute.pipelining import PlannedSchedule
 
-    stages_n = SCHEDULES[schedule_name][0]
-    mine = [rank] if stages_n == RANKS else [rank, 2 * RANKS - 1 - rank]
+    plan = cfg["plans"][schedule_name][variant]
+    stage_to_rank = plan["schedule"]["stage_to_rank"]
+    stages_n = len(stage_to_rank)
+    mine = [s for s, r in enumerate(stage_to_rank) if r == rank]
     stages = [PipelineStage(llama.stage_module(full, s, stages_n), s, stages_n, torch.device("cpu")) for s in mine]
-    schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss, plan=cfg["plans"][schedule_name][variant])
+    schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss, plan=plan)
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     target = tokens.roll(-1, dims=1)
-    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-
-    def step() -> None:
-        for st in stages:
-            st.submod.zero_grad(set_to_none=True)
-        schedule.step(*((tokens,) if first else ()), target=target if last else None)
+    step = training_step(schedule, stages, tokens, target)
 
     step()  # torch's metadata inference
     step()
     grads = {name: p.grad.clone() for st in stages for name, p in st.submod.named_parameters()}
     hr.reset_stats()
-    times = []
-    for _ in range(cfg["steps"]):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"ms": statistics.median(times) * 1e3, "grads": grads, "replays": hr.stats()["replays"] / cfg["steps"]}
+    ms = median_step_ms(step, cfg["steps"])
+    return {"ms": ms, "grads": grads, "replays": hr.stats()["replays"] / cfg["steps"]}
 
 
-def worker(rank: int, cfg: Dict[str, Any]) -> None:
-    sys.path[:0] = [str(REPO / "python")]
-    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=RANKS)
-    torch.set_num_threads(1)
-    out: Dict[str, Any] = {"rows": []}
-    try:
-        llama = _llama()
-        full = _model(llama)
-        for repeat in range(cfg["repeats"]):
-            for schedule_name in SCHEDULES:
-                baseline: Dict[str, torch.Tensor] = {}
-                for variant in VARIANTS:
-                    row = _one(rank, cfg, schedule_name, variant, llama, full)
-                    grads = row.pop("grads")
-                    baseline = baseline or grads
-                    same = all(torch.allclose(grads[n], baseline[n], rtol=1e-5, atol=1e-6) for n in grads)
-                    out["rows"].append({"repeat": repeat, "schedule": schedule_name, "variant": variant,
-                                        "same": same, **row})
-    except BaseException:  # noqa: BLE001 -- reported by the parent
-        out["exception"] = traceback.format_exc()
-    torch.save(out, os.path.join(cfg["out"], f"rank{rank}.pt"))
-    dist.destroy_process_group()
+def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    llama = _llama()
+    full = _model(llama)
+    rows = []
+    for repeat in range(cfg["repeats"]):
+        for schedule_name in SCHEDULES:
+            baseline: Dict[str, torch.Tensor] = {}
+            for variant in VARIANTS:
+                row = _one(rank, cfg, schedule_name, variant, llama, full)
+                grads = row.pop("grads")
+                baseline = baseline or grads
+                same = all(torch.allclose(grads[n], baseline[n], rtol=1e-5, atol=1e-6) for n in grads)
+                rows.append({"repeat": repeat, "schedule": schedule_name, "variant": variant, "same": same, **row})
+    return {"rows": rows}
 
 
 def _plans(work: Path) -> Dict[str, Dict[str, Any]]:
@@ -140,7 +122,7 @@ def _plans(work: Path) -> Dict[str, Dict[str, Any]]:
     if proc.returncode != 0:
         sys.exit(f"measuring the costs failed:\n{proc.stderr}")
     plans: Dict[str, Dict[str, Any]] = {}
-    for name, (_, split) in SCHEDULES.items():
+    for name, split in SCHEDULES.items():
         gen = dict(schedule_gen=name, model=costed, ranks=RANKS, microbatches=MICROBATCHES, stages=split)
         plans[name] = {"jit": make_plan(**gen)}
         budget = max(plans[name]["jit"]["summary"]["peak_bytes"])
@@ -157,23 +139,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     sys.path[:0] = [str(REPO / "python")]
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         plans = _plans(work)
-        (work / "out").mkdir()
-        cfg = {"store": str(work / "store"), "out": str(work / "out"), "plans": plans, "steps": args.steps,
-               "repeats": args.repeats}
-        mp.start_processes(worker, args=(cfg,), nprocs=RANKS, start_method="spawn", join=True)
-        results: List[Dict[str, Any]] = [torch.load(work / "out" / f"rank{r}.pt") for r in range(RANKS)]
-    for rank, res in enumerate(results):
-        if "exception" in res:
-            sys.exit(f"rank {rank} failed:\n{res['exception']}")
+        results = spawn(body, {"plans": plans, "steps": args.steps, "repeats": args.repeats}, RANKS, work)
     print(f"PP {RANKS} (gloo, 1 thread per rank), {MICROBATCHES} microbatches, Llama-style {LAYERS} blocks of width "
           f"{DIM}, batch {BATCH} x seq {SEQ}; step ms = median of {args.steps} steps, slowest rank; "
           f"{args.repeats} runs per variant, in turn")
-    print(f"{platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, {datetime.date.today().isoformat()}")
+    print(machine_line())
     print("| schedule | variant | blocks n/s/f | step ms per run | median ms | vs jit | simulated vs jit | "
           "replays / step (rank 0) | gradients = none |")
     print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
