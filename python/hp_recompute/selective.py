@@ -14,25 +14,33 @@ and the replay recomputes only the rest, reading those outputs back.
    kernel). They hold most of a transformer block's FLOPs and a minority of its saved
    bytes, so saving them makes the replay cheap at a fraction of no-checkpoint memory.
 2. ``selective_context_fn()`` is the ``context_fn`` of ``hp_recompute.checkpoint`` that
-   applies it: torch's ``create_selective_checkpoint_contexts`` with the op set as a list
-   (listed ops must be saved, every other op prefers recompute). A session replays such a
+   applies it: torch's ``create_selective_checkpoint_contexts`` with a policy function that
+   saves exactly the listed ops (must save) and recomputes every other op (prefers
+   recompute), as torch's list form does, plus Rule 5's check. A session replays such a
    region once, like any other (sessions, prefetch, retain and clear are unchanged).
 3. The costs tool measures a region under this same ``context_fn``
    (``selective_*`` fields), so the planned memory and time are those of what runs. A
    user's own op set goes through ``checkpoint_wrapper(block, context_fn=...)``, which
-   the runtimes keep as it is; the planner then prices it as the plan's policy says.
+   the runtimes keep as it is where the plan says selective (priced as this policy's
+   measured costs) and refuse where the plan says full (it would keep what the plan did
+   not price).
 4. torch before 2.4 has no ``create_selective_checkpoint_contexts``: a plan with a
    selective region is refused there before any rank runs (``plan.reader.build_plan``),
    and the costs tool writes no ``selective_*`` field.
 5. The policy sees the aten ops the region dispatches, one by one. A block compiled with
-   inductor runs fused kernels instead, its matmuls as ``out=`` calls into buffers the
-   kernel owns (``aten.addmm.out``): no policy can save those (returning a cached tensor
-   would leave the buffer unwritten), so the replay would recompute every matmul while
-   the plan prices a selective one. Hence ``checkpoint_wrapper(block, context_fn=...)
-   .compile()`` accepts only backends that dispatch each aten op (``"aot_eager"``,
-   ``"eager"``), and ``selective_context_fn()``'s policy raises ``CheckpointError`` at the
-   first ``out=`` call of a saved op, in the forward, before any gradient exists: whatever
-   compiled the block, the policy is applied or the step stops.
+   inductor runs fused kernels instead: its matmuls become ``out=`` calls into buffers the
+   kernel owns (``aten.addmm.out``), or, with max-autotune, kernels of inductor's own that
+   dispatch nothing. No policy can save either, so the replay would recompute every matmul
+   while the plan prices a selective one. Three checks keep that from running silently:
+   - ``checkpoint_wrapper(block, context_fn=...).compile()`` accepts only a backend that
+     dispatches each aten op (``"aot_eager"``, ``"eager"``) and marks the module it
+     compiled so (``DISPATCHES_EACH_OP``);
+   - the runtimes refuse a region the plan checkpoints selectively when a module in it is
+     compiled and not so marked (``hidden_compiled_modules``), before any rank runs;
+   - ``selective_context_fn()``'s policy raises ``CheckpointError`` at the first ``out=``
+     call of a saved op, in the forward, before any gradient exists (an explicit ``out=``
+     in eager code too, whose output the policy cannot save either: call the op without
+     ``out=``).
 """
 
 from __future__ import annotations
@@ -45,7 +53,12 @@ import torch.utils.checkpoint
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["SAVED_OPS", "saved_ops", "selective_context_fn", "selective_supported"]
+__all__ = ["DISPATCHES_EACH_OP", "SAVED_OPS", "hidden_compiled_modules", "saved_ops", "selective_context_fn",
+           "selective_supported"]
+
+#: Rule 5: set by ``checkpoint_wrapper(...).compile()`` on the module it compiles, True when its
+#: backend dispatches each aten op (a policy around it sees them).
+DISPATCHES_EACH_OP = "_hp_recompute_dispatches_each_op"
 
 #: Rule 1: the default op set, by name (``torch.ops.aten.<name>.default``); names this torch
 #: lacks are skipped.
@@ -87,9 +100,10 @@ class _SavedOpsPolicy:
             return CheckpointPolicy.MUST_SAVE
         if getattr(op, "overloadpacket", None) in self.packets and op._schema.is_mutable:
             raise CheckpointError(error_text(
-                f"the selective policy (NOTE [ Selective policy ] Rule 5) sees {op}, an out= kernel that compiled "
-                f"code (inductor) calls into its own buffer: it cannot be saved, so the replay would recompute "
-                f"every matmul; compile the block with backend=\"aot_eager\", or checkpoint it in full"))
+                f"the selective policy (NOTE [ Selective policy ] Rule 5) sees {op}, an out= call of an op it saves "
+                f"(a compiled kernel's, e.g. inductor's extern matmul, or an explicit out=): an output written into "
+                f"the caller's buffer cannot be saved, so the replay would recompute it; compile the block with "
+                f"backend=\"aot_eager\", call the op without out=, or checkpoint the region in full"))
         return CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -106,3 +120,15 @@ def selective_context_fn(
 
     return functools.partial(create_selective_checkpoint_contexts,
                              _SavedOpsPolicy(saved_ops(SAVED_OPS if names is None else names)))
+
+
+def hidden_compiled_modules(module: torch.nn.Module) -> List[str]:
+    """Rule 5: the names (``""`` for ``module`` itself) of the compiled modules in ``module``
+    whose ops a selective policy cannot see: compiled other than by a checkpoint wrapper's
+    ``compile()`` with a backend that dispatches each aten op."""
+    hidden = []
+    for name, sub in module.named_modules():
+        compiled = "_orig_mod" in sub._modules or getattr(sub, "_compiled_call_impl", None) is not None
+        if compiled and not getattr(sub, DISPATCHES_EACH_OP, False):
+            hidden.append(name)
+    return hidden

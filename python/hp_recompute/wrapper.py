@@ -17,6 +17,7 @@ from .checkpoint import checkpoint
 from .compile_split import dispatches_each_op, split_compile_kwargs
 from .errors import CheckpointError, error_text
 from .fsdp import ReplayFunction
+from .selective import DISPATCHES_EACH_OP
 
 __all__ = ["checkpoint_wrapper"]
 
@@ -42,33 +43,27 @@ if torch.distributed.is_available():
             handles, sessions and prefetch, and its backward splits into I and W.
 
             ``torch.compile``'s keywords; backend ``"inductor"`` (the default) or
-            ``"aot_eager"`` is made ``compile_backend(backend)`` on torch >= 2.13. A
-            ``context_fn`` whose contexts are dispatch modes (a selective policy) needs a
-            backend that dispatches each aten op (NOTE [ Selective policy ] Rule 5).
+            ``"aot_eager"`` is made ``compile_backend(backend)`` on torch >= 2.13. A wrapper
+            with a ``context_fn`` (a selective policy) needs a backend that dispatches each
+            aten op (NOTE [ Selective policy ] Rule 5).
             """
             if not hasattr(torch, "compile"):
                 raise CheckpointError(error_text(f"compile: torch {torch.__version__} has no torch.compile"))
             if args:
                 raise TypeError(error_text("compile: torch.compile's options are keyword-only"))
             backend = kwargs.get("backend", "inductor")
-            if self._sees_ops() and not dispatches_each_op(backend):
-                raise CheckpointError(error_text(
-                    f"compile: this checkpoint_wrapper's context_fn enters a dispatch mode (a selective policy), "
-                    f"which sees the aten ops its block dispatches; backend {backend!r} compiles the block to fused "
-                    f"kernels, so the policy would save nothing and the replay would recompute every matmul "
-                    f"(NOTE [ Selective policy ] Rule 5); compile with backend=\"aot_eager\", or drop the "
-                    f"context_fn to checkpoint in full"))
-            self._checkpoint_wrapped_module.compile(**split_compile_kwargs(kwargs))
-
-        def _sees_ops(self) -> bool:
-            """Whether the wrapper's ``context_fn`` enters a ``TorchDispatchMode`` (forward or replay)."""
             fn = self.checkpoint_fn
-            context_fn = fn.keywords.get("context_fn") if isinstance(fn, functools.partial) else None
-            if context_fn is None:
-                return False
-            from torch.utils._python_dispatch import TorchDispatchMode
-
-            return any(isinstance(ctx, TorchDispatchMode) for ctx in context_fn())
+            if isinstance(fn, functools.partial) and fn.keywords.get("context_fn") is not None \
+                    and not dispatches_each_op(backend):
+                raise CheckpointError(error_text(
+                    f"compile: this checkpoint_wrapper has a context_fn (e.g. a selective policy), whose dispatch "
+                    f"modes see the aten ops its block dispatches; backend {backend!r} compiles the block to fused "
+                    f"kernels they cannot see into, so a policy would save nothing and the replay would recompute "
+                    f"every matmul (NOTE [ Selective policy ] Rule 5); compile with backend=\"aot_eager\", or drop "
+                    f"the context_fn to checkpoint in full"))
+            inner = self._checkpoint_wrapped_module
+            inner.compile(**split_compile_kwargs(kwargs))
+            setattr(inner, DISPATCHES_EACH_OP, dispatches_each_op(backend))
 
 
 def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> torch.nn.Module:

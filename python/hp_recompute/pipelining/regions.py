@@ -16,7 +16,12 @@ parameters as the wrapper's do (``fsdp.ReplayFunction``).
 A region already wrapped with ``hp_recompute.checkpoint_wrapper`` keeps its wrapper (and
 its options, a selective policy's ``context_fn`` included); one wrapped by torch's own
 checkpoint would replay once per backward call, so it is refused with a message rather
-than silently replayed twice.
+than silently replayed twice. A wrapper's own ``context_fn`` must agree with the plan: a
+region the plan checkpoints in full refuses one (it would keep what the plan did not price),
+a selective one needs one; and a selective region with a module compiled where the policy
+cannot see its ops is refused (NOTE [ Selective policy ] Rule 5). A wrapper at a module the
+plan does not checkpoint runs its module plainly (ours) or is refused (torch's): the plan
+places every replay.
 
 A compiled region must be compiled *inside* its checkpoint, as
 ``checkpoint_wrapper(block).compile()`` does (Rule 7 of NOTE [ Compiled dx/dw split ]). A
@@ -36,7 +41,7 @@ from ..checkpoint import checkpoint as hpr_checkpoint
 from ..fsdp import ReplayFunction, is_fsdp_module
 from ..plan.interpreter import forwards_are_plain
 from ..plan.reader import RunError
-from ..selective import selective_context_fn
+from ..selective import hidden_compiled_modules, selective_context_fn
 
 __all__ = ["checkpoint_regions", "is_planned_checkpoint"]
 
@@ -57,6 +62,16 @@ def _wrapped_forward(checkpointed: Any, inner: torch.nn.Module, *args: Any, **kw
     if forwards_are_plain():
         return inner(*args, **kwargs)
     return checkpointed(*args, **kwargs)
+
+
+def _unplanned_forward(inner: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A checkpoint wrapper at a module the plan does not checkpoint: the plan is the program,
+    so its inner module runs plainly (no replay the plan did not place)."""
+    return inner(*args, **kwargs)
+
+
+def _is_wrapper(module: torch.nn.Module) -> bool:
+    return hasattr(module, "checkpoint_fn") or hasattr(module, "_checkpoint_wrapped_module")
 
 
 def _is_our_wrapper(module: torch.nn.Module) -> bool:
@@ -98,23 +113,27 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
     and its options (a selective policy's ``context_fn``); it only learns to run its inner
     module plainly inside ``plain_forwards()``. Returns the FQNs it patched (none twice).
     Raises ``RunError`` naming the region when ``module`` has no such submodule, torch's
-    checkpoint wraps it, or the plan checkpoints it selectively and its wrapper has no
-    ``context_fn`` (it would keep less than planned and replay everything).
+    checkpoint wraps it, it is compiled around its checkpoint, or its wrapper's ``context_fn``
+    disagrees with the plan (none for a selective region: it would keep less than planned and
+    replay everything; one for a full region: it would keep more), or a selective region holds
+    a module compiled where the policy cannot see its ops; and when torch's checkpoint wraps a
+    module the plan does not checkpoint. Our wrappers there run their modules plainly. Every
+    check comes before any patch.
     """
+    regions = [_admitted_region(module, fqn, stage, fqn in selective) for fqn in fqns]
+    for name, sub in module.named_modules():
+        if name not in fqns and _is_wrapper(sub) and not _is_our_wrapper(sub):
+            raise RunError(f"hp_recompute.pipelining: stage {stage}: module '{name}' is wrapped by torch's "
+                           f"checkpoint, but the plan does not checkpoint it, so it would replay where the plan "
+                           f"placed no replay; unwrap it, or wrap it with hp_recompute.checkpoint_wrapper (which "
+                           f"runs it as the plan says)")
+    # Every check passed: now the patches (a refusal above leaves the modules as they were).
     context_fn = selective_context_fn() if selective else None
     patched: List[str] = []
-    for fqn in fqns:
-        try:
-            region = module.get_submodule(fqn)
-        except AttributeError:
-            raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}', but the "
-                           f"stage module ({type(module).__name__}) has no submodule of that name; keep the full "
-                           f"model's FQNs in each stage module (as torchtitan does)") from None
-        if _is_our_wrapper(region) and fqn in selective and _wrapper_context_fn(region) is None:
-            raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
-                           f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "
-                           f"every op; unwrap it (the plan checkpoints it) or pass the policy: "
-                           f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
+    for fqn, region in zip(fqns, regions):
+        if isinstance(region.__dict__.get("forward"), functools.partial) \
+                and region.__dict__["forward"].func is _unplanned_forward:
+            del region.forward  # unplanned by an earlier plan (stages reused), planned by this one
         if getattr(region, _MARK, False):
             # Patched for an earlier plan (stages reused by another schedule): this plan's policy.
             forward = region.forward
@@ -122,13 +141,8 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
                 region.forward = functools.partial(_planned_forward, forward.args[0],
                                                    context_fn if fqn in selective else None)
             continue
-        _refuse_compiled_around(region, fqn, stage)
         if _is_our_wrapper(region):
             region.forward = functools.partial(_wrapped_forward, region.forward, region._checkpoint_wrapped_module)
-        elif hasattr(region, "checkpoint_fn") or hasattr(region, "_checkpoint_wrapped_module"):
-            raise RunError(f"hp_recompute.pipelining: stage {stage}: region '{fqn}' is already wrapped by torch's "
-                           f"checkpoint, which replays once per backward call; unwrap it (the plan checkpoints it) "
-                           f"or wrap it with hp_recompute.checkpoint_wrapper")
         else:
             original = region.forward
             if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (fsdp.py Rule 6)
@@ -136,4 +150,60 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
             region.forward = functools.partial(_planned_forward, original, context_fn if fqn in selective else None)
         setattr(region, _MARK, True)
         patched.append(fqn)
+    _unplan_other_wrappers(module, fqns)
     return patched
+
+
+def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: bool) -> torch.nn.Module:
+    """The region ``fqn`` of ``module``, once every rule it must meet holds (else ``RunError``)."""
+    try:
+        region = module.get_submodule(fqn)
+    except AttributeError:
+        raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}', but the "
+                       f"stage module ({type(module).__name__}) has no submodule of that name; keep the full "
+                       f"model's FQNs in each stage module (as torchtitan does)") from None
+    _refuse_compiled_around(region, fqn, stage)
+    if _is_wrapper(region) and not _is_our_wrapper(region):
+        raise RunError(f"hp_recompute.pipelining: stage {stage}: region '{fqn}' is already wrapped by torch's "
+                       f"checkpoint, which replays once per backward call; unwrap it (the plan checkpoints it) "
+                       f"or wrap it with hp_recompute.checkpoint_wrapper")
+    if _is_our_wrapper(region) and selective and _wrapper_context_fn(region) is None:
+        raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
+                       f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "
+                       f"every op; unwrap it (the plan checkpoints it) or pass the policy: "
+                       f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
+    if _is_our_wrapper(region) and not selective and _wrapper_context_fn(region) is not None:
+        raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' in full, "
+                       f"but its checkpoint_wrapper has a context_fn (its own policy), which keeps what the plan "
+                       f"did not price; drop the context_fn, or plan the region \"selective\" (a model with its "
+                       f"selective costs)")
+    hidden = hidden_compiled_modules(region) if selective else []
+    if hidden:
+        names = ", ".join(f"'{fqn}.{h}'" if h else f"'{fqn}'" for h in hidden)
+        raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
+                       f"\"selective\", but {names} is compiled where the policy cannot see its ops "
+                       f"(NOTE [ Selective policy ] Rule 5), so the replay would recompute every matmul; "
+                       f"compile the block as checkpoint_wrapper(block, context_fn=hp_recompute."
+                       f"selective_context_fn()).compile(backend=\"aot_eager\"), or plan the region in full")
+    return region
+
+
+def _unplan_other_wrappers(module: torch.nn.Module, fqns: Collection[str]) -> None:
+    """A checkpoint wrapper of ours at a module the plan does not checkpoint (a block auto
+    chose to keep, a finer wrapper inside a planned block) would replay where the plan placed
+    no replay: it runs its inner module plainly (torch's was refused above: it cannot be
+    told). A module an earlier plan checkpointed (stages reused) gets its own forward back."""
+    for name, sub in module.named_modules():
+        if name in fqns:
+            continue
+        forward = sub.__dict__.get("forward")
+        if isinstance(forward, functools.partial) and forward.func is _planned_forward:
+            del sub.forward  # planned by an earlier plan (stages reused), not by this one
+            delattr(sub, _MARK)
+        if not _is_our_wrapper(sub):
+            continue
+        forward = sub.__dict__.get("forward")
+        if not (isinstance(forward, functools.partial) and forward.func is _unplanned_forward):
+            sub.forward = functools.partial(_unplanned_forward, sub._checkpoint_wrapped_module)
+        if getattr(sub, _MARK, False):
+            delattr(sub, _MARK)

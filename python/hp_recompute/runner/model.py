@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..factory import call_factory
 from ..plan.reader import Plan, RunError, region_checkpoint
 from ..replay_state import device_module
-from ..selective import selective_context_fn
+from ..selective import hidden_compiled_modules, selective_context_fn
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
            "DEFAULT_MODEL", "region_seed"]
@@ -252,6 +252,13 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: "
                                f"region '{region.name}' is not checkpointable")
             selective = region_checkpoint(pr) == "selective"
+            hidden = hidden_compiled_modules(model.module) if selective else []
+            if hidden:  # the runner's regions are functions: any compiled module of the model may be in one
+                raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: region "
+                               f"'{region.name}' is \"selective\", but model '{model.name}' holds compiled "
+                               f"modules ({', '.join(repr(h) for h in hidden)}) whose ops the policy cannot see "
+                               f"(NOTE [ Selective policy ] Rule 5); do not compile the model for the runner, or "
+                               f"plan the region in full")
             units.append(Unit(region.name, bool(pr.get("checkpoint", False)), [region],
                               selective_context_fn() if selective else None))
             flat.append(region.name)

@@ -58,9 +58,10 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     return results
 
 
-def check(results: List[Dict[str, Any]], plan: Optional[Path] = None) -> None:
-    """Exact gradients and losses, one replay per block and microbatch, nothing left live or
-    gathered; with ``plan``, every unshard and reshard of the rank's program ran (Rule 8)."""
+def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: bool = True) -> None:
+    """Exact gradients and losses, one replay per block and microbatch (none with ``replayed``
+    false), nothing left live or gathered; with ``plan``, every unshard and reshard of the
+    rank's program ran (Rule 8)."""
     for rank, res in enumerate(results):
         assert res["fsdp_split"], (rank, "the FSDP split path did not run")
         for got, want in zip(res["losses"], res["ref_losses"]):
@@ -68,8 +69,8 @@ def check(results: List[Dict[str, Any]], plan: Optional[Path] = None) -> None:
         for name, got in res["grads"].items():
             torch.testing.assert_close(got, res["ref_grads"][name], rtol=1e-5, atol=1e-7, msg=f"rank {rank} {name}")
         for fqn in res["checkpointed"]:  # the forward + one replay per microbatch
-            assert res["calls"][fqn] == 2 * MICROBATCHES, (rank, fqn, res["calls"])
-        assert res["replays"] == [len(res["checkpointed"]) * MICROBATCHES] * 2, (rank, res["replays"])
+            assert res["calls"][fqn] == (2 if replayed else 1) * MICROBATCHES, (rank, fqn, res["calls"])
+        assert res["replays"] == [len(res["checkpointed"]) * MICROBATCHES * replayed] * 2, (rank, res["replays"])
         assert res["live_sessions"] == 0
         assert res["sharded_at_end"] is True
         if plan is not None:
@@ -102,8 +103,16 @@ def test_sharded_blocks_the_user_did_not_wrap(tmp_path: Path) -> None:
 
 def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Path) -> None:
     """torchtitan's composition under PlannedSchedule: blocks wrapped with a selective policy
-    (matmul outputs saved), ``fully_shard``-ed, bfloat16 autocast, prefetched replays."""
-    check(run_case(tmp_path, True, "bubble", selective=True, autocast=True))
+    (matmul outputs saved) under a plan that checkpoints them selectively, ``fully_shard``-ed,
+    bfloat16 autocast, prefetched replays."""
+    check(run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective"))
+
+
+def test_wrapped_fsdp2_blocks_the_plan_does_not_checkpoint_run_plainly(tmp_path: Path) -> None:
+    """torchtitan's order (every block checkpoint-wrapped, then ``fully_shard``-ed) under a plan
+    that checkpoints none of them: the wrappers run their blocks plainly inside FSDP's hooks,
+    no replay, exact gradients, nothing left gathered."""
+    check(run_case(tmp_path, True, "bubble", policy=False), replayed=False)
 
 
 @pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),

@@ -124,7 +124,8 @@ def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_
     (its options, a selective policy's ``context_fn`` too, kept by torch's wrapper as a
     ``functools.partial``) PlannedSchedule uses the wrapper as it is: exact gradients, one
     replay per block and microbatch, prefetched into the bubble."""
-    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, planned_wrap=wrap)
+    results = run_case(tmp_path, "zbv", 2, 4, 4, prefetch="bubble", dropout=0.1, planned_wrap=wrap,
+                       policy="selective" if wrap == "selective" else True)
     check(results, 4)
     # The policy is applied in the plan's replays: matmul outputs were saved, so no replay runs a matmul.
     replayed = [res["replay_matmuls"] for res in results]
@@ -165,6 +166,82 @@ def test_a_selective_plan_refuses_a_wrapper_without_a_policy() -> None:
         "pass the policy: checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
     assert checkpoint_regions(module, ["layers.1"], 3, selective=["layers.1"]) == ["layers.1"]
     assert isinstance(module.layers["1"].forward, functools.partial)
+
+
+def test_blocks_wrapped_where_the_plan_does_not_checkpoint_run_plainly(tmp_path: Path) -> None:
+    """torchtitan wraps every block; a plan that checkpoints none of them (auto's choice, or
+    --checkpoint none) is the program: the wrappers run their blocks plainly, no replay the
+    plan did not place (torch's wrapper would replay in each of I and W), the same losses and
+    gradients as torch's schedule with checkpointing."""
+    microbatches = 4
+    results = run_case(tmp_path, "zbv", 2, 4, microbatches, planned_wrap="full", policy=False)
+    for rank, res in enumerate(results):
+        for got, want in zip(res["plan_losses"], res["ref_losses"]):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+        for name, want in res["ref_grads"].items():
+            torch.testing.assert_close(res["plan_grads"][name], want, rtol=1e-5, atol=1e-7, msg=name)
+        assert res["plan_replays"] == [0, 0], (rank, res["plan_replays"])
+        assert res["checkpointed"] and all(res["plan_calls"][fqn] == microbatches for fqn in res["checkpointed"]), \
+            (rank, res["plan_calls"])
+
+
+def test_wrappers_must_agree_with_the_plan() -> None:
+    """torch's wrapper where the plan places no replay is refused; a module an earlier plan
+    checkpointed gets its own forward back under a plan that does not."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
+
+    from hp_recompute.pipelining.regions import checkpoint_regions
+    from hp_recompute.plan.reader import RunError
+
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(4, 4), "1": torch_wrapper(torch.nn.Linear(4, 4))})
+    with pytest.raises(RunError) as error:
+        checkpoint_regions(module, ["layers.0"], 2)
+    assert str(error.value) == (
+        "hp_recompute.pipelining: stage 2: module 'layers.1' is wrapped by torch's checkpoint, but the plan does not "
+        "checkpoint it, so it would replay where the plan placed no replay; unwrap it, or wrap it with "
+        "hp_recompute.checkpoint_wrapper (which runs it as the plan says)")
+    module.layers["1"] = torch.nn.Linear(4, 4)
+    assert checkpoint_regions(module, ["layers.0"], 2) == ["layers.0"]
+    assert "forward" in module.layers["0"].__dict__
+    assert checkpoint_regions(module, ["layers.1"], 2) == ["layers.1"]
+    assert "forward" not in module.layers["0"].__dict__  # its own forward again
+
+
+@needs_selective
+def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused() -> None:
+    """A full region whose wrapper has its own context_fn keeps more than planned; a selective
+    region with a module compiled where the policy cannot see its ops (inductor, or anything
+    not compiled by a selective wrapper's ``compile(backend="aot_eager")``) would replay every
+    matmul (NOTE [ Selective policy ] Rule 5). Both are refused before anything runs."""
+    from hp_recompute import checkpoint_wrapper
+    from hp_recompute.pipelining.regions import checkpoint_regions
+    from hp_recompute.plan.reader import RunError
+    from hp_recompute.selective import selective_context_fn
+
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleDict({"0": checkpoint_wrapper(torch.nn.Linear(4, 4),
+                                                                 context_fn=selective_context_fn())})
+    with pytest.raises(RunError) as error:
+        checkpoint_regions(module, ["layers.0"], 1)
+    assert str(error.value) == (
+        "hp_recompute.pipelining: stage 1: the plan checkpoints region 'layers.0' in full, but its checkpoint_wrapper "
+        "has a context_fn (its own policy), which keeps what the plan did not price; drop the context_fn, or plan the "
+        "region \"selective\" (a model with its selective costs)")
+    if not compile_split.SUPPORTED:
+        return
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    block[2].compile()  # a compiled child of a plain block
+    module.layers["1"] = block
+    with pytest.raises(RunError) as error:
+        checkpoint_regions(module, ["layers.1"], 1, selective=["layers.1"])
+    assert str(error.value) == (
+        "hp_recompute.pipelining: stage 1: the plan checkpoints region 'layers.1' \"selective\", but 'layers.1.2' is "
+        "compiled where the policy cannot see its ops (NOTE [ Selective policy ] Rule 5), so the replay would "
+        "recompute every matmul; compile the block as checkpoint_wrapper(block, context_fn=hp_recompute."
+        "selective_context_fn()).compile(backend=\"aot_eager\"), or plan the region in full")
+    module.layers["0"].compile(backend="aot_eager")  # the wrapper's compile marks what it compiled
+    assert checkpoint_regions(module, ["layers.0"], 1, selective=["layers.0"]) == ["layers.0"]
 
 
 @needs_selective
