@@ -235,6 +235,11 @@ class StageSpec:
 
 
 def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
+    wrapped = [name for name, sub in model.module.named_modules() if hasattr(sub, "_checkpoint_wrapped_module")]
+    if wrapped:  # the runner checkpoints the plan's regions itself; a wrapper would replay on its own
+        raise RunError(f"hp_recompute.run: model '{model.name}' holds checkpoint wrappers "
+                       f"({', '.join(repr(w) for w in wrapped)}), which would replay where {plan.path} places no "
+                       f"replay; the runner checkpoints each region as the plan says: build the model without them")
     index = {r.name: r for r in model.regions}
     flat = []
     specs = []

@@ -129,3 +129,4 @@ def test_a_selective_plan_on_a_model_with_compiled_modules_is_refused(tmp_path: 
             f"holds compiled modules ('blocks.1') whose ops the policy cannot see (NOTE [ Selective policy ] Rule 5)"
             in proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr
+
