@@ -118,3 +118,19 @@ def device_node(tmp_path: Path, name: str, minor: int) -> Path:
     except PermissionError:
         pytest.skip("os.mknod needs root (CAP_MKNOD)")
     return node
+
+
+def gpt_factory(tmp: Path, change: str, imports: str = "") -> str:
+    """A ``FILE.py:build`` spec: the bundled GPT with one statement ``change`` applied to
+    ``model`` (e.g. ``"model.blocks[1].compile()"``), for runner tests of what a model holds."""
+    factory = tmp / "changed_gpt.py"
+    factory.write_text(
+        f"import importlib.util\n{imports}"
+        f"spec = importlib.util.spec_from_file_location('gpt_example', {str(REPO / 'examples/gpt/model.py')!r})\n"
+        "gpt = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(gpt)\n\n\n"
+        "def build():\n"
+        "    model = gpt.build()\n"
+        f"    {change}\n"
+        "    return model\n")
+    return f"{factory}:build"

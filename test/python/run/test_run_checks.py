@@ -16,8 +16,8 @@ from typing import Dict
 import pytest
 import torch
 
-from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, REPO, edit_plan, flags, make_plan, mlp_regions, model_json,
-                          run_cli, run_inproc)
+from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan, mlp_regions,
+                          model_json, run_cli, run_inproc)
 from hp_recompute.runner import executor as run_exec
 from hp_recompute.runner.memory import AllocatorPeak
 
@@ -215,20 +215,11 @@ def test_planned_memory_is_within_ten_percent_of_the_allocator(tmp_path: Path, c
 def test_a_model_holding_checkpoint_wrappers_is_refused(tmp_path: Path) -> None:
     """The runner checkpoints the plan's regions itself: a checkpoint wrapper inside the
     model would replay where the plan placed no replay, so it is refused before any rank runs."""
-    factory = tmp_path / "wrapped_gpt.py"
-    factory.write_text(
-        "import importlib.util\n"
-        "import hp_recompute\n"
-        f"spec = importlib.util.spec_from_file_location('gpt_example', {str(REPO / 'examples/gpt/model.py')!r})\n"
-        "gpt = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(gpt)\n\n\n"
-        "def build():\n"
-        "    model = gpt.build()\n"
-        "    model.blocks[2] = hp_recompute.checkpoint_wrapper(model.blocks[2])\n"
-        "    return model\n")
+    factory = gpt_factory(tmp_path, "model.blocks[2] = hp_recompute.checkpoint_wrapper(model.blocks[2])",
+                          imports="import hp_recompute\n")
     plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), "--schedule-gen", "1f1b", "--ranks", "2",
                      "--microbatches", "2", "--checkpoint", "none")
-    proc = run_cli("--plan", str(plan), "--model", f"{factory}:build", "--steps", "1")
+    proc = run_cli("--plan", str(plan), "--model", factory, "--steps", "1")
     assert proc.returncode == 1, proc.stderr
     assert (f"hp_recompute.run: model 'gpt' holds checkpoint wrappers ('blocks.2'), which would replay where {plan} "
             f"places no replay; the runner checkpoints each region as the plan says: build the model without them"

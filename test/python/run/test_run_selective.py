@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, PYTHON_DIR, REPO, flags, make_plan, run_cli
+from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, PYTHON_DIR, flags, gpt_factory, make_plan, run_cli
 from hp_recompute.selective import selective_supported
 
 needs_selective = pytest.mark.skipif(not selective_supported(), reason="selective checkpointing needs torch >= 2.4")
@@ -107,23 +107,14 @@ def test_a_selective_plan_on_a_model_with_compiled_modules_is_refused(tmp_path: 
     """NOTE [ Selective policy ] Rule 5: the runner's regions are functions, so a model holding a
     module compiled where the policy cannot see its ops refuses a selective plan before any
     rank runs, naming the region and the module."""
-    factory = tmp_path / "compiled_gpt.py"
-    factory.write_text(
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('gpt_example', {str(REPO / 'examples/gpt/model.py')!r})\n"
-        "gpt = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(gpt)\n\n\n"
-        "def build():\n"
-        "    model = gpt.build()\n"
-        "    model.blocks[1].compile()\n"
-        "    return model\n")
+    factory = gpt_factory(tmp_path, "model.blocks[1].compile()")
     raw = json.loads(make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), "--schedule-gen", "1f1b", "--ranks", "2",
                                "--microbatches", "2").read_text())
     raw["model"]["stages"][0]["regions"][1]["checkpoint"] = "selective"
     raw["model"]["stages"][0]["regions"][1]["selective_replay_time_us"] = 1.0
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps(raw))
-    proc = run_cli("--plan", str(plan), "--model", f"{factory}:build", "--steps", "1")
+    proc = run_cli("--plan", str(plan), "--model", factory, "--steps", "1")
     assert proc.returncode == 1, proc.stderr
     assert (f"{plan}: /model/stages/0/regions/1/checkpoint: region 'blocks.0' is \"selective\", but model 'gpt' "
             f"holds compiled modules ('blocks.1') whose ops the policy cannot see (NOTE [ Selective policy ] Rule 5)"
