@@ -3,11 +3,15 @@
 // Puts each session's hpr.recompute before its first consumer: right before
 // it (jit) or a number of compute actions earlier (lookahead), so that the
 // replay can run while the rank waits for the gradient. Placing by time is
-// hpr-prefetch-into-bubbles.
+// hpr-prefetch-into-bubbles. A jit replay of a session that one full
+// backward reads runs inside that backward (`in_backward`,
+// replaysInBackward), region by region as torch's checkpoint does, so that
+// it holds one region's tensors at a time rather than the whole stage's.
 //
 //===----------------------------------------------------------------------===//
 
 #include "SessionAnalysis.h"
+#include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -89,9 +93,14 @@ void InsertRecomputePass::runOnOperation() {
       continue;
     Operation *point = findInsertionPoint(session, consumers.front());
     builder.setInsertionPoint(point);
-    builder.create<RecomputeOp>(session.getLoc(), session.getSession());
+    bool jit = point == getPairStart(consumers.front());
+    auto readers = llvm::map_to_vector(
+        consumers, [](ConsumerOpInterface c) { return c.getOperation(); });
+    builder.create<RecomputeOp>(session.getLoc(), session.getSession(),
+                                /*in_backward=*/jit &&
+                                    replaysInBackward(readers));
     ++numRecomputeInserted;
-    if (point != getPairStart(consumers.front()))
+    if (!jit)
       ++numPrefetched;
     LLVM_DEBUG(llvm::dbgs() << "recompute " << session.getSid() << " before "
                             << describeAction(point) << "\n");

@@ -88,8 +88,12 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
                          pos});
     ++pos;
   }
-  std::vector<int64_t> live =
-      computeActivationProfile(collectActivationLifetimes(program), costs).live;
+  ProgramActivations activations = collectActivationLifetimes(program);
+  std::vector<int64_t> live = computeActivationProfile(activations, costs).live;
+  llvm::DenseMap<std::pair<int64_t, int64_t>, const ActivationLifetime *>
+      lifetimeOf;
+  for (const ActivationLifetime &lifetime : activations.lifetimes)
+    lifetimeOf[{lifetime.stage, lifetime.microbatch}] = &lifetime;
 
   // Latest consumer first; each takes the latest gap that fits.
   bool any = false;
@@ -97,10 +101,21 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     double duration = timeline[replay.cell].end - timeline[replay.cell].start;
     if (duration <= 0)
       continue;
-    int64_t bytes = costs[replay.op.getSessionOp().getForward().getStageIndex()]
-                        .recomputedBytes;
+    const ActivationLifetime &lifetime = *lifetimeOf.lookup(
+        {replay.op.getStageIndex(), replay.op.getMicrobatchIndex()});
+    const StageCost &cost = costs[lifetime.stage];
+    int64_t bytes = cost.recomputedBytes;
     unsigned end = replay.pos;
     int64_t highest = 0; // Peak over the positions the replay would add to.
+    // Moved, a replay inside its backward becomes a whole one: it adds
+    // `bytes` up to its reader too, and there, where it held its largest
+    // region, the rest.
+    unsigned reader = lifetime.firstConsumerPos;
+    if (lifetime.replayInBackward) {
+      for (unsigned p = replay.pos; p < reader; ++p)
+        highest = std::max(highest, live[p]);
+      highest = std::max(highest, live[reader] - cost.largestRegionReplayBytes);
+    }
     for (size_t k = replay.cell; k-- > replay.firstCell;) {
       // Conservative: also the op before the gap, where the replay now sits.
       unsigned begin = cellPos[k] ? cellPos[k] - 1 : 0;
@@ -115,6 +130,12 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
       room[k] -= duration;
       for (unsigned p = begin; p < replay.pos; ++p)
         live[p] += bytes;
+      if (lifetime.replayInBackward) {
+        for (unsigned p = replay.pos; p < reader; ++p)
+          live[p] += bytes;
+        live[reader] += bytes - cost.largestRegionReplayBytes;
+        replay.op.removeInBackwardAttr();
+      }
       moved.insert(replay.op);
       any = true;
       LLVM_DEBUG(llvm::dbgs()

@@ -243,7 +243,7 @@ static Choice refine(const Problem &problem, Choice choice, Limit limit,
       auto delta = [&](unsigned p) {
         bool replaying =
             p >= lifetime->replayBeginPos && p <= lifetime->replayEndPos;
-        return extra - (replaying ? cost.recomputedBytes : 0);
+        return extra - (replaying ? replayedBytesOf(cost, *lifetime) : 0);
       };
       bool fits = true;
       for (unsigned p = lifetime->forwardPos;

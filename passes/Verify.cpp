@@ -60,6 +60,46 @@ static SessionOp sessionOf(Value value) {
   return value ? value.getDefiningOp<SessionOp>() : SessionOp();
 }
 
+/// Rule 10: a replay inside its backward has one reader, a full backward, and
+/// no compute action of its own between them (the forward of the reader's
+/// overlapped pair aside): it replays region by region as that backward reads
+/// them, so nothing else may read it, and it must run where it is priced.
+static unsigned
+verifyInBackward(RecomputeOp recompute, SessionOp session,
+                 MutableArrayRef<ConsumerOpInterface> consumers) {
+  Operation *reader = consumers.front().getOperation();
+  if (consumers.size() != 1 || !isa<BackwardOp>(reader)) {
+    recompute.emitError()
+        << describeAction(recompute) << ": " << quote(session)
+        << " is replayed inside its backward (in_backward), but is read by "
+        << describeAction(reader)
+        << (consumers.size() > 1 ? " and later actions" : "")
+        << "; only a session that one full backward reads replays region "
+           "by region";
+    return 1;
+  }
+  if (!recompute->isBeforeInBlock(reader))
+    return 0; // Rule 2 reports it.
+  for (Operation *op = recompute->getNextNode(); op != reader;
+       op = op->getNextNode()) {
+    Operation *next = op->getNextNode();
+    while (next && isa<SessionOp>(next))
+      next = next->getNextNode();
+    bool pairForward = isa<ForwardOp>(op) && isOverlapped(op) &&
+                       isOverlapped(reader) && next == reader;
+    if (isa<ForwardOp, BackwardInputOp, BackwardWeightOp, BackwardOp>(op) &&
+        !pairForward) {
+      recompute.emitError()
+          << describeAction(recompute) << ": " << quote(session)
+          << " is replayed inside its backward (in_backward), but "
+          << describeAction(op) << " runs before that backward, "
+          << describeAction(reader);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses) {
   unsigned violations = 0;
   auto report = [&](Operation *at) -> InFlightDiagnostic {
@@ -93,6 +133,9 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses) {
   if (recompute && clear && clear->isBeforeInBlock(recompute))
     report(recompute) << quote(session) << " is recomputed after its clear at "
                       << describeAction(clear);
+
+  if (recompute && recompute.getInBackward() && !consumers.empty())
+    violations += verifyInBackward(recompute, session, consumers);
 
   for (auto [index, consumer] : llvm::enumerate(consumers)) {
     Operation *op = consumer.getOperation();

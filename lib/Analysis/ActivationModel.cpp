@@ -4,6 +4,7 @@
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallVector.h"
 
 #include <algorithm>
 
@@ -13,8 +14,10 @@ using namespace mlir::hpr;
 ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
   ProgramActivations result;
   llvm::DenseMap<std::pair<int64_t, int64_t>, size_t> index;
-  // Whether a recompute / a clear fixed a lifetime's replay span.
+  // Whether a recompute / a clear fixed a lifetime's replay span, and the
+  // lifetime's readers.
   std::vector<char> placed, cleared;
+  std::vector<llvm::SmallVector<Operation *, 2>> consumers;
   unsigned pos = 0;
   for (Operation &op : program.getBody().getOps()) {
     if (auto forward = dyn_cast<ForwardOp>(op)) {
@@ -23,6 +26,7 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
       ActivationLifetime &lifetime = result.lifetimes.emplace_back();
       placed.push_back(false);
       cleared.push_back(false);
+      consumers.emplace_back();
       lifetime.forward = forward;
       lifetime.stage = forward.getStageIndex();
       lifetime.microbatch = forward.getMicrobatchIndex();
@@ -33,8 +37,9 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
           index.find({action.getStageIndex(), action.getMicrobatchIndex()});
       if (it != index.end()) {
         ActivationLifetime &lifetime = result.lifetimes[it->second];
-        if (isa<RecomputeOp>(op)) {
+        if (auto recompute = dyn_cast<RecomputeOp>(op)) {
           lifetime.replayBeginPos = pos;
+          lifetime.replayInBackward = recompute.getInBackward();
           placed[it->second] = true;
         } else if (isa<ClearOp>(op)) {
           lifetime.replayEndPos = pos - 1;
@@ -44,6 +49,7 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
             lifetime.firstConsumerPos = pos;
           lifetime.lastConsumerPos = pos;
           lifetime.hasConsumers = true;
+          consumers[it->second].push_back(&op);
         }
       }
     }
@@ -56,11 +62,23 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
       lifetime.firstConsumerPos = lifetime.lastConsumerPos = pos - 1;
     lifetime.replayPlaced = placed[i];
     if (!placed[i])
+      lifetime.replayInBackward = replaysInBackward(consumers[i]);
+    if (!placed[i] || lifetime.replayInBackward)
       lifetime.replayBeginPos = lifetime.firstConsumerPos;
-    if (!cleared[i])
+    if (!cleared[i] || lifetime.replayInBackward)
       lifetime.replayEndPos = lifetime.lastConsumerPos;
   }
   return result;
+}
+
+bool mlir::hpr::replaysInBackward(llvm::ArrayRef<Operation *> consumers) {
+  return consumers.size() == 1 && isa<BackwardOp>(consumers.front());
+}
+
+int64_t mlir::hpr::replayedBytesOf(const StageCost &cost,
+                                   const ActivationLifetime &lifetime) {
+  return lifetime.replayInBackward ? cost.largestRegionReplayBytes
+                                   : cost.recomputedBytes;
 }
 
 int64_t ActivationProfile::peak() const {
@@ -89,7 +107,8 @@ ActivationProfile mlir::hpr::computeActivationProfile(
     add(lifetime.forwardPos, lifetime.lastConsumerPos,
         keptBytesOf(cost, underCheckpoint));
     if (underCheckpoint && lifetime.hasConsumers)
-      add(lifetime.replayBeginPos, lifetime.replayEndPos, cost.recomputedBytes);
+      add(lifetime.replayBeginPos, lifetime.replayEndPos,
+          replayedBytesOf(cost, lifetime));
   }
   for (unsigned k = 1; k <= n; ++k)
     profile.live[k] += profile.live[k - 1];

@@ -5,6 +5,8 @@
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/ErrorHandling.h"
 
+#include <algorithm>
+
 using namespace mlir;
 using namespace mlir::hpr;
 
@@ -195,6 +197,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           replayBytes = region.getSelectiveReplayBytes().value_or(replayBytes);
         }
         cost.recomputedBytes += replayBytes;
+        cost.largestRegionReplayBytes =
+            std::max(cost.largestRegionReplayBytes, replayBytes);
       } else {
         cost.keptBytes += region.getSavedBytes();
       }

@@ -250,7 +250,7 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     if (!*session)
       return errorAt(loc, "names no session");
     if (action.kind == Kind::Recompute)
-      builder.create<RecomputeOp>(loc, *session);
+      builder.create<RecomputeOp>(loc, *session, current->inBackward);
     else
       builder.create<ClearOp>(loc, *session);
     return llvm::Error::success();

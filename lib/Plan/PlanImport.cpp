@@ -264,7 +264,10 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
                          {"op", "stage", "microbatch", "waits", "session",
                           "retain_on_unpack", "frees_graph", "last_backward",
                           "hands_to", "overlap"});
-  else if (*kind == Kind::Recompute || *kind == Kind::Clear)
+  else if (*kind == Kind::Recompute)
+    wrongKey = checkKeys(
+        obj, path, {"op", "stage", "microbatch", "session", "in_backward"});
+  else if (*kind == Kind::Clear)
     wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch", "session"});
   else if (*kind == Kind::Forward)
     wrongKey = checkKeys(obj, path,
@@ -369,6 +372,9 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     if (consumer)
       if (auto err =
               readBool(obj, path, "frees_graph", judgedMembers.freesGraph))
+        return err;
+    if (*kind == Kind::Recompute)
+      if (auto err = readBool(obj, path, "in_backward", planned.inBackward))
         return err;
   }
   if (*kind == Kind::Forward) {

@@ -250,8 +250,13 @@ void mlir::hpr::plan_json::forEachActionMember(
   if (action.getMicrobatchIndex() >= 0)
     member("microbatch", action.getMicrobatchIndex());
   llvm::TypeSwitch<Operation *>(op)
-      .Case<RecomputeOp, ClearOp>([&](auto sessionAction) {
-        member("session", sessionAction.getSessionOp().getSid());
+      .Case<RecomputeOp>([&](RecomputeOp recompute) {
+        member("session", recompute.getSessionOp().getSid());
+        if (recompute.getInBackward())
+          member("in_backward", true);
+      })
+      .Case<ClearOp>([&](ClearOp clear) {
+        member("session", clear.getSessionOp().getSid());
       })
       .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>([&](auto comm) {
         member("peer", static_cast<int64_t>(comm.getPeer()));

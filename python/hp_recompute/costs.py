@@ -357,9 +357,10 @@ def times_from_run(names: Sequence[str], report_path: str,
     for rank in ranks:
         for measured in rank["measured_action_us"]:
             op, stage, plain = measured["op"], measured["stage"], measured["plain"]
-            # The region fields the planner sums into this action's time (regionTimeOf).
-            fields = [(r["name"], planner.region_time_field(op, stage, not plain, checkpointed[r["name"]]))
-                      for r in stages.get(stage, [])]
+            # The region fields the planner sums into this action's time (regionTimeOf); a backward
+            # with its replay inside ("backward+recompute", NOTE [ Executing a plan ] Rule 3) sums both.
+            fields = [(r["name"], planner.region_time_field(part, stage, not plain, checkpointed[r["name"]]))
+                      for part in op.split("+") for r in stages.get(stage, [])]
             fields = [(name, key) for name, key in fields if key]
             modelled = sum(times[name][key] for name, key in fields)
             if modelled > 0:

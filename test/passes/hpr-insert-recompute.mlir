@@ -28,17 +28,24 @@ hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank 
     hpr.backward_weight stage 0 mb 1 session(%s1)
   }
   hpr.program rank 1 {
+    %h2 = hpr.forward stage 1 mb 0
+    %s2 = hpr.session %h2 as "s1.mb0"
+    hpr.backward stage 1 mb 0 session(%s2)
   }
 }
 
-// jit: right before the first consumer.
+// jit: right before the first consumer. A session read by I and W replays
+// whole before I; one read by a single B replays inside it.
 // JIT:      hpr.recv_b stage 0 mb 0
-// JIT-NEXT: hpr.recompute %s0.mb0
+// JIT-NEXT: hpr.recompute %s0.mb0{{$}}
 // JIT-NEXT: hpr.backward_input stage 0 mb 0
 // JIT-NEXT: hpr.backward_weight stage 0 mb 0
 // JIT-NEXT: hpr.recv_b stage 0 mb 1
-// JIT-NEXT: hpr.recompute %s0.mb1
+// JIT-NEXT: hpr.recompute %s0.mb1{{$}}
 // JIT-NEXT: hpr.backward_input stage 0 mb 1
+// JIT:      %s1.mb0 = hpr.session
+// JIT-NEXT: hpr.recompute %s1.mb0 {in_backward}
+// JIT-NEXT: hpr.backward stage 1 mb 0
 
 // lookahead, distance 0: above the receives the dx waits on, no further.
 // LA0:      hpr.forward stage 0 mb 1

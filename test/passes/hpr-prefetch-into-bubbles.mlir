@@ -1,5 +1,5 @@
-// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles)' | FileCheck %s --check-prefix=PEAK
-// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles{budget=1000})' | FileCheck %s --check-prefix=ROOMY
+// RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles)' | FileCheck %s --check-prefix=PEAK
+// RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles{budget=1000})' | FileCheck %s --check-prefix=ROOMY
 // RUN: not hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-prefetch-into-bubbles{budget=-1})' 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=jit distance=2' 2>&1 | FileCheck %s --check-prefix=DISTANCE
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=lookahead budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
@@ -43,27 +43,81 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 }
 
 // Within the jit peak (102 bytes on rank 0): mb 0 replays while rank 0
-// waits; mb 1 would hold 100 more bytes over B0 and stays jit. Rank 1
-// never waits between its forward and its backward.
+// waits, and having moved it replays whole, not inside its backward; mb 1
+// would hold 100 more bytes over B0 and stays jit, inside its backward.
+// Rank 1 never waits between its forward and its backward.
 // PEAK:      hpr.send_f stage 0 mb 1
-// PEAK-NEXT: hpr.recompute %s0.mb0
+// PEAK-NEXT: hpr.recompute %s0.mb0{{$}}
 // PEAK-NEXT: hpr.recv_b stage 0 mb 0
 // PEAK-NEXT: hpr.backward stage 0 mb 0
 // PEAK-NEXT: hpr.recv_b stage 0 mb 1
-// PEAK-NEXT: hpr.recompute %s0.mb1
+// PEAK-NEXT: hpr.recompute %s0.mb1 {in_backward}
 // PEAK-NEXT: hpr.backward stage 0 mb 1
 // PEAK:      %s1.mb1 = hpr.session
-// PEAK-NEXT: hpr.recompute %s1.mb0
+// PEAK-NEXT: hpr.recompute %s1.mb0 {in_backward}
 // PEAK-NEXT: hpr.backward stage 1 mb 0
 
 // With room, both fit the 46 us gap; the later consumer is placed first,
 // and the earlier one after it, nearer its reader.
 // ROOMY:      hpr.send_f stage 0 mb 1
-// ROOMY-NEXT: hpr.recompute %s0.mb1
-// ROOMY-NEXT: hpr.recompute %s0.mb0
+// ROOMY-NEXT: hpr.recompute %s0.mb1{{$}}
+// ROOMY-NEXT: hpr.recompute %s0.mb0{{$}}
 // ROOMY-NEXT: hpr.recv_b stage 0 mb 0
 
 // The pipeline refuses what none of its passes would read.
 // DISTANCE: hpr-recompute-pipeline: distance applies to policy=lookahead only
 // BUDGET: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only
 // NEGATIVE: error: hpr-prefetch-into-bubbles: budget must be >= 0, got -1
+
+// -----
+
+// The same GPipe with two regions in stage 0 (100 bytes each). Inside its
+// backward a replay holds one region at a time: rank 0's jit peak is 104
+// bytes (both microbatches' 2 inputs and one region). Moved into the gap,
+// mb 0's replay would hold both regions, 200 bytes, from there on: within
+// the jit peak it stays in its backward; with room it moves.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 0.0 time_us 5.0 saved 100 input 1 params 0
+    hpr.region "l1" checkpoint flops 0.0 time_us 5.0 saved 100 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l2" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+}
+hpr.schedule "gpipe_two_regions" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.recv_b stage 0 mb 1 peer 1
+    hpr.backward stage 0 mb 1 session(%s1)
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h2 = hpr.forward stage 1 mb 0
+    %s2 = hpr.session %h2 as "s1.mb0"
+    hpr.recv_f stage 1 mb 1 peer 0
+    %h3 = hpr.forward stage 1 mb 1
+    %s3 = hpr.session %h3 as "s1.mb1"
+    hpr.backward stage 1 mb 0 session(%s2)
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.backward stage 1 mb 1 session(%s3)
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}
+
+// PEAK-LABEL: hpr.schedule "gpipe_two_regions"
+// PEAK:       hpr.recv_b stage 0 mb 0
+// PEAK-NEXT:  hpr.recompute %s0.mb0 {in_backward}
+// PEAK-NEXT:  hpr.backward stage 0 mb 0
+// ROOMY-LABEL: hpr.schedule "gpipe_two_regions"
+// ROOMY:       hpr.send_f stage 0 mb 1
+// ROOMY-NEXT:  hpr.recompute %s0.mb1{{$}}
+// ROOMY-NEXT:  hpr.recompute %s0.mb0{{$}}
+// ROOMY-NEXT:  hpr.recv_b stage 0 mb 0

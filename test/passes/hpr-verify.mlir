@@ -243,3 +243,37 @@ hpr.schedule "reshard_while_sharded" ranks 1 stages 1 microbatches 1 stage_to_ra
     hpr.backward stage 0 mb 0
   }
 }
+
+// -----
+
+// Rule 10: a replay inside its backward needs one full backward as reader.
+hpr.schedule "in_backward_read_by_i_and_w" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    // expected-error @+1 {{rank 0, action 1 (recompute stage 0 mb 0): session "s0.mb0" is replayed inside its backward (in_backward), but is read by rank 0, action 2 (backward_input stage 0 mb 0) and later actions; only a session that one full backward reads replays region by region}}
+    hpr.recompute %s {in_backward}
+    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
+    hpr.backward_weight stage 0 mb 0 session(%s)
+    hpr.clear %s
+  }
+}
+
+// -----
+
+// Rule 10: and nothing computed between the two.
+hpr.schedule "in_backward_not_next" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    // expected-error @+1 {{rank 0, action 1 (recompute stage 0 mb 0): session "s0.mb0" is replayed inside its backward (in_backward), but rank 0, action 2 (forward stage 0 mb 1) runs before that backward, rank 0, action 3 (backward stage 0 mb 0)}}
+    hpr.recompute %s0 {in_backward}
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+    hpr.recompute %s1 {in_backward}
+    hpr.backward stage 0 mb 1 session(%s1)
+    hpr.clear %s1
+  }
+}

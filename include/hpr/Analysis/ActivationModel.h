@@ -11,7 +11,10 @@
 //  - when the forward runs under checkpoint, what the replay brings back
 //    (recomputedBytes) is live from its hpr.recompute (before one is
 //    placed: its first backward action, where jit puts it) to its last
-//    backward action, or to the op before its hpr.clear.
+//    backward action, or to the op before its hpr.clear;
+//  - except for a replay inside its backward (`in_backward`, which jit
+//    places where replaysInBackward says): at that backward only, and one
+//    region at a time, so the largest region's (largestRegionReplayBytes).
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +23,7 @@
 
 #include "hpr/Analysis/CostModel.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 
 #include <cstdint>
@@ -43,7 +47,20 @@ struct ActivationLifetime {
   unsigned replayEndPos = 0;
   /// Whether an hpr.recompute of it is in the program.
   bool replayPlaced = false;
+  /// Whether the replay runs inside its one backward (see the file comment).
+  bool replayInBackward = false;
 };
+
+/// The placement rule, once: a session read by exactly one action, a full
+/// backward (B), replays inside it, region by region, when it is recomputed
+/// jit. A session read by I and W cannot: W reads what I read, so the
+/// replayed tensors live from I to W whichever way they were replayed.
+bool replaysInBackward(llvm::ArrayRef<Operation *> consumers);
+
+/// The bytes `lifetime`'s replay holds at once: `cost.recomputedBytes`, or
+/// the largest region's for a replay inside its backward.
+int64_t replayedBytesOf(const StageCost &cost,
+                        const ActivationLifetime &lifetime);
 
 /// The lifetimes of one program, in forward order.
 struct ProgramActivations {

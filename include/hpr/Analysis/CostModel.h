@@ -134,6 +134,9 @@ struct StageCost {
   int64_t keptBytes = 0;      ///< under checkpoint, as the regions say
   int64_t plainKeptBytes = 0; ///< every region plain
   int64_t recomputedBytes = 0;
+  /// The most one checkpointed region's replay brings back: what a replay
+  /// inside a full backward holds at a time (ActivationModel.h).
+  int64_t largestRegionReplayBytes = 0;
   int64_t outputBytes = 0; ///< the stage output (next stage's input)
   /// The regions' param_bytes: the unsharded parameters, and as many bytes
   /// of weight gradients.

@@ -30,6 +30,8 @@ struct PlannedAction {
   std::string session; ///< "" when it names none
   bool retainOnUnpack = false;
   bool plain = false;
+  /// A recompute: replayed inside its backward (`in_backward`).
+  bool inBackward = false;
   /// A forward: the session its checkpoint handles are bound to ("" none).
   std::string binds;
 };

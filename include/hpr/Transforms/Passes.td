@@ -136,7 +136,12 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::hpr::ProgramOp"> 
     own: the placement reads nothing of other ranks.
 
     Policies:
-    - `jit`: immediately before the first consumer.
+    - `jit`: immediately before the first consumer. When that consumer is
+      the session's only one and a full backward (B), the recompute is
+      marked `in_backward`: the replay runs inside the backward, region by
+      region, holding one region's tensors at a time, as torch's checkpoint
+      does (docs/planning.md). A session read by I and W replays whole
+      before its I: W reads what I read.
     - `lookahead`: above the communication right before the consumer (the
       `recv_b` a dx waits on does not feed the replay, so the replay can run
       while the rank waits) and `distance` compute actions (forward,
@@ -183,7 +188,10 @@ def HPRPrefetchIntoBubbles
     ready) that still has room for the whole replay, provided the replayed
     tensors, held from there until the consumer, keep the rank's activation
     peak within `budget` (0: the rank's peak as the recomputes stand). A
-    recompute that fits nowhere stays where it is. Up to 8 rounds, each on
+    recompute that fits nowhere stays where it is. A jit replay inside its
+    backward (`in_backward`) held one region at a time; moved, it replays
+    every region at its new place, and the budget check counts all of them
+    up to the reader. Up to 8 rounds, each on
     the timeline the previous one left, while something moves; ranks move
     their own ops in parallel within a round.
 
@@ -298,7 +306,11 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        forward, backward_input, backward_weight, backward and recompute of
        that stage lies between an `hpr.unshard` of it and the
        `hpr.reshard` after it; a stage is not unsharded twice without a
-       reshard in between, nor resharded while not unsharded.
+       reshard in between, nor resharded while not unsharded;
+    10. a recompute marked `in_backward` (replayed inside its backward,
+       region by region) has one consumer, a full `hpr.backward`, and no
+       forward or backward between them but the forward of that backward's
+       overlapped pair.
     Each violation is reported on the offending op with the rank, the index
     of the action in its program and the action, and the pass fails. Each
     program on its own; rule 7 reads the enclosing module's `hpr.model`

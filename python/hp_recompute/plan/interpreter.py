@@ -33,7 +33,12 @@ Rule 2a (co-located neighbours). The plan has no transfer between two stages on 
   (``backend.pass_forward`` / ``backend.pass_backward``) right after the action.
 
 Rule 3 (recompute). ``recompute`` replays every handle of its forward into the plan's
-  session (``scope.recompute_handle``).
+  session (``scope.recompute_handle``). One marked ``in_backward`` replays nothing here:
+  its session's one ``backward`` (the next compute action, verifier rule 10) runs in the
+  session's context with ``retain_on_unpack=False``, where each checkpoint replays into
+  the session when the backward first reads it and each tensor is dropped as it is read,
+  so one region's replayed tensors are live at a time, as under torch's checkpoint. Its
+  time is that backward's: the backward is timed as ``backward+recompute``.
 
 Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
   ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
@@ -79,7 +84,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import torch
 
@@ -194,6 +199,8 @@ class PlanInterpreter:
         self.posted: Dict[int, Action] = {}  # index -> a receive posted and not yet waited for (Rule 7)
         #: (op, stage, plain, seconds) of every TIMED_OPS action of the step
         self.action_s: List[Tuple[str, int, bool, float]] = []
+        #: sessions whose replay runs inside their backward (Rule 3), until their clear
+        self.replayed_inside: Set[object] = set()
 
     @property
     def done(self) -> bool:
@@ -220,8 +227,9 @@ class PlanInterpreter:
             start = time.perf_counter()
             with torch.profiler.record_function(f"hp_recompute::{a.describe()}"):  # Rule 12
                 self._run(a)
-            if a.op in TIMED_OPS:
-                self.action_s.append((a.op, a.stage, a.plain, time.perf_counter() - start))
+            if a.op in TIMED_OPS and not a.in_backward:  # Rule 3: timed with its backward
+                timed_as = "backward+recompute" if a.session in self.replayed_inside else a.op
+                self.action_s.append((timed_as, a.stage, a.plain, time.perf_counter() - start))
         except RunError:
             raise
         except BaseException as e:  # noqa: BLE001 - re-raised with its location; SystemExit from model code too
@@ -240,10 +248,13 @@ class PlanInterpreter:
             if a.hands_to >= 0:  # Rule 2a
                 self.backend.pass_forward(a, output)
         elif op == "recompute":  # Rule 3
-            if self.sessions:
+            if a.in_backward:
+                self.replayed_inside.add(a.session)
+            elif self.sessions:
                 for handle in self._handles_of(a):
                     self.scope.recompute_handle(handle, a.session)
         elif op == "clear":  # Rule 6
+            self.replayed_inside.discard(a.session)
             if self.sessions:
                 self.scope.clear_recompute_session(a.session)
         elif op in CONSUMER_OPS:  # Rule 4

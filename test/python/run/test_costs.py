@@ -307,3 +307,27 @@ def test_a_model_that_exits_while_measured_is_a_failure(tmp_path: Path) -> None:
                   "--repeats", "2", "--warmup", "1")
     _refused(proc, 1, f"hp_recompute.costs: measuring model 'broken' failed: SystemExit: 0 (at {tmp_path}/exits.py:",
              out)
+
+
+def test_a_backward_timed_with_its_replay_scales_both(tmp_path: Path) -> None:
+    """A run times a backward whose session replays inside it (``in_backward``) as one
+    ``backward+recompute``: --from-run spreads that time over both actions' region fields, so
+    the replay is neither priced 0 nor folded into the backward."""
+    report = _priced_plan_and_report(tmp_path, 1.0)
+    raw = json.loads(report.read_text())
+    plan = json.loads(Path(raw["plan"]).read_text())
+    assert any(a.get("in_backward") for rank in plan["ranks"] for a in rank["actions"] if a["op"] == "recompute")
+    raw["ranks"][0]["measured_action_us"] = [
+        {"op": "backward+recompute", "stage": 1, "plain": False, "median_us": 30.0, "count": 1}]
+    report.write_text(json.dumps(raw))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    names = {r["name"] for r in plan["model"]["stages"][1]["regions"]}
+    checkpointed = {r["name"] for r in plan["model"]["stages"][1]["regions"] if r.get("checkpoint") in (True, "full")}
+    regions = {r["name"]: r for r in json.loads(out.read_text())["regions"] if r["name"] in names}
+    assert checkpointed and len(regions) == len(names)
+    total = sum(r["bwd_time_us"] for r in regions.values()) + sum(regions[n]["replay_time_us"] for n in checkpointed)
+    assert total == pytest.approx(30.0, abs=0.01)  # the times are written to 3 decimals
+    for name in checkpointed:  # both fields scaled by the one ratio
+        assert regions[name]["replay_time_us"] == pytest.approx(regions[name]["bwd_time_us"], abs=0.002) != 0.1

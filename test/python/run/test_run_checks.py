@@ -212,6 +212,34 @@ def test_planned_memory_is_within_ten_percent_of_the_allocator(tmp_path: Path, c
     assert "USDT" not in proc.stderr
 
 
+def test_a_replay_inside_its_backward_peaks_as_torchs_checkpoint(tmp_path: Path) -> None:
+    """1F1B reads each session in one backward, so every jit recompute is ``in_backward``: the
+    runner replays region by region inside the backward, and each rank peaks at the allocator
+    exactly where torch's checkpoint does (``--checkpoint-mode native``). The same plan with the
+    mark removed replays each stage whole before its backward and peaks higher."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)))
+    recomputes = [a for r in json.loads(plan.read_text())["ranks"] for a in r["actions"] if a["op"] == "recompute"]
+    assert recomputes and all(a.get("in_backward") is True for a in recomputes)
+
+    def strip(raw: dict) -> None:
+        for rank in raw["ranks"]:
+            for a in rank["actions"]:
+                a.pop("in_backward", None)
+
+    whole = edit_plan(plan, tmp_path / "whole.json", strip)
+    peaks = {}
+    for name, path, mode in (("inside", plan, "plan"), ("native", plan, "native"), ("whole", whole, "plan")):
+        report_path = tmp_path / f"{name}.report.json"
+        proc = run_cli("--plan", str(path), "--steps", "2", "--checkpoint-mode", mode, "--report", str(report_path))
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(report_path.read_text())
+        assert report["grads_match"] is True and report["sessions_left"] == 0
+        peaks[name] = [r["measured_peak_bytes"] for r in report["ranks"]]
+    for inside, native, whole_peak in zip(peaks["inside"], peaks["native"], peaks["whole"]):
+        assert abs(inside / native - 1) <= 0.02, peaks
+        assert whole_peak > 1.2 * inside, peaks
+
+
 def test_a_model_holding_checkpoint_wrappers_is_refused(tmp_path: Path) -> None:
     """The runner checkpoints the plan's regions itself: a checkpoint wrapper inside the
     model would replay where the plan placed no replay, so it is refused before any rank runs."""

@@ -78,19 +78,80 @@ TEST(ActivationModel, PlannedSpansFollowRecomputeAndClear) {
   RecomputePipelineOptions options;
   buildRecomputePipeline(pm, options);
   ASSERT_TRUE(succeeded(pm.run(*fixture.module)));
-  // F0 s0 F1 s1 R0 B0 C0 R1 B1 C1
+  // F0 s0 F1 s1 R0 B0 C0 R1 B1 C1; each B is its session's one reader, so
+  // the jit replay runs inside it (in_backward) and lives at B only.
   ProgramActivations activations =
       collectActivationLifetimes(fixture.program());
   ASSERT_EQ(activations.numPositions, 10u);
   ASSERT_EQ(activations.lifetimes.size(), 2u);
-  EXPECT_EQ(activations.lifetimes[0].replayBeginPos, 4u);
+  EXPECT_TRUE(activations.lifetimes[0].replayInBackward);
+  EXPECT_EQ(activations.lifetimes[0].replayBeginPos, 5u);
   EXPECT_EQ(activations.lifetimes[0].replayEndPos, 5u);
   ActivationProfile profile =
       computeActivationProfile(activations, fixture.costs());
-  EXPECT_EQ(profile.live, (std::vector<int64_t>{64, 64, 128, 128, 1128, 1128,
-                                                64, 1064, 1064, 0}));
+  EXPECT_EQ(profile.live, (std::vector<int64_t>{64, 64, 128, 128, 128, 1128, 64,
+                                                64, 1064, 0}));
   // One replay at a time: mb 0's is cleared before mb 1's recompute.
   EXPECT_EQ(countMaxLiveReplays(activations), 1u);
+}
+
+/// Two checkpointed regions in one stage (replays of 1000 and 600 bytes),
+/// one rank, two microbatches of `schedule`.
+static OwningOpRef<ModuleOp> twoRegions(MLIRContext &context,
+                                        llvm::StringRef schedule) {
+  context.loadDialect<HPRDialect>();
+  model::StagedModel staged;
+  staged.stages.push_back({0, {}});
+  for (int64_t saved : {1000, 600}) {
+    model::Region region;
+    region.name = "layers." + std::to_string(staged.stages[0].regions.size());
+    region.checkpoint = true;
+    region.fwdTimeUs = 1;
+    region.savedBytes = saved;
+    region.inputBytes = 64;
+    staged.stages[0].regions.push_back(region);
+  }
+  auto generated = sched::generateSchedule(schedule, {1, 2, 0});
+  EXPECT_TRUE(static_cast<bool>(generated));
+  auto built = buildPlanModule(context, staged, *generated, "test");
+  EXPECT_TRUE(static_cast<bool>(built));
+  PassManager pm(&context);
+  buildRecomputePipeline(pm, RecomputePipelineOptions());
+  EXPECT_TRUE(succeeded(pm.run(**built)));
+  return std::move(*built);
+}
+
+static ProgramActivations firstProgram(ModuleOp module) {
+  return collectActivationLifetimes(*(*module.getOps<ScheduleOp>().begin())
+                                         .getBody()
+                                         .getOps<ProgramOp>()
+                                         .begin());
+}
+
+TEST(ActivationModel, ReplayInsideOneBackwardHoldsTheLargestRegion) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "gpipe");
+  std::vector<StageCost> costs =
+      computeStageCosts(*module->getOps<ModelOp>().begin());
+  ASSERT_EQ(costs[0].recomputedBytes, 1600);
+  ASSERT_EQ(costs[0].largestRegionReplayBytes, 1000);
+  // F0 F1 B0 B1 with both forwards keeping 2 x 64 bytes of inputs: at B0,
+  // both inputs of both microbatches plus one region's replay, not two.
+  ActivationProfile profile =
+      computeActivationProfile(firstProgram(*module), costs);
+  EXPECT_EQ(profile.peak(), 4 * 64 + 1000);
+}
+
+TEST(ActivationModel, ReplayReadByIAndWIsWhole) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1");
+  ProgramActivations activations = firstProgram(*module);
+  ASSERT_FALSE(activations.lifetimes.empty());
+  for (const ActivationLifetime &lifetime : activations.lifetimes)
+    EXPECT_FALSE(lifetime.replayInBackward);
+  std::vector<StageCost> costs =
+      computeStageCosts(*module->getOps<ModelOp>().begin());
+  EXPECT_GE(computeActivationProfile(activations, costs).peak(), 2 * 64 + 1600);
 }
 
 TEST(ActivationModel, ReplaysPlacedEarlyOverlap) {

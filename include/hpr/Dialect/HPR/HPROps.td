@@ -359,8 +359,23 @@ def HPR_RecomputeOp : HPR_SessionActionOp<"recompute"> {
   let summary = "replay the session's checkpointed forward once";
   let description = [{
     Placed before the session's first consumer: right before it (`jit`) or
-    earlier, as a prefetch.
+    earlier, as a prefetch. A prefetch replays every checkpointed region of
+    the forward at its place, and the tensors live until the clear.
+
+    `in_backward` (jit only, on a session whose one reader is a full
+    backward): the replay runs inside that backward, region by region, each
+    region replayed when the backward first reads it and its tensors dropped
+    as they are read, as torch's checkpoint does; only one region's replayed
+    tensors are live at a time. The op then marks where the replay's time
+    goes; hpr-verify checks that nothing but communication separates it from
+    its reader.
+
+    ```mlir
+    hpr.recompute %s {in_backward}
+    hpr.backward stage 1 mb 0 session %s
+    ```
   }];
+  let arguments = (ins HPR_SessionType:$session, UnitAttr:$in_backward);
 }
 
 def HPR_ClearOp : HPR_SessionActionOp<"clear"> {
