@@ -32,7 +32,7 @@ from fsdp_worker import spawn_ranks  # noqa: E402
 from test_planned_schedule import DIM, LAYERS_PER_STAGE, REPO, model_json, stage_spec  # noqa: E402
 
 MICROBATCHES = 4
-STAGES = {"zbv": 4, "zb-h1": 2}  # 2 pp ranks: a V of two stages each, or one stage each
+STAGES = {"zbv": 4, "zb-h1": 2, "1f1b": 2}  # 2 pp ranks: a V of two stages each, or one stage each
 
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
@@ -58,12 +58,14 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     return results
 
 
-def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: bool = True) -> None:
+def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: bool = True,
+          split: bool = True) -> None:
     """Exact gradients and losses, one replay per block and microbatch (none with ``replayed``
     false), nothing left live or gathered; with ``plan``, every unshard and reshard of the
-    rank's program ran (Rule 8)."""
+    rank's program ran (Rule 8). ``split``: the plan splits backwards, so hp_recompute's split
+    ran them (Rule 7); a plan of full backwards runs torch's own."""
     for rank, res in enumerate(results):
-        assert res["fsdp_split"], (rank, "the FSDP split path did not run")
+        assert bool(res["fsdp_split"]) == split, (rank, "the FSDP split path", res["fsdp_split"])
         for got, want in zip(res["losses"], res["ref_losses"]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
         for name, got in res["grads"].items():
@@ -106,6 +108,20 @@ def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Pa
     (matmul outputs saved) under a plan that checkpoints them selectively, ``fully_shard``-ed,
     bfloat16 autocast, prefetched replays."""
     check(run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective"))
+
+
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_1f1b_replays_inside_the_backward_of_fsdp2_stages(tmp_path: Path) -> None:
+    """1F1B reads each session in one backward, so the plan's jit replays are ``in_backward``:
+    each block replays when FSDP2's backward reaches it, with its parameters gathered by FSDP's
+    own pre-backward hook (``reshard_after_forward=True``), selectively, under bfloat16
+    autocast: exact gradients, one replay per block and microbatch."""
+    results = run_case(tmp_path, True, "jit", schedule="1f1b", selective=True, autocast=True, policy="selective")
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    recomputes = [a for r in plan["ranks"] for a in r["actions"] if a["op"] == "recompute"]
+    assert recomputes and all(a.get("in_backward") for a in recomputes)
+    check(results, split=False)
 
 
 def test_wrapped_fsdp2_blocks_the_plan_does_not_checkpoint_run_plainly(tmp_path: Path) -> None:
