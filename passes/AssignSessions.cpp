@@ -1,7 +1,8 @@
 //===- AssignSessions.cpp - One recompute session per (stage, mb) --------===//
 //
 // Binds the checkpoint handles of every forward of a checkpointed stage to a
-// session and points the forward's backward actions at it.
+// session and points the forward's backward actions that read activations at
+// it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,7 +43,8 @@ LogicalResult AssignSessionsPass::assignInProgram(
       return op.emitOpError()
              << "already exists: hpr-assign-sessions runs once, on programs "
                 "without sessions";
-    if (isa<ConsumerOpInterface>(op)) {
+    auto reader = dyn_cast<ConsumerOpInterface>(op);
+    if (reader && reader.readsActivations()) {
       auto action = cast<ActionOpInterface>(op);
       consumed.insert({action.getStageIndex(), action.getMicrobatchIndex()});
     }
@@ -68,8 +70,10 @@ LogicalResult AssignSessionsPass::assignInProgram(
       LLVM_DEBUG(llvm::dbgs() << "session " << session.getSid() << "\n");
       continue;
     }
+    // The first stage's backward_input reads nothing (HPROps.td): unbound,
+    // so its W is the session's one reader.
     auto consumer = dyn_cast<ConsumerOpInterface>(op);
-    if (!consumer)
+    if (!consumer || !consumer.readsActivations())
       continue;
     if (consumer.getSessionValue())
       return op.emitOpError() << "already reads a session: "

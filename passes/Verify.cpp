@@ -60,7 +60,8 @@ static SessionOp sessionOf(Value value) {
   return value ? value.getDefiningOp<SessionOp>() : SessionOp();
 }
 
-/// Rule 10: a replay inside its backward has one reader, a full backward, and
+/// Rule 10: a replay inside its backward has one reader, a whole backward (B,
+/// or the first stage's W, whose I reads nothing: HPROps.td), and
 /// no compute action of its own between them (the forward of the reader's
 /// overlapped pair aside): it replays region by region as that backward reads
 /// them, so nothing else may read it, and it must run where it is priced.
@@ -68,14 +69,14 @@ static unsigned
 verifyInBackward(RecomputeOp recompute, SessionOp session,
                  MutableArrayRef<ConsumerOpInterface> consumers) {
   Operation *reader = consumers.front().getOperation();
-  if (consumers.size() != 1 || !isa<BackwardOp>(reader)) {
+  if (consumers.size() != 1 || !consumers.front().isWholeBackward()) {
     recompute.emitError()
         << describeAction(recompute) << ": " << quote(session)
         << " is replayed inside its backward (in_backward), but is read by "
         << describeAction(reader)
         << (consumers.size() > 1 ? " and later actions" : "")
-        << "; only a session that one full backward reads replays region "
-           "by region";
+        << "; only a session that one whole backward reads (a backward, or "
+           "the first stage's backward_weight) replays region by region";
     return 1;
   }
   if (!recompute->isBeforeInBlock(reader))
@@ -301,7 +302,7 @@ VerifyPass::verifyProgram(ProgramOp program,
       uses[session].consumers.push_back(consumer);
       continue;
     }
-    if (!checkpointed)
+    if (!checkpointed || !consumer.readsActivations())
       continue;
     auto action = cast<ActionOpInterface>(op);
     int64_t stage = action.getStageIndex();

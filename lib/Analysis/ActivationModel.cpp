@@ -31,7 +31,9 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
       lifetime.stage = forward.getStageIndex();
       lifetime.microbatch = forward.getMicrobatchIndex();
       lifetime.forwardPos = pos;
-    } else if (isa<ConsumerOpInterface, RecomputeOp, ClearOp>(op)) {
+    } else if (isa<RecomputeOp, ClearOp>(op) ||
+               (isa<ConsumerOpInterface>(op) &&
+                cast<ConsumerOpInterface>(op).readsActivations())) {
       auto action = cast<ActionOpInterface>(op);
       auto it =
           index.find({action.getStageIndex(), action.getMicrobatchIndex()});
@@ -72,7 +74,10 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
 }
 
 bool mlir::hpr::replaysInBackward(llvm::ArrayRef<Operation *> consumers) {
-  return consumers.size() == 1 && isa<BackwardOp>(consumers.front());
+  auto reader = consumers.size() == 1
+                    ? dyn_cast<ConsumerOpInterface>(consumers.front())
+                    : ConsumerOpInterface();
+  return reader && reader.isWholeBackward();
 }
 
 int64_t mlir::hpr::replayedBytesOf(const StageCost &cost,

@@ -1,31 +1,43 @@
 // RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-assign-sessions)))' -verify-diagnostics | FileCheck %s
 
-// Stage 0 is checkpointed, stage 1 is not: only stage 0 gets sessions, and
-// dx and dw of one microbatch share one.
+// Stages 0 and 1 are checkpointed, stage 2 is not: only stages 0 and 1 get
+// sessions, and dx and dw of one microbatch share one. The first stage's dx
+// reads no activation (the model input needs no gradient), so its session
+// has one reader, its dw.
 
 hpr.model "m" {
   hpr.stage 0 {
     hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
   }
   hpr.stage 1 {
-    hpr.region "l1" flops 1.0 time_us 0.0 saved 8 input 1 params 0
+    hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+  hpr.stage 2 {
+    hpr.region "l2" flops 1.0 time_us 0.0 saved 8 input 1 params 0
   }
 }
 // CHECK-LABEL: hpr.schedule "dx_then_dw_shares_session"
-// CHECK:         %[[H:.*]] = hpr.forward stage 0 mb 0
-// CHECK-NEXT:    %[[S:.*]] = hpr.session %[[H]] as "s0.mb0"
-// CHECK-NEXT:    hpr.forward stage 1 mb 0
+// CHECK:         %[[H0:.*]] = hpr.forward stage 0 mb 0
+// CHECK-NEXT:    %[[S0:.*]] = hpr.session %[[H0]] as "s0.mb0"
+// CHECK-NEXT:    %[[H1:.*]] = hpr.forward stage 1 mb 0
+// CHECK-NEXT:    %[[S1:.*]] = hpr.session %[[H1]] as "s1.mb0"
+// CHECK-NEXT:    hpr.forward stage 2 mb 0
 // CHECK-NOT:     hpr.session
-// CHECK-NEXT:    hpr.backward_input stage 1 mb 0{{$}}
-// CHECK-NEXT:    hpr.backward_input stage 0 mb 0 session(%[[S]])
-// CHECK-NEXT:    hpr.backward_weight stage 1 mb 0{{$}}
-// CHECK-NEXT:    hpr.backward_weight stage 0 mb 0 session(%[[S]])
-hpr.schedule "dx_then_dw_shares_session" ranks 1 stages 2 microbatches 1 stage_to_rank [0, 0] {
+// CHECK-NEXT:    hpr.backward_input stage 2 mb 0{{$}}
+// CHECK-NEXT:    hpr.backward_input stage 1 mb 0 session(%[[S1]])
+// CHECK-NEXT:    hpr.backward_input stage 0 mb 0{{$}}
+// CHECK-NEXT:    hpr.backward_weight stage 2 mb 0{{$}}
+// CHECK-NEXT:    hpr.backward_weight stage 1 mb 0 session(%[[S1]])
+// CHECK-NEXT:    hpr.backward_weight stage 0 mb 0 session(%[[S0]])
+hpr.schedule "dx_then_dw_shares_session" ranks 1 stages 3 microbatches 1 stage_to_rank [0, 0, 0] {
   hpr.program rank 0 {
     %0 = hpr.forward stage 0 mb 0
     %1 = hpr.forward stage 1 mb 0
+    %2 = hpr.forward stage 2 mb 0
+    hpr.backward_input stage 2 mb 0
     hpr.backward_input stage 1 mb 0
     hpr.backward_input stage 0 mb 0
+    hpr.backward_weight stage 2 mb 0
     hpr.backward_weight stage 1 mb 0
     hpr.backward_weight stage 0 mb 0
   }

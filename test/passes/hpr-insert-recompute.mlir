@@ -34,6 +34,17 @@ hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank 
   }
 }
 
+// The first stage's I reads nothing and no session (HPROps.td): its W is the
+// session's one reader and the whole backward, so jit replays inside it.
+hpr.schedule "first_stage_dw_reads" ranks 1 stages 2 microbatches 1 stage_to_rank [0, 0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.backward_input stage 0 mb 0
+    hpr.backward_weight stage 0 mb 0 session(%s0)
+  }
+}
+
 // jit: right before the first consumer. A session read by I and W replays
 // whole before I; one read by a single B replays inside it.
 // JIT:      hpr.recv_b stage 0 mb 0
@@ -46,6 +57,10 @@ hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank 
 // JIT:      %s1.mb0 = hpr.session
 // JIT-NEXT: hpr.recompute %s1.mb0 {in_backward}
 // JIT-NEXT: hpr.backward stage 1 mb 0
+// JIT-LABEL: hpr.schedule "first_stage_dw_reads"
+// JIT:      hpr.backward_input stage 0 mb 0{{$}}
+// JIT-NEXT: hpr.recompute %s0.mb0 {in_backward}
+// JIT-NEXT: hpr.backward_weight stage 0 mb 0 session(%s0.mb0)
 
 // lookahead, distance 0: above the receives the dx waits on, no further.
 // LA0:      hpr.forward stage 0 mb 1

@@ -179,6 +179,37 @@ hpr.schedule "checkpointed_consumer_without_session" ranks 1 stages 1 microbatch
 
 // -----
 
+// Rules 7 and 10: the first stage's I reads no activation (the model input
+// needs no gradient) and so no session; its W, the whole backward, replays
+// inside. Stage 1's I reads activations, and without a session it is refused.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "first_stage_dx_reads_nothing" ranks 1 stages 2 microbatches 1 stage_to_rank [0, 0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 1 mb 0
+    %s1 = hpr.session %h1 as "s1.mb0"
+    // expected-error @+1 {{rank 0, action 2 (backward_input stage 1 mb 0): reads no session, but stage 1 is checkpointed: it would recompute on its own, once per backward call}}
+    hpr.backward_input stage 1 mb 0
+    hpr.recompute %s1
+    hpr.backward_weight stage 1 mb 0 session(%s1)
+    hpr.clear %s1
+    hpr.backward_input stage 0 mb 0
+    hpr.recompute %s0 {in_backward}
+    hpr.backward_weight stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+  }
+}
+
+// -----
+
 // The compute order recorded at import (kind, stage, mb): here F0, then B0.
 hpr.schedule "compute_order_swapped" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
   hpr.program rank 0 attributes {compute_order = array<i64: 0, 0, 0, 3, 0, 0, 0, 0, 1, 3, 0, 1>} {
@@ -246,16 +277,38 @@ hpr.schedule "reshard_while_sharded" ranks 1 stages 1 microbatches 1 stage_to_ra
 
 // -----
 
-// Rule 10: a replay inside its backward needs one full backward as reader.
-hpr.schedule "in_backward_read_by_i_and_w" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+// Rule 10: a replay inside its backward needs one whole backward as reader;
+// stage 1's I reads what its W reads.
+hpr.schedule "in_backward_read_by_i_and_w" ranks 1 stages 2 microbatches 1 stage_to_rank [0, 0] {
   hpr.program rank 0 {
-    %h = hpr.forward stage 0 mb 0
-    %s = hpr.session %h as "s0.mb0"
-    // expected-error @+1 {{rank 0, action 1 (recompute stage 0 mb 0): session "s0.mb0" is replayed inside its backward (in_backward), but is read by rank 0, action 2 (backward_input stage 0 mb 0) and later actions; only a session that one full backward reads replays region by region}}
+    %h0 = hpr.forward stage 0 mb 0
+    %h = hpr.forward stage 1 mb 0
+    %s = hpr.session %h as "s1.mb0"
+    // expected-error @+1 {{rank 0, action 2 (recompute stage 1 mb 0): session "s1.mb0" is replayed inside its backward (in_backward), but is read by rank 0, action 3 (backward_input stage 1 mb 0) and later actions; only a session that one whole backward reads (a backward, or the first stage's backward_weight) replays region by region}}
     hpr.recompute %s {in_backward}
-    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack
-    hpr.backward_weight stage 0 mb 0 session(%s)
+    hpr.backward_input stage 1 mb 0 session(%s) retain_on_unpack
+    hpr.backward_weight stage 1 mb 0 session(%s)
     hpr.clear %s
+    hpr.backward_input stage 0 mb 0
+    hpr.backward_weight stage 0 mb 0
+  }
+}
+
+// -----
+
+// Rule 10: a W alone is no whole backward past the first stage.
+hpr.schedule "in_backward_read_by_w_of_stage_1" ranks 1 stages 2 microbatches 1 stage_to_rank [0, 0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %h = hpr.forward stage 1 mb 0
+    %s = hpr.session %h as "s1.mb0"
+    hpr.backward_input stage 1 mb 0
+    // expected-error @+1 {{rank 0, action 3 (recompute stage 1 mb 0): session "s1.mb0" is replayed inside its backward (in_backward), but is read by rank 0, action 4 (backward_weight stage 1 mb 0); only a session that one whole backward reads (a backward, or the first stage's backward_weight) replays region by region}}
+    hpr.recompute %s {in_backward}
+    hpr.backward_weight stage 1 mb 0 session(%s)
+    hpr.clear %s
+    hpr.backward_input stage 0 mb 0
+    hpr.backward_weight stage 0 mb 0
   }
 }
 

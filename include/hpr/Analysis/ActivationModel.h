@@ -32,6 +32,8 @@
 namespace mlir::hpr {
 
 /// Where one (stage, microbatch)'s activations live in its rank's program.
+/// Its backward actions are those that read activations
+/// (ConsumerOpInterface::readsActivations).
 struct ActivationLifetime {
   ForwardOp forward;
   int64_t stage = 0;
@@ -51,10 +53,11 @@ struct ActivationLifetime {
   bool replayInBackward = false;
 };
 
-/// The placement rule, once: a session read by exactly one action, a full
-/// backward (B), replays inside it, region by region, when it is recomputed
-/// jit. A session read by I and W cannot: W reads what I read, so the
-/// replayed tensors live from I to W whichever way they were replayed.
+/// The placement rule, once: a session read by exactly one action, a whole
+/// backward (B, or the first stage's W, whose I reads nothing: HPROps.td),
+/// replays inside it, region by region, when it is recomputed jit. A session
+/// read by I and W cannot: W reads what I read, so the replayed tensors live
+/// from I to W whichever way they were replayed.
 bool replaysInBackward(llvm::ArrayRef<Operation *> consumers);
 
 /// The bytes `lifetime`'s replay holds at once: `cost.recomputedBytes`, or

@@ -137,11 +137,12 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::hpr::ProgramOp"> 
 
     Policies:
     - `jit`: immediately before the first consumer. When that consumer is
-      the session's only one and a full backward (B), the recompute is
-      marked `in_backward`: the replay runs inside the backward, region by
-      region, holding one region's tensors at a time, as torch's checkpoint
-      does (docs/planning.md). A session read by I and W replays whole
-      before its I: W reads what I read.
+      the session's only one and a whole backward (B, or the first stage's
+      W: that stage's I reads nothing and reads no session), the recompute
+      is marked `in_backward`: the replay runs inside the backward, region
+      by region, holding one region's tensors at a time, as torch's
+      checkpoint does (docs/planning.md). A session read by I and W replays
+      whole before its I: W reads what I read.
     - `lookahead`: above the communication right before the consumer (the
       `recv_b` a dx waits on does not feed the replay, so the replay can run
       while the rank waits) and `distance` compute actions (forward,
@@ -295,8 +296,10 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        the last;
     6. no session is left without a clear (leak) or without a recompute
        while it has consumers;
-    7. every consumer of a checkpointed stage reads a session, unless its
-       forward is marked `no_checkpoint` (and such a forward has none);
+    7. every consumer of a checkpointed stage that reads activations reads
+       a session, unless its forward is marked `no_checkpoint` (and such a
+       forward has none); the first stage's `hpr.backward_input` reads none
+       (the model input needs no gradient) and may read no session;
     8. the compute order of each program equals the schedule's: its
        forward/backward actions, compared one by one with the program's
        `compute_order` record written at import (when present); the first
@@ -308,7 +311,8 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        `hpr.reshard` after it; a stage is not unsharded twice without a
        reshard in between, nor resharded while not unsharded;
     10. a recompute marked `in_backward` (replayed inside its backward,
-       region by region) has one consumer, a full `hpr.backward`, and no
+       region by region) has one consumer, a whole backward (an
+       `hpr.backward`, or the first stage's `hpr.backward_weight`), and no
        forward or backward between them but the forward of that backward's
        overlapped pair.
     Each violation is reported on the offending op with the rank, the index

@@ -321,12 +321,14 @@ class _TorchStages(StageBackend):
         else:
             outputs = [self.losses[mb]] if stage.is_last else list(stage_output)
             pairs = [(o, g) for o, g in zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
-            wanted = [x for x in input_values if isinstance(x, torch.Tensor) and x.requires_grad]
+            # As torch's backward_one_chunk: the first stage's I computes no input gradient (its W is the whole
+            # backward), so it reads no activation, as the plan says (it names no session there).
+            wanted = [] if stage.is_first else [x for x in input_values
+                                                if isinstance(x, torch.Tensor) and x.requires_grad]
             dx, self.weight_states[(a.stage, mb)] = backward_input(
                 [o for o, _ in pairs], None if grads is None else [g for _, g in pairs], wanted, stage.submod)
             found = iter(dx)
-            grads_input = tuple(next(found) if isinstance(x, torch.Tensor) and x.requires_grad else None
-                                for x in input_values)
+            grads_input = tuple(next(found) if any(x is w for w in wanted) else None for x in input_values)
         stage.bwd_cache[mb] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
         if stage.is_last and not stage.is_first:
             for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does

@@ -34,11 +34,13 @@ Rule 2a (co-located neighbours). The plan has no transfer between two stages on 
 
 Rule 3 (recompute). ``recompute`` replays every handle of its forward into the plan's
   session (``scope.recompute_handle``). One marked ``in_backward`` replays nothing here:
-  its session's one ``backward`` (the next compute action, verifier rule 10) runs in the
-  session's context with ``retain_on_unpack=False``, where each checkpoint replays into
-  the session when the backward first reads it and each tensor is dropped as it is read,
-  so one region's replayed tensors are live at a time, as under torch's checkpoint. Its
-  time is that backward's: the backward is timed as ``backward+recompute``.
+  its session's one reader, a whole backward (a ``backward``, or the first stage's
+  ``backward_weight``: that stage's ``backward_input`` reads nothing and names no
+  session; the next compute action, verifier rule 10), runs in the session's context
+  with ``retain_on_unpack=False``, where each checkpoint replays into the session when
+  the backward first reads it and each tensor is dropped as it is read, so one region's
+  replayed tensors are live at a time, as under torch's checkpoint. Its time is that
+  backward's: the backward is timed as ``backward+recompute`` (``backward_weight+recompute``).
 
 Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
   ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
@@ -228,7 +230,7 @@ class PlanInterpreter:
             with torch.profiler.record_function(f"hp_recompute::{a.describe()}"):  # Rule 12
                 self._run(a)
             if a.op in TIMED_OPS and not a.in_backward:  # Rule 3: timed with its backward
-                timed_as = "backward+recompute" if a.session in self.replayed_inside else a.op
+                timed_as = f"{a.op}+recompute" if a.session in self.replayed_inside else a.op
                 self.action_s.append((timed_as, a.stage, a.plain, time.perf_counter() - start))
         except RunError:
             raise

@@ -335,7 +335,10 @@ class RankExecutor(StageBackend):
                 raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb} has no output "
                                f"gradient (no recv_b and stage {s + 1} did not run its dx here first)")
             grad_out = self.inbox_b[(s, mb)]
-        want_x = a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor) and m.x.requires_grad
+        # The first stage's dx goes nowhere: its I computes nothing and reads no activation, as the plan
+        # says (it names no session there) and torch's PipelineStage does.
+        want_x = (s > 0 and a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor)
+                  and m.x.requires_grad)
         trained = [(n, p) for n, p in self.params[s] if p.requires_grad]
         names, params = [n for n, _ in trained], [p for _, p in trained]
         keep = not a.frees_graph  # the plan's last backward of (stage, mb) frees its graph

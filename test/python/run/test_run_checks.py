@@ -240,6 +240,38 @@ def test_a_replay_inside_its_backward_peaks_as_torchs_checkpoint(tmp_path: Path)
         assert whole_peak > 1.2 * inside, peaks
 
 
+def test_the_first_stage_replays_inside_its_weight_backward_on_zb_h1(tmp_path: Path) -> None:
+    """ZB-H1 splits each backward into I and W. The first stage's I computes nothing (the
+    model input needs no gradient), so its W is the whole backward and the one reader of its
+    sessions: those recomputes are ``in_backward``, and rank 0 peaks at the allocator where
+    torch's checkpoint does. Stage 1's sessions are read by I and W and replay whole. The same
+    plan with the marks removed replays stage 0 whole before its W and peaks higher there."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zb-h1", 2, 4)))
+    raw = json.loads(plan.read_text())
+    recomputes = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute"]
+    assert {a["stage"] for a in recomputes if a.get("in_backward")} == {0}
+    assert any(a["stage"] == 1 for a in recomputes)
+    assert all(a.get("session") is None for r in raw["ranks"] for a in r["actions"]
+               if a["op"] == "backward_input" and a["stage"] == 0)
+
+    def strip(raw: dict) -> None:
+        for rank in raw["ranks"]:
+            for a in rank["actions"]:
+                a.pop("in_backward", None)
+
+    whole = edit_plan(plan, tmp_path / "whole.json", strip)
+    peaks = {}
+    for name, path, mode in (("inside", plan, "plan"), ("native", plan, "native"), ("whole", whole, "plan")):
+        report_path = tmp_path / f"{name}.report.json"
+        proc = run_cli("--plan", str(path), "--steps", "2", "--checkpoint-mode", mode, "--report", str(report_path))
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads(report_path.read_text())
+        assert report["grads_match"] is True and report["sessions_left"] == 0
+        peaks[name] = [r["measured_peak_bytes"] for r in report["ranks"]]
+    assert abs(peaks["inside"][0] / peaks["native"][0] - 1) <= 0.02, peaks
+    assert peaks["whole"][0] > 1.2 * peaks["inside"][0], peaks
+
+
 def test_a_model_holding_checkpoint_wrappers_is_refused(tmp_path: Path) -> None:
     """The runner checkpoints the plan's regions itself: a checkpoint wrapper inside the
     model would replay where the plan placed no replay, so it is refused before any rank runs."""

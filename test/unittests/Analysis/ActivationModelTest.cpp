@@ -95,23 +95,25 @@ TEST(ActivationModel, PlannedSpansFollowRecomputeAndClear) {
   EXPECT_EQ(countMaxLiveReplays(activations), 1u);
 }
 
-/// Two checkpointed regions in one stage (replays of 1000 and 600 bytes),
-/// one rank, two microbatches of `schedule`.
-static OwningOpRef<ModuleOp> twoRegions(MLIRContext &context,
-                                        llvm::StringRef schedule) {
+/// Two checkpointed regions in each stage (replays of 1000 and 600 bytes),
+/// one stage per rank, two microbatches of `schedule`.
+static OwningOpRef<ModuleOp>
+twoRegions(MLIRContext &context, llvm::StringRef schedule, int ranks = 1) {
   context.loadDialect<HPRDialect>();
   model::StagedModel staged;
-  staged.stages.push_back({0, {}});
-  for (int64_t saved : {1000, 600}) {
-    model::Region region;
-    region.name = "layers." + std::to_string(staged.stages[0].regions.size());
-    region.checkpoint = true;
-    region.fwdTimeUs = 1;
-    region.savedBytes = saved;
-    region.inputBytes = 64;
-    staged.stages[0].regions.push_back(region);
+  for (int stage = 0; stage < ranks; ++stage) {
+    staged.stages.push_back({stage, {}});
+    for (int64_t saved : {1000, 600}) {
+      model::Region region;
+      region.name = "layers." + std::to_string(2 * stage + (saved == 600));
+      region.checkpoint = true;
+      region.fwdTimeUs = 1;
+      region.savedBytes = saved;
+      region.inputBytes = 64;
+      staged.stages.back().regions.push_back(region);
+    }
   }
-  auto generated = sched::generateSchedule(schedule, {1, 2, 0});
+  auto generated = sched::generateSchedule(schedule, {ranks, 2, 0});
   EXPECT_TRUE(static_cast<bool>(generated));
   auto built = buildPlanModule(context, staged, *generated, "test");
   EXPECT_TRUE(static_cast<bool>(built));
@@ -121,11 +123,11 @@ static OwningOpRef<ModuleOp> twoRegions(MLIRContext &context,
   return std::move(*built);
 }
 
-static ProgramActivations firstProgram(ModuleOp module) {
-  return collectActivationLifetimes(*(*module.getOps<ScheduleOp>().begin())
-                                         .getBody()
-                                         .getOps<ProgramOp>()
-                                         .begin());
+/// The activations of rank `rank`'s program.
+static ProgramActivations programOf(ModuleOp module, size_t rank = 0) {
+  auto programs =
+      (*module.getOps<ScheduleOp>().begin()).getBody().getOps<ProgramOp>();
+  return collectActivationLifetimes(*std::next(programs.begin(), rank));
 }
 
 TEST(ActivationModel, ReplayInsideOneBackwardHoldsTheLargestRegion) {
@@ -138,20 +140,39 @@ TEST(ActivationModel, ReplayInsideOneBackwardHoldsTheLargestRegion) {
   // F0 F1 B0 B1 with both forwards keeping 2 x 64 bytes of inputs: at B0,
   // both inputs of both microbatches plus one region's replay, not two.
   ActivationProfile profile =
-      computeActivationProfile(firstProgram(*module), costs);
+      computeActivationProfile(programOf(*module), costs);
   EXPECT_EQ(profile.peak(), 4 * 64 + 1000);
 }
 
 TEST(ActivationModel, ReplayReadByIAndWIsWhole) {
   MLIRContext context;
-  OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1");
-  ProgramActivations activations = firstProgram(*module);
+  OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1", 2);
+  // Rank 1 runs stage 1, whose I computes the input's gradient.
+  ProgramActivations activations = programOf(*module, 1);
   ASSERT_FALSE(activations.lifetimes.empty());
   for (const ActivationLifetime &lifetime : activations.lifetimes)
     EXPECT_FALSE(lifetime.replayInBackward);
   std::vector<StageCost> costs =
       computeStageCosts(*module->getOps<ModelOp>().begin());
   EXPECT_GE(computeActivationProfile(activations, costs).peak(), 2 * 64 + 1600);
+}
+
+TEST(ActivationModel, FirstStageReplaysInsideItsWeightBackward) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1", 2);
+  // Stage 0's I reads nothing (the model input needs no gradient): its W is
+  // the one reader, and holds one region at a time.
+  ProgramActivations activations = programOf(*module, 0);
+  ASSERT_FALSE(activations.lifetimes.empty());
+  for (const ActivationLifetime &lifetime : activations.lifetimes) {
+    EXPECT_TRUE(lifetime.replayInBackward);
+    EXPECT_EQ(lifetime.firstConsumerPos, lifetime.lastConsumerPos);
+  }
+  std::vector<StageCost> costs =
+      computeStageCosts(*module->getOps<ModelOp>().begin());
+  int64_t peak = computeActivationProfile(activations, costs).peak();
+  EXPECT_LT(peak, 2 * 64 + 1600);
+  EXPECT_GE(peak, 1000);
 }
 
 TEST(ActivationModel, ReplaysPlacedEarlyOverlap) {

@@ -297,7 +297,7 @@ TEST_F(TorchCsvDamaged, MembersOfTheWrongTypeAreNamedByJsonPath) {
       {[](json &s) {
          s["ranks"][0]["consumers"].push_back(s["ranks"][0]["consumers"][0]);
        },
-       "d/plan.hpr.json: /ranks/0/consumers/8: expected one entry per "
+       "d/plan.hpr.json: /ranks/0/consumers/6: expected one entry per "
        "backward (/ranks/0/consumers/0 is this one's), got '{...}'"},
       {[](json &s) { s["ranks"][1]["consumers"][1]["microbatch"] = 7; },
        "d/plan.hpr.json: /ranks/1/consumers/1: names no action of row 2 of "

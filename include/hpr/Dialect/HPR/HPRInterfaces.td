@@ -37,6 +37,13 @@ def HPR_ConsumerOpInterface : OpInterface<"ConsumerOpInterface"> {
                     "getRetainOnUnpackFlag">,
     InterfaceMethod<"Sets retain_on_unpack.", "void", "setRetainOnUnpackFlag",
                     (ins "bool":$retain)>,
+    InterfaceMethod<[{Whether it reads saved activations: all but the first
+                      stage's backward_input, which computes nothing (the
+                      model input needs no gradient).}], "bool",
+                    "readsActivations">,
+    InterfaceMethod<[{Whether it is its (stage, microbatch)'s whole backward:
+                      backward, and the first stage's backward_weight.}],
+                    "bool", "isWholeBackward">,
   ];
 }
 

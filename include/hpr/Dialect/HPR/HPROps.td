@@ -201,7 +201,11 @@ def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
 }
 
 /// dx, dw and full backward: the consumers of a recompute session.
-class HPR_BackwardOpBase<string mnemonic, string plan>
+/// `readsActivations` and `wholeBackward` are C++ conditions on the op
+/// (ConsumerOpInterface).
+class HPR_BackwardOpBase<string mnemonic, string plan,
+                         code readsActivations = "true",
+                         code wholeBackward = "false">
     : HPR_StageMicrobatchOp<mnemonic, [HPR_ConsumerOpInterface]> {
   let planName = "\"" # plan # "\"";
   let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
@@ -220,17 +224,33 @@ class HPR_BackwardOpBase<string mnemonic, string plan>
     }
     bool getRetainOnUnpackFlag() { return getRetainOnUnpack(); }
     void setRetainOnUnpackFlag(bool retain) { setRetainOnUnpack(retain); }
+    bool readsActivations() { return }] # readsActivations # [{; }
+    bool isWholeBackward() { return }] # wholeBackward # [{; }
   }];
 }
 
-def HPR_BackwardInputOp : HPR_BackwardOpBase<"backward_input", "backward_input"> {
+// The model input needs no gradient: the first stage's I computes nothing
+// and reads no activation, and its W is the stage's whole backward, as
+// torch.distributed.pipelining runs them (and as CostModel.h prices them).
+def HPR_BackwardInputOp
+    : HPR_BackwardOpBase<"backward_input", "backward_input",
+                         "getStage() != 0"> {
   let summary = "dx: gradient of the stage input (schedule action I)";
+  let description = [{
+    On the first stage (stage 0) it computes nothing: the model input needs
+    no gradient. It reads no activation there, so it reads no session.
+  }];
 }
 def HPR_BackwardWeightOp
-    : HPR_BackwardOpBase<"backward_weight", "backward_weight"> {
+    : HPR_BackwardOpBase<"backward_weight", "backward_weight", "true",
+                         "getStage() == 0"> {
   let summary = "dw: gradient of the stage weights (schedule action W)";
+  let description = [{
+    On the first stage (stage 0) it is the stage's whole backward: its I
+    computed nothing.
+  }];
 }
-def HPR_BackwardOp : HPR_BackwardOpBase<"backward", "backward"> {
+def HPR_BackwardOp : HPR_BackwardOpBase<"backward", "backward", "true", "true"> {
   let summary = "full backward, dx and dw together (schedule action B)";
 }
 
