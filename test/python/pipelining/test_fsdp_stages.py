@@ -85,7 +85,14 @@ def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: 
 @pytest.mark.parametrize("prefetch", ["jit", "bubble"])
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
 def test_zbv_on_fsdp2_stages(tmp_path: Path, reshard: bool, prefetch: str) -> None:
-    check(run_case(tmp_path, reshard, prefetch))
+    """Under jit the first stage's sessions replay inside its W (its I reads nothing), through
+    hp_recompute's split driving FSDP2: still one replay per block and microbatch."""
+    results = run_case(tmp_path, reshard, prefetch)
+    if prefetch == "jit":
+        actions = [a for r in json.loads((tmp_path / "plan.json").read_text())["ranks"] for a in r["actions"]]
+        assert {a["stage"] for a in actions if a["op"] == "recompute" and a.get("in_backward")} == {0}
+        assert not any(a.get("session") for a in actions if a["op"] == "backward_input" and a["stage"] == 0)
+    check(results)
 
 
 def test_zb_h1_on_fsdp2_stages(tmp_path: Path) -> None:
