@@ -13,24 +13,27 @@ hpr.model "m" {
   hpr.stage 1 {
     hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
   }
+  hpr.stage 2 {
+    hpr.region "l2" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
 }
-hpr.schedule "prefetch_past_recv" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+hpr.schedule "prefetch_past_recv" ranks 2 stages 3 microbatches 2 stage_to_rank [1, 0, 1] {
   hpr.program rank 0 {
-    %h0 = hpr.forward stage 0 mb 0
-    %s0 = hpr.session %h0 as "s0.mb0"
-    %h1 = hpr.forward stage 0 mb 1
-    %s1 = hpr.session %h1 as "s0.mb1"
-    hpr.recv_b stage 0 mb 0 peer 1
-    hpr.backward_input stage 0 mb 0 session(%s0)
-    hpr.backward_weight stage 0 mb 0 session(%s0)
-    hpr.recv_b stage 0 mb 1 peer 1
-    hpr.backward_input stage 0 mb 1 session(%s1)
-    hpr.backward_weight stage 0 mb 1 session(%s1)
+    %h0 = hpr.forward stage 1 mb 0
+    %s0 = hpr.session %h0 as "s1.mb0"
+    %h1 = hpr.forward stage 1 mb 1
+    %s1 = hpr.session %h1 as "s1.mb1"
+    hpr.recv_b stage 1 mb 0 peer 1
+    hpr.backward_input stage 1 mb 0 session(%s0)
+    hpr.backward_weight stage 1 mb 0 session(%s0)
+    hpr.recv_b stage 1 mb 1 peer 1
+    hpr.backward_input stage 1 mb 1 session(%s1)
+    hpr.backward_weight stage 1 mb 1 session(%s1)
   }
   hpr.program rank 1 {
-    %h2 = hpr.forward stage 1 mb 0
-    %s2 = hpr.session %h2 as "s1.mb0"
-    hpr.backward stage 1 mb 0 session(%s2)
+    %h2 = hpr.forward stage 2 mb 0
+    %s2 = hpr.session %h2 as "s2.mb0"
+    hpr.backward stage 2 mb 0 session(%s2)
   }
 }
 
@@ -40,6 +43,7 @@ hpr.schedule "first_stage_dw_reads" ranks 1 stages 2 microbatches 1 stage_to_ran
   hpr.program rank 0 {
     %h0 = hpr.forward stage 0 mb 0
     %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 1 mb 0
     hpr.backward_input stage 0 mb 0
     hpr.backward_weight stage 0 mb 0 session(%s0)
   }
@@ -47,44 +51,50 @@ hpr.schedule "first_stage_dw_reads" ranks 1 stages 2 microbatches 1 stage_to_ran
 
 // jit: right before the first consumer. A session read by I and W replays
 // whole before I; one read by a single B replays inside it.
-// JIT:      hpr.recv_b stage 0 mb 0
-// JIT-NEXT: hpr.recompute %s0.mb0{{$}}
-// JIT-NEXT: hpr.backward_input stage 0 mb 0
-// JIT-NEXT: hpr.backward_weight stage 0 mb 0
-// JIT-NEXT: hpr.recv_b stage 0 mb 1
-// JIT-NEXT: hpr.recompute %s0.mb1{{$}}
-// JIT-NEXT: hpr.backward_input stage 0 mb 1
-// JIT:      %s1.mb0 = hpr.session
-// JIT-NEXT: hpr.recompute %s1.mb0 {in_backward}
-// JIT-NEXT: hpr.backward stage 1 mb 0
+// JIT:      hpr.recv_b stage 1 mb 0
+// JIT-NEXT: hpr.recompute %s1.mb0{{$}}
+// JIT-NEXT: hpr.backward_input stage 1 mb 0
+// JIT-NEXT: hpr.backward_weight stage 1 mb 0
+// JIT-NEXT: hpr.recv_b stage 1 mb 1
+// JIT-NEXT: hpr.recompute %s1.mb1{{$}}
+// JIT-NEXT: hpr.backward_input stage 1 mb 1
+// JIT:      %s2.mb0 = hpr.session
+// JIT-NEXT: hpr.recompute %s2.mb0 {in_backward}
+// JIT-NEXT: hpr.backward stage 2 mb 0
 // JIT-LABEL: hpr.schedule "first_stage_dw_reads"
 // JIT:      hpr.backward_input stage 0 mb 0{{$}}
 // JIT-NEXT: hpr.recompute %s0.mb0 {in_backward}
 // JIT-NEXT: hpr.backward_weight stage 0 mb 0 session(%s0.mb0)
 
 // lookahead, distance 0: above the receives the dx waits on, no further.
-// LA0:      hpr.forward stage 0 mb 1
-// LA0-NEXT: hpr.recompute %s0.mb0
-// LA0-NEXT: %s0.mb1 = hpr.session
-// LA0-NEXT: hpr.recv_b stage 0 mb 0
-// LA0:      hpr.backward_weight stage 0 mb 0
-// LA0-NEXT: hpr.recompute %s0.mb1
-// LA0-NEXT: hpr.recv_b stage 0 mb 1
+// LA0:      hpr.forward stage 1 mb 1
+// LA0-NEXT: hpr.recompute %s1.mb0
+// LA0-NEXT: %s1.mb1 = hpr.session
+// LA0-NEXT: hpr.recv_b stage 1 mb 0
+// LA0:      hpr.backward_weight stage 1 mb 0
+// LA0-NEXT: hpr.recompute %s1.mb1
+// LA0-NEXT: hpr.recv_b stage 1 mb 1
 
 // lookahead, distance 1: one compute action earlier, but never above the
 // session's own forward.
-// LA1:      %s0.mb0 = hpr.session
-// LA1-NEXT: hpr.recompute %s0.mb0
-// LA1-NEXT: hpr.forward stage 0 mb 1
-// LA1:      hpr.backward_input stage 0 mb 0
-// LA1-NEXT: hpr.recompute %s0.mb1
-// LA1-NEXT: hpr.backward_weight stage 0 mb 0
+// LA1:      %s1.mb0 = hpr.session
+// LA1-NEXT: hpr.recompute %s1.mb0
+// LA1-NEXT: hpr.forward stage 1 mb 1
+// LA1:      hpr.backward_input stage 1 mb 0
+// LA1-NEXT: hpr.recompute %s1.mb1
+// LA1-NEXT: hpr.backward_weight stage 1 mb 0
+// The first stage's I reads no session but is still a compute action of
+// the program: one compute action above its W is above that I.
+// LA1-LABEL: hpr.schedule "first_stage_dw_reads"
+// LA1:       hpr.forward stage 1 mb 0
+// LA1-NEXT:  hpr.recompute %s0.mb0
+// LA1-NEXT:  hpr.backward_input stage 0 mb 0{{$}}
 
-// LA9:      %s0.mb0 = hpr.session
-// LA9-NEXT: hpr.recompute %s0.mb0
-// LA9:      %s0.mb1 = hpr.session
-// LA9-NEXT: hpr.recompute %s0.mb1
-// LA9-NEXT: hpr.recv_b stage 0 mb 0
+// LA9:      %s1.mb0 = hpr.session
+// LA9-NEXT: hpr.recompute %s1.mb0
+// LA9:      %s1.mb1 = hpr.session
+// LA9-NEXT: hpr.recompute %s1.mb1
+// LA9-NEXT: hpr.recv_b stage 1 mb 0
 
 // BAD-POLICY: for the --policy option: Cannot find option named 'soon'!
 

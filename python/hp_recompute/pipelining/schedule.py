@@ -11,8 +11,10 @@ point-to-point ops, gradient scaling. The rules below are cited as "Rule N".
 
 Rule 1 (what is checked). At construction, before any communication: the plan's ranks,
   stages and microbatches match the stages given (``group_size``, ``num_stages``,
-  ``n_microbatches``, this rank's stage indices), and every region the plan checkpoints
-  exists in its stage's module (``regions.checkpoint_regions``). The plan itself is
+  ``n_microbatches``, this rank's stage indices), no stage whose backward the plan splits
+  was built with ``dw_builder`` (torch would run its whole backward in I, outside the
+  plan's reads), and every region the plan checkpoints exists in its stage's module
+  (``regions.checkpoint_regions``). The plan itself is
   admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
   rank's program, not only ours), so a broken plan is refused on every rank before the
   first step.
@@ -216,6 +218,14 @@ class PlannedSchedule(PipelineScheduleMulti):
         have = [s.stage_index for s in self._stages]
         if have != want:
             raise RunError(f"{where}: rank {self.rank} runs stages {want} in the plan, but was given stages {have}")
+        split = {a.stage for a in plan.ranks[self.rank] if a.op == "backward_weight"}
+        for stage in self._stages:
+            if getattr(stage, "dw_builder", None) is not None and stage.stage_index in split:
+                raise RunError(f"{where}: stage {stage.stage_index} was built with dw_builder, so torch runs its whole "
+                               f"backward in backward_input and only the builder's function in backward_weight; the "
+                               f"plan splits that backward into I and W, each reading its session where it is "
+                               f"placed (the first stage's in W alone), so its replays would run outside the plan: "
+                               f"build the stage without dw_builder (PlannedSchedule splits I and W itself)")
 
     # -- one step ------------------------------------------------------------------------
 
@@ -321,8 +331,9 @@ class _TorchStages(StageBackend):
         else:
             outputs = [self.losses[mb]] if stage.is_last else list(stage_output)
             pairs = [(o, g) for o, g in zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
-            # As torch's backward_one_chunk: the first stage's I computes no input gradient (its W is the whole
-            # backward), so it reads no activation, as the plan says (it names no session there).
+            # The first stage's I computes no input gradient and reads no activation, as the plan says (it names
+            # no session there) and as torch's backward_one_chunk skips it. (torch's W, a full backward, also
+            # fills .grad of a stage-0 input that requires grad; this split does not.)
             wanted = [] if stage.is_first else [x for x in input_values
                                                 if isinstance(x, torch.Tensor) and x.requires_grad]
             dx, self.weight_states[(a.stage, mb)] = backward_input(

@@ -339,6 +339,9 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
             in_place = {s: stage_module(full, split[s]) for s in mine}
             in_place[mine[0]].layers[first].compile(backend="aot_eager")
             attempt("region.compile()", stages(in_place), cfg["microbatches"])
+        built = stages({s: stage_module(full, split[s]) for s in mine})
+        built[0].dw_builder = lambda: (lambda: None)  # as PipelineStage(..., dw_builder=...) stores it
+        attempt("dw_builder", built, cfg["microbatches"])
         attempt("stages of another rank", [PipelineStage(stage_module(full, split[s]), s, cfg["stages"],
                                                          torch.device("cpu"))
                                            for s in stages_of_rank(cfg, 1 - rank)], cfg["microbatches"])

@@ -391,6 +391,9 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
                 assert "wrap the block with hp_recompute.checkpoint_wrapper, then call .compile() on the wrapper" \
                     in got[case], got[case]
         assert f"rank {rank} runs stages" in got["stages of another rank"]
+        assert (f"stage {rank} was built with dw_builder, so torch runs its whole backward in "
+                f"backward_input") in got["dw_builder"], got["dw_builder"]
+        assert "build the stage without dw_builder" in got["dw_builder"]
         # Issue 24 item 5: refused on every rank before any step, naming the cell and the rule.
         assert got["good_csv"] == "accepted", got
         assert f"RunError: hp_recompute: plan {tmp_path / 'bad.csv'} is refused before any rank runs" \
