@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 import torch
@@ -212,14 +212,10 @@ def test_planned_memory_is_within_ten_percent_of_the_allocator(tmp_path: Path, c
     assert "USDT" not in proc.stderr
 
 
-def test_a_replay_inside_its_backward_peaks_as_torchs_checkpoint(tmp_path: Path) -> None:
-    """1F1B reads each session in one backward, so every jit recompute is ``in_backward``: the
-    runner replays region by region inside the backward, and each rank peaks at the allocator
-    exactly where torch's checkpoint does (``--checkpoint-mode native``). The same plan with the
-    mark removed replays each stage whole before its backward and peaks higher."""
-    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)))
-    recomputes = [a for r in json.loads(plan.read_text())["ranks"] for a in r["actions"] if a["op"] == "recompute"]
-    assert recomputes and all(a.get("in_backward") is True for a in recomputes)
+def peaks_inside_native_and_whole(tmp_path: Path, plan: Path) -> Dict[str, List[int]]:
+    """Each rank's peak at the allocator for ``plan`` ("inside"), the same plan under torch's
+    checkpoint ("native") and with its ``in_backward`` marks removed ("whole": each such replay
+    whole before its reader); gradients exact and no session left in each run."""
 
     def strip(raw: dict) -> None:
         for rank in raw["ranks"]:
@@ -235,6 +231,18 @@ def test_a_replay_inside_its_backward_peaks_as_torchs_checkpoint(tmp_path: Path)
         report = json.loads(report_path.read_text())
         assert report["grads_match"] is True and report["sessions_left"] == 0
         peaks[name] = [r["measured_peak_bytes"] for r in report["ranks"]]
+    return peaks
+
+
+def test_a_replay_inside_its_backward_peaks_as_torchs_checkpoint(tmp_path: Path) -> None:
+    """1F1B reads each session in one backward, so every jit recompute is ``in_backward``: the
+    runner replays region by region inside the backward, and each rank peaks at the allocator
+    exactly where torch's checkpoint does (``--checkpoint-mode native``). The same plan with the
+    mark removed replays each stage whole before its backward and peaks higher."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)))
+    recomputes = [a for r in json.loads(plan.read_text())["ranks"] for a in r["actions"] if a["op"] == "recompute"]
+    assert recomputes and all(a.get("in_backward") is True for a in recomputes)
+    peaks = peaks_inside_native_and_whole(tmp_path, plan)
     for inside, native, whole_peak in zip(peaks["inside"], peaks["native"], peaks["whole"]):
         assert abs(inside / native - 1) <= 0.02, peaks
         assert whole_peak > 1.2 * inside, peaks
@@ -253,21 +261,7 @@ def test_the_first_stage_replays_inside_its_weight_backward_on_zb_h1(tmp_path: P
     assert any(a["stage"] == 1 for a in recomputes)
     assert all(a.get("session") is None for r in raw["ranks"] for a in r["actions"]
                if a["op"] == "backward_input" and a["stage"] == 0)
-
-    def strip(raw: dict) -> None:
-        for rank in raw["ranks"]:
-            for a in rank["actions"]:
-                a.pop("in_backward", None)
-
-    whole = edit_plan(plan, tmp_path / "whole.json", strip)
-    peaks = {}
-    for name, path, mode in (("inside", plan, "plan"), ("native", plan, "native"), ("whole", whole, "plan")):
-        report_path = tmp_path / f"{name}.report.json"
-        proc = run_cli("--plan", str(path), "--steps", "2", "--checkpoint-mode", mode, "--report", str(report_path))
-        assert proc.returncode == 0, proc.stderr
-        report = json.loads(report_path.read_text())
-        assert report["grads_match"] is True and report["sessions_left"] == 0
-        peaks[name] = [r["measured_peak_bytes"] for r in report["ranks"]]
+    peaks = peaks_inside_native_and_whole(tmp_path, plan)
     assert abs(peaks["inside"][0] / peaks["native"][0] - 1) <= 0.02, peaks
     assert peaks["whole"][0] > 1.2 * peaks["inside"][0], peaks
 
