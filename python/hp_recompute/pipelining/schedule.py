@@ -130,9 +130,14 @@ def _is_compiled(module: torch.nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None or "_orig_mod" in module._modules
 
 
+def planned_splits(program: Sequence[Action]) -> Set[int]:
+    """The stages whose backward ``program`` splits into I and W."""
+    return {a.stage for a in program if a.op == "backward_weight"}
+
+
 def split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
     """Rule 7: indices of the FSDP2 or compiled stages whose backward the plan splits into I and W."""
-    split = {a.stage for a in program if a.op == "backward_weight"}
+    split = planned_splits(program)
     found: Dict[int, str] = {}
     for stage in stages:
         if stage.stage_index not in split:
@@ -218,7 +223,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         have = [s.stage_index for s in self._stages]
         if have != want:
             raise RunError(f"{where}: rank {self.rank} runs stages {want} in the plan, but was given stages {have}")
-        split = {a.stage for a in plan.ranks[self.rank] if a.op == "backward_weight"}
+        split = planned_splits(plan.ranks[self.rank])
         for stage in self._stages:
             if getattr(stage, "dw_builder", None) is not None and stage.stage_index in split:
                 raise RunError(f"{where}: stage {stage.stage_index} was built with dw_builder, so torch runs its whole "
@@ -334,12 +339,12 @@ class _TorchStages(StageBackend):
             # The first stage's I computes no input gradient and reads no activation, as the plan says (it names
             # no session there) and as torch's backward_one_chunk skips it. (torch's W, a full backward, also
             # fills .grad of a stage-0 input that requires grad; this split does not.)
-            wanted = [] if stage.is_first else [x for x in input_values
-                                                if isinstance(x, torch.Tensor) and x.requires_grad]
+            wants = [not stage.is_first and isinstance(x, torch.Tensor) and x.requires_grad for x in input_values]
             dx, self.weight_states[(a.stage, mb)] = backward_input(
-                [o for o, _ in pairs], None if grads is None else [g for _, g in pairs], wanted, stage.submod)
+                [o for o, _ in pairs], None if grads is None else [g for _, g in pairs],
+                [x for x, want in zip(input_values, wants) if want], stage.submod)
             found = iter(dx)
-            grads_input = tuple(next(found) if any(x is w for w in wanted) else None for x in input_values)
+            grads_input = tuple(next(found) if want else None for want in wants)
         stage.bwd_cache[mb] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
         if stage.is_last and not stage.is_first:
             for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does

@@ -320,8 +320,8 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
             except Exception as e:  # noqa: BLE001 - the message is the result
                 messages[name] = f"{type(e).__name__}: {e}"
 
-        def stages(modules: Dict[int, Any]) -> List[Any]:
-            return [PipelineStage(modules[s], s, cfg["stages"], torch.device("cpu")) for s in mine]
+        def stages(modules: Dict[int, Any], **kwargs: Any) -> List[Any]:
+            return [PipelineStage(modules[s], s, cfg["stages"], torch.device("cpu"), **kwargs) for s in mine]
 
         attempt("good", stages({s: stage_module(full, split[s]) for s in mine}), cfg["microbatches"])
         attempt("microbatches", stages({s: stage_module(full, split[s]) for s in mine}), cfg["microbatches"] + 1)
@@ -339,9 +339,8 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
             in_place = {s: stage_module(full, split[s]) for s in mine}
             in_place[mine[0]].layers[first].compile(backend="aot_eager")
             attempt("region.compile()", stages(in_place), cfg["microbatches"])
-        built = stages({s: stage_module(full, split[s]) for s in mine})
-        built[0].dw_builder = lambda: (lambda: None)  # as PipelineStage(..., dw_builder=...) stores it
-        attempt("dw_builder", built, cfg["microbatches"])
+        attempt("dw_builder", stages({s: stage_module(full, split[s]) for s in mine},
+                                     dw_builder=lambda: (lambda: None)), cfg["microbatches"])
         attempt("stages of another rank", [PipelineStage(stage_module(full, split[s]), s, cfg["stages"],
                                                          torch.device("cpu"))
                                            for s in stages_of_rank(cfg, 1 - rank)], cfg["microbatches"])
