@@ -69,9 +69,12 @@ Rule 7 (stages split into I and W by hp_recompute). torch's
   grads, inputs, submod)``, ``W`` is ``backward_weight`` of its state (added into each
   parameter's ``.grad`` as autograd would, or into FSDP's gradients), a ``B`` of the same
   stage is torch's ``stage_backward`` (on an FSDP stage inside the step ``fsdp.begin_step``
-  opened: nothing reduced). An FSDP stage's ``reduce_grad`` is ``fsdp.reduce_gradients``
-  (one reduce-scatter per parameter group, plus the all-reduce of HSDP) followed by
-  torch's ``scale_grads``. The input gradients go where torch's would (``bwd_cache``), so
+  opened: nothing reduced). The first stage's I computes nothing and its W is
+  ``stage_backward``, the whole backward, as torch runs that stage's I and W and as the
+  plan reads them (its I names no session): a step input that requires grad gets its
+  ``.grad`` there, as under torch's schedule. An FSDP stage's ``reduce_grad`` is
+  ``fsdp.reduce_gradients`` (one reduce-scatter per parameter group, plus the all-reduce
+  of HSDP) followed by torch's ``scale_grads``. The input gradients go where torch's would (``bwd_cache``), so
   sends and co-located handoffs are torch's. A replay of a block wrapped with
   ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded (fsdp.py Rule 6). Needs
   torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch is
@@ -273,6 +276,7 @@ class _TorchStages(StageBackend):
         self.sends: List[list] = []
         self.losses: Dict[int, torch.Tensor] = {}
         self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}  # (stage, mb) -> I's state for W (Rule 7)
+        self.first_stage_pending: Dict[Tuple[int, int], Tuple[Any, Any, Any]] = {}  # (stage, mb) -> what its W reads
         self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
 
     def post_recv(self, a: Action) -> None:
@@ -321,6 +325,9 @@ class _TorchStages(StageBackend):
     def _split_backward(self, stage: _PipelineStageBase, a: Action) -> None:
         """Rule 7: I, W or B of an FSDP2 or compiled stage, on torch's stage caches, by hp_recompute's split."""
         mb = a.microbatch
+        if stage.is_first and a.op != "backward":
+            self._first_stage_backward(stage, a)
+            return
         if a.op == "backward_weight":
             state = self.weight_states.pop((a.stage, mb))
             into_fsdp = state.fsdp is not None  # W itself adds into FSDP's gradients
@@ -336,20 +343,33 @@ class _TorchStages(StageBackend):
         else:
             outputs = [self.losses[mb]] if stage.is_last else list(stage_output)
             pairs = [(o, g) for o, g in zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
-            # The first stage's I computes no input gradient and reads no activation, as the plan says (it names
-            # no session there) and as torch's backward_one_chunk skips it. (torch's W, a full backward, also
-            # fills .grad of a stage-0 input that requires grad; this split does not.)
-            wants = [not stage.is_first and isinstance(x, torch.Tensor) and x.requires_grad for x in input_values]
             dx, self.weight_states[(a.stage, mb)] = backward_input(
                 [o for o, _ in pairs], None if grads is None else [g for _, g in pairs],
-                [x for x, want in zip(input_values, wants) if want], stage.submod)
+                [x for x in input_values if isinstance(x, torch.Tensor) and x.requires_grad], stage.submod)
             found = iter(dx)
-            grads_input = tuple(next(found) if want else None for want in wants)
+            grads_input = tuple(next(found) if isinstance(x, torch.Tensor) and x.requires_grad else None
+                                for x in input_values)
         stage.bwd_cache[mb] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
         if stage.is_last and not stage.is_first:
             for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does
                 if not t._is_view():
                     t.detach_()
+
+    def _first_stage_backward(self, stage: _PipelineStageBase, a: Action) -> None:
+        """Rule 7, the first stage's I and W: I reads nothing and computes nothing (no stage before it
+        waits for a dx, and the plan names no session there), W is the whole backward, torch's
+        ``stage_backward``, as torch's own W of that stage is: it reads the session the plan
+        bound to it, and fills ``.grad`` of a step input that requires grad, as torch does."""
+        mb, key = a.microbatch, (a.stage, a.microbatch)
+        if a.op == "backward_input":
+            stage_output, input_values = stage.fwd_cache.pop(mb)
+            grads = None if stage.is_last else list(stage._retrieve_recv_grads(mb))
+            self.first_stage_pending[key] = (self.losses[mb] if stage.is_last else stage_output, grads, input_values)
+            stage.bwd_cache[mb] = (None,) * len(stage._stage_meta.inputs)  # nothing to send: no stage before
+            return
+        root, grads, input_values = self.first_stage_pending.pop(key)
+        begin_step(stage.submod)  # accumulated, reduced once at reduce_grad
+        stage_backward(root, grads, input_values)
 
     def _fsdp_modules(self, stage: int) -> List[Any]:
         return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]

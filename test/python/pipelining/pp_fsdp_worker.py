@@ -52,6 +52,19 @@ def _reference(full: Net, cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {n: p.grad.clone() for n, p in ref.named_parameters()}
 
 
+def _reference_input_grad(full: Net, cfg: Dict[str, Any], dp_rank: int) -> torch.Tensor:
+    """The gradient of this dp rank's step input: the sum over its microbatches' losses (torch's
+    schedules scale parameter gradients by the microbatch count, not input gradients)."""
+    ref = copy.deepcopy(full)
+    x, y = _batch(cfg, dp_rank)
+    x.requires_grad_(True)
+    for a, b in zip(x.chunk(cfg["microbatches"]), y.chunk(cfg["microbatches"])):
+        with _autocast(cfg):
+            loss = _loss(ref(a), b)
+        loss.backward()
+    return x.grad.clone()
+
+
 def _wrap(module: Net, cfg: Dict[str, Any], dp_mesh: Any) -> Net:
     import hp_recompute as hr
     from torch.distributed.fsdp import fully_shard
@@ -86,6 +99,9 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     full = Net(cfg["dim"], cfg["layers"], 0.0)
     res: Dict[str, Any] = {"ref_grads": _reference(full, cfg)}
     x, y = _batch(cfg, dp_rank)
+    if cfg.get("input_grad"):
+        res["ref_input_grad"] = _reference_input_grad(full, cfg, dp_rank)
+        x.requires_grad_(True)
     with torch.no_grad(), _autocast(cfg):
         res["ref_losses"] = [_loss(full(a), b) for a, b in _microbatches(cfg, dp_rank)]
 
@@ -102,6 +118,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         plan_calls.clear()
         for st in stages:
             st.submod.zero_grad(set_to_none=True)
+        x.grad = None
         losses: List[torch.Tensor] = []
         CALLS.clear()
         hr.reset_stats()
@@ -109,6 +126,8 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses if last else None)
         replays.append(hr.stats()["replays"])
     res["losses"] = [l.detach() for l in losses]
+    if cfg.get("input_grad") and first:
+        res["input_grad"] = None if x.grad is None else x.grad.clone()
     res["replays"], res["calls"] = replays, dict(CALLS)
     res["checkpointed"] = sorted(f for s in mine for f in split[s] if f.startswith("layers."))
     res["grads"] = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()

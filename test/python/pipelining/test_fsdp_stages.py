@@ -37,7 +37,8 @@ STAGES = {"zbv": 4, "zb-h1": 2, "1f1b": 2}  # 2 pp ranks: a V of two stages each
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
-             autocast: bool = False, planned_layout: bool = False, policy: Any = True) -> List[Dict[str, Any]]:
+             autocast: bool = False, planned_layout: bool = False, policy: Any = True,
+             input_grad: bool = False) -> List[Dict[str, Any]]:
     stages = STAGES[schedule]
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp / "model.json", layers, policy)
@@ -51,7 +52,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
            "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
-           "autocast": autocast, "plan": str(plan), "out": str(out)}
+           "autocast": autocast, "input_grad": input_grad, "plan": str(plan), "out": str(out)}
     results = spawn_ranks(pp_fsdp_worker.main, cfg, 2 * dp)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
@@ -97,6 +98,20 @@ def test_zbv_on_fsdp2_stages(tmp_path: Path, reshard: bool, prefetch: str) -> No
 
 def test_zb_h1_on_fsdp2_stages(tmp_path: Path) -> None:
     check(run_case(tmp_path, True, "bubble", schedule="zb-h1"))
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zbv"])
+def test_a_step_input_that_requires_grad_gets_its_gradient(tmp_path: Path, schedule: str) -> None:
+    """The first stage's I computes nothing (the plan names no session there); its W is the whole
+    backward, as torch's is, so a step input that requires grad gets the gradient the unsharded
+    model gives it, on every dp rank that feeds the first stage, through hp_recompute's split."""
+    results = run_case(tmp_path, True, "jit", schedule=schedule, input_grad=True)
+    check(results)
+    fed = [res for res in results if "input_grad" in res]
+    assert len(fed) == 2, [sorted(res) for res in results]  # pp rank 0 of each dp rank
+    for res in fed:
+        assert res["input_grad"] is not None
+        torch.testing.assert_close(res["input_grad"], res["ref_input_grad"], rtol=1e-5, atol=1e-7)
 
 
 def test_zbv_on_hsdp_stages(tmp_path: Path) -> None:
