@@ -108,13 +108,13 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     unsigned end = replay.pos;
     int64_t highest = 0; // Peak over the positions the replay would add to.
     // Moved, a replay inside its backward becomes a whole one: it adds
-    // `bytes` up to its reader too, and there, where it held its largest
-    // region, the rest.
+    // `bytes` up to its reader too, and there, where it held
+    // backwardReplayBytes, the rest.
     unsigned reader = lifetime.firstConsumerPos;
     if (lifetime.replayInBackward) {
       for (unsigned p = replay.pos; p < reader; ++p)
         highest = std::max(highest, live[p]);
-      highest = std::max(highest, live[reader] - cost.largestRegionReplayBytes);
+      highest = std::max(highest, live[reader] - cost.backwardReplayBytes);
     }
     for (size_t k = replay.cell; k-- > replay.firstCell;) {
       // Conservative: also the op before the gap, where the replay now sits.
@@ -133,7 +133,7 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
       if (lifetime.replayInBackward) {
         for (unsigned p = replay.pos; p < reader; ++p)
           live[p] += bytes;
-        live[reader] += bytes - cost.largestRegionReplayBytes;
+        live[reader] += bytes - cost.backwardReplayBytes;
         replay.op.removeInBackwardAttr();
       }
       moved.insert(replay.op);

@@ -82,7 +82,7 @@ bool mlir::hpr::replaysInBackward(llvm::ArrayRef<Operation *> consumers) {
 
 int64_t mlir::hpr::replayedBytesOf(const StageCost &cost,
                                    const ActivationLifetime &lifetime) {
-  return lifetime.replayInBackward ? cost.largestRegionReplayBytes
+  return lifetime.replayInBackward ? cost.backwardReplayBytes
                                    : cost.recomputedBytes;
 }
 

@@ -166,6 +166,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
     bool firstStage = costs.empty();
+    int64_t worstInBackward = 0;
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
       RegionCheckpoint checkpoint =
           checkpointOf ? checkpointOf(region) : regionCheckpointOf(region);
@@ -197,12 +198,16 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           replayBytes = region.getSelectiveReplayBytes().value_or(replayBytes);
         }
         cost.recomputedBytes += replayBytes;
-        cost.largestRegionReplayBytes =
-            std::max(cost.largestRegionReplayBytes, replayBytes);
+        // Inside a whole backward this replay meets what this region and
+        // the ones before it keep (keptBytes so far).
+        worstInBackward =
+            std::max(worstInBackward, cost.keptBytes + replayBytes);
       } else {
         cost.keptBytes += region.getSavedBytes();
       }
     }
+    cost.backwardReplayBytes =
+        std::max<int64_t>(0, worstInBackward - cost.keptBytes);
     anyCost |= cost.plainForwardUs > 0;
     // The first stage's I keeps nothing for its W (regionTimeOf: its W is
     // one full backward).

@@ -13,8 +13,9 @@
 //    placed: its first backward action, where jit puts it) to its last
 //    backward action, or to the op before its hpr.clear;
 //  - except for a replay inside its backward (`in_backward`, which jit
-//    places where replaysInBackward says): at that backward only, and one
-//    region at a time, so the largest region's (largestRegionReplayBytes).
+//    places where replaysInBackward says): at that backward only, one
+//    region at a time, as the backward reaches it, after the regions behind
+//    it freed what they kept (backwardReplayBytes).
 //
 //===----------------------------------------------------------------------===//
 
@@ -60,8 +61,9 @@ struct ActivationLifetime {
 /// from I to W whichever way they were replayed.
 bool replaysInBackward(llvm::ArrayRef<Operation *> consumers);
 
-/// The bytes `lifetime`'s replay holds at once: `cost.recomputedBytes`, or
-/// the largest region's for a replay inside its backward.
+/// The bytes `lifetime`'s replay adds at once: `cost.recomputedBytes`, or
+/// for a replay inside its backward `cost.backwardReplayBytes` (on top of
+/// what the forward keeps, which that backward frees region by region).
 int64_t replayedBytesOf(const StageCost &cost,
                         const ActivationLifetime &lifetime);
 

@@ -134,9 +134,13 @@ struct StageCost {
   int64_t keptBytes = 0;      ///< under checkpoint, as the regions say
   int64_t plainKeptBytes = 0; ///< every region plain
   int64_t recomputedBytes = 0;
-  /// The most one checkpointed region's replay brings back: what a replay
-  /// inside a full backward holds at a time (ActivationModel.h).
-  int64_t largestRegionReplayBytes = 0;
+  /// What a replay inside a whole backward holds on top of `keptBytes`, at
+  /// its worst (ActivationModel.h). The backward runs the regions last to
+  /// first and frees what each keeps as it finishes it; a checkpointed region
+  /// replays when the backward reaches it, so region j's replay meets what
+  /// regions 0..j keep: max over checkpointed j of (replay_j - what the
+  /// regions after j keep), at least 0.
+  int64_t backwardReplayBytes = 0;
   int64_t outputBytes = 0; ///< the stage output (next stage's input)
   /// The regions' param_bytes: the unsharded parameters, and as many bytes
   /// of weight gradients.

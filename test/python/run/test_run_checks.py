@@ -266,6 +266,34 @@ def test_the_first_stage_replays_inside_its_weight_backward_on_zb_h1(tmp_path: P
     assert peaks["whole"][0] > 1.2 * peaks["inside"][0], peaks
 
 
+def test_a_plain_last_block_costs_the_last_1f1b_stage_nothing(tmp_path: Path) -> None:
+    """A whole backward runs the regions last to first and frees what each kept as it leaves it:
+    on the last 1F1B stage (one microbatch in flight) a plain last block's tensors are gone before
+    the block below it replays, so the allocator peaks where checkpointing every block does. The
+    planner's activation peak says so too, not a block's replay on top: it differs only by what
+    the head keeps, still held beside the plain block when the backward starts (with every block
+    checkpointed, the head's backward frees it before the first replay)."""
+    model = json.loads(GPT_MODEL_JSON.read_text())
+    reports = {}
+    for name, plain in (("all", ()), ("mixed", ("blocks.7",))):
+        for region in model["regions"]:
+            region["checkpoint"] = region["name"].startswith("blocks.") and region["name"] not in plain
+        path = tmp_path / f"{name}.model.json"
+        path.write_text(json.dumps(model))
+        plan = make_plan(tmp_path, "--model", str(path), *flags(("1f1b", 2, 4)), "--checkpoint", "model",
+                         name=f"{name}.json")
+        report_path = tmp_path / f"{name}.report.json"
+        proc = run_cli("--plan", str(plan), "--steps", "2", "--report", str(report_path))
+        assert proc.returncode == 0, proc.stderr
+        reports[name] = json.loads(report_path.read_text())
+        assert reports[name]["grads_match"] is True and reports[name]["sessions_left"] == 0
+    last = {name: r["ranks"][1] for name, r in reports.items()}
+    assert abs(last["mixed"]["measured_peak_bytes"] / last["all"]["measured_peak_bytes"] - 1) <= 0.02, last
+    block, head = (next(r for r in model["regions"] if r["name"] == n) for n in ("blocks.7", "ln_f+head"))
+    planned = [last[name]["planned_activation_peak_bytes"] for name in ("all", "mixed")]
+    assert planned[1] - planned[0] == head["saved_bytes"] - block["input_bytes"], (planned, block, head)
+
+
 def test_a_model_holding_checkpoint_wrappers_is_refused(tmp_path: Path) -> None:
     """The runner checkpoints the plan's regions itself: a checkpoint wrapper inside the
     model would replay where the plan placed no replay, so it is refused before any rank runs."""

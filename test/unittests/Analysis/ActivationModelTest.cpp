@@ -130,18 +130,55 @@ static ProgramActivations programOf(ModuleOp module, size_t rank = 0) {
   return collectActivationLifetimes(*std::next(programs.begin(), rank));
 }
 
-TEST(ActivationModel, ReplayInsideOneBackwardHoldsTheLargestRegion) {
+TEST(ActivationModel, ReplayInsideOneBackwardHoldsOneRegionAtATime) {
   MLIRContext context;
   OwningOpRef<ModuleOp> module = twoRegions(context, "gpipe");
   std::vector<StageCost> costs =
       computeStageCosts(*module->getOps<ModelOp>().begin());
   ASSERT_EQ(costs[0].recomputedBytes, 1600);
-  ASSERT_EQ(costs[0].largestRegionReplayBytes, 1000);
-  // F0 F1 B0 B1 with both forwards keeping 2 x 64 bytes of inputs: at B0,
-  // both inputs of both microbatches plus one region's replay, not two.
+  // The backward replays layers.1 (600) next to both inputs, then layers.0
+  // (1000) once layers.1's input is freed: 64 + 1000 at worst, 936 on top
+  // of the 128 the forward keeps.
+  ASSERT_EQ(costs[0].backwardReplayBytes, 64 + 1000 - 128);
+  // F0 F1 B0 B1: at B0, microbatch 1's inputs and microbatch 0's worst.
   ActivationProfile profile =
       computeActivationProfile(programOf(*module), costs);
-  EXPECT_EQ(profile.peak(), 4 * 64 + 1000);
+  EXPECT_EQ(profile.peak(), 2 * 64 + 64 + 1000);
+}
+
+/// One stage of two regions, the first checkpointed (input 64, replay 1000)
+/// and the second plain (saves 800), or the other way round.
+static StageCost mixedStage(bool checkpointFirst) {
+  MLIRContext context;
+  context.loadDialect<HPRDialect>();
+  model::StagedModel staged;
+  staged.stages.push_back({0, {}});
+  for (bool checkpoint : {checkpointFirst, !checkpointFirst}) {
+    model::Region region;
+    region.name = "layers." + std::to_string(staged.stages[0].regions.size());
+    region.checkpoint = checkpoint;
+    region.fwdTimeUs = 1;
+    region.savedBytes = checkpoint ? 1000 : 800;
+    region.inputBytes = 64;
+    staged.stages[0].regions.push_back(region);
+  }
+  auto generated = sched::generateSchedule("gpipe", {1, 1, 0});
+  EXPECT_TRUE(static_cast<bool>(generated));
+  auto built = buildPlanModule(context, staged, *generated, "test");
+  EXPECT_TRUE(static_cast<bool>(built));
+  return computeStageCosts(*(*built)->getOps<ModelOp>().begin())[0];
+}
+
+TEST(ActivationModel, PlainRegionAfterTheReplayIsFreedBeforeIt) {
+  // The backward runs the plain region first and frees its 800 before the
+  // checkpointed one replays: 64 + 1000 at worst, against the 864 kept.
+  StageCost cost = mixedStage(/*checkpointFirst=*/true);
+  ASSERT_EQ(cost.keptBytes, 64 + 800);
+  EXPECT_EQ(cost.backwardReplayBytes, 64 + 1000 - (64 + 800));
+  // Plain first: its 800 are still kept when the replay runs.
+  cost = mixedStage(/*checkpointFirst=*/false);
+  ASSERT_EQ(cost.keptBytes, 800 + 64);
+  EXPECT_EQ(cost.backwardReplayBytes, 1000);
 }
 
 TEST(ActivationModel, ReplayReadByIAndWIsWhole) {
