@@ -74,11 +74,11 @@ Rule 7 (stages split into I and W by hp_recompute). torch's
   plan reads them (its I names no session): a step input that requires grad gets its
   ``.grad`` there, as under torch's schedule. An FSDP stage's ``reduce_grad`` is
   ``fsdp.reduce_gradients`` (one reduce-scatter per parameter group, plus the all-reduce
-  of HSDP) followed by torch's ``scale_grads``. The input gradients go where torch's would (``bwd_cache``), so
-  sends and co-located handoffs are torch's. A replay of a block wrapped with
-  ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded (fsdp.py Rule 6). Needs
-  torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch is
-  refused at construction.
+  of HSDP) followed by torch's ``scale_grads``. The input gradients go where torch's
+  would (``bwd_cache``), so sends and co-located handoffs are torch's. A replay of a block
+  wrapped with ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded (fsdp.py Rule
+  6). Needs torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch
+  is refused at construction.
 
 Rule 8 (unshard, reshard). A plan made for FSDP (``hp-recompute-plan --dp-shard N``) holds
   an ``unshard`` of each stage before the first action that reads its parameters (a
@@ -323,53 +323,51 @@ class _TorchStages(StageBackend):
                                  last_backward=full and last)
 
     def _split_backward(self, stage: _PipelineStageBase, a: Action) -> None:
-        """Rule 7: I, W or B of an FSDP2 or compiled stage, on torch's stage caches, by hp_recompute's split."""
-        mb = a.microbatch
-        if stage.is_first and a.op != "backward":
-            self._first_stage_backward(stage, a)
-            return
+        """Rule 7: I, W or B of an FSDP2 or compiled stage, on torch's stage caches, by hp_recompute's split.
+
+        The first stage's I computes nothing (no stage before it waits for a dx, and the plan
+        names no session there) and keeps what its W reads; that W is the whole backward, as
+        torch's own W of that stage is, so it fills ``.grad`` of a step input that requires grad."""
+        key = (a.stage, a.microbatch)
         if a.op == "backward_weight":
-            state = self.weight_states.pop((a.stage, mb))
+            if stage.is_first:
+                self._whole_backward(stage, *self.first_stage_pending.pop(key))
+                return
+            state = self.weight_states.pop(key)
             into_fsdp = state.fsdp is not None  # W itself adds into FSDP's gradients
             grads = backward_weight(state)
             if not into_fsdp:
                 accumulate_grad(state.weights, grads)
             return
-        stage_output, input_values = stage.fwd_cache.pop(mb)
-        grads = None if stage.is_last else list(stage._retrieve_recv_grads(mb))
+        stage_output, input_values = stage.fwd_cache.pop(a.microbatch)
+        grads = None if stage.is_last else list(stage._retrieve_recv_grads(a.microbatch))
+        root = self.losses[a.microbatch] if stage.is_last else stage_output
         if a.op == "backward":
-            begin_step(stage.submod)  # accumulated, reduced once at reduce_grad
-            grads_input = stage_backward(self.losses[mb] if stage.is_last else stage_output, grads, input_values)
+            grads_input = self._whole_backward(stage, root, grads, input_values)
+        elif stage.is_first:
+            self.first_stage_pending[key] = (root, grads, input_values)
+            grads_input = (None,) * len(stage._stage_meta.inputs)  # nothing to send: no stage before
         else:
-            outputs = [self.losses[mb]] if stage.is_last else list(stage_output)
+            outputs = [root] if stage.is_last else list(stage_output)
             pairs = [(o, g) for o, g in zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
-            dx, self.weight_states[(a.stage, mb)] = backward_input(
+            wants = [isinstance(x, torch.Tensor) and x.requires_grad for x in input_values]
+            dx, self.weight_states[key] = backward_input(
                 [o for o, _ in pairs], None if grads is None else [g for _, g in pairs],
-                [x for x in input_values if isinstance(x, torch.Tensor) and x.requires_grad], stage.submod)
+                [x for x, want in zip(input_values, wants) if want], stage.submod)
             found = iter(dx)
-            grads_input = tuple(next(found) if isinstance(x, torch.Tensor) and x.requires_grad else None
-                                for x in input_values)
-        stage.bwd_cache[mb] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
+            grads_input = tuple(next(found) if want else None for want in wants)
+        stage.bwd_cache[a.microbatch] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
         if stage.is_last and not stage.is_first:
             for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does
                 if not t._is_view():
                     t.detach_()
 
-    def _first_stage_backward(self, stage: _PipelineStageBase, a: Action) -> None:
-        """Rule 7, the first stage's I and W: I reads nothing and computes nothing (no stage before it
-        waits for a dx, and the plan names no session there), W is the whole backward, torch's
-        ``stage_backward``, as torch's own W of that stage is: it reads the session the plan
-        bound to it, and fills ``.grad`` of a step input that requires grad, as torch does."""
-        mb, key = a.microbatch, (a.stage, a.microbatch)
-        if a.op == "backward_input":
-            stage_output, input_values = stage.fwd_cache.pop(mb)
-            grads = None if stage.is_last else list(stage._retrieve_recv_grads(mb))
-            self.first_stage_pending[key] = (self.losses[mb] if stage.is_last else stage_output, grads, input_values)
-            stage.bwd_cache[mb] = (None,) * len(stage._stage_meta.inputs)  # nothing to send: no stage before
-            return
-        root, grads, input_values = self.first_stage_pending.pop(key)
-        begin_step(stage.submod)  # accumulated, reduced once at reduce_grad
-        stage_backward(root, grads, input_values)
+    @staticmethod
+    def _whole_backward(stage: _PipelineStageBase, root: Any, grads: Any, input_values: Any) -> Any:
+        """Rule 7: a B, or the first stage's W: torch's ``stage_backward`` inside the step
+        ``fsdp.begin_step`` opens (accumulated, reduced once at ``reduce_grad``)."""
+        begin_step(stage.submod)
+        return stage_backward(root, grads, input_values)
 
     def _fsdp_modules(self, stage: int) -> List[Any]:
         return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]
