@@ -1,8 +1,9 @@
 //===- PrefetchIntoBubbles.cpp - Recompute in simulated idle time --------===//
 //
 // Moves each placed recompute into the latest idle gap of its rank's
-// simulated timeline that has room for the whole replay, within a memory
-// budget, so that the replay runs while the rank would wait anyway.
+// simulated timeline that has room for the whole replay, or for a replay
+// inside its backward that fits nowhere whole, for a piece of it, within a
+// memory budget, so that the replay runs while the rank would wait anyway.
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,7 +11,9 @@
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Transforms/Passes.h"
 
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/Threading.h"
+#include "llvm/ADT/Sequence.h"
 #include "llvm/Support/Debug.h"
 
 #define DEBUG_TYPE "hpr-prefetch-into-bubbles"
@@ -33,7 +36,7 @@ struct PrefetchIntoBubblesPass
   bool placeInBubbles(ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
                       llvm::ArrayRef<sched::ActionTiming> timeline,
                       const std::vector<StageCost> &costs, int64_t limit,
-                      llvm::DenseSet<Operation *> &moved);
+                      llvm::DenseSet<Operation *> &movedOps);
 };
 
 /// Rounds: each moves recomputes into the gaps of the timeline the previous
@@ -51,13 +54,13 @@ LogicalResult PrefetchIntoBubblesPass::initialize(MLIRContext *context) {
 
 /// One round on one rank (Passes.td): `cellOps` and `timeline` are the
 /// rank's cells and their simulated times as the recomputes stand; the rank's
-/// activation peak stays within `limit`. Returns whether any moved; adds them
-/// to `moved`.
+/// activation peak stays within `limit`. Returns whether any moved; adds the
+/// recomputes moved (and the pieces made) to `movedOps`.
 bool PrefetchIntoBubblesPass::placeInBubbles(
     ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
     llvm::ArrayRef<sched::ActionTiming> timeline,
     const std::vector<StageCost> &costs, int64_t limit,
-    llvm::DenseSet<Operation *> &moved) {
+    llvm::DenseSet<Operation *> &movedOps) {
   // Idle time before each cell, and the position of its first op in the
   // activation model's frame (positions before any recompute moves).
   size_t numCells = cellOps.size();
@@ -95,54 +98,104 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
   for (const ActivationLifetime &lifetime : activations.lifetimes)
     lifetimeOf[{lifetime.stage, lifetime.microbatch}] = &lifetime;
 
-  // Latest consumer first; each takes the latest gap that fits.
+  // Latest consumer first; each takes the latest gap that fits: whole, or
+  // for a replay inside its backward that fits nowhere whole, its last
+  // regions (which that backward reads first) as a piece, the rest staying
+  // inside the backward for a later round (an earlier gap) to split again.
   bool any = false;
   for (Replay &replay : llvm::reverse(replays)) {
-    double duration = timeline[replay.cell].end - timeline[replay.cell].start;
-    if (duration <= 0)
-      continue;
     const ActivationLifetime &lifetime = *lifetimeOf.lookup(
         {replay.op.getStageIndex(), replay.op.getMicrobatchIndex()});
     const StageCost &cost = costs[lifetime.stage];
-    int64_t bytes = cost.recomputedBytes;
-    unsigned end = replay.pos;
-    int64_t highest = 0; // Peak over the positions the replay would add to.
-    // Moved, a replay inside its backward becomes a whole one: it adds
-    // `bytes` up to its reader too, and there, where it held
-    // backwardReplayBytes, the rest.
+    bool inBackward = replay.op.getInBackward();
     unsigned reader = lifetime.firstConsumerPos;
-    if (lifetime.replayInBackward) {
-      for (unsigned p = replay.pos; p < reader; ++p)
-        highest = std::max(highest, live[p]);
-      highest = std::max(highest, live[reader] - cost.backwardReplayBytes);
-    }
-    for (size_t k = replay.cell; k-- > replay.firstCell;) {
-      // Conservative: also the op before the gap, where the replay now sits.
-      unsigned begin = cellPos[k] ? cellPos[k] - 1 : 0;
-      for (unsigned p = begin; p < end; ++p)
-        highest = std::max(highest, live[p]);
-      end = begin;
-      if (highest + bytes > limit)
-        break; // Earlier gaps hold the replay longer still.
-      if (room[k] < duration)
-        continue;
-      replay.op->moveBefore(cellOps[k]);
-      room[k] -= duration;
-      for (unsigned p = begin; p < replay.pos; ++p)
-        live[p] += bytes;
-      if (lifetime.replayInBackward) {
-        for (unsigned p = replay.pos; p < reader; ++p)
-          live[p] += bytes;
-        live[reader] += bytes - cost.backwardReplayBytes;
-        replay.op.removeInBackwardAttr();
+    // The regions this op replays, and those its session's other pieces
+    // prefetch (what the backward holds on entry).
+    llvm::SmallVector<int64_t> own =
+        replay.op.getRegions()
+            ? llvm::SmallVector<int64_t>(*replay.op.getRegions())
+            : llvm::to_vector(llvm::seq<int64_t>(
+                  0, static_cast<int64_t>(cost.replayedRegions.size())));
+    llvm::SmallVector<int64_t> prefetched = lifetime.prefetchedRegions();
+    int64_t heldAtReader = backwardReplayBytesAfter(cost, prefetched);
+    // Moves the regions `piece` (all of `own`: the op itself) into the
+    // latest gap that has room; false when none has.
+    auto place = [&](llvm::ArrayRef<int64_t> piece) {
+      bool whole = piece.size() == own.size();
+      double duration =
+          whole ? timeline[replay.cell].end - timeline[replay.cell].start
+                : replayUsOf(cost, piece);
+      if (duration <= 0)
+        return false;
+      int64_t bytes = replayBytesOf(cost, piece);
+      // Prefetched, the tensors are held from the gap up to where they were
+      // replayed: inside a backward, up to that backward, which then holds
+      // every region from its start to the clear (nothing left inside) or
+      // what it still replays after the pieces.
+      unsigned holdEnd = replay.pos;
+      int64_t atReader = 0;
+      if (inBackward) {
+        holdEnd = reader;
+        llvm::SmallVector<int64_t> after(prefetched);
+        after.append(piece.begin(), piece.end());
+        atReader = (whole ? cost.recomputedBytes
+                          : backwardReplayBytesAfter(cost, after)) -
+                   heldAtReader;
+        if (live[reader] + atReader > limit)
+          return false;
       }
-      moved.insert(replay.op);
-      any = true;
-      LLVM_DEBUG(llvm::dbgs()
-                 << "bubble: recompute " << replay.op.getSessionOp().getSid()
-                 << " before " << describeAction(cellOps[k]) << "\n");
-      break;
-    }
+      int64_t highest = 0; // Peak over the positions the replay would add to.
+      for (unsigned p = replay.pos; p < holdEnd; ++p)
+        highest = std::max(highest, live[p]);
+      unsigned end = replay.pos;
+      // Whether only receives lie between gap k and the replay: moved there,
+      // the replay delays nobody else, so any idle time it fills is won
+      // even when it outlasts the gap (docs/planning.md).
+      bool onlyReceives = true;
+      for (size_t k = replay.cell; k-- > replay.firstCell;) {
+        onlyReceives = onlyReceives && isa<RecvFOp, RecvBOp>(cellOps[k]) &&
+                       !isBatched(cellOps[k]);
+        // Conservative: also the op before the gap, where the replay now
+        // sits.
+        unsigned begin = cellPos[k] ? cellPos[k] - 1 : 0;
+        for (unsigned p = begin; p < end; ++p)
+          highest = std::max(highest, live[p]);
+        end = begin;
+        if (highest + bytes > limit)
+          return false; // Earlier gaps hold the replay longer still.
+        if (room[k] < duration && !(onlyReceives && room[k] > 0))
+          continue;
+        Operation *moved = replay.op;
+        if (whole) {
+          replay.op->moveBefore(cellOps[k]);
+          replay.op.removeInBackwardAttr();
+        } else {
+          OpBuilder builder(cellOps[k]);
+          moved = builder.create<RecomputeOp>(
+              replay.op.getLoc(), replay.op.getSession(), /*in_backward=*/false,
+              builder.getDenseI64ArrayAttr(piece));
+          replay.op.setRegions(
+              llvm::ArrayRef<int64_t>(own).drop_back(piece.size()));
+        }
+        room[k] = std::max(0.0, room[k] - duration);
+        for (unsigned p = begin; p < holdEnd; ++p)
+          live[p] += bytes;
+        if (inBackward)
+          live[reader] += atReader;
+        movedOps.insert(moved);
+        LLVM_DEBUG(llvm::dbgs()
+                   << "bubble: recompute " << replay.op.getSessionOp().getSid()
+                   << (whole ? "" : " (a piece)") << " before "
+                   << describeAction(cellOps[k]) << "\n");
+        return true;
+      }
+      return false;
+    };
+    bool placed = place(own);
+    // Pieces: the last |own| - 1, ..., 1 of its regions.
+    for (size_t first = 1; inBackward && !placed && first < own.size(); ++first)
+      placed = place(llvm::ArrayRef<int64_t>(own).drop_front(first));
+    any |= placed;
   }
   return any;
 }

@@ -1,9 +1,10 @@
 //===- Verify.cpp - Static check of every recompute session --------------===//
 //
-// Proves, from the IR alone, that each session is recomputed once before any
-// reader, cleared once after the last reader, and flagged right in between,
-// that the compute order is the imported schedule's, and that FSDP
-// parameters are gathered wherever they are read. It walks each
+// Proves, from the IR alone, that each session is recomputed once (in one op
+// or in pieces that replay each checkpointed region once) before any reader,
+// cleared once after the last reader, and flagged right in between, that the
+// compute order is the imported schedule's, and that FSDP parameters are
+// gathered wherever they are read. It walks each
 // program once, in order, with its own bookkeeping: nothing here is shared
 // with the passes that build plans (SessionAnalysis), so it also judges plans
 // written by hand or by other tools, and a bug in those queries cannot hide
@@ -30,6 +31,9 @@ using namespace mlir;
 using namespace mlir::hpr;
 
 namespace {
+/// Stage -> its number of checkpointed regions (checkpointed stages only).
+using CheckpointedRegions = llvm::DenseMap<int64_t, int64_t>;
+
 /// What one program does with one session, in program order.
 struct SessionUses {
   llvm::SmallVector<RecomputeOp, 1> recomputes;
@@ -42,9 +46,11 @@ struct VerifyPass : public mlir::hpr::impl::HPRVerifyBase<VerifyPass> {
 
 private:
   /// Checks one session; returns the number of violations found.
-  unsigned verifySession(SessionOp session, SessionUses &uses);
+  /// `numRegions`: its stage's checkpointed regions, when the model is known.
+  unsigned verifySession(SessionOp session, SessionUses &uses,
+                         std::optional<int64_t> numRegions);
   unsigned verifyProgram(ProgramOp program,
-                         const llvm::DenseSet<int64_t> *checkpointed);
+                         const CheckpointedRegions *checkpointed);
   unsigned verifyComputeOrder(ProgramOp program, ArrayRef<int64_t> recorded);
   unsigned verifyGathered(ProgramOp program);
 };
@@ -101,7 +107,56 @@ verifyInBackward(RecomputeOp recompute, SessionOp session,
   return 0;
 }
 
-unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses) {
+/// Rule 11: a replay in pieces (`regions`) is pieces only, whose regions are
+/// disjoint and, where the model says how many the stage checkpoints, cover
+/// them all; a piece replayed inside the backward is the last piece.
+static unsigned verifyPieces(SessionOp session, ArrayRef<RecomputeOp> pieces,
+                             std::optional<int64_t> numRegions) {
+  unsigned violations = 0;
+  auto report = [&](Operation *at) -> InFlightDiagnostic {
+    ++violations;
+    return at->emitError() << describeAction(at) << ": " << quote(session);
+  };
+  llvm::DenseMap<int64_t, RecomputeOp> replayedBy;
+  for (auto [index, constPiece] : llvm::enumerate(pieces)) {
+    RecomputeOp piece = constPiece;
+    if (!piece.getRegions()) {
+      report(piece) << " is replayed in pieces (regions) and whole here; "
+                       "each piece lists its regions (rule 11)";
+      continue;
+    }
+    if (piece.getInBackward() && index + 1 != pieces.size())
+      report(piece) << " replays a piece inside its backward (in_backward) "
+                       "before "
+                    << describeAction(pieces.back())
+                    << "; the piece inside the backward is the last (rule 11)";
+    ArrayRef<int64_t> regions = *piece.getRegions();
+    for (int64_t region : regions) {
+      if (numRegions && region >= *numRegions) {
+        report(piece) << " replays region " << region << ", but stage "
+                      << piece.getStageIndex() << " checkpoints " << *numRegions
+                      << " regions (0.." << *numRegions - 1 << ") (rule 11)";
+        continue;
+      }
+      auto [it, inserted] = replayedBy.insert({region, piece});
+      if (!inserted)
+        report(piece) << " replays region " << region
+                      << " a second time (first at "
+                      << describeAction(it->second) << ") (rule 11)";
+    }
+  }
+  if (numRegions && !violations)
+    for (int64_t region = 0; region < *numRegions; ++region)
+      if (!replayedBy.count(region))
+        report(pieces.back()) << " is replayed in pieces, but no piece "
+                              << "replays region " << region
+                              << "; a backward would replay it on its own "
+                                 "(rule 11)";
+  return violations;
+}
+
+unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses,
+                                   std::optional<int64_t> numRegions) {
   unsigned violations = 0;
   auto report = [&](Operation *at) -> InFlightDiagnostic {
     ++violations;
@@ -117,7 +172,16 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses) {
                  << "(first at " << describeAction(ops.front()) << ")";
     return ops.front();
   };
-  RecomputeOp recompute = once(uses.recomputes, "recomputed");
+  // A replay in pieces (rule 11) counts as one; its first piece must come
+  // before every reader, its last before the clear.
+  bool inPieces = llvm::any_of(uses.recomputes, [](RecomputeOp recompute) {
+    return recompute.getRegions().has_value();
+  });
+  RecomputeOp recompute =
+      inPieces ? uses.recomputes.front() : once(uses.recomputes, "recomputed");
+  RecomputeOp lastPiece = inPieces ? uses.recomputes.back() : recompute;
+  if (inPieces)
+    violations += verifyPieces(session, uses.recomputes, numRegions);
   ClearOp clear = once(uses.clears, "cleared");
   auto &consumers = uses.consumers;
   if (consumers.empty() && !recompute)
@@ -131,18 +195,18 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses) {
                      : consumers.back().getOperation())
         << quote(session) << " is never cleared: its recomputed tensors leak";
 
-  if (recompute && clear && clear->isBeforeInBlock(recompute))
-    report(recompute) << quote(session) << " is recomputed after its clear at "
+  if (lastPiece && clear && clear->isBeforeInBlock(lastPiece))
+    report(lastPiece) << quote(session) << " is recomputed after its clear at "
                       << describeAction(clear);
 
-  if (recompute && recompute.getInBackward() && !consumers.empty())
-    violations += verifyInBackward(recompute, session, consumers);
+  if (lastPiece && lastPiece.getInBackward() && !consumers.empty())
+    violations += verifyInBackward(lastPiece, session, consumers);
 
   for (auto [index, consumer] : llvm::enumerate(consumers)) {
     Operation *op = consumer.getOperation();
-    if (recompute && op->isBeforeInBlock(recompute))
+    if (lastPiece && op->isBeforeInBlock(lastPiece))
       report(op) << "reads " << quote(session) << " before its recompute at "
-                 << describeAction(recompute);
+                 << describeAction(lastPiece);
     if (clear && clear->isBeforeInBlock(op))
       report(op) << "reads " << quote(session) << " after its clear at "
                  << describeAction(clear);
@@ -252,9 +316,8 @@ unsigned VerifyPass::verifyGathered(ProgramOp program) {
   return violations;
 }
 
-unsigned
-VerifyPass::verifyProgram(ProgramOp program,
-                          const llvm::DenseSet<int64_t> *checkpointed) {
+unsigned VerifyPass::verifyProgram(ProgramOp program,
+                                   const CheckpointedRegions *checkpointed) {
   unsigned violations = 0;
   llvm::MapVector<Operation *, SessionUses> uses; // by SessionOp, in order
   llvm::DenseMap<std::pair<int64_t, int64_t>, SessionOp> sessions;
@@ -314,8 +377,13 @@ VerifyPass::verifyProgram(ProgramOp program,
                      << "its own, once per backward call";
     }
   }
-  for (auto &[session, sessionUses] : uses)
-    violations += verifySession(cast<SessionOp>(session), sessionUses);
+  for (auto &[op, sessionUses] : uses) {
+    auto session = cast<SessionOp>(op);
+    std::optional<int64_t> numRegions;
+    if (checkpointed)
+      numRegions = checkpointed->lookup(session.getForward().getStageIndex());
+    violations += verifySession(session, sessionUses, numRegions);
+  }
   if (std::optional<ArrayRef<int64_t>> recorded = program.getComputeOrder())
     violations += verifyComputeOrder(program, *recorded);
   violations += verifyGathered(program);
@@ -327,14 +395,14 @@ void VerifyPass::runOnOperation() {
   // The checkpointed stages, read off the enclosing module's model (no
   // program pass changes it); without a model, rule 7 cannot be checked but
   // the rest still can.
-  std::optional<llvm::DenseSet<int64_t>> checkpointed;
+  std::optional<CheckpointedRegions> checkpointed;
   auto module = program->getParentOfType<ModuleOp>();
   if (module && llvm::hasSingleElement(module.getOps<ModelOp>())) {
     checkpointed.emplace();
     for (StageOp stage : getModel(module).getBody().getOps<StageOp>())
       for (RegionOp region : stage.getBody().getOps<RegionOp>())
         if (region.getCheckpoint())
-          checkpointed->insert(static_cast<int64_t>(stage.getIndex()));
+          ++(*checkpointed)[static_cast<int64_t>(stage.getIndex())];
   }
   unsigned violations =
       verifyProgram(program, checkpointed ? &*checkpointed : nullptr);

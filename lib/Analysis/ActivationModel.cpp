@@ -40,8 +40,12 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
       if (it != index.end()) {
         ActivationLifetime &lifetime = result.lifetimes[it->second];
         if (auto recompute = dyn_cast<RecomputeOp>(op)) {
-          lifetime.replayBeginPos = pos;
+          if (!placed[it->second])
+            lifetime.replayBeginPos = pos;
           lifetime.replayInBackward = recompute.getInBackward();
+          if (recompute.getRegions() && !recompute.getInBackward())
+            lifetime.prefetchedPieces.push_back(
+                {pos, llvm::SmallVector<int64_t, 2>(*recompute.getRegions())});
           placed[it->second] = true;
         } else if (isa<ClearOp>(op)) {
           lifetime.replayEndPos = pos - 1;
@@ -65,7 +69,8 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
     lifetime.replayPlaced = placed[i];
     if (!placed[i])
       lifetime.replayInBackward = replaysInBackward(consumers[i]);
-    if (!placed[i] || lifetime.replayInBackward)
+    if (!placed[i] ||
+        (lifetime.replayInBackward && lifetime.prefetchedPieces.empty()))
       lifetime.replayBeginPos = lifetime.firstConsumerPos;
     if (!cleared[i] || lifetime.replayInBackward)
       lifetime.replayEndPos = lifetime.lastConsumerPos;
@@ -80,10 +85,18 @@ bool mlir::hpr::replaysInBackward(llvm::ArrayRef<Operation *> consumers) {
   return reader && reader.isWholeBackward();
 }
 
+llvm::SmallVector<int64_t> ActivationLifetime::prefetchedRegions() const {
+  llvm::SmallVector<int64_t> regions;
+  for (const ReplayPiece &piece : prefetchedPieces)
+    regions.append(piece.regions);
+  return regions;
+}
+
 int64_t mlir::hpr::replayedBytesOf(const StageCost &cost,
                                    const ActivationLifetime &lifetime) {
-  return lifetime.replayInBackward ? cost.backwardReplayBytes
-                                   : cost.recomputedBytes;
+  return lifetime.replayInBackward
+             ? backwardReplayBytesAfter(cost, lifetime.prefetchedRegions())
+             : cost.recomputedBytes;
 }
 
 int64_t ActivationProfile::peak() const {
@@ -111,8 +124,22 @@ ActivationProfile mlir::hpr::computeActivationProfile(
                                : runsCheckpointed(lifetime.forward, costs);
     add(lifetime.forwardPos, lifetime.lastConsumerPos,
         keptBytesOf(cost, underCheckpoint));
-    if (underCheckpoint && lifetime.hasConsumers)
+    if (!underCheckpoint || !lifetime.hasConsumers)
+      continue;
+    if (lifetime.prefetchedPieces.empty()) {
       add(lifetime.replayBeginPos, lifetime.replayEndPos,
+          replayedBytesOf(cost, lifetime));
+      continue;
+    }
+    // In pieces: each prefetched piece until the reader drops it (inside its
+    // backward) or the clear does.
+    unsigned end = lifetime.replayInBackward ? lifetime.firstConsumerPos
+                                             : lifetime.replayEndPos + 1;
+    for (const ReplayPiece &piece : lifetime.prefetchedPieces)
+      if (piece.pos < end) // hpr-verify rejects the others
+        add(piece.pos, end - 1, replayBytesOf(cost, piece.regions));
+    if (lifetime.replayInBackward)
+      add(lifetime.firstConsumerPos, lifetime.firstConsumerPos,
           replayedBytesOf(cost, lifetime));
   }
   for (unsigned k = 1; k <= n; ++k)

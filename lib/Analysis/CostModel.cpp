@@ -166,7 +166,6 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
     bool firstStage = costs.empty();
-    int64_t worstInBackward = 0;
     for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
       RegionCheckpoint checkpoint =
           checkpointOf ? checkpointOf(region) : regionCheckpointOf(region);
@@ -198,16 +197,18 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           replayBytes = region.getSelectiveReplayBytes().value_or(replayBytes);
         }
         cost.recomputedBytes += replayBytes;
-        // Inside a whole backward this replay meets what this region and
-        // the ones before it keep (keptBytes so far).
-        worstInBackward =
-            std::max(worstInBackward, cost.keptBytes + replayBytes);
+        ReplayedRegionCost replayed;
+        if (std::optional<RegionTime> time =
+                regionTimeOf(Kind::Recompute, firstStage, true, checkpoint))
+          replayed.replayUs = regionTimeUs(region, *time);
+        replayed.replayBytes = replayBytes;
+        replayed.keptThrough = cost.keptBytes;
+        cost.replayedRegions.push_back(replayed);
       } else {
         cost.keptBytes += region.getSavedBytes();
       }
     }
-    cost.backwardReplayBytes =
-        std::max<int64_t>(0, worstInBackward - cost.keptBytes);
+    cost.backwardReplayBytes = backwardReplayBytesAfter(cost, {});
     anyCost |= cost.plainForwardUs > 0;
     // The first stage's I keeps nothing for its W (regionTimeOf: its W is
     // one full backward).
@@ -232,6 +233,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
   if (!anyCost)
     for (StageCost &cost : costs) {
       cost.recomputeUs = cost.checkpointed ? 1 : 0;
+      for (ReplayedRegionCost &replayed : cost.replayedRegions)
+        replayed.replayUs = 1.0 / double(cost.replayedRegions.size());
       cost.forwardUs = cost.plainForwardUs = 1;
       cost.backwardInputUs = cost.backwardWeightUs = 1;
       cost.backwardUs = 2;
@@ -245,4 +248,44 @@ bool mlir::hpr::runsCheckpointed(ForwardOp forward,
                                  const std::vector<StageCost> &costs) {
   return costs[forward.getStageIndex()].checkpointed &&
          !forward.getNoCheckpoint();
+}
+
+/// The sum of `field` over the checkpointed regions `regions`.
+template <typename T>
+static T sumOverRegions(const StageCost &cost, llvm::ArrayRef<int64_t> regions,
+                        T ReplayedRegionCost::*field) {
+  T sum = 0;
+  for (int64_t index : regions) // hpr-verify rejects an index out of range
+    if (index >= 0 && size_t(index) < cost.replayedRegions.size())
+      sum += cost.replayedRegions[index].*field;
+  return sum;
+}
+
+double mlir::hpr::replayUsOf(const StageCost &cost,
+                             llvm::ArrayRef<int64_t> regions) {
+  return sumOverRegions(cost, regions, &ReplayedRegionCost::replayUs);
+}
+
+int64_t mlir::hpr::replayBytesOf(const StageCost &cost,
+                                 llvm::ArrayRef<int64_t> regions) {
+  return sumOverRegions(cost, regions, &ReplayedRegionCost::replayBytes);
+}
+
+int64_t
+mlir::hpr::backwardReplayBytesAfter(const StageCost &cost,
+                                    llvm::ArrayRef<int64_t> prefetched) {
+  std::vector<char> isPrefetched(cost.replayedRegions.size(), false);
+  for (int64_t index : prefetched)
+    if (index >= 0 && size_t(index) < isPrefetched.size())
+      isPrefetched[index] = true;
+  // On entry: every prefetched region's tensors on top of what is kept.
+  int64_t worst = cost.keptBytes + replayBytesOf(cost, prefetched);
+  int64_t prefetchedBefore = 0; // Prefetched regions before region j.
+  for (auto [j, region] : llvm::enumerate(cost.replayedRegions)) {
+    worst = std::max(worst, region.keptThrough + region.replayBytes +
+                                prefetchedBefore);
+    if (isPrefetched[j])
+      prefetchedBefore += region.replayBytes;
+  }
+  return std::max<int64_t>(0, worst - cost.keptBytes);
 }

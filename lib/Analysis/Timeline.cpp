@@ -67,6 +67,9 @@ static sched::Action toAction(Operation *op,
   action.durationUs =
       actionDurationUs(action.kind, costs[action.stage],
                        forward && runsCheckpointed(forward, costs));
+  if (auto recompute = dyn_cast<RecomputeOp>(op))
+    if (std::optional<ArrayRef<int64_t>> regions = recompute.getRegions())
+      action.durationUs = replayUsOf(costs[action.stage], *regions);
   return action;
 }
 

@@ -250,7 +250,10 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     if (!*session)
       return errorAt(loc, "names no session");
     if (action.kind == Kind::Recompute)
-      builder.create<RecomputeOp>(loc, *session, current->inBackward);
+      builder.create<RecomputeOp>(
+          loc, *session, current->inBackward,
+          current->regions ? builder.getDenseI64ArrayAttr(*current->regions)
+                           : DenseI64ArrayAttr());
     else
       builder.create<ClearOp>(loc, *session);
     return llvm::Error::success();

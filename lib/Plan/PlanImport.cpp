@@ -75,9 +75,22 @@ private:
                          bool &batched);
   /// `obj[key]` at `path`, when present: an array of action indices of the
   /// rank being read.
+  /// `key` of `obj`, when present: an array (`array` in errors) of integers
+  /// in [0, bound) (each `expected`).
   llvm::Error readIndices(const json &obj, const std::string &path,
-                          const char *key, int rank,
+                          const char *key, llvm::StringRef array,
+                          llvm::StringRef expected, int64_t bound,
                           std::optional<std::vector<int64_t>> &out) const;
+  /// readIndices of action indices of rank `rank`.
+  llvm::Error
+  readActionIndices(const json &obj, const std::string &path, const char *key,
+                    int rank, std::optional<std::vector<int64_t>> &out) const {
+    return readIndices(
+        obj, path, key, "an array of action indices",
+        llvm::formatv("an action index of rank {0} in [0, {1})", rank, rankSize)
+            .str(),
+        static_cast<int64_t>(rankSize), out);
+  }
   /// `obj` at `path` must be an object (or an array with `array`).
   llvm::Error expectKind(const json &obj, const std::string &path,
                          bool array) const {
@@ -266,7 +279,8 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
                           "hands_to", "overlap"});
   else if (*kind == Kind::Recompute)
     wrongKey = checkKeys(
-        obj, path, {"op", "stage", "microbatch", "session", "in_backward"});
+        obj, path,
+        {"op", "stage", "microbatch", "session", "in_backward", "regions"});
   else if (*kind == Kind::Clear)
     wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch", "session"});
   else if (*kind == Kind::Forward)
@@ -326,7 +340,7 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     // Which receives are posted where is rule 9's (hpr-verify-comm); here
     // only that the member is a list of this rank's action indices.
     std::optional<std::vector<int64_t>> posts;
-    if (auto err = readIndices(obj, path, "posts", rank, posts))
+    if (auto err = readActionIndices(obj, path, "posts", rank, posts))
       return err;
     if (posts)
       action.posts.emplace(posts->begin(), posts->end());
@@ -334,7 +348,8 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
   // Which receives an action reads (rule 11), the stage it hands its result
   // to (rule 12) and the last W or B of a stage (rule 10) are judged by
   // verifyImportedPlan; here only their types and ranges.
-  if (auto err = readIndices(obj, path, "waits", rank, judgedMembers.waits))
+  if (auto err =
+          readActionIndices(obj, path, "waits", rank, judgedMembers.waits))
     return err;
   if (obj.contains("hands_to")) {
     if (auto err = readInt(obj, path, "hands_to", value, true, 0,
@@ -373,9 +388,15 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
       if (auto err =
               readBool(obj, path, "frees_graph", judgedMembers.freesGraph))
         return err;
-    if (*kind == Kind::Recompute)
+    if (*kind == Kind::Recompute) {
       if (auto err = readBool(obj, path, "in_backward", planned.inBackward))
         return err;
+      // Which exist and that the pieces cover them: hpr-verify (rule 11).
+      if (auto err = readIndices(
+              obj, path, "regions", "an array of checkpointed region indices",
+              "a region index >= 0", kMaxCount, planned.regions))
+        return err;
+    }
   }
   if (*kind == Kind::Forward) {
     if (auto it = sessionOf.find({action.stage, action.microbatch});
@@ -391,24 +412,21 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
 
 llvm::Error
 PlanReader::readIndices(const json &obj, const std::string &path,
-                        const char *key, int rank,
+                        const char *key, llvm::StringRef array,
+                        llvm::StringRef expected, int64_t bound,
                         std::optional<std::vector<int64_t>> &out) const {
   if (!obj.contains(key))
     return llvm::Error::success();
   const json &list = obj[key];
   std::string at = path + "/" + key;
   if (!list.is_array())
-    return fail(at, "an array of action indices", list);
+    return fail(at, array.str(), list);
   std::vector<int64_t> &indices = out.emplace();
   for (size_t k = 0; k < list.size(); ++k) {
     const json &entry = list[k];
     if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
-        entry.get<int64_t>() >= static_cast<int64_t>(rankSize))
-      return fail(llvm::formatv("{0}/{1}", at, k).str(),
-                  llvm::formatv("an action index of rank {0} in [0, {1})", rank,
-                                rankSize)
-                      .str(),
-                  entry);
+        entry.get<int64_t>() >= bound)
+      return fail(llvm::formatv("{0}/{1}", at, k).str(), expected.str(), entry);
     indices.push_back(entry.get<int64_t>());
   }
   return llvm::Error::success();

@@ -254,6 +254,8 @@ void mlir::hpr::plan_json::forEachActionMember(
         member("session", recompute.getSessionOp().getSid());
         if (recompute.getInBackward())
           member("in_backward", true);
+        if (std::optional<ArrayRef<int64_t>> regions = recompute.getRegions())
+          member("regions", *regions);
       })
       .Case<ClearOp>([&](ClearOp clear) {
         member("session", clear.getSessionOp().getSid());

@@ -6,6 +6,8 @@
 #include "hpr/Analysis/StepMemory.h"
 #include "hpr/Dialect/HPR/HPROps.h"
 
+#include "llvm/ADT/DenseSet.h"
+
 #include <algorithm>
 
 using namespace mlir;
@@ -15,6 +17,7 @@ using namespace mlir::hpr;
 static RankSummary summarizeProgram(ProgramOp program,
                                     const std::vector<StageCost> &costs) {
   RankSummary summary;
+  llvm::DenseSet<Operation *> replayed; // sessions with a recompute so far
   for (Operation &op : program.getBody().getOps()) {
     if (auto session = dyn_cast<SessionOp>(op)) {
       ++summary.sessions;
@@ -23,7 +26,9 @@ static RankSummary summarizeProgram(ProgramOp program,
       continue;
     }
     ++summary.actions;
-    summary.recomputes += isa<RecomputeOp>(op);
+    // A replay in pieces is one recompute: count the session's first piece.
+    if (auto recompute = dyn_cast<RecomputeOp>(op))
+      summary.recomputes += replayed.insert(recompute.getSessionOp()).second;
     summary.clears += isa<ClearOp>(op);
   }
   ProgramActivations activations = collectActivationLifetimes(program);

@@ -207,7 +207,9 @@ void Validator::indexActions() {
     if (slot == SlotDx && n == 1)
       dxIsFull[static_cast<size_t>(a.stage) * schedule.numMicrobatches +
                a.microbatch] = a.kind == ActionKind::Backward;
-    if (n > 1 && slot != SlotClear)
+    // A session's clears and the pieces of its replay are hpr-verify's
+    // (rules 1, 3 and 11): it sees the sessions and the pieces' regions.
+    if (n > 1 && slot != SlotClear && slot != SlotRecompute)
       reportAt(loc, std::string("second ") + what[slot] + " of " +
                         sm(a.stage, a.microbatch) + " (first at " +
                         where(first) + ")");

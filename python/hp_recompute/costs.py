@@ -338,6 +338,14 @@ def times_from_run(names: Sequence[str], report_path: str,
     except (KeyError, TypeError, AttributeError):
         raise RunError(f"hp_recompute.costs: {plan_path}: /model/stages: expected stages of named regions "
                        f"(a plan JSON of hp-recompute-plan)") from None
+    # A piece times part of a replay, and its backward the rest (NOTE [ Executing a plan ] Rule 3a):
+    # neither is a time regionTimeOf prices.
+    for r, rank in enumerate(plan.get("ranks") or []):
+        for k, a in enumerate(rank.get("actions") or [] if isinstance(rank, dict) else []):
+            if isinstance(a, dict) and a.get("op") == "recompute" and "regions" in a:
+                raise RunError(f"hp_recompute.costs: {plan_path}: /ranks/{r}/actions/{k}: the run replayed a session in "
+                               f"pieces (a recompute with regions), whose times are parts of a replay; take --from-run "
+                               f"from a run of a plan without pieces (hp-recompute-plan without --prefetch bubble)")
     if sorted(priced) != sorted(names):
         raise RunError(f"hp_recompute.costs: {plan_path}: its regions [{', '.join(priced)}] are not the model "
                        f"JSON's [{', '.join(names)}]")

@@ -75,7 +75,10 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // backward a replay holds one region at a time: rank 0's jit peak is 104
 // bytes (both microbatches' 2 inputs and one region). Moved into the gap,
 // mb 0's replay would hold both regions, 200 bytes, from there on: within
-// the jit peak it stays in its backward; with room it moves.
+// the jit peak it cannot move whole, but its last region can (a piece: 100
+// bytes held up to the backward, which reads it first and drops it before
+// it replays l0), and the rest replays inside the backward; with room it
+// moves whole.
 hpr.model "m" {
   hpr.stage 0 {
     hpr.region "l0" checkpoint flops 0.0 time_us 5.0 saved 100 input 1 params 0
@@ -113,11 +116,51 @@ hpr.schedule "gpipe_two_regions" ranks 2 stages 2 microbatches 2 stage_to_rank [
 }
 
 // PEAK-LABEL: hpr.schedule "gpipe_two_regions"
-// PEAK:       hpr.recv_b stage 0 mb 0
-// PEAK-NEXT:  hpr.recompute %s0.mb0 {in_backward}
+// PEAK:       hpr.send_f stage 0 mb 1
+// PEAK-NEXT:  hpr.recompute %s0.mb0 {regions = array<i64: 1>}
+// PEAK-NEXT:  hpr.recv_b stage 0 mb 0
+// PEAK-NEXT:  hpr.recompute %s0.mb0 {in_backward, regions = array<i64: 0>}
 // PEAK-NEXT:  hpr.backward stage 0 mb 0
+// PEAK-NEXT:  hpr.recv_b stage 0 mb 1
+// PEAK-NEXT:  hpr.recompute %s0.mb1 {in_backward}{{$}}
 // ROOMY-LABEL: hpr.schedule "gpipe_two_regions"
 // ROOMY:       hpr.send_f stage 0 mb 1
 // ROOMY-NEXT:  hpr.recompute %s0.mb1{{$}}
 // ROOMY-NEXT:  hpr.recompute %s0.mb0{{$}}
 // ROOMY-NEXT:  hpr.recv_b stage 0 mb 0
+
+// -----
+
+// A replay longer than the gap before it (rank 0 waits 4.6 us for the
+// gradient, the replay takes 10): with only the receive between, it moves
+// there anyway, delays nobody else, and its backward starts 4.6 us earlier.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l1" checkpoint flops 0.0 time_us 1.0 saved 100 input 1 params 0
+  }
+}
+hpr.schedule "outlasts_its_gap" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0 session(%s0)
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h1 = hpr.forward stage 1 mb 0
+    %s1 = hpr.session %h1 as "s1.mb0"
+    hpr.backward stage 1 mb 0 session(%s1)
+    hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// PEAK-LABEL: hpr.schedule "outlasts_its_gap"
+// PEAK:       hpr.send_f stage 0 mb 0
+// PEAK-NEXT:  hpr.recompute %s0.mb0{{$}}
+// PEAK-NEXT:  hpr.recv_b stage 0 mb 0
+// PEAK-NEXT:  hpr.backward stage 0 mb 0

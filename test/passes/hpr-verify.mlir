@@ -330,3 +330,88 @@ hpr.schedule "in_backward_not_next" ranks 1 stages 1 microbatches 2 stage_to_ran
     hpr.clear %s1
   }
 }
+
+// -----
+
+// Rule 11: a replay in pieces. Correct: the last region prefetched, the
+// first inside the backward; no diagnostic.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+    hpr.region "mid" flops 1.0 time_us 0.0 saved 8 input 1 params 0
+    hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "pieces_pass" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.recompute %s0 {regions = array<i64: 1>}
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s0 {in_backward, regions = array<i64: 0>}
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+    hpr.recompute %s1 {regions = array<i64: 0>}
+    hpr.recompute %s1 {regions = array<i64: 1>}
+    hpr.backward stage 0 mb 1 session(%s1)
+    hpr.clear %s1
+  }
+}
+
+// -----
+
+// Rule 11: pieces only, each region once, all of them, the one inside the
+// backward last.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+    hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "pieces_broken" ranks 1 stages 1 microbatches 4 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.recompute %s0 {regions = array<i64: 1>}
+    // expected-error @+1 {{rank 0, action 2 (recompute stage 0 mb 0): session "s0.mb0" is replayed in pieces (regions) and whole here; each piece lists its regions (rule 11)}}
+    hpr.recompute %s0
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s1 {regions = array<i64: 0, 1>}
+    // expected-error @+1 {{rank 0, action 7 (recompute stage 0 mb 1): session "s0.mb1" replays region 1 a second time (first at rank 0, action 6 (recompute stage 0 mb 1)) (rule 11)}}
+    hpr.recompute %s1 {regions = array<i64: 1>}
+    hpr.backward stage 0 mb 1 session(%s1)
+    hpr.clear %s1
+    %h2 = hpr.forward stage 0 mb 2
+    %s2 = hpr.session %h2 as "s0.mb2"
+    // expected-error @+1 {{rank 0, action 11 (recompute stage 0 mb 2): session "s0.mb2" replays region 2, but stage 0 checkpoints 2 regions (0..1) (rule 11)}}
+    hpr.recompute %s2 {regions = array<i64: 2>}
+    // expected-error @+1 {{rank 0, action 12 (recompute stage 0 mb 2): session "s0.mb2" replays a piece inside its backward (in_backward) before rank 0, action 13 (recompute stage 0 mb 2); the piece inside the backward is the last (rule 11)}}
+    hpr.recompute %s2 {in_backward, regions = array<i64: 0>}
+    hpr.recompute %s2 {regions = array<i64: 1>}
+    hpr.backward stage 0 mb 2 session(%s2)
+    hpr.clear %s2
+    %h3 = hpr.forward stage 0 mb 3
+    %s3 = hpr.session %h3 as "s0.mb3"
+    // expected-error @+1 {{rank 0, action 17 (recompute stage 0 mb 3): session "s0.mb3" is replayed in pieces, but no piece replays region 0; a backward would replay it on its own (rule 11)}}
+    hpr.recompute %s3 {in_backward, regions = array<i64: 1>}
+    hpr.backward stage 0 mb 3 session(%s3)
+    hpr.clear %s3
+  }
+}
+
+// -----
+
+hpr.schedule "piece_regions_unsorted" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    // expected-error @+1 {{'hpr.recompute' op regions: expected ascending indices >= 0, each once, got 0 at position 1}}
+    hpr.recompute %s0 {regions = array<i64: 1, 0>}
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+  }
+}

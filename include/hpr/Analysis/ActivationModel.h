@@ -15,7 +15,12 @@
 //  - except for a replay inside its backward (`in_backward`, which jit
 //    places where replaysInBackward says): at that backward only, one
 //    region at a time, as the backward reaches it, after the regions behind
-//    it freed what they kept (backwardReplayBytes).
+//    it freed what they kept (backwardReplayBytes);
+//  - a replay in pieces (hpr.recompute `regions`): each piece placed before
+//    the reader brings back its regions from its position to the op before
+//    the reader when the last piece is `in_backward` (that backward then
+//    holds backwardReplayBytesAfter the prefetched regions), else to the op
+//    before the clear.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,11 +31,19 @@
 
 #include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
+#include "llvm/ADT/SmallVector.h"
 
 #include <cstdint>
 #include <vector>
 
 namespace mlir::hpr {
+
+/// A piece of a replay placed before its reader: hpr.recompute with
+/// `regions` and without `in_backward`.
+struct ReplayPiece {
+  unsigned pos = 0;
+  llvm::SmallVector<int64_t, 2> regions;
+};
 
 /// Where one (stage, microbatch)'s activations live in its rank's program.
 /// Its backward actions are those that read activations
@@ -50,8 +63,15 @@ struct ActivationLifetime {
   unsigned replayEndPos = 0;
   /// Whether an hpr.recompute of it is in the program.
   bool replayPlaced = false;
-  /// Whether the replay runs inside its one backward (see the file comment).
+  /// Whether the replay runs inside its one backward (see the file comment);
+  /// with pieces, whether its last piece does.
   bool replayInBackward = false;
+  /// The pieces placed before the reader, in program order (empty: the
+  /// replay is one op).
+  llvm::SmallVector<ReplayPiece, 1> prefetchedPieces;
+
+  /// The checkpointed regions the prefetched pieces replay.
+  llvm::SmallVector<int64_t> prefetchedRegions() const;
 };
 
 /// The placement rule, once: a session read by exactly one action, a whole
@@ -61,9 +81,9 @@ struct ActivationLifetime {
 /// from I to W whichever way they were replayed.
 bool replaysInBackward(llvm::ArrayRef<Operation *> consumers);
 
-/// The bytes `lifetime`'s replay adds at once: `cost.recomputedBytes`, or
-/// for a replay inside its backward `cost.backwardReplayBytes` (on top of
-/// what the forward keeps, which that backward frees region by region).
+/// The bytes `lifetime`'s replay adds at once, one op: `cost.recomputedBytes`,
+/// or for a replay inside its backward what that backward holds on top of
+/// what the forward keeps (backwardReplayBytesAfter its prefetched pieces).
 int64_t replayedBytesOf(const StageCost &cost,
                         const ActivationLifetime &lifetime);
 

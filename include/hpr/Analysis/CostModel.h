@@ -48,6 +48,7 @@
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Schedule/Schedule.h"
 
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringRef.h"
 
@@ -123,6 +124,18 @@ std::optional<RegionTime> regionTimeOf(sched::ActionKind kind, bool firstStage,
 /// comment (FLOPs at 1 TFLOP/s, kInputPerForward, ...).
 double regionTimeUs(RegionOp region, RegionTime time);
 
+/// One checkpointed region of a stage: what replaying it alone costs. A
+/// replay piece (hpr.recompute `regions`) numbers a stage's checkpointed
+/// regions 0.. in forward order, as StageCost::replayedRegions holds them.
+struct ReplayedRegionCost {
+  double replayUs = 0;
+  int64_t replayBytes = 0;
+  /// What the stage's regions up to and including this one keep from
+  /// forward to backward (a whole backward has freed the rest when it
+  /// reaches this region).
+  int64_t keptThrough = 0;
+};
+
 struct StageCost {
   bool checkpointed = false; ///< has at least one checkpointed region
   double forwardUs = 0;      ///< under checkpoint, as the regions say
@@ -141,6 +154,8 @@ struct StageCost {
   /// regions 0..j keep: max over checkpointed j of (replay_j - what the
   /// regions after j keep), at least 0.
   int64_t backwardReplayBytes = 0;
+  /// The checkpointed regions, in forward order.
+  std::vector<ReplayedRegionCost> replayedRegions;
   int64_t outputBytes = 0; ///< the stage output (next stage's input)
   /// The regions' param_bytes: the unsharded parameters, and as many bytes
   /// of weight gradients.
@@ -168,6 +183,21 @@ std::vector<StageCost> computeStageCosts(
 /// Whether `forward` runs under checkpoint: its stage has a checkpointed
 /// region and the forward is not marked `no_checkpoint`.
 bool runsCheckpointed(ForwardOp forward, const std::vector<StageCost> &costs);
+
+/// The time and the bytes of replaying the checkpointed regions `regions`
+/// (indices into `cost.replayedRegions`) of one forward: a replay piece.
+double replayUsOf(const StageCost &cost, llvm::ArrayRef<int64_t> regions);
+int64_t replayBytesOf(const StageCost &cost, llvm::ArrayRef<int64_t> regions);
+
+/// What a whole backward holds on top of `cost.keptBytes`, at its worst,
+/// when the checkpointed regions `prefetched` were replayed before it and
+/// the others replay inside it (ActivationModel.h). It starts holding every
+/// prefetched region's tensors, runs the regions last to first and drops a
+/// region's replayed and kept tensors as it leaves it, so region j meets
+/// what regions 0..j keep, its own replay, and the prefetched replays of the
+/// regions before it. With nothing prefetched: backwardReplayBytes.
+int64_t backwardReplayBytesAfter(const StageCost &cost,
+                                 llvm::ArrayRef<int64_t> prefetched);
 
 /// What one forward of `cost`'s stage keeps until its last backward.
 inline int64_t keptBytesOf(const StageCost &cost, bool checkpointed) {

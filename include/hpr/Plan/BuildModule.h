@@ -17,6 +17,7 @@
 #include "llvm/Support/Error.h"
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,9 @@ struct PlannedAction {
   bool plain = false;
   /// A recompute: replayed inside its backward (`in_backward`).
   bool inBackward = false;
+  /// A recompute: the piece's checkpointed regions (`regions`); none when
+  /// it replays them all.
+  std::optional<std::vector<int64_t>> regions;
   /// A forward: the session its checkpoint handles are bound to ("" none).
   std::string binds;
 };

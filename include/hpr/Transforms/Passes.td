@@ -188,17 +188,24 @@ def HPRPrefetchIntoBubbles
     its first consumer (the wait before an action whose inputs are not
     ready) that still has room for the whole replay, provided the replayed
     tensors, held from there until the consumer, keep the rank's activation
-    peak within `budget` (0: the rank's peak as the recomputes stand). A
-    recompute that fits nowhere stays where it is. A jit replay inside its
-    backward (`in_backward`) held one region at a time; moved, it replays
-    every region at its new place, and the budget check counts all of them
-    up to the reader. Up to 8 rounds, each on
+    peak within `budget` (0: the rank's peak as the recomputes stand). A gap
+    with only receives between it and the recompute takes it even when the
+    replay outlasts the gap (it delays no other rank's message, and fills
+    the wait). A recompute that fits nowhere stays where it is. A jit replay
+    inside its backward (`in_backward`) held one region at a time; moved, it
+    replays every region at its new place, and the budget check counts all
+    of them up to the reader. One that fits nowhere whole tries its last
+    regions as a piece (`regions`; the backward reads them first, so the
+    backward holds no more than before), largest first: the piece moves and
+    the rest stays inside the backward, to be split again in a later round.
+    Up to 8 rounds, each on
     the timeline the previous one left, while something moves; ranks move
     their own ops in parallel within a round.
 
     From jit placement, every action then starts no later than before
     (durations are fixed and the programs are monotone in their inputs' end
-    times), so the result never loses to jit in simulated step time.
+    times; a piece takes its time off what stays inside the backward), so
+    the result never loses to jit in simulated step time.
     O(A + R * W) for A actions, R recomputes and windows of W actions
     between a forward and its first consumer (docs/planning.md).
 
@@ -214,7 +221,7 @@ def HPRPrefetchIntoBubbles
   ];
   let statistics = [
     Statistic<"numInBubbles", "num-in-bubbles",
-              "Recomputes moved into simulated idle time">,
+              "Recomputes and pieces moved into simulated idle time">,
   ];
 }
 
@@ -288,8 +295,9 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
     its own bookkeeping, sharing no query with them, so it also checks plans
     written by hand or by other tools. For every session, in its rank's
     program order:
-    1. exactly one `hpr.recompute`, on the owning rank, after the forward;
-    2. the recompute precedes every consumer;
+    1. exactly one `hpr.recompute`, on the owning rank, after the forward,
+       or pieces (rule 11);
+    2. the recompute (every piece) precedes every consumer;
     3. exactly one `hpr.clear`, after the last consumer;
     4. no consumer and no recompute after the clear;
     5. `retain_on_unpack` is set on every consumer but the last, and not on
@@ -314,11 +322,17 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        region by region) has one consumer, a whole backward (an
        `hpr.backward`, or the first stage's `hpr.backward_weight`), and no
        forward or backward between them but the forward of that backward's
-       overlapped pair.
+       overlapped pair;
+    11. a replay in pieces (`regions` on its `hpr.recompute`s) is pieces
+       only, each region replayed by one piece, every checkpointed region of
+       the stage by some piece (when the module's `hpr.model` says how many),
+       and a piece marked `in_backward` is the session's last; it is then
+       the one rule 10 checks.
     Each violation is reported on the offending op with the rank, the index
     of the action in its program and the action, and the pass fails. Each
-    program on its own; rule 7 reads the enclosing module's `hpr.model`
-    (without one, rule 7 is skipped).
+    program on its own; rules 7 and 11 read the enclosing module's
+    `hpr.model` (without one, rule 7 and the coverage of rule 11 are
+    skipped).
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];
   let statistics = [

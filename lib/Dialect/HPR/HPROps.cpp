@@ -390,3 +390,20 @@ LogicalResult SessionOp::verify() {
 HPR_SESSION_ACTION_ACCESSORS(RecomputeOp)
 HPR_SESSION_ACTION_ACCESSORS(ClearOp)
 #undef HPR_SESSION_ACTION_ACCESSORS
+
+/// A piece's regions are checkpointed-region indices, ascending, each once;
+/// which exist and that the pieces cover them is hpr-verify's (it reads the
+/// model).
+LogicalResult RecomputeOp::verify() {
+  std::optional<ArrayRef<int64_t>> regions = getRegions();
+  if (!regions)
+    return success();
+  if (regions->empty())
+    return emitOpError("regions: expected at least one region index");
+  for (auto [index, region] : llvm::enumerate(*regions))
+    if (region < 0 || (index && region <= (*regions)[index - 1]))
+      return emitOpError("regions: expected ascending indices >= 0, each "
+                         "once, got ")
+             << region << " at position " << index;
+  return success();
+}

@@ -42,6 +42,15 @@ Rule 3 (recompute). ``recompute`` replays every handle of its forward into the p
   replayed tensors are live at a time, as under torch's checkpoint. Its time is that
   backward's: the backward is timed as ``backward+recompute`` (``backward_weight+recompute``).
 
+Rule 3a (pieces). A ``recompute`` with ``regions`` is a piece of its session's replay: it
+  prefetches only the handles of those regions, numbered as the session's ``regions`` (the
+  stage's checkpointed regions in forward order), which are the forward's handles in the
+  order its checkpoints ran; a forward whose handle count differs from its session's region
+  count is refused at the piece, before anything is replayed. The session's last piece may
+  be ``in_backward``: its regions replay inside the backward as in Rule 3, which reads the
+  prefetched pieces' tensors without replaying them and drops each as it reads it
+  (``retain_on_unpack=False``). A prefetched piece is timed as ``recompute_piece``.
+
 Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
   ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
   session, so the dx and the dw of a microbatch read one replay. The backend is told
@@ -191,6 +200,7 @@ class PlanInterpreter:
     def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
                  sessions: bool = True) -> None:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
+        self.session_regions = {sid: list(session["regions"]) for sid, session in plan.sessions.items()}
         self.scope, self.sessions = scope, sessions
         self.reset()
 
@@ -231,6 +241,8 @@ class PlanInterpreter:
                 self._run(a)
             if a.op in TIMED_OPS and not a.in_backward:  # Rule 3: timed with its backward
                 timed_as = f"{a.op}+recompute" if a.session in self.replayed_inside else a.op
+                if a.op == "recompute" and a.regions:  # Rule 3a
+                    timed_as = "recompute_piece"
                 self.action_s.append((timed_as, a.stage, a.plain, time.perf_counter() - start))
         except RunError:
             raise
@@ -253,7 +265,7 @@ class PlanInterpreter:
             if a.in_backward:
                 self.replayed_inside.add(a.session)
             elif self.sessions:
-                for handle in self._handles_of(a):
+                for handle in self._piece_of(a) if a.regions else self._handles_of(a):  # Rule 3a
                     self.scope.recompute_handle(handle, a.session)
         elif op == "clear":  # Rule 6
             self.replayed_inside.discard(a.session)
@@ -287,6 +299,17 @@ class PlanInterpreter:
             raise RunError(f"{self.runtime}: rank {self.rank}: {a.op} of stage {a.stage} mb {a.microbatch} before "
                            f"its forward or after its last backward")
         return handles
+
+    def _piece_of(self, a: Action) -> List[RecomputeHandle]:
+        """The handles of piece ``a``'s regions (Rule 3a)."""
+        handles, regions = self._handles_of(a), self.session_regions.get(a.session, [])
+        if len(handles) != len(regions):
+            raise RunError(f"{self.runtime}: rank {self.rank} action {self.pc} ({a.describe()}): replays regions "
+                           f"{list(a.regions)} of session {a.session}'s {len(regions)} ({', '.join(regions)}), but the "
+                           f"forward of stage {a.stage} mb {a.microbatch} ran {len(handles)} checkpoints; a replay in "
+                           f"pieces needs one checkpoint per planned region, in forward order (NOTE [ Executing a "
+                           f"plan ] Rule 3a)")
+        return [handles[i] for i in a.regions]
 
     def abandon(self) -> None:
         """After an error: no replayed tensor outlives the step (Rule 9)."""

@@ -50,6 +50,10 @@ class Action:
     #: A recompute whose replay runs inside its session's one ``backward``, region by region (plan
     #: ``in_backward``; NOTE [ Executing a plan ] Rule 3).
     in_backward: bool = False
+    #: A recompute that is a piece of its session's replay: the indices, into the session's ``regions``,
+    #: of the checkpointed regions it replays (plan ``regions``; NOTE [ Executing a plan ] Rule 3a); empty
+    #: when it replays them all.
+    regions: Tuple[int, ...] = ()
     peer: int = -1
     #: A transfer's message tag (the same at both ends).
     tag: int = -1
@@ -262,7 +266,7 @@ def build_plan(raw: Dict[str, Any], path: str) -> Plan:
                                a["op"])
             actions.append(Action(op=a["op"], stage=a.get("stage", -1), microbatch=a.get("microbatch", -1),
                                   session=a.get("session"), retain_on_unpack=a.get("retain_on_unpack", False),
-                                  in_backward=a.get("in_backward", False),
+                                  in_backward=a.get("in_backward", False), regions=tuple(a.get("regions", ())),
                                   peer=a.get("peer", -1), tag=a.get("tag", -1),
                                   frees_graph=a.get("frees_graph", False), overlap=a.get("overlap", False),
                                   plain=a.get("checkpoint") is False, posts=tuple(a.get("posts", ())),

@@ -118,6 +118,18 @@ def test_planned_schedule_matches_torch(tmp_path: Path, torch_schedule: str, ran
         assert any(res["ref_calls"][f] > 2 * microbatches for res in results for f in res["checkpointed"])
 
 
+def test_a_1f1b_plan_that_replays_in_pieces_matches_torch(tmp_path: Path) -> None:
+    """``--prefetch bubble`` on 1F1B prefetches the last block of a stage into the wait before
+    its backward and replays the others inside it (a replay in pieces, NOTE [ Executing a plan ]
+    Rule 3a): torch's stages run it with exact gradients and one replay per block and
+    microbatch."""
+    results = run_case(tmp_path, "1f1b", 2, 2, 4, prefetch="bubble", dropout=0.1)
+    raw = json.loads((tmp_path / "plan.json").read_text())
+    pieces = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
+    assert any(not a.get("in_backward") for a in pieces) and any(a.get("in_backward") for a in pieces), pieces
+    check(results, 4)
+
+
 @pytest.mark.parametrize("wrap", ["full", "selective"])
 def test_blocks_the_user_wrapped_with_our_checkpoint_wrapper_run_as_planned(tmp_path: Path, wrap: str) -> None:
     """torchtitan wraps its blocks before building stages; with ``hp_recompute.checkpoint_wrapper``

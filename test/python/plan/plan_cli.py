@@ -85,14 +85,22 @@ def check_lifecycles(plan: dict[str, Any]) -> None:
             )
             kind = "consumer" if action["op"] in CONSUMER_OPS else action["op"]
             seen[sid][kind].append(index)
+            if kind == "recompute":
+                seen[sid]["pieces"].append((action.get("regions"), action.get("in_backward", False)))
             if kind == "consumer":
                 seen[sid]["retain"].append(action["retain_on_unpack"])
     for sid in sessions:
         uses = seen[sid]
-        assert len(uses["recompute"]) == 1, f"{sid}: {len(uses['recompute'])} recomputes"
+        # One recompute, or pieces: each region of the session in exactly one, the one inside
+        # the backward (if any) last.
+        pieces = uses["pieces"]
+        if len(pieces) != 1 or pieces[0][0] is not None:
+            regions = sorted(r for listed, _ in pieces for r in (listed if listed is not None else [-1]))
+            assert regions == list(range(len(sessions[sid]["regions"]))), f"{sid}: pieces {pieces}"
+            assert not any(inside for _, inside in pieces[:-1]), f"{sid}: pieces {pieces}"
         assert len(uses["clear"]) == 1, f"{sid}: {len(uses['clear'])} clears"
         assert uses["consumer"], f"{sid} has no consumer"
-        assert uses["recompute"][0] < min(uses["consumer"]), f"{sid}: read before recompute"
+        assert max(uses["recompute"]) < min(uses["consumer"]), f"{sid}: read before recompute"
         assert uses["clear"][0] > max(uses["consumer"]), f"{sid}: read after clear"
         retain = uses["retain"]
         assert retain == [True] * (len(retain) - 1) + [False], f"{sid}: retain flags {retain}"

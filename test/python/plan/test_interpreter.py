@@ -232,3 +232,105 @@ def test_a_receive_posted_and_never_read_ends_the_step_with_an_error():
     run.run_all()
     with pytest.raises(RunError, match=r"rank 1: received but never read: recv_f stage 1 mb 1 peer 0"):
         run.finish()
+
+
+class TwoRegions(StageBackend):
+    """Stage 0 of ``hand_plan`` as two real checkpointed regions, ``sin`` then ``cos``, on a
+    weight; ``calls`` counts each region's calls (forward and replays). ``extra`` more
+    checkpoints per forward model a stage whose forward does not match its planned regions."""
+
+    def __init__(self, extra: int = 0) -> None:
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 4))
+        self.inputs = {mb: (torch.linspace(-1, 1, 4) + mb).requires_grad_() for mb in range(2)}
+        self.outputs: Dict[int, torch.Tensor] = {}
+        self.calls = {"sin": 0, "cos": 0}
+        self.extra = extra
+
+    def _region(self, name: str):
+        def run(x: torch.Tensor) -> torch.Tensor:
+            self.calls[name] += 1
+            return getattr(torch, name)(x * self.weight)
+        return run
+
+    def forward(self, a: Action) -> Any:
+        x = self.inputs[a.microbatch]
+        y = hr.checkpoint(self._region("cos"), hr.checkpoint(self._region("sin"), x))
+        for _ in range(self.extra):
+            y = hr.checkpoint(torch.exp, y)
+        self.outputs[a.microbatch] = y
+        return y
+
+    def backward(self, a: Action, last: bool) -> None:
+        out, x = self.outputs[a.microbatch].sum(), self.inputs[a.microbatch]
+        if a.op == "backward_input":
+            x.grad = torch.autograd.grad(out, [x], retain_graph=True)[0]
+        elif a.op == "backward_weight":
+            torch.autograd.backward(out, inputs=[self.weight])
+        else:
+            out.backward()
+
+    def send(self, a: Action) -> None:
+        pass
+
+    def wait_recv(self, a: Action) -> None:
+        pass
+
+
+def _pieces_plan() -> Dict[str, Any]:
+    """``hand_plan`` with two checkpointed regions on stage 0, and microbatch 1's replay in
+    pieces: its last region prefetched before its gradient arrives, the first inside its B."""
+    raw = hand_plan()
+    region = raw["model"]["stages"][0]["regions"][0]
+    raw["model"]["stages"][0]["regions"] = [{**region, "name": "sin"}, {**region, "name": "cos"}]
+    for session in raw["sessions"]:
+        session["regions"] = ["sin", "cos"]
+    actions = raw["ranks"][0]["actions"]
+    actions[10].update(in_backward=True, regions=[0])  # recompute s0.mb1, before its B
+    actions.insert(9, {"op": "recompute", "stage": 0, "microbatch": 1, "session": "s0.mb1", "regions": [1]})
+    actions[10]["posts"] = [10]  # recv_b mb 1, moved by the insert
+    actions[12]["waits"] = [10]
+    return raw
+
+
+def test_a_replay_in_pieces_prefetches_its_regions_and_the_backward_replays_the_rest():
+    """Rule 3a: the piece replays only the region it lists; the backward then replays the other
+    one inside and reads the prefetched one without replaying it: one replay per region, and
+    the gradients are the plain ones."""
+    backend = TwoRegions()
+    scope = hr.SessionScope("pieces")
+    run = PlanInterpreter("test", build_plan(_pieces_plan(), "hand.json"), 0, backend, scope)
+    seen = []
+    while not run.done:
+        a = run.program[run.pc]
+        run.step_one()
+        if a.session == "s0.mb1" and a.op in ("recompute", "backward"):
+            seen.append((a.op, a.regions, dict(backend.calls)))
+    assert run.finish() == []
+    # forwards: sin 2, cos 2; mb 0's whole replay: 1 each; then mb 1's pieces
+    assert seen == [("recompute", (1,), {"sin": 3, "cos": 4}),
+                    ("recompute", (0,), {"sin": 3, "cos": 4}),
+                    ("backward", (), {"sin": 4, "cos": 4})]
+    assert [t[0] for t in run.action_s].count("recompute_piece") == 1
+    weight = backend.weight.detach().clone().requires_grad_()
+    for mb in range(2):  # mb 0's I and W, then mb 1's B, as the plan runs them
+        x = (torch.linspace(-1, 1, 4) + mb).requires_grad_()
+        torch.cos(torch.sin(x * weight) * weight).sum().backward()
+        assert torch.equal(backend.inputs[mb].grad, x.grad)
+    assert torch.equal(backend.weight.grad, weight.grad)
+
+
+def test_a_piece_of_a_forward_that_ran_other_checkpoints_is_refused():
+    """Pieces name regions by their place among the forward's checkpoints: a forward that ran
+    more checkpoints than its session has regions cannot be mapped, and the piece says so
+    before it replays anything."""
+    backend = TwoRegions(extra=1)
+    scope = hr.SessionScope("mismatch")
+    run = PlanInterpreter("test", build_plan(_pieces_plan(), "hand.json"), 0, backend, scope)
+    with pytest.raises(RunError, match=r"^test: rank 0 action 9 \(recompute stage 0 mb 1 session s0.mb1\): "
+                                       r"replays regions \[1\] of session s0.mb1's 2 \(sin, cos\), but the forward "
+                                       r"of stage 0 mb 1 ran 3 checkpoints; a replay in pieces needs one checkpoint "
+                                       r"per planned region, in forward order \(NOTE \[ Executing a plan \] Rule 3a\)"):
+        run.run_all()
+    calls = dict(backend.calls)
+    run.abandon()
+    assert calls == {"sin": 3, "cos": 3}  # forwards and mb 0's replay: the piece replayed nothing

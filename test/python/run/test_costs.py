@@ -137,6 +137,23 @@ def test_a_bad_run_report_is_located(tmp_path: Path, report: dict, where: str) -
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+def test_a_run_of_a_plan_with_pieces_is_refused(tmp_path: Path) -> None:
+    """A piece times part of a replay, and the backward after it the rest: neither is a time
+    the planner prices, so ``--from-run`` refuses such a run rather than scale by it."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)), "--prefetch", "bubble")
+    actions = json.loads(plan.read_text())["ranks"][0]["actions"]
+    first = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and "regions" in a)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": []}]}))
+    out = tmp_path / "out.json"
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    assert proc.returncode == 1
+    assert (f"hp_recompute.costs: {plan}: /ranks/0/actions/{first}: the run replayed a session in pieces (a "
+            f"recompute with regions), whose times are parts of a replay; take --from-run from a run of a plan "
+            f"without pieces (hp-recompute-plan without --prefetch bubble)") in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 def test_a_plan_priced_without_measured_costs_is_refused(tmp_path: Path) -> None:
     plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 2)))
     report = tmp_path / "report.json"

@@ -27,7 +27,12 @@ def test_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
     assert report["ok"] is True
     assert report["grads_match"] is True and report["comparison"] == "torch.equal"
     assert report["max_abs_diff"] == 0.0
-    assert report["sessions"] == len(raw["sessions"]) == count_plan(plan, "recompute")
+    # Each session recomputed: by one recompute, or in pieces (bubble: a replay's last blocks
+    # prefetched, the rest inside its backward).
+    recomputed = [a["session"] for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute"]
+    assert report["sessions"] == len(raw["sessions"]) == len(set(recomputed))
+    if prefetch == "bubble" and cfg[0] == "1f1b":  # pieces here: run bit-exact too
+        assert len(recomputed) > len(raw["sessions"]), recomputed
     # The stages are the planner's: each session replays its stage's checkpointed regions once.
     assert report["stages"] == {str(s): [r["name"] for r in regions["regions"]]
                                 for s, regions in enumerate(raw["model"]["stages"])}

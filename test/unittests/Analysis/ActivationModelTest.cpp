@@ -5,6 +5,7 @@
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Transforms/Passes.h"
 
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 
@@ -144,6 +145,69 @@ TEST(ActivationModel, ReplayInsideOneBackwardHoldsOneRegionAtATime) {
   ActivationProfile profile =
       computeActivationProfile(programOf(*module), costs);
   EXPECT_EQ(profile.peak(), 2 * 64 + 64 + 1000);
+}
+
+TEST(ActivationModel, BackwardAfterAPieceMeetsThePiecesBelowEachRegion) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "gpipe");
+  StageCost cost = computeStageCosts(*module->getOps<ModelOp>().begin())[0];
+  ASSERT_EQ(cost.replayedRegions.size(), 2u);
+  EXPECT_EQ(replayBytesOf(cost, {1}), 600);
+  // The last region prefetched: the backward reads it first and drops it
+  // before layers.0 replays, so it holds what it held without the piece.
+  EXPECT_EQ(backwardReplayBytesAfter(cost, {1}), cost.backwardReplayBytes);
+  // The first one prefetched stays beside layers.1's replay: 128 kept, 600
+  // replayed, 1000 prefetched.
+  EXPECT_EQ(backwardReplayBytesAfter(cost, {0}), 128 + 600 + 1000 - 128);
+  EXPECT_EQ(backwardReplayBytesAfter(cost, {0, 1}), 1600);
+}
+
+/// Rank 0's program of `module` with its first replay split: the piece
+/// `piece` right before it, the rest (`rest`) left inside its backward.
+static ProgramOp splitFirstReplay(ModuleOp module, ArrayRef<int64_t> piece,
+                                  ArrayRef<int64_t> rest) {
+  ProgramOp program = *(*module.getOps<ScheduleOp>().begin())
+                           .getBody()
+                           .getOps<ProgramOp>()
+                           .begin();
+  RecomputeOp inside = *program.getBody().getOps<RecomputeOp>().begin();
+  OpBuilder builder(inside);
+  builder.create<RecomputeOp>(inside.getLoc(), inside.getSession(), false,
+                              builder.getDenseI64ArrayAttr(piece));
+  inside.setRegions(rest);
+  return program;
+}
+
+TEST(ActivationModel, PieceHoldsItsRegionsUpToTheBackward) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "gpipe");
+  std::vector<StageCost> costs =
+      computeStageCosts(*module->getOps<ModelOp>().begin());
+  // mb 0's jit replay becomes a piece of layers.1 after F1, the rest inside
+  // B0.
+  ProgramActivations activations =
+      collectActivationLifetimes(splitFirstReplay(*module, {1}, {0}));
+  ASSERT_EQ(activations.lifetimes[0].prefetchedPieces.size(), 1u);
+  ActivationProfile profile = computeActivationProfile(activations, costs);
+  // Where the piece runs: both microbatches' inputs and its 600.
+  unsigned piecePos = activations.lifetimes[0].prefetchedPieces[0].pos;
+  EXPECT_EQ(profile.live[piecePos], 2 * 128 + 600);
+  // B0 reads layers.1 first and drops it before layers.0 replays: jit's
+  // peak, 2 * 64 + 64 + 1000.
+  EXPECT_EQ(profile.peak(), 2 * 64 + 64 + 1000);
+}
+
+TEST(ActivationModel, PieceOfTheFirstRegionMeetsTheSecondsReplay) {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "gpipe");
+  std::vector<StageCost> costs =
+      computeStageCosts(*module->getOps<ModelOp>().begin());
+  ProgramOp program = splitFirstReplay(*module, {0}, {1});
+  // At B0: mb 1's 128, mb 0's 128 and layers.0's 1000 still held while
+  // layers.1 replays its 600.
+  EXPECT_EQ(computeActivationProfile(collectActivationLifetimes(program), costs)
+                .peak(),
+            128 + 128 + 1000 + 600);
 }
 
 /// One stage of two regions, the first checkpointed (input 64, replay 1000)

@@ -390,12 +390,30 @@ def HPR_RecomputeOp : HPR_SessionActionOp<"recompute"> {
     goes; hpr-verify checks that nothing but communication separates it from
     its reader.
 
+    `regions` (a piece): the op replays only these of the forward's
+    checkpointed regions, numbered 0.. in forward order. A session's replay
+    is then several pieces, each placed on its own, whose regions are
+    disjoint and together every checkpointed region of the stage; a piece
+    marked `in_backward` is the session's last one and replays its regions
+    inside the backward, as above, which reads the prefetched pieces'
+    regions without replaying them and drops each as it reads it.
+
     ```mlir
-    hpr.recompute %s {in_backward}
+    hpr.recompute %s {regions = array<i64: 1>}
+    hpr.forward stage 1 mb 3
+    hpr.recompute %s {in_backward, regions = array<i64: 0>}
     hpr.backward stage 1 mb 0 session %s
     ```
   }];
-  let arguments = (ins HPR_SessionType:$session, UnitAttr:$in_backward);
+  let arguments = (ins HPR_SessionType:$session, UnitAttr:$in_backward,
+                       OptionalAttr<DenseI64ArrayAttr>:$regions);
+  let hasVerifier = 1;
+  let builders = [
+    OpBuilder<(ins "::mlir::Value":$session, "bool":$in_backward), [{
+      build($_builder, $_state, session, in_backward,
+            ::mlir::DenseI64ArrayAttr());
+    }]>
+  ];
 }
 
 def HPR_ClearOp : HPR_SessionActionOp<"clear"> {
