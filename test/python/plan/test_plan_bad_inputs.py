@@ -233,3 +233,31 @@ def test_a_huge_or_binary_cell_is_quoted_short_and_escaped(tmp_path: Path) -> No
     proc = run_plan("--schedule", str(binary), check=False)
     assert proc.returncode == 1
     assert "invalid action '0\\x00B0\\x1b'" in proc.stderr and "\x00" not in proc.stderr
+
+
+@pytest.mark.parametrize("regions,where,message", [
+    ("x", "/regions", "expected an array of checkpointed region indices, got '\"x\"'"),
+    ([-1], "/regions/0", "expected a region index >= 0, got '-1'"),
+    ([1, 0], "", "'hpr.recompute' op regions: expected ascending indices >= 0, each once, got 0 at position 1"),
+    ([7], "", "replays region 7, but stage 0 checkpoints 4 regions (0..3) (rule 11)"),
+    ([0, 3], "", "replays region 0 a second time (first at rank 0, action {piece} (recompute stage 0 mb 0)) "
+                 "(rule 11)"),
+], ids=["not-a-list", "negative", "unsorted", "out-of-range", "twice"])
+def test_a_bad_piece_is_refused_where_it_stands(tmp_path, regions, where, message):
+    """A replay in pieces (recompute ``regions``) edited by hand: each bad piece is an error at
+    its JSON path, exit 1."""
+    plan = tmp_path / "plan.json"
+    run_plan("--model", str(REPO / "examples" / "gpt" / "gpt.model.json"), "--schedule-gen", "1f1b", "--ranks", "2",
+             "--microbatches", "4", "--prefetch", "bubble", "--emit", "json", "-o", str(plan))
+    raw = json.loads(plan.read_text())
+    actions = raw["ranks"][0]["actions"]
+    piece = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and a.get("regions") == [3])
+    actions[piece]["regions"] = regions
+    plan.write_text(json.dumps(raw))
+    proc = run_plan("--verify", str(plan), check=False)
+    assert proc.returncode == 1, proc.stderr
+    inside = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and a.get("in_backward")
+                  and a["session"] == actions[piece]["session"])
+    at = f"/ranks/0/actions/{inside if regions == [0, 3] else piece}{where}"
+    assert f"{plan}: {at}" in proc.stderr and message.format(piece=piece) in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
