@@ -73,8 +73,6 @@ private:
   llvm::Error readAction(const json &obj, const std::string &path, int rank,
                          int index, sched::Action &action, bool &overlap,
                          bool &batched);
-  /// `obj[key]` at `path`, when present: an array of action indices of the
-  /// rank being read.
   /// `key` of `obj`, when present: an array (`array` in errors) of integers
   /// in [0, bound) (each `expected`).
   llvm::Error readIndices(const json &obj, const std::string &path,
@@ -227,6 +225,20 @@ llvm::Error PlanReader::readSessions(const json &doc) {
                                          stage, microbatch, it->second)
                                .str());
     facts.sessions[id] = it->first;
+    // The runtimes replay the session's `regions`, and a piece of its replay
+    // numbers them (NOTE [ Executing a plan ] Rule 3a): they are the stage's
+    // checkpointed regions, in forward order.
+    json expected = json::array();
+    for (const model::Region &region : staged.stages[stage].regions)
+      if (region.checkpoint)
+        expected.push_back(region.name);
+    if (!obj.contains("regions") || obj["regions"] != expected)
+      return fail(path + "/regions",
+                  llvm::formatv("the checkpointed regions of stage {0}, in "
+                                "order: {1}",
+                                stage, expected.dump())
+                      .str(),
+                  obj.contains("regions") ? obj["regions"] : json());
   }
   return llvm::Error::success();
 }
@@ -394,7 +406,7 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
       // Which exist and that the pieces cover them: hpr-verify (rule 11).
       if (auto err = readIndices(
               obj, path, "regions", "an array of checkpointed region indices",
-              "a region index >= 0", kMaxCount, planned.regions))
+              "a region index in [0, 1048576)", kMaxCount, planned.regions))
         return err;
     }
   }

@@ -195,9 +195,10 @@ def HPRPrefetchIntoBubbles
     inside its backward (`in_backward`) held one region at a time; moved, it
     replays every region at its new place, and the budget check counts all
     of them up to the reader. One that fits nowhere whole tries its last
-    regions as a piece (`regions`; the backward reads them first, so the
-    backward holds no more than before), largest first: the piece moves and
-    the rest stays inside the backward, to be split again in a later round.
+    regions as a piece (`regions`; the backward reads them first and holds
+    backwardReplayBytesAfter them, which the budget check counts), largest
+    first: the piece moves and the rest stays inside the backward, to be
+    split again in a later round.
     Up to 8 rounds, each on
     the timeline the previous one left, while something moves; ranks move
     their own ops in parallel within a round.

@@ -237,7 +237,7 @@ def test_a_huge_or_binary_cell_is_quoted_short_and_escaped(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("regions,where,message", [
     ("x", "/regions", "expected an array of checkpointed region indices, got '\"x\"'"),
-    ([-1], "/regions/0", "expected a region index >= 0, got '-1'"),
+    ([-1], "/regions/0", "expected a region index in [0, 1048576), got '-1'"),
     ([1, 0], "", "'hpr.recompute' op regions: expected ascending indices >= 0, each once, got 0 at position 1"),
     ([7], "", "replays region 7, but stage 0 checkpoints 4 regions (0..3) (rule 11)"),
     ([0, 3], "", "replays region 0 a second time (first at rank 0, action {piece} (recompute stage 0 mb 0)) "
@@ -261,3 +261,23 @@ def test_a_bad_piece_is_refused_where_it_stands(tmp_path, regions, where, messag
     at = f"/ranks/0/actions/{inside if regions == [0, 3] else piece}{where}"
     assert f"{plan}: {at}" in proc.stderr and message.format(piece=piece) in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("edit", ["missing", "short"])
+def test_a_session_whose_regions_are_not_its_stages_is_refused(tmp_path, edit):
+    """A runtime replays a session's ``regions`` and numbers a piece's regions by them: they
+    are the stage's checkpointed regions in forward order, or the plan is refused at
+    ``/sessions/N/regions`` before any rank runs."""
+    plan = tmp_path / "plan.json"
+    run_plan("--model", str(REPO / "examples" / "gpt" / "gpt.model.json"), "--schedule-gen", "1f1b", "--ranks", "2",
+             "--microbatches", "4", "--emit", "json", "-o", str(plan))
+    raw = json.loads(plan.read_text())
+    if edit == "missing":
+        del raw["sessions"][0]["regions"]
+    else:
+        raw["sessions"][0]["regions"] = raw["sessions"][0]["regions"][:-1]
+    plan.write_text(json.dumps(raw))
+    proc = run_plan("--verify", str(plan), check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert (f"{plan}: /sessions/0/regions: expected the checkpointed regions of stage 0, in order: "
+            f'["blocks.0","blocks.1","blocks.2","blocks.3"], got') in proc.stderr, proc.stderr
