@@ -171,8 +171,13 @@ def test_bad_inputs_are_located(tmp_path: Path, capsys) -> None:
     assert code == 1
     assert f"{bad}: /ranks/1/actions/1/peer: expected an integer in [0, 1], got '\"x\"'" in report["error"]
 
-    renamed = edit_plan(plan, tmp_path / "renamed.json",
-                        lambda p: p["model"]["stages"][1]["regions"][0].update(name="blocks.99"))
+    def rename(p: dict) -> None:  # a consistent plan (its sessions too) naming a region the model lacks
+        region = p["model"]["stages"][1]["regions"][0]
+        for session in p["sessions"]:
+            session["regions"] = ["blocks.99" if name == region["name"] else name for name in session["regions"]]
+        region["name"] = "blocks.99"
+
+    renamed = edit_plan(plan, tmp_path / "renamed.json", rename)
     code, report = run_inproc("--plan", str(renamed), "--single-process", "--report", str(tmp_path / "r.json"))
     assert code == 1
     assert "/model/stages/1/regions/0/name: region 'blocks.99' is not in model 'gpt'" in report["error"]
