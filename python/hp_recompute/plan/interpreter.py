@@ -200,7 +200,7 @@ class PlanInterpreter:
     def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
                  sessions: bool = True) -> None:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
-        self.session_regions = {sid: list(session["regions"]) for sid, session in plan.sessions.items()}
+        self.plan_sessions = plan.sessions
         self.scope, self.sessions = scope, sessions
         self.reset()
 
@@ -302,7 +302,8 @@ class PlanInterpreter:
 
     def _piece_of(self, a: Action) -> List[RecomputeHandle]:
         """The handles of piece ``a``'s regions (Rule 3a)."""
-        handles, regions = self._handles_of(a), self.session_regions.get(a.session, [])
+        # The admission check made each session's regions its stage's checkpointed ones.
+        handles, regions = self._handles_of(a), self.plan_sessions[a.session]["regions"]
         if len(handles) != len(regions):
             raise RunError(f"{self.runtime}: rank {self.rank} action {self.pc} ({a.describe()}): replays regions "
                            f"{list(a.regions)} of session {a.session}'s {len(regions)} ({', '.join(regions)}), but the "
