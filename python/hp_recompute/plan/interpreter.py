@@ -46,7 +46,8 @@ Rule 3a (pieces). A ``recompute`` with ``regions`` is a piece of its session's r
   prefetches only the handles of those regions, numbered as the session's ``regions`` (the
   stage's checkpointed regions in forward order), which are the forward's handles in the
   order its checkpoints ran; a forward whose handle count differs from its session's region
-  count is refused at the piece, before anything is replayed. The session's last piece may
+  count is refused at that forward, before anything of its session is replayed. The
+  session's last piece may
   be ``in_backward``: its regions replay inside the backward as in Rule 3, which reads the
   prefetched pieces' tensors without replaying them and drops each as it reads it
   (``retain_on_unpack=False``). A prefetched piece is timed as ``recompute_piece``.
@@ -201,6 +202,9 @@ class PlanInterpreter:
                  sessions: bool = True) -> None:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
         self.plan_sessions = plan.sessions
+        #: (stage, microbatch) -> session, of this rank's sessions replayed in pieces (Rule 3a)
+        self.in_pieces: Dict[Key, str] = {(a.stage, a.microbatch): a.session for a in self.program
+                                           if a.op == "recompute" and a.regions}
         self.scope, self.sessions = scope, sessions
         self.reset()
 
@@ -259,6 +263,8 @@ class PlanInterpreter:
                                                                else contextlib.nullcontext()):
                 output = self.backend.forward(a)
             self.handles[key] = list(handles)
+            if self.sessions and key in self.in_pieces:  # Rule 3a (Rule 10: no replays without sessions)
+                self._check_pieces(a, self.in_pieces[key])
             if a.hands_to >= 0:  # Rule 2a
                 self.backend.pass_forward(a, output)
         elif op == "recompute":  # Rule 3
@@ -300,16 +306,18 @@ class PlanInterpreter:
                            f"its forward or after its last backward")
         return handles
 
-    def _piece_of(self, a: Action) -> List[RecomputeHandle]:
-        """The handles of piece ``a``'s regions (Rule 3a)."""
-        # The admission check made each session's regions its stage's checkpointed ones.
-        handles, regions = self._handles_of(a), self.plan_sessions[a.session]["regions"]
+    def _check_pieces(self, a: Action, session: str) -> None:
+        """Forward ``a`` ran one checkpoint per region of ``session``, which replays in pieces (Rule 3a)."""
+        handles, regions = self.handles[(a.stage, a.microbatch)], self.plan_sessions[session]["regions"]
         if len(handles) != len(regions):
-            raise RunError(f"{self.runtime}: rank {self.rank} action {self.pc} ({a.describe()}): replays regions "
-                           f"{list(a.regions)} of session {a.session}'s {len(regions)} ({', '.join(regions)}), but the "
-                           f"forward of stage {a.stage} mb {a.microbatch} ran {len(handles)} checkpoints; a replay in "
-                           f"pieces needs one checkpoint per planned region, in forward order (NOTE [ Executing a "
-                           f"plan ] Rule 3a)")
+            raise RunError(f"{self.runtime}: rank {self.rank} action {self.pc} ({a.describe()}): ran {len(handles)} "
+                           f"checkpoints, but its session {session} replays in pieces by its {len(regions)} regions "
+                           f"({', '.join(regions)}); a replay in pieces needs one checkpoint per planned region, in "
+                           f"forward order (NOTE [ Executing a plan ] Rule 3a)")
+
+    def _piece_of(self, a: Action) -> List[RecomputeHandle]:
+        """The handles of piece ``a``'s regions (Rule 3a; their count was checked at the forward)."""
+        handles = self._handles_of(a)
         return [handles[i] for i in a.regions]
 
     def abandon(self) -> None:

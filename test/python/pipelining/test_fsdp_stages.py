@@ -146,6 +146,21 @@ def test_1f1b_replays_inside_the_backward_of_fsdp2_stages(tmp_path: Path) -> Non
     check(results, split=False)
 
 
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_1f1b_replays_in_pieces_on_fsdp2_stages(tmp_path: Path) -> None:
+    """``--prefetch bubble`` on 1F1B prefetches a stage's last block into the wait before its
+    backward and replays the first inside it (NOTE [ Executing a plan ] Rule 3a), on
+    ``fully_shard``-ed blocks (``reshard_after_forward=True``: the piece's replay gathers its
+    block, FSDP's pre-backward hook the other), selectively, under bfloat16 autocast: exact
+    gradients, one replay per block and microbatch."""
+    results = run_case(tmp_path, True, "bubble", schedule="1f1b", selective=True, autocast=True, policy="selective")
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    pieces = [a for r in plan["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
+    assert any(not a.get("in_backward") for a in pieces) and any(a.get("in_backward") for a in pieces), pieces
+    check(results, split=False)
+
+
 def test_wrapped_fsdp2_blocks_the_plan_does_not_checkpoint_run_plainly(tmp_path: Path) -> None:
     """torchtitan's order (every block checkpoint-wrapped, then ``fully_shard``-ed) under a plan
     that checkpoints none of them: the wrappers run their blocks plainly inside FSDP's hooks,

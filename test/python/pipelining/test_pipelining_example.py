@@ -73,6 +73,10 @@ def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str, policy: str =
         subprocess.run([str(PLAN_TOOL), "--model", str(model), "--checkpoint", policy,
                         "--schedule-gen", schedule, "--ranks", "2", "--microbatches", "4", "--prefetch", "bubble",
                         "--emit", "json", "-o", str(plan)], check=True)
+        if schedule == "1f1b":  # these runs cover replays in pieces (NOTE [ Executing a plan ] Rule 3a)
+            recomputes = [a for r in json.loads(plan.read_text())["ranks"] for a in r["actions"]
+                          if a["op"] == "recompute"]
+            assert any("regions" in a and not a.get("in_backward") for a in recomputes), recomputes
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                            str(nproc), str(REPO / "examples/pipelining/train.py"), "--plan", str(plan), "--steps", "3",

@@ -319,18 +319,24 @@ def test_a_replay_in_pieces_prefetches_its_regions_and_the_backward_replays_the_
     assert torch.equal(backend.weight.grad, weight.grad)
 
 
-def test_a_piece_of_a_forward_that_ran_other_checkpoints_is_refused():
+def test_a_forward_that_ran_other_checkpoints_than_its_pieces_name_is_refused_at_the_forward():
     """Pieces name regions by their place among the forward's checkpoints: a forward that ran
-    more checkpoints than its session has regions cannot be mapped, and the piece says so
-    before it replays anything."""
+    more checkpoints than its session has regions cannot be mapped, and is refused right after
+    it ran, before anything of its session replays."""
     backend = TwoRegions(extra=1)
     scope = hr.SessionScope("mismatch")
-    run = PlanInterpreter("test", build_plan(_pieces_plan(), "hand.json"), 0, backend, scope)
-    with pytest.raises(RunError, match=r"^test: rank 0 action 9 \(recompute stage 0 mb 1 session s0.mb1\): "
-                                       r"replays regions \[1\] of session s0.mb1's 2 \(sin, cos\), but the forward "
-                                       r"of stage 0 mb 1 ran 3 checkpoints; a replay in pieces needs one checkpoint "
-                                       r"per planned region, in forward order \(NOTE \[ Executing a plan \] Rule 3a\)"):
+    plan = build_plan(_pieces_plan(), "hand.json")
+    forward = next(i for i, a in enumerate(plan.ranks[0]) if a.op == "forward" and a.microbatch == 1)
+    run = PlanInterpreter("test", plan, 0, backend, scope)
+    with pytest.raises(RunError, match=rf"^test: rank 0 action {forward} \(forward stage 0 mb 1\): ran 3 "
+                                       r"checkpoints, but its session s0.mb1 replays in pieces by its 2 regions "
+                                       r"\(sin, cos\); a replay in pieces needs one checkpoint per planned region, "
+                                       r"in forward order \(NOTE \[ Executing a plan \] Rule 3a\)"):
         run.run_all()
     calls = dict(backend.calls)
     run.abandon()
-    assert calls == {"sin": 3, "cos": 3}  # forwards and mb 0's replay: the piece replayed nothing
+    assert calls == {"sin": 2, "cos": 2}  # the two forwards only: nothing replayed
+    # Without sessions (Rule 10: torch's checkpoint replays) the count does not matter.
+    native = PlanInterpreter("test", plan, 0, TwoRegions(extra=1), hr.SessionScope("native"), sessions=False)
+    native.run_all()
+    assert native.finish() == []  # forwards and mb 0's replay: the piece replayed nothing
