@@ -36,6 +36,7 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
   if (options.select == CheckpointSelection::Auto) {
     HPRSelectCheckpointsOptions select;
     select.budget = options.budget;
+    select.bubble = options.policy == RecomputePolicy::Bubble;
     pm.addPass(createHPRSelectCheckpoints(select));
   }
   HPRInsertRecomputeOptions recompute;

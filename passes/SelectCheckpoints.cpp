@@ -2,11 +2,13 @@
 //
 // Decides, before sessions exist, how each region is checkpointed (none,
 // full or selective; the same choice for every microbatch of a stage) and
-// which microbatches of a
-// checkpointed stage run plainly (`no_checkpoint`), so that every rank's
-// activation peak under jit recompute (ActivationModel.h) stays within the
-// budget and the simulated step time is as short as that allows. The
-// algorithm is in Passes.td and docs/planning.md.
+// which microbatches of a checkpointed stage run plainly (`no_checkpoint`),
+// so that every rank's activation peak under jit recompute
+// (ActivationModel.h) stays within the budget and the simulated step time is
+// as short as that allows; with `bubble`, as short as it runs once
+// hpr-prefetch-into-bubbles has placed its replays (the contenders are
+// planned on a copy of the module). The algorithm is in Passes.td and
+// docs/planning.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -14,6 +16,9 @@
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Transforms/Passes.h"
 
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseSet.h"
 
 #include <limits>
@@ -36,12 +41,29 @@ constexpr uint64_t kExhaustiveChoices = uint64_t(1) << 10;
 constexpr size_t kExhaustiveCellSimulations = size_t(1) << 26;
 /// Rounds of the search for the least memory (each may lower a rank's peak).
 constexpr unsigned kLeastMemoryRounds = 4;
+/// Most contenders planned with bubble placement to price them, and the most
+/// schedule cells those plans may hold in all.
+constexpr size_t kBubbleContenders = 24;
+constexpr size_t kBubbleContenderCells = size_t(1) << 20;
 
 /// A choice being priced: how each candidate region is checkpointed, and
 /// which (stage, microbatch)s of checkpointed stages run plainly.
 struct Choice {
   llvm::SmallVector<RegionCheckpoint> regions;
   llvm::DenseSet<Key> plain;
+
+  bool operator==(const Choice &other) const {
+    return regions == other.regions && plain == other.plain;
+  }
+};
+
+/// A choice that fits, and its simulated step under jit recompute (time,
+/// recomputes).
+struct Priced {
+  std::pair<double, int64_t> cost;
+  Choice choice;
+
+  bool operator<(const Priced &other) const { return cost < other.cost; }
 };
 
 /// The policies each candidate may take, in candidate order.
@@ -63,9 +85,11 @@ public:
   Problem(ModelOp model, ScheduleOp schedule, ModuleSchedule cells)
       : model(model), cells(std::move(cells)) {
     for (StageOp stage : model.getBody().getOps<StageOp>())
-      for (RegionOp region : stage.getBody().getOps<RegionOp>())
-        if (!region.getNonCheckpointable() &&
-            region.getSavedBytes() > region.getInputBytes()) {
+      for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+        bool candidate = !region.getNonCheckpointable() &&
+                         region.getSavedBytes() > region.getInputBytes();
+        candidateOfRegion.push_back(candidate ? candidates.size() : -1);
+        if (candidate) {
           candidates.push_back(region);
           // Selective needs measured costs (RegionOp::verify).
           policies.push_back({RegionCheckpoint::Full, RegionCheckpoint::None});
@@ -73,12 +97,16 @@ public:
             policies.back().insert(policies.back().begin() + 1,
                                    RegionCheckpoint::Selective);
         }
+      }
     for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
       programs.push_back(collectActivationLifetimes(program));
     buildTimelineTemplate();
   }
 
   llvm::SmallVector<RegionOp> candidates;
+  /// For each region of the model, in order: its index in `candidates`, or
+  /// -1 (so that a choice can be written into a copy of the module).
+  std::vector<int64_t> candidateOfRegion;
   /// Each candidate's policies, from least memory to most: full, selective
   /// where measured, none.
   PolicySets policies;
@@ -274,8 +302,16 @@ struct SelectCheckpointsPass
     std::optional<Choice> best;
     Choice least;
     std::vector<int64_t> leastPeaks;
+    /// With `bubble`, other choices that fit, to plan with placement: the
+    /// fastest of the exhaustive search, or the greedy sweeps' choice after
+    /// each of their last moves (at most kBubbleContenders of each).
+    std::vector<Priced> ranked, swept;
   };
   Found search(Problem &problem, const Choice &everything);
+  FailureOr<Choice> placeAndPrice(ModuleOp module, const Problem &problem,
+                                  const Choice &everything, Found found);
+  FailureOr<std::optional<double>>
+  bubbleStepTime(ModuleOp module, const Problem &problem, const Choice &choice);
 };
 } // namespace
 
@@ -340,6 +376,13 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
       if (!fits(problem, choice))
         continue;
       std::pair<double, int64_t> cost = problem.stepTime(choice);
+      if (bubble) {
+        // Bounded: a choice's plain set may hold every microbatch.
+        found.ranked.push_back({cost, choice});
+        llvm::stable_sort(found.ranked);
+        if (found.ranked.size() > kBubbleContenders)
+          found.ranked.pop_back();
+      }
       if (!best || cost < bestCost) {
         best = std::move(choice);
         bestCost = cost;
@@ -421,8 +464,16 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
         continue;
       RegionCheckpoint before = current;
       current = move.to;
-      if (!fits(problem, refine(problem, regions, budget.getValue(), true)))
+      Choice refined = refine(problem, regions, budget.getValue(), true);
+      if (!fits(problem, refined)) {
         current = before;
+        continue;
+      }
+      if (bubble) {
+        if (found.swept.size() == kBubbleContenders)
+          found.swept.erase(found.swept.begin());
+        found.swept.push_back({problem.stepTime(refined), std::move(refined)});
+      }
     }
     Choice choice = refine(problem, regions, budget.getValue(), true);
     if (!fits(problem, choice))
@@ -451,6 +502,131 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
       found.best = std::move(other);
   }
   return done();
+}
+
+namespace {
+/// What writeChoice marked.
+struct WrittenChoice {
+  unsigned checkpointed = 0, selective = 0, plain = 0;
+};
+} // namespace
+
+/// Marks the regions of `module`'s model (the pass's module, or a copy of it:
+/// regions are matched by position) and its plain forwards as `choice` says.
+static WrittenChoice writeChoice(ModuleOp module, const Problem &problem,
+                                 const Choice &choice) {
+  WrittenChoice written;
+  size_t index = 0;
+  for (ModelOp model : module.getOps<ModelOp>())
+    for (StageOp stage : model.getBody().getOps<StageOp>())
+      for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+        int64_t candidate = problem.candidateOfRegion[index++];
+        RegionCheckpoint checkpoint =
+            candidate < 0 ? RegionCheckpoint::None : choice.regions[candidate];
+        region.setCheckpoint(checkpoint != RegionCheckpoint::None);
+        region.setSelective(checkpoint == RegionCheckpoint::Selective);
+        written.checkpointed += checkpoint != RegionCheckpoint::None;
+        written.selective += checkpoint == RegionCheckpoint::Selective;
+      }
+  std::vector<StageCost> costs = problem.costsOf(choice);
+  for (ScheduleOp schedule : module.getOps<ScheduleOp>())
+    schedule.walk([&](ForwardOp forward) {
+      Key key{forward.getStageIndex(), forward.getMicrobatchIndex()};
+      if (costs[key.first].checkpointed && choice.plain.contains(key)) {
+        forward.setNoCheckpoint(true);
+        ++written.plain;
+      }
+    });
+  return written;
+}
+
+/// The simulated step of `choice` with its replays placed as the pipeline
+/// will (assign sessions, jit, bubble within the budget, clears, unshards),
+/// on a copy of `module` nested in it for the time it takes: none when the
+/// placed plan exceeds the budget; failure, with the passes' diagnostics,
+/// when they fail on the copy (they would on the module too).
+FailureOr<std::optional<double>>
+SelectCheckpointsPass::bubbleStepTime(ModuleOp module, const Problem &problem,
+                                      const Choice &choice) {
+  OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
+  auto copy = cast<ModuleOp>(builder.clone(*module));
+  writeChoice(copy, problem, choice);
+  RecomputePipelineOptions options;
+  options.policy = RecomputePolicy::Bubble;
+  options.budget = budget;
+  options.checkSchedule = false;
+  OpPassManager pm(ModuleOp::getOperationName());
+  buildPlanningPasses(pm, options);
+  FailureOr<std::optional<double>> step = failure();
+  if (succeeded(runPipeline(pm, copy))) {
+    std::vector<StageCost> costs =
+        computeStageCosts(*copy.getOps<ModelOp>().begin());
+    bool within = true;
+    for (ProgramOp program :
+         (*copy.getOps<ScheduleOp>().begin()).getBody().getOps<ProgramOp>())
+      within &=
+          computeActivationProfile(collectActivationLifetimes(program), costs)
+              .peak() <= budget;
+    llvm::Expected<sched::SimulationResult> simulation =
+        simulateTimeline(extractSchedule(copy, costs).schedule);
+    if (simulation)
+      step =
+          within ? std::optional<double>(simulation->makespan) : std::nullopt;
+    else
+      emitError(module.getLoc())
+          << "hpr-select-checkpoints: cannot simulate a contender: "
+          << llvm::toString(simulation.takeError());
+  }
+  copy.erase();
+  return step;
+}
+
+/// Step 5 (Passes.td): of the contenders that fit, the one whose placed plan
+/// is fastest; the jit-priced best on ties.
+FailureOr<Choice> SelectCheckpointsPass::placeAndPrice(ModuleOp module,
+                                                       const Problem &problem,
+                                                       const Choice &everything,
+                                                       Found found) {
+  // In order of preference: the best under jit, every region full (what
+  // `--checkpoint all` places), then by step under jit, each followed by
+  // itself without plain microbatches (which may or may not fit: a plain
+  // microbatch replays nothing).
+  std::vector<Choice> order{*found.best, everything};
+  std::vector<Priced> contenders = std::move(found.ranked);
+  llvm::append_range(contenders, found.swept);
+  llvm::stable_sort(contenders);
+  for (Priced &contender : contenders) {
+    Choice bare{contender.choice.regions, {}};
+    order.push_back(std::move(contender.choice));
+    order.push_back(std::move(bare));
+  }
+  size_t limit = std::clamp<size_t>(kBubbleContenderCells /
+                                        std::max<size_t>(problem.numCells(), 1),
+                                    1, kBubbleContenders);
+  if (limit < 2) // the best under jit alone: nothing to compare
+    return *found.best;
+  std::vector<const Choice *> tried;
+  const Choice *best = &order.front();
+  std::optional<double> bestStep;
+  for (const Choice &choice : order) {
+    if (tried.size() == limit)
+      break;
+    if (llvm::any_of(tried,
+                     [&](const Choice *seen) { return *seen == choice; }) ||
+        !fits(problem, choice))
+      continue;
+    tried.push_back(&choice);
+    ++numBubbleContenders;
+    FailureOr<std::optional<double>> step =
+        bubbleStepTime(module, problem, choice);
+    if (failed(step))
+      return failure();
+    if (*step && (!bestStep || **step < *bestStep)) {
+      best = &choice;
+      bestStep = *step;
+    }
+  }
+  return *best;
 }
 
 void SelectCheckpointsPass::runOnOperation() {
@@ -500,28 +676,19 @@ void SelectCheckpointsPass::runOnOperation() {
           << " bytes (rank " << rank << ")";
       return signalPassFailure();
     }
-    choice = std::move(*found.best);
+    if (!bubble) {
+      choice = std::move(*found.best);
+    } else {
+      FailureOr<Choice> placed =
+          placeAndPrice(module, problem, everything, std::move(found));
+      if (failed(placed))
+        return signalPassFailure();
+      choice = std::move(*placed);
+    }
   }
 
-  // Write the choice down.
-  for (StageOp stage : model.getBody().getOps<StageOp>())
-    for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
-      auto it = llvm::find(problem.candidates, region);
-      RegionCheckpoint checkpoint =
-          it == problem.candidates.end()
-              ? RegionCheckpoint::None
-              : choice.regions[it - problem.candidates.begin()];
-      region.setCheckpoint(checkpoint != RegionCheckpoint::None);
-      region.setSelective(checkpoint == RegionCheckpoint::Selective);
-      numCheckpointedRegions += checkpoint != RegionCheckpoint::None;
-      numSelectiveRegions += checkpoint == RegionCheckpoint::Selective;
-    }
-  std::vector<StageCost> costs = problem.costsOf(choice);
-  module.walk([&](ForwardOp forward) {
-    Key key{forward.getStageIndex(), forward.getMicrobatchIndex()};
-    if (costs[key.first].checkpointed && choice.plain.contains(key)) {
-      forward.setNoCheckpoint(true);
-      ++numPlainMicrobatches;
-    }
-  });
+  WrittenChoice written = writeChoice(module, problem, choice);
+  numCheckpointedRegions += written.checkpointed;
+  numSelectiveRegions += written.selective;
+  numPlainMicrobatches += written.plain;
 }

@@ -2,6 +2,9 @@
 // RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=200' | FileCheck %s --check-prefix=ROOMY
 // RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=101' | FileCheck %s --check-prefix=MIXED
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints='budget=100' 2>&1 | FileCheck %s --check-prefix=TIGHT
+// RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=150 bubble=1' | FileCheck %s --check-prefix=MIXED
+// RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=150 bubble=1' | FileCheck %s --check-prefix=NO-COPY
+// RUN: not hp-recompute-opt %s -hpr-select-checkpoints='budget=100 bubble=1' 2>&1 | FileCheck %s --check-prefix=TIGHT
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints 2>&1 | FileCheck %s --check-prefix=NO-BUDGET
 // RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-select-checkpoints{budget=150},hpr.schedule(hpr.program(hpr-assign-sessions,hpr-insert-recompute,hpr-insert-clear,hpr-verify)))' | FileCheck %s --check-prefix=PLANNED
 // RUN: hp-recompute-opt %s -hpr-recompute-pipeline='select=auto budget=150 policy=bubble' | FileCheck %s --check-prefix=PLANNED
@@ -63,6 +66,11 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // ROOMY:      hpr.region "l0" flops
 // ROOMY-NOT:  {{ checkpoint | no_checkpoint}}
 // ROOMY:      hpr.schedule
+
+// With bubble=1 the contenders are planned on copies of the module nested in
+// it; none is left behind.
+// NO-COPY:     {{^}}module {
+// NO-COPY-NOT: {{^ +}}module {
 
 // TIGHT: error: hpr-select-checkpoints: no checkpoint choice fits budget 100 bytes; the smallest feasible budget found is 101 bytes (rank 0)
 // NO-BUDGET: error: hpr-select-checkpoints: budget must be > 0 bytes, got 0

@@ -40,6 +40,18 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
     4. Then, per rank, microbatches of checkpointed stages are made plain,
        shortest-lived first, where the peak still fits and the rank saves
        time; kept only if the simulated step time does not grow.
+    5. With `bubble` (the pipeline sets it with policy=bubble), the choice
+       is priced as it will run: the best choice of steps 3-4, every
+       candidate full, then the fastest choices of step 3 under jit (or the
+       greedy sweeps' choice after each of their last moves), each also
+       without its plain microbatches, as long as it fits, are planned on a
+       copy of the module with the planning passes that follow this one
+       (hpr-prefetch-into-bubbles within `budget`), up to 24 of them and
+       2^20 schedule cells in all; the one whose simulated step is shortest
+       and whose placed peak fits wins (ties: the earlier). So the answer is
+       never slower than this pass's jit-priced choice, nor than every
+       candidate full, once bubble has placed them. A failure of those
+       passes on a copy fails this pass with their diagnostics.
     Memory is the activation model of docs/planning.md; time is the
     simulated timeline with a recompute before each first consumer.
   }];
@@ -47,8 +59,13 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
   let options = [
     Option<"budget", "budget", "int64_t", /*default=*/"0",
            "Per-rank activation budget in bytes (required, > 0)">,
+    Option<"bubble", "bubble", "bool", /*default=*/"false",
+           "Price the contenders with their replays placed by "
+           "hpr-prefetch-into-bubbles within `budget`">,
   ];
   let statistics = [
+    Statistic<"numBubbleContenders", "num-bubble-contenders",
+              "Choices planned with bubble placement to price them">,
     Statistic<"numCheckpointedRegions", "num-checkpointed-regions",
               "Regions left checkpointed">,
     Statistic<"numSelectiveRegions", "num-selective-regions",
