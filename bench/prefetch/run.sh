@@ -8,17 +8,11 @@
 #        bench/prefetch/run.sh [BUILD_DIR] [MICROBATCHES] [STEPS] [REPEATS]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$here/../.."
-tool="${1:-$repo/build}/bin/hp-recompute-plan"
 mb="${2:-4}"
 steps="${3:-6}"
 repeats="${4:-3}"
-py="${PYTHON:-$repo/.venv/bin/python}"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
-export PYTHONPATH="$repo/python"
-"$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --processes 2 \
-  -o "$out/gpt.costed.json" >/dev/null 2>&1
+# shellcheck source=bench/measured_gpt.sh
+source "$here/../measured_gpt.sh" "${1:-}"
 read -r -a schedules <<< "${SCHEDULES:-1f1b zbv dualpipev}"
 read -r -a names <<< "${VARIANTS:-none native jit bubble auto}"
 for sched in "${schedules[@]}"; do

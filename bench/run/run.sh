@@ -9,17 +9,10 @@
 # Usage: [PYTHON=.venv/bin/python] bench/run/run.sh [BUILD_DIR] [MICROBATCHES] [STEPS]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$here/../.."
-build="${1:-$repo/build}"
 mb="${2:-4}"
 steps="${3:-6}"
-tool="$build/bin/hp-recompute-plan"
-py="${PYTHON:-$repo/.venv/bin/python}"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
-export PYTHONPATH="$repo/python"
-"$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --processes 2 \
-  -o "$out/gpt.costed.json" >/dev/null 2>&1
+# shellcheck source=bench/measured_gpt.sh
+source "$here/../measured_gpt.sh" "${1:-}"
 # The --stages spec of the plan a run report executed: replanned, the run's split is kept (a
 # split balanced again by the run's times could move a region to another stage).
 split_of() {
