@@ -47,10 +47,10 @@ Rule 3a (pieces). A ``recompute`` with ``regions`` is a piece of its session's r
   stage's checkpointed regions in forward order), which are the forward's handles in the
   order its checkpoints ran; a forward whose handle count differs from its session's region
   count is refused at that forward, before anything of its session is replayed. The
-  session's last piece may
-  be ``in_backward``: its regions replay inside the backward as in Rule 3, which reads the
-  prefetched pieces' tensors without replaying them and drops each as it reads it
-  (``retain_on_unpack=False``). A prefetched piece is timed as ``recompute_piece``.
+  session's last piece may be ``in_backward``: its regions replay inside the backward as in
+  Rule 3, which reads the prefetched pieces' tensors without replaying them and drops each
+  as it reads it (``retain_on_unpack=False``). A prefetched piece is timed as
+  ``recompute_piece``.
 
 Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
   ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
