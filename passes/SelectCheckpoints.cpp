@@ -17,7 +17,6 @@
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
-#include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -302,14 +301,15 @@ struct SelectCheckpointsPass
     std::optional<Choice> best;
     Choice least;
     std::vector<int64_t> leastPeaks;
-    /// With `bubble`, other choices that fit, to plan with placement: the
+    /// With `contend`, other choices that fit, to plan with placement: the
     /// fastest of the exhaustive search, or the greedy sweeps' choice after
     /// each of their last moves (at most kBubbleContenders of each).
     std::vector<Priced> ranked, swept;
   };
-  Found search(Problem &problem, const Choice &everything);
+  Found search(Problem &problem, const Choice &everything, bool contend);
   FailureOr<Choice> placeAndPrice(ModuleOp module, const Problem &problem,
-                                  const Choice &everything, Found found);
+                                  const Choice &everything, size_t trials,
+                                  Found found);
   FailureOr<std::optional<double>>
   bubbleStepTime(ModuleOp module, const Problem &problem, const Choice &choice);
 };
@@ -336,7 +336,8 @@ leastMemory(const Problem &problem, Choice start) {
 /// The fastest choice within the budget: every choice of policies, each
 /// refined, when few; else greedy sweeps.
 SelectCheckpointsPass::Found
-SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
+SelectCheckpointsPass::search(Problem &problem, const Choice &everything,
+                              bool contend) {
   Found found;
   // Keeps the least memory seen, and falls back to it when nothing faster
   // fits (the time-driven refinement skips drops that save no time).
@@ -376,7 +377,7 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
       if (!fits(problem, choice))
         continue;
       std::pair<double, int64_t> cost = problem.stepTime(choice);
-      if (bubble) {
+      if (contend) {
         // Bounded: a choice's plain set may hold every microbatch.
         found.ranked.push_back({cost, choice});
         llvm::stable_sort(found.ranked);
@@ -469,7 +470,7 @@ SelectCheckpointsPass::search(Problem &problem, const Choice &everything) {
         current = before;
         continue;
       }
-      if (bubble) {
+      if (contend) {
         if (found.swept.size() == kBubbleContenders)
           found.swept.erase(found.swept.begin());
         found.swept.push_back({problem.stepTime(refined), std::move(refined)});
@@ -581,11 +582,19 @@ SelectCheckpointsPass::bubbleStepTime(ModuleOp module, const Problem &problem,
   return step;
 }
 
-/// Step 5 (Passes.td): of the contenders that fit, the one whose placed plan
-/// is fastest; the jit-priced best on ties.
+/// How many contenders step 5 plans with placement (Passes.td).
+static size_t bubbleTrials(const Problem &problem) {
+  return std::clamp<size_t>(kBubbleContenderCells /
+                                std::max<size_t>(problem.numCells(), 1),
+                            1, kBubbleContenders);
+}
+
+/// Step 5 (Passes.td): of the first `trials` contenders that fit, the one
+/// whose placed plan is fastest; the jit-priced best on ties.
 FailureOr<Choice> SelectCheckpointsPass::placeAndPrice(ModuleOp module,
                                                        const Problem &problem,
                                                        const Choice &everything,
+                                                       size_t trials,
                                                        Found found) {
   // In order of preference: the best under jit, every region full (what
   // `--checkpoint all` places), then by step under jit, each followed by
@@ -600,16 +609,11 @@ FailureOr<Choice> SelectCheckpointsPass::placeAndPrice(ModuleOp module,
     order.push_back(std::move(contender.choice));
     order.push_back(std::move(bare));
   }
-  size_t limit = std::clamp<size_t>(kBubbleContenderCells /
-                                        std::max<size_t>(problem.numCells(), 1),
-                                    1, kBubbleContenders);
-  if (limit < 2) // the best under jit alone: nothing to compare
-    return *found.best;
   std::vector<const Choice *> tried;
   const Choice *best = &order.front();
   std::optional<double> bestStep;
   for (const Choice &choice : order) {
-    if (tried.size() == limit)
+    if (tried.size() == trials)
       break;
     if (llvm::any_of(tried,
                      [&](const Choice *seen) { return *seen == choice; }) ||
@@ -664,7 +668,10 @@ void SelectCheckpointsPass::runOnOperation() {
   nothing.regions.assign(problem.candidates.size(), RegionCheckpoint::None);
   Choice choice = nothing;
   if (!fits(problem, nothing)) {
-    Found found = search(problem, everything);
+    // Step 5 compares contenders only when it may plan two or more; the
+    // search then keeps them.
+    size_t trials = bubble ? bubbleTrials(problem) : 0;
+    Found found = search(problem, everything, trials >= 2);
     if (!found.best) {
       const std::vector<int64_t> &peaks = found.leastPeaks;
       size_t rank =
@@ -676,11 +683,11 @@ void SelectCheckpointsPass::runOnOperation() {
           << " bytes (rank " << rank << ")";
       return signalPassFailure();
     }
-    if (!bubble) {
+    if (trials < 2) {
       choice = std::move(*found.best);
     } else {
       FailureOr<Choice> placed =
-          placeAndPrice(module, problem, everything, std::move(found));
+          placeAndPrice(module, problem, everything, trials, std::move(found));
       if (failed(placed))
         return signalPassFailure();
       choice = std::move(*placed);

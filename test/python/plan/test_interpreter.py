@@ -339,4 +339,4 @@ def test_a_forward_that_ran_other_checkpoints_than_its_pieces_name_is_refused_at
     # Without sessions (Rule 10: torch's checkpoint replays) the count does not matter.
     native = PlanInterpreter("test", plan, 0, TwoRegions(extra=1), hr.SessionScope("native"), sessions=False)
     native.run_all()
-    assert native.finish() == []  # forwards and mb 0's replay: the piece replayed nothing
+    assert native.finish() == []
