@@ -8,5 +8,9 @@ py="${PYTHON:-$repo/.venv/bin/python}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 export PYTHONPATH="$repo/python"
-"$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --processes 2 \
-  -o "$out/gpt.costed.json" >/dev/null 2>&1
+if ! "$py" -m hp_recompute.costs --model-json "$repo/examples/gpt/gpt.model.json" --processes 2 \
+  -o "$out/gpt.costed.json" > "$out/costs.log" 2>&1; then
+  cat "$out/costs.log" >&2
+  echo "bench: measuring the bundled GPT's costs failed (above)" >&2
+  exit 1
+fi
