@@ -1,9 +1,10 @@
 //===- PrefetchIntoBubbles.cpp - Recompute in simulated idle time --------===//
 //
-// Moves each placed recompute into the latest idle gap of its rank's
-// simulated timeline that has room for the whole replay, or for a replay
-// inside its backward that fits nowhere whole, for a piece of it, within a
-// memory budget, so that the replay runs while the rank would wait anyway.
+// Moves each placed recompute on a critical path into the latest idle gap of
+// its rank's simulated timeline that has room for the whole replay, or for a
+// replay inside its backward that fits nowhere whole, for a piece of it,
+// within a memory budget, so that the replay runs while the rank would wait
+// anyway.
 //
 //===----------------------------------------------------------------------===//
 
@@ -41,7 +42,10 @@ struct PrefetchIntoBubblesPass
 
 /// Rounds: each moves recomputes into the gaps of the timeline the previous
 /// round left (moving opens gaps elsewhere).
-constexpr unsigned kBubbleRounds = 8;
+constexpr unsigned kBubbleRounds = 256;
+/// Slack up to which an action counts as on a critical path: a nanosecond,
+/// far below any duration and far above the rounding of the simulator's sums.
+constexpr double kCriticalSlackUs = 1e-3;
 } // namespace
 
 LogicalResult PrefetchIntoBubblesPass::initialize(MLIRContext *context) {
@@ -104,6 +108,11 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
   // inside the backward for a later round (an earlier gap) to split again.
   bool any = false;
   for (Replay &replay : llvm::reverse(replays)) {
+    // Off every critical path, the replay delays nothing where it is: moved,
+    // it would shorten no path as long as the step, and only hold its
+    // tensors longer (docs/planning.md).
+    if (timeline[replay.cell].slack > kCriticalSlackUs)
+      continue;
     const ActivationLifetime &lifetime = *lifetimeOf.lookup(
         {replay.op.getStageIndex(), replay.op.getMicrobatchIndex()});
     const StageCost &cost = costs[lifetime.stage];

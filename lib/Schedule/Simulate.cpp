@@ -182,6 +182,10 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
   for (int r = 0; r < numRanks; ++r)
     queue.push_back(r);
   llvm::SmallVector<Dep, 8> deps;
+  // For the slack: actions in the order they ended up simulated (a
+  // topological order), and each one's producers.
+  std::vector<int64_t> order;
+  std::vector<int64_t> producers, producersEnd;
 
   while (!queue.empty()) {
     int r = queue.front();
@@ -215,9 +219,14 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
           break;
         }
         ready = std::max(ready, result.timelines[q][idx].end);
+        producers.push_back(producer);
       }
-      if (blocked)
+      if (blocked) {
+        producers.resize(producersEnd.empty() ? 0 : producersEnd.back());
         break;
+      }
+      order.push_back(numbering.id(r, pc[r]));
+      producersEnd.push_back(static_cast<int64_t>(producers.size()));
       double start = std::max(rankFree[r], ready);
       double duration = actionDuration(action, costs);
       result.timelines[r][pc[r]] = {ready, start, start + duration};
@@ -282,6 +291,22 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
   if (result.totalBusy > 0)
     result.bubbleFraction =
         (numRanks * result.makespan - result.totalBusy) / result.totalBusy;
+
+  // Slack, backwards through the simulated order: every action that waits on
+  // one comes later in it.
+  std::vector<double> latestEnd(numbering.size(), result.makespan);
+  for (size_t i = order.size(); i-- > 0;) {
+    int r = numbering.rankOf(order[i]);
+    int k = static_cast<int>(order[i] - numbering.offset[r]);
+    ActionTiming &timing = result.timelines[r][k];
+    double latest = latestEnd[order[i]];
+    timing.slack = latest - timing.end;
+    double latestStart = latest - (timing.end - timing.start);
+    if (k > 0)
+      latestEnd[order[i] - 1] = std::min(latestEnd[order[i] - 1], latestStart);
+    for (int64_t j = i ? producersEnd[i - 1] : 0; j < producersEnd[i]; ++j)
+      latestEnd[producers[j]] = std::min(latestEnd[producers[j]], latestStart);
+  }
   return result;
 }
 

@@ -164,3 +164,46 @@ hpr.schedule "outlasts_its_gap" ranks 2 stages 2 microbatches 1 stage_to_rank [0
 // PEAK-NEXT:  hpr.recompute %s0.mb0{{$}}
 // PEAK-NEXT:  hpr.recv_b stage 0 mb 0
 // PEAK-NEXT:  hpr.backward stage 0 mb 0
+
+// -----
+
+// The same wait on rank 0, but off the critical path: rank 1's dw (500 us)
+// ends the step long after rank 0's backward. Moved, rank 0's replay would
+// shorten nothing and hold its bytes longer: it stays inside its backward,
+// within the jit peak and with room alike.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l1" checkpoint flops 0.0 time_us 1.0 saved 100 input 1 params 0 {bwd_weight_time_us = 500.0 : f64}
+  }
+}
+hpr.schedule "off_the_critical_path" ranks 2 stages 2 microbatches 1 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.send_f stage 0 mb 0 peer 1
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.backward stage 0 mb 0 session(%s0)
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h1 = hpr.forward stage 1 mb 0
+    %s1 = hpr.session %h1 as "s1.mb0"
+    hpr.backward_input stage 1 mb 0 session(%s1)
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.backward_weight stage 1 mb 0
+  }
+}
+
+// PEAK-LABEL: hpr.schedule "off_the_critical_path"
+// PEAK:       hpr.send_f stage 0 mb 0
+// PEAK-NEXT:  hpr.recv_b stage 0 mb 0
+// PEAK-NEXT:  hpr.recompute %s0.mb0 {in_backward}
+// PEAK-NEXT:  hpr.backward stage 0 mb 0
+// ROOMY-LABEL: hpr.schedule "off_the_critical_path"
+// ROOMY:       hpr.send_f stage 0 mb 0
+// ROOMY-NEXT:  hpr.recv_b stage 0 mb 0
+// ROOMY-NEXT:  hpr.recompute %s0.mb0 {in_backward}
+// ROOMY-NEXT:  hpr.backward stage 0 mb 0

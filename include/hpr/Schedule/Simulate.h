@@ -58,6 +58,11 @@ struct ActionTiming {
   double ready = 0.0;
   double start = 0.0;
   double end = 0.0;
+  /// How much later it could end without delaying the step (the critical
+  /// path method on the simulated order: each action's latest end is the
+  /// step time or the earliest latest start of what waits on it, the next
+  /// action of its rank included). 0 on a critical path.
+  double slack = 0.0;
 };
 
 /// What a simulation found.

@@ -200,8 +200,10 @@ def HPRPrefetchIntoBubbles
     time their rank would wait anyway. A module pass: where a rank idles
     depends on every other rank's program.
 
-    Simulates the programs under the cost model and moves each recompute,
-    latest consumer first, into the latest idle gap between its forward and
+    Simulates the programs under the cost model and moves each recompute on
+    a critical path (zero slack: one off every critical path delays nothing
+    where it is, and moved would only hold its tensors longer), latest
+    consumer first, into the latest idle gap between its forward and
     its first consumer (the wait before an action whose inputs are not
     ready) that still has room for the whole replay, provided the replayed
     tensors, held from there until the consumer, keep the rank's activation
@@ -216,16 +218,16 @@ def HPRPrefetchIntoBubbles
     backwardReplayBytesAfter them, which the budget check counts), largest
     first: the piece moves and the rest stays inside the backward, to be
     split again in a later round.
-    Up to 8 rounds, each on
-    the timeline the previous one left, while something moves; ranks move
-    their own ops in parallel within a round.
+    Rounds, each on the timeline the previous one left (with its critical
+    paths), while something moves, at most 256 (the bench grid's cells take
+    up to 69); ranks move their own ops in parallel within a round.
 
     From jit placement, every action then starts no later than before
     (durations are fixed and the programs are monotone in their inputs' end
     times; a piece takes its time off what stays inside the backward), so
     the result never loses to jit in simulated step time.
-    O(A + R * W) for A actions, R recomputes and windows of W actions
-    between a forward and its first consumer (docs/planning.md).
+    O(A + R * W) per round for A actions, R recomputes and windows of W
+    actions between a forward and its first consumer (docs/planning.md).
 
     Prefetching keeps recomputed tensors alive longer; `hp-recompute-plan
     --summary` reports, per rank, the most sessions live at once and the

@@ -38,15 +38,18 @@ STAGES = {"zbv": 4, "zb-h1": 2, "1f1b": 2}  # 2 pp ranks: a V of two stages each
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False, policy: Any = True,
-             input_grad: bool = False) -> List[Dict[str, Any]]:
+             input_grad: bool = False, room: int = 0) -> List[Dict[str, Any]]:
+    """Plans and runs one case; ``room`` > 0: the plan's memory budget is that many times jit's
+    activation peak."""
     stages = STAGES[schedule]
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp / "model.json", layers, policy)
     plan = tmp / "plan.json"
     layout = {"dp_shard": 2, "dp_replicate": dp // 2} if planned_layout else {}  # docs/fsdp.md
-    plan.write_text(json.dumps(make_plan(schedule_gen=schedule, model=tmp / "model.json", ranks=2,
-                                         microbatches=MICROBATCHES, stages=stage_spec(stages), prefetch=prefetch,
-                                         checkpoint="model", **layout)))
+    gen = dict(schedule_gen=schedule, model=tmp / "model.json", ranks=2, microbatches=MICROBATCHES,
+               stages=stage_spec(stages), checkpoint="model", **layout)
+    budget = {"memory_budget": room * max(make_plan(**gen)["summary"]["peak_bytes"])} if room else {}
+    plan.write_text(json.dumps(make_plan(**gen, prefetch=prefetch, **budget)))
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
@@ -149,15 +152,16 @@ def test_1f1b_replays_inside_the_backward_of_fsdp2_stages(tmp_path: Path) -> Non
 @pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
                     reason="selective checkpointing needs torch >= 2.4")
 def test_1f1b_replays_in_pieces_on_fsdp2_stages(tmp_path: Path) -> None:
-    """``--prefetch bubble`` on 1F1B prefetches a stage's last block into the wait before its
-    backward and replays the first inside it (NOTE [ Executing a plan ] Rule 3a), on
-    ``fully_shard``-ed blocks (``reshard_after_forward=True``: the piece's replay gathers its
-    block, FSDP's pre-backward hook the other), selectively, under bfloat16 autocast: exact
-    gradients, one replay per block and microbatch."""
-    results = run_case(tmp_path, True, "bubble", schedule="1f1b", selective=True, autocast=True, policy="selective")
+    """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
+    one into the wait before its backward (NOTE [ Executing a plan ] Rule 3a), on
+    ``fully_shard``-ed blocks (``reshard_after_forward=True``: each piece's replay gathers its
+    block), selectively, under bfloat16 autocast: exact gradients, one replay per block and
+    microbatch."""
+    results = run_case(tmp_path, True, "bubble", schedule="1f1b", selective=True, autocast=True, policy="selective",
+                       room=2)
     plan = json.loads((tmp_path / "plan.json").read_text())
     pieces = [a for r in plan["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
-    assert any(not a.get("in_backward") for a in pieces) and any(a.get("in_backward") for a in pieces), pieces
+    assert len([a for a in pieces if not a.get("in_backward")]) >= 2, pieces
     check(results, split=False)
 
 

@@ -70,9 +70,17 @@ def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str, policy: str =
                     region.update(selective_replay_time_us=1.0, selective_saved_bytes=region["saved_bytes"] // 2)
             model = tmp_path / "decoder.selective.model.json"
             model.write_text(json.dumps(data))
-        subprocess.run([str(PLAN_TOOL), "--model", str(model), "--checkpoint", policy,
-                        "--schedule-gen", schedule, "--ranks", "2", "--microbatches", "4", "--prefetch", "bubble",
-                        "--emit", "json", "-o", str(plan)], check=True)
+        gen = [str(PLAN_TOOL), "--model", str(model), "--checkpoint", policy, "--schedule-gen", schedule, "--ranks",
+               "2", "--microbatches", "4"]
+        budget = []
+        if schedule == "1f1b":
+            # 1F1B's critical replay moves in pieces within 1.75-2x jit's peak, selective's (half the
+            # bytes) within 1.5x; with more room it moves whole (docs/planning.md).
+            jit = json.loads(subprocess.run([*gen, "--emit", "json"], capture_output=True, text=True,
+                                            check=True).stdout)
+            room = 1.5 if policy == "selective" else 2
+            budget = ["--memory-budget", str(int(room * max(jit["summary"]["peak_bytes"])))]
+        subprocess.run([*gen, "--prefetch", "bubble", *budget, "--emit", "json", "-o", str(plan)], check=True)
         if schedule == "1f1b":  # these runs cover replays in pieces (NOTE [ Executing a plan ] Rule 3a)
             recomputes = [a for r in json.loads(plan.read_text())["ranks"] for a in r["actions"]
                           if a["op"] == "recompute"]

@@ -57,7 +57,9 @@ def stage_spec(stages: int, per: int = LAYERS_PER_STAGE) -> str:
 
 def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatches: int, emit: str = "json",
              prefetch: str = "jit", dropout: float = 0.0, planned_wrap: Any = None, per: int = LAYERS_PER_STAGE,
-             worker: Any = pp_worker.main, policy: Any = True, **extra: Any) -> List[Dict[str, Any]]:
+             worker: Any = pp_worker.main, policy: Any = True, room: int = 0, **extra: Any) -> List[Dict[str, Any]]:
+    """Plans and runs one case; ``room`` > 0 (1F1B): ``--memory-budget`` that many times jit's
+    activation peak."""
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
     layers = per * stages
     model_json(tmp / "model.json", layers, policy)
@@ -70,6 +72,10 @@ def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatch
         source = ["--schedule", dump]
     cmd = [str(PLAN_TOOL), *source, "--model", str(tmp / "model.json"), "--stages", stage_spec(stages, per),
            "--checkpoint", "model", "--prefetch", prefetch, "--emit", emit, "-o", str(plan)]
+    if room:
+        jit = subprocess.run([*cmd[:cmd.index("--prefetch")], "--emit", "json"], capture_output=True, text=True,
+                             check=True)
+        cmd += ["--memory-budget", str(room * max(json.loads(jit.stdout)["summary"]["peak_bytes"]))]
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "stages": stages,
@@ -119,14 +125,14 @@ def test_planned_schedule_matches_torch(tmp_path: Path, torch_schedule: str, ran
 
 
 def test_a_1f1b_plan_that_replays_in_pieces_matches_torch(tmp_path: Path) -> None:
-    """``--prefetch bubble`` on 1F1B prefetches the last block of a stage into the wait before
-    its backward and replays the others inside it (a replay in pieces, NOTE [ Executing a plan ]
-    Rule 3a): torch's stages run it with exact gradients and one replay per block and
+    """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
+    one into the wait before its backward (a replay in pieces, NOTE [ Executing a plan ] Rule
+    3a): torch's stages run it with exact gradients and one replay per block and
     microbatch."""
-    results = run_case(tmp_path, "1f1b", 2, 2, 4, prefetch="bubble", dropout=0.1)
+    results = run_case(tmp_path, "1f1b", 2, 2, 4, prefetch="bubble", dropout=0.1, room=2)
     raw = json.loads((tmp_path / "plan.json").read_text())
     pieces = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
-    assert any(not a.get("in_backward") for a in pieces) and any(a.get("in_backward") for a in pieces), pieces
+    assert len([a for a in pieces if not a.get("in_backward")]) >= 2, pieces
     check(results, 4)
 
 

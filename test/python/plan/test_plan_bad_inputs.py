@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from plan_cli import PLAN_TOOL, REPO, SCHEDULES, run_plan
+from plan_cli import PLAN_TOOL, REPO, SCHEDULES, plan_json, run_plan
 
 BAD = SCHEDULES / "bad"
 
@@ -240,15 +240,18 @@ def test_a_huge_or_binary_cell_is_quoted_short_and_escaped(tmp_path: Path) -> No
     ([-1], "/regions/0", "expected a region index in [0, 1048576), got '-1'"),
     ([1, 0], "", "'hpr.recompute' op regions: expected ascending indices >= 0, each once, got 0 at position 1"),
     ([7], "", "replays region 7, but stage 0 checkpoints 4 regions (0..3) (rule 11)"),
-    ([0, 3], "", "replays region 0 a second time (first at rank 0, action {piece} (recompute stage 0 mb 0)) "
+    ([0, 3], "", "replays region 0 a second time (first at rank 0, action {piece} (recompute stage 0 mb 3)) "
                  "(rule 11)"),
 ], ids=["not-a-list", "negative", "unsorted", "out-of-range", "twice"])
 def test_a_bad_piece_is_refused_where_it_stands(tmp_path, regions, where, message):
     """A replay in pieces (recompute ``regions``) edited by hand: each bad piece is an error at
     its JSON path, exit 1."""
     plan = tmp_path / "plan.json"
-    run_plan("--model", str(REPO / "examples" / "gpt" / "gpt.model.json"), "--schedule-gen", "1f1b", "--ranks", "2",
-             "--microbatches", "4", "--prefetch", "bubble", "--emit", "json", "-o", str(plan))
+    gen = ["--model", str(REPO / "examples" / "gpt" / "gpt.model.json"), "--schedule-gen", "1f1b", "--ranks", "2",
+           "--microbatches", "4"]
+    # Pieces need room: within twice jit's peak rank 0 prefetches microbatch 3's last blocks.
+    budget = 2 * max(plan_json(*gen)["summary"]["peak_bytes"])
+    run_plan(*gen, "--prefetch", "bubble", "--memory-budget", str(budget), "--emit", "json", "-o", str(plan))
     raw = json.loads(plan.read_text())
     actions = raw["ranks"][0]["actions"]
     piece = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and a.get("regions") == [3])

@@ -45,15 +45,18 @@ def test_bubble_never_loses_to_jit(name: str, ranks: int, mbs: int) -> None:
 
 def test_bubble_hides_recompute_in_1f1b_idle_time() -> None:
     """With memory to spare: under jit each 1F1B replay runs inside its backward, one block at
-    a time (torch's memory), and a replay moved into idle time holds its whole stage."""
+    a time (torch's memory), and a replay moved into idle time holds its whole stage. Moving
+    the replays on the critical path wins back at least a fifth of jit's step-time overhead
+    over no checkpointing (27% with the GPT's costs)."""
     gen = ["--schedule-gen", "1f1b", "--ranks", "4", "--microbatches", "8"]
+    none = _plan(*gen, "--checkpoint", "none")
     jit = _plan(*gen)
     bubble = _plan(*gen, "--prefetch", "bubble", "--memory-budget", "1GiB")
-    hidden, exposed = (sum(bubble["summary"][k]) for k in ("recompute_hidden_us", "recompute_exposed_us"))
     # jit runs every replay after the wait for its gradient: nothing hidden.
     assert sum(jit["summary"]["recompute_hidden_us"]) == 0
-    assert hidden >= 0.5 * (hidden + exposed)
-    assert bubble["summary"]["step_time_us"] < jit["summary"]["step_time_us"]
+    assert sum(bubble["summary"]["recompute_hidden_us"]) > 0
+    step = {k: p["summary"]["step_time_us"] for k, p in (("none", none), ("jit", jit), ("bubble", bubble))}
+    assert step["jit"] - step["bubble"] >= 0.2 * (step["jit"] - step["none"]), step
     moved = [a for r in bubble["ranks"] for i, a in enumerate(r["actions"])
              if a["op"] == "recompute" and r["actions"][i + 1]["op"] not in ("backward_input", "backward")]
     assert moved, "some replay must run before a receive or another stage's work"

@@ -33,6 +33,17 @@ def make_plan(tmp: Path, *args: str, name: str = "p.json") -> Path:
     return out
 
 
+def pieces_plan(tmp: Path, *model: str, name: str = "pieces.json") -> Path:
+    """A 1F1B 2 x 4 bubble plan that replays in pieces (NOTE [ Executing a plan ] Rule 3a). Bubble
+    moves only replays on a critical path (docs/planning.md); within jit's peak none of 1F1B's
+    has room, within twice it rank 0 prefetches microbatch 3's last blocks into the wait before
+    its backward."""
+    gen = [*model, *flags(("1f1b", 2, 4))]
+    jit = json.loads(make_plan(tmp, *gen, name="jit-" + name).read_text())
+    budget = 2 * max(jit["summary"]["peak_bytes"])
+    return make_plan(tmp, *gen, "--prefetch", "bubble", "--memory-budget", str(budget), name=name)
+
+
 def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Runs ``python3 -m hp_recompute.run ARGS`` in a fresh interpreter (in ``cwd``, default this one's)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, run_cli
+from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, pieces_plan, run_cli
 from hp_recompute.selective import selective_supported
 
 TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
@@ -140,7 +140,7 @@ def test_a_bad_run_report_is_located(tmp_path: Path, report: dict, where: str) -
 def test_a_run_of_a_plan_with_pieces_is_refused(tmp_path: Path) -> None:
     """A piece times part of a replay, and the backward after it the rest: neither is a time
     the planner prices, so ``--from-run`` refuses such a run rather than scale by it."""
-    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)), "--prefetch", "bubble")
+    plan = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
     actions = json.loads(plan.read_text())["ranks"][0]["actions"]
     first = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and "regions" in a)
     report = tmp_path / "report.json"

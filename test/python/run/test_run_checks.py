@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan, mlp_regions,
-                          model_json, run_cli, run_inproc)
+                          model_json, pieces_plan, run_cli, run_inproc)
 from hp_recompute.runner import executor as run_exec
 from hp_recompute.runner.memory import AllocatorPeak
 
@@ -310,26 +310,28 @@ def test_a_model_holding_checkpoint_wrappers_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("world", ["single", "multi"])
-def test_a_replay_in_pieces_trains_exactly_within_jits_memory(tmp_path: Path, world: str) -> None:
-    """With ``--prefetch bubble`` at jit's memory, 1F1B's replays cannot leave their backward
-    whole (they would bring back the whole stage), but their last block can: the planner
-    prefetches it as a piece into the wait before the backward, which reads it first, and the
-    rest replays inside. Gradients stay exact, every region replays once, and each rank peaks
-    at the allocator within 2% of the jit plan (torch's checkpoint memory), against more than
-    20% over it with the same pieces merged into one whole replay at the piece's place."""
-    jit = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)), name="jit.json")
-    pieces = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("1f1b", 2, 4)), "--prefetch", "bubble",
-                       name="pieces.json")
+def test_a_replay_in_pieces_trains_exactly_within_what_the_plan_bounds(tmp_path: Path, world: str) -> None:
+    """Within twice jit's peak, 1F1B's critical replay cannot leave its backward whole (it would
+    bring back the whole stage), but its last blocks can: the planner prefetches them as
+    pieces into the wait before the backward, which reads them first, and the rest replays
+    inside. Gradients stay exact, every region replays once; at the allocator the pieces add
+    to jit's peak no more than the plan says (2% slack) and at most 10%, against more than
+    20% with the same pieces merged into one whole replay at the first piece's place."""
+    pieces = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
     raw = json.loads(pieces.read_text())
     split = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
-    assert split and all(a["regions"] in ([3], [0, 1, 2]) for a in split), split
+    assert split and all(a["regions"] in ([3], [2], [0, 1]) for a in split), split
     assert {a["session"] for a in split if not a.get("in_backward")} == {a["session"] for a in split
                                                                           if a.get("in_backward")}
 
-    def merge(p: dict) -> None:  # each prefetched piece replays its whole session; the rest none
+    def merge(p: dict) -> None:  # a session's first prefetched piece replays it whole; the rest none
         for rank in p["ranks"]:
-            rank["actions"] = [a for a in rank["actions"] if not (a["op"] == "recompute" and a.get("in_backward")
-                                                                   and "regions" in a)]
+            first = {}
+            for i, a in enumerate(rank["actions"]):
+                if a["op"] == "recompute" and "regions" in a:
+                    first.setdefault(a["session"], i)
+            rank["actions"] = [a for i, a in enumerate(rank["actions"])
+                               if not (a["op"] == "recompute" and "regions" in a and first[a["session"]] != i)]
             for a in rank["actions"]:
                 if a["op"] == "recompute":
                     a.pop("regions", None)
@@ -344,14 +346,15 @@ def test_a_replay_in_pieces_trains_exactly_within_jits_memory(tmp_path: Path, wo
     whole = edit_plan(pieces, tmp_path / "whole.json", merge)
     extra = ["--world-size", "2"] if world == "multi" else []
     peaks = {}
-    for name, path in (("jit", jit), ("pieces", pieces), ("whole", whole)):
+    for name, path in (("jit", tmp_path / "jit-pieces.json"), ("pieces", pieces), ("whole", whole)):
         report_path = tmp_path / f"{name}.report.json"
         proc = run_cli("--plan", str(path), "--steps", "2", "--report", str(report_path), *extra)
         assert proc.returncode == 0, proc.stderr
         report = json.loads(report_path.read_text())
         assert report["grads_match"] is True and report["sessions_left"] == 0
         assert report["recomputes"] == report["recomputes_expected"]
-        peaks[name] = [r["measured_peak_bytes"] for r in report["ranks"]]
-    for jit_peak, piece_peak, whole_peak in zip(peaks["jit"], peaks["pieces"], peaks["whole"]):
-        assert abs(piece_peak / jit_peak - 1) <= 0.02, peaks
-    assert max(w / j for w, j in zip(peaks["whole"], peaks["jit"])) > 1.2, peaks
+        peaks[name] = [(r["measured_peak_bytes"], r["planned_activation_peak_bytes"]) for r in report["ranks"]]
+    for (jit_measured, jit_planned), (measured, planned) in zip(peaks["jit"], peaks["pieces"]):
+        assert measured - jit_measured <= planned - jit_planned + 0.02 * jit_measured, peaks
+        assert measured <= 1.1 * jit_measured, peaks
+    assert max(w[0] / j[0] for w, j in zip(peaks["whole"], peaks["jit"])) > 1.2, peaks

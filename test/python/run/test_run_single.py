@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import GPT_MODEL_JSON, count_plan, edit_plan, flags, make_plan, model_json, run_inproc
+from hpr_run_util import (GPT_MODEL_JSON, count_plan, edit_plan, flags, make_plan, model_json, pieces_plan,
+                          run_inproc)
 
 CONFIGS = [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)]
 
@@ -20,7 +21,9 @@ CONFIGS = [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)]
 @pytest.mark.parametrize("prefetch", ["jit", "lookahead=2", "bubble"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")
 def test_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
-    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(cfg), "--prefetch", prefetch)
+    pieces = prefetch == "bubble" and cfg == ("1f1b", 2, 4)  # 1F1B's pieces need room: pieces_plan
+    plan = (pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON)) if pieces
+            else make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(cfg), "--prefetch", prefetch))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "r.json"))
     raw = json.loads(plan.read_text())
     assert code == 0, report
@@ -31,7 +34,7 @@ def test_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
     # prefetched, the rest inside its backward).
     recomputed = [a["session"] for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute"]
     assert report["sessions"] == len(raw["sessions"]) == len(set(recomputed))
-    if prefetch == "bubble" and cfg[0] == "1f1b":  # pieces here: run bit-exact too
+    if pieces:  # run bit-exact too
         assert len(recomputed) > len(raw["sessions"]), recomputed
     # The stages are the planner's: each session replays its stage's checkpointed regions once.
     assert report["stages"] == {str(s): [r["name"] for r in regions["regions"]]

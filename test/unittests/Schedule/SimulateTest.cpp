@@ -49,6 +49,39 @@ TEST(Simulate, HandComputedTimeline) {
   EXPECT_EQ(r.makespan, 7.0);
   EXPECT_EQ(r.totalBusy, 12.0);
   EXPECT_DOUBLE_EQ(r.bubbleFraction, (2 * 7.0 - 12.0) / 12.0);
+  // Slack: 0F1 could end at 3 (1F1 and 0I0 start there at the latest);
+  // everything else lies on a path as long as the step.
+  for (int rank : {0, 1})
+    for (int k = 0; k < 6; ++k)
+      EXPECT_EQ(r.timelines[rank][k].slack, rank == 0 && k == 1 ? 1.0 : 0.0)
+          << "rank " << rank << ", action " << k;
+}
+
+TEST(Simulate, SlackIsHowMuchLongerAnActionMayTake) {
+  // Lengthening an action by its slack leaves the step as it was; by more,
+  // the step grows by the excess (checked on every action of a ZB-H1 and a
+  // 1F1B schedule with uneven durations).
+  for (llvm::StringRef name : {"zb-h1", "1f1b"}) {
+    Schedule s = generate(name, 4, 8);
+    for (auto &program : s.ranks)
+      for (Action &action : program)
+        action.durationUs = 1.0 + (action.stage * 7 + action.microbatch) % 5;
+    SimulationResult base = simulate(s);
+    for (size_t rank = 0; rank < s.ranks.size(); ++rank)
+      for (size_t k = 0; k < s.ranks[rank].size(); ++k) {
+        double slack = base.timelines[rank][k].slack;
+        ASSERT_GE(slack, 0.0);
+        Action &action = s.ranks[rank][k];
+        double duration = *action.durationUs;
+        action.durationUs = duration + slack;
+        EXPECT_DOUBLE_EQ(simulate(s).makespan, base.makespan)
+            << name.str() << " rank " << rank << " action " << k;
+        action.durationUs = duration + slack + 0.5;
+        EXPECT_DOUBLE_EQ(simulate(s).makespan, base.makespan + 0.5)
+            << name.str() << " rank " << rank << " action " << k;
+        action.durationUs = duration;
+      }
+  }
 }
 
 TEST(Simulate, ActionDurationsAndComposites) {
