@@ -1,10 +1,10 @@
 //===- PrefetchIntoBubbles.cpp - Recompute in simulated idle time --------===//
 //
-// Moves each placed recompute on a critical path into the latest idle gap of
-// its rank's simulated timeline that has room for the whole replay, or for a
-// replay inside its backward that fits nowhere whole, for a piece of it,
-// within a memory budget, so that the replay runs while the rank would wait
-// anyway.
+// Moves each placed recompute on a critical path (on a copy: each one) into
+// the latest idle gap of its rank's simulated timeline that has room for the
+// whole replay, or for a replay inside its backward that fits nowhere whole,
+// for a piece of it, within a memory budget, so that the replay runs while the
+// rank would wait anyway; the faster of the two plans stays.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,15 +34,26 @@ struct PrefetchIntoBubblesPass
   using HPRPrefetchIntoBubblesBase::HPRPrefetchIntoBubblesBase;
   LogicalResult initialize(MLIRContext *context) override;
   void runOnOperation() override;
+  /// The step time a placement reached and the recomputes it moved.
+  struct Placement {
+    double stepUs = 0;
+    size_t moved = 0;
+  };
+  FailureOr<Placement> place(ModuleOp module,
+                             const std::vector<StageCost> &costs,
+                             bool criticalOnly);
   bool placeInBubbles(ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
                       llvm::ArrayRef<sched::ActionTiming> timeline,
                       const std::vector<StageCost> &costs, int64_t limit,
-                      llvm::DenseSet<Operation *> &movedOps);
+                      bool criticalOnly, llvm::DenseSet<Operation *> &movedOps);
 };
 
 /// Rounds: each moves recomputes into the gaps of the timeline the previous
-/// round left (moving opens gaps elsewhere).
-constexpr unsigned kBubbleRounds = 256;
+/// round left (moving opens gaps elsewhere). Moving only critical ones takes
+/// more (other paths become critical as they shorten); moving every one that
+/// fits keeps its former bound, beyond which its rounds gain little.
+constexpr unsigned kCriticalRounds = 256;
+constexpr unsigned kEveryFitRounds = 8;
 /// Slack up to which an action counts as on a critical path: a nanosecond,
 /// far below any duration and far above the rounding of the simulator's sums.
 constexpr double kCriticalSlackUs = 1e-3;
@@ -63,7 +74,7 @@ LogicalResult PrefetchIntoBubblesPass::initialize(MLIRContext *context) {
 bool PrefetchIntoBubblesPass::placeInBubbles(
     ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
     llvm::ArrayRef<sched::ActionTiming> timeline,
-    const std::vector<StageCost> &costs, int64_t limit,
+    const std::vector<StageCost> &costs, int64_t limit, bool criticalOnly,
     llvm::DenseSet<Operation *> &movedOps) {
   // Idle time before each cell, and the position of its first op in the
   // activation model's frame (positions before any recompute moves).
@@ -111,7 +122,7 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     // Off every critical path, the replay delays nothing where it is: moved,
     // it would shorten no path as long as the step, and only hold its
     // tensors longer (docs/planning.md).
-    if (timeline[replay.cell].slack > kCriticalSlackUs)
+    if (criticalOnly && timeline[replay.cell].slack > kCriticalSlackUs)
       continue;
     const ActivationLifetime &lifetime = *lifetimeOf.lookup(
         {replay.op.getStageIndex(), replay.op.getMicrobatchIndex()});
@@ -209,17 +220,11 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
   return any;
 }
 
-void PrefetchIntoBubblesPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  auto models = llvm::to_vector(module.getOps<ModelOp>());
-  auto schedules = llvm::to_vector(module.getOps<ScheduleOp>());
-  if (models.size() != 1 || schedules.size() != 1) {
-    module.emitError("hpr-prefetch-into-bubbles: expected one hpr.model and "
-                     "one hpr.schedule");
-    return signalPassFailure();
-  }
-  std::vector<StageCost> costs = computeStageCosts(models.front());
-  auto programs = schedules.front().getBody().getOps<ProgramOp>();
+/// Rounds of placeInBubbles on every rank of `module` until nothing moves.
+FailureOr<PrefetchIntoBubblesPass::Placement> PrefetchIntoBubblesPass::place(
+    ModuleOp module, const std::vector<StageCost> &costs, bool criticalOnly) {
+  auto programs =
+      llvm::to_vector(getSchedule(module).getBody().getOps<ProgramOp>());
   // Without a budget, each rank keeps its activation peak as placed.
   std::vector<int64_t> limits;
   for (ProgramOp program : programs)
@@ -230,8 +235,7 @@ void PrefetchIntoBubblesPass::runOnOperation() {
   // Ranks are independent within a round: each moves ops of its own block.
   size_t numRanks = limits.size();
   std::vector<llvm::DenseSet<Operation *>> moved(numRanks);
-  auto programList = llvm::to_vector(programs);
-  for (unsigned round = 0; round < kBubbleRounds; ++round) {
+  for (unsigned round = 0;; ++round) {
     ModuleSchedule cells = extractSchedule(module, costs);
     llvm::Expected<sched::SimulationResult> simulation =
         simulateTimeline(cells.schedule);
@@ -239,19 +243,48 @@ void PrefetchIntoBubblesPass::runOnOperation() {
       module.emitError()
           << "hpr-prefetch-into-bubbles: cannot simulate the programs: "
           << llvm::toString(simulation.takeError());
-      return signalPassFailure();
+      return failure();
     }
     std::vector<char> any(numRanks, false);
-    mlir::parallelFor(module.getContext(), 0, numRanks, [&](size_t rank) {
-      any[rank] = placeInBubbles(programList[rank], cells.cellOps[rank],
-                                 simulation->timelines[rank], costs,
-                                 limits[rank], moved[rank]);
-    });
-    if (llvm::none_of(any, [](char changed) { return changed; }))
-      break;
+    if (round < (criticalOnly ? kCriticalRounds : kEveryFitRounds))
+      mlir::parallelFor(module.getContext(), 0, numRanks, [&](size_t rank) {
+        any[rank] = placeInBubbles(programs[rank], cells.cellOps[rank],
+                                   simulation->timelines[rank], costs,
+                                   limits[rank], criticalOnly, moved[rank]);
+      });
+    if (llvm::none_of(any, [](char changed) { return changed; })) {
+      Placement placement{simulation->makespan, 0};
+      for (const auto &rankMoved : moved)
+        placement.moved += rankMoved.size();
+      return placement;
+    }
   }
-  size_t total = 0;
-  for (const auto &rankMoved : moved)
-    total += rankMoved.size();
-  numInBubbles = total;
+}
+
+void PrefetchIntoBubblesPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto models = llvm::to_vector(module.getOps<ModelOp>());
+  auto schedules = llvm::to_vector(module.getOps<ScheduleOp>());
+  if (models.size() != 1 || schedules.size() != 1) {
+    module.emitError("hpr-prefetch-into-bubbles: expected one hpr.model and "
+                     "one hpr.schedule");
+    return signalPassFailure();
+  }
+  std::vector<StageCost> costs = computeStageCosts(models.front());
+  // Both greedy placements, on the module and on a copy: neither is always
+  // ahead. The faster wins; on a tie the one that moves only critical replays
+  // (docs/planning.md).
+  OwningOpRef<ModuleOp> everyFit = module.clone();
+  FailureOr<Placement> critical = place(module, costs, /*criticalOnly=*/true);
+  FailureOr<Placement> fit = place(*everyFit, costs, /*criticalOnly=*/false);
+  if (failed(critical) || failed(fit))
+    return signalPassFailure();
+  Placement chosen = *critical;
+  if (fit->stepUs < critical->stepUs - kCriticalSlackUs) {
+    ScheduleOp placed = getSchedule(module);
+    getSchedule(*everyFit)->moveBefore(placed);
+    placed->erase();
+    chosen = *fit;
+  }
+  numInBubbles = chosen.moved;
 }

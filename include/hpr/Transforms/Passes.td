@@ -220,7 +220,10 @@ def HPRPrefetchIntoBubbles
     split again in a later round.
     Rounds, each on the timeline the previous one left (with its critical
     paths), while something moves, at most 256 (the bench grid's cells take
-    up to 69); ranks move their own ops in parallel within a round.
+    up to 69); ranks move their own ops in parallel within a round. The
+    same rounds run on a copy of the module moving every recompute that
+    fits, critical or not, at most 8 of them; both are greedy, neither
+    always ahead, and the faster plan wins (on a tie, the critical one).
 
     From jit placement, every action then starts no later than before
     (durations are fixed and the programs are monotone in their inputs' end
