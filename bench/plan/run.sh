@@ -50,6 +50,27 @@ choices() {  # LABEL MODEL_JSON
 choices GPT examples/gpt/gpt.model.json
 choices "Llama (selective costs)" "$(dirname "$0")/../prefetch/llama.costed.json"
 
+# Bubble on 32 ranks, where its critical placement takes the most rounds: the GPT's block x 64
+# on ZBV 32 x 800, and the costed Llama's x 128 on interleaved 1F1B 32 x 64 with auto at jit's
+# peak (a cell of bench/prefetch/policies.sh).
+printf '\n| plan (32 ranks) | wall s, jit | wall s, bubble |\n| --- | ---: | ---: |\n'
+many() {  # LABEL MODEL_JSON BLOCKS SCHEDULE MICROBATCHES CHECKPOINT(all|auto)
+  python3 "$(dirname "$0")/../prefetch/make_model.py" "$2" "$3" "$out/m.json"
+  gen=(--model "$out/m.json" --schedule-gen "$4" --ranks 32 --microbatches "$5")
+  /usr/bin/time -f '%e' -o "$out/jit.time" "$tool" "${gen[@]}" --emit json -o "$out/jit.json"
+  choice=()
+  if [ "$6" = auto ]; then
+    budget=$(python3 -c "import json; print(max(json.load(open('$out/jit.json'))['summary']['peak_bytes']))")
+    choice=(--checkpoint auto --memory-budget "$budget")
+  fi
+  /usr/bin/time -f '%e' -o "$out/bubble.time" "$tool" "${gen[@]}" "${choice[@]}" --prefetch bubble \
+    --emit json -o "$out/plan.json"
+  printf '| %s | %s | %s |\n' "$1" "$(cat "$out/jit.time")" "$(cat "$out/bubble.time")"
+}
+many "GPT x64, ZBV 32 x 800" examples/gpt/gpt.model.json 64 zbv 800 all
+many "Llama x128, interleaved 1F1B 32 x 64, auto" "$(dirname "$0")/../prefetch/llama.costed.json" 128 \
+  interleaved-1f1b 64 auto
+
 [ -n "$baseline" ] || exit 0
 median() { sort -n | sed -n 2p; }  # of 3
 printf '\n| microbatches | emit | baseline s | this build s | this / baseline |\n'

@@ -219,8 +219,8 @@ def HPRPrefetchIntoBubbles
     first: the piece moves and the rest stays inside the backward, to be
     split again in a later round.
     Rounds, each on the timeline the previous one left (with its critical
-    paths), while something moves, at most 256 (the bench grid's cells take
-    up to 69); ranks move their own ops in parallel within a round. The
+    paths), while something moves, at most 256; ranks move their own ops in
+    parallel within a round. The
     same rounds run on a copy of the module moving every recompute that
     fits, critical or not, at most 8 of them; both are greedy, neither
     always ahead, and the faster plan wins (on a tie, the critical one).

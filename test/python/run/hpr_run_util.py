@@ -33,15 +33,15 @@ def make_plan(tmp: Path, *args: str, name: str = "p.json") -> Path:
     return out
 
 
-def pieces_plan(tmp: Path, *model: str, name: str = "pieces.json") -> Path:
-    """A 1F1B 2 x 4 bubble plan that replays in pieces (NOTE [ Executing a plan ] Rule 3a). Bubble
-    moves only replays on a critical path (docs/planning.md); within jit's peak none of 1F1B's
-    has room, within twice it rank 0 prefetches microbatch 3's last blocks into the wait before
-    its backward."""
+def pieces_plan(tmp: Path, *model: str) -> Tuple[Path, Path]:
+    """A 1F1B 2 x 4 jit plan and a bubble plan that replays in pieces (NOTE [ Executing a plan ]
+    Rule 3a). Bubble moves only replays on a critical path (docs/planning.md); within jit's
+    peak none of 1F1B's has room, within twice it rank 0 prefetches microbatch 3's last blocks
+    into the wait before its backward."""
     gen = [*model, *flags(("1f1b", 2, 4))]
-    jit = json.loads(make_plan(tmp, *gen, name="jit-" + name).read_text())
-    budget = 2 * max(jit["summary"]["peak_bytes"])
-    return make_plan(tmp, *gen, "--prefetch", "bubble", "--memory-budget", str(budget), name=name)
+    jit = make_plan(tmp, *gen, name="jit.json")
+    budget = 2 * max(json.loads(jit.read_text())["summary"]["peak_bytes"])
+    return jit, make_plan(tmp, *gen, "--prefetch", "bubble", "--memory-budget", str(budget), name="pieces.json")
 
 
 def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120,

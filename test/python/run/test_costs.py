@@ -140,7 +140,7 @@ def test_a_bad_run_report_is_located(tmp_path: Path, report: dict, where: str) -
 def test_a_run_of_a_plan_with_pieces_is_refused(tmp_path: Path) -> None:
     """A piece times part of a replay, and the backward after it the rest: neither is a time
     the planner prices, so ``--from-run`` refuses such a run rather than scale by it."""
-    plan = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
+    _, plan = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
     actions = json.loads(plan.read_text())["ranks"][0]["actions"]
     first = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and "regions" in a)
     report = tmp_path / "report.json"

@@ -317,7 +317,7 @@ def test_a_replay_in_pieces_trains_exactly_within_what_the_plan_bounds(tmp_path:
     inside. Gradients stay exact, every region replays once; at the allocator the pieces add
     to jit's peak no more than the plan says (2% slack) and at most 10%, against more than
     20% with the same pieces merged into one whole replay at the first piece's place."""
-    pieces = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
+    jit, pieces = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
     raw = json.loads(pieces.read_text())
     split = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
     assert split and all(a["regions"] in ([3], [2], [0, 1]) for a in split), split
@@ -346,7 +346,7 @@ def test_a_replay_in_pieces_trains_exactly_within_what_the_plan_bounds(tmp_path:
     whole = edit_plan(pieces, tmp_path / "whole.json", merge)
     extra = ["--world-size", "2"] if world == "multi" else []
     peaks = {}
-    for name, path in (("jit", tmp_path / "jit-pieces.json"), ("pieces", pieces), ("whole", whole)):
+    for name, path in (("jit", jit), ("pieces", pieces), ("whole", whole)):
         report_path = tmp_path / f"{name}.report.json"
         proc = run_cli("--plan", str(path), "--steps", "2", "--report", str(report_path), *extra)
         assert proc.returncode == 0, proc.stderr

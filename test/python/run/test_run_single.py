@@ -22,7 +22,7 @@ CONFIGS = [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)]
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")
 def test_plan_is_bit_exact(tmp_path: Path, cfg, prefetch: str) -> None:
     pieces = prefetch == "bubble" and cfg == ("1f1b", 2, 4)  # 1F1B's pieces need room: pieces_plan
-    plan = (pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON)) if pieces
+    plan = (pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))[1] if pieces
             else make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(cfg), "--prefetch", prefetch))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "r.json"))
     raw = json.loads(plan.read_text())
