@@ -17,6 +17,9 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/Format.h"
+
+#include <cmath>
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -47,7 +50,8 @@ mlir::hpr::parseCheckpointPolicy(llvm::StringRef name) {
   return std::nullopt;
 }
 
-std::optional<int64_t> mlir::hpr::parseBytes(llvm::StringRef text) {
+/// Parses `24GiB`, `512MB`, `1000`; none when malformed or negative.
+static std::optional<int64_t> parseBytes(llvm::StringRef text) {
   static const std::pair<llvm::StringRef, int64_t> suffixes[] = {
       {"KiB", 1LL << 10},
       {"MiB", 1LL << 20},
@@ -69,6 +73,26 @@ std::optional<int64_t> mlir::hpr::parseBytes(llvm::StringRef text) {
       __builtin_mul_overflow(value, scale, &bytes))
     return std::nullopt;
   return bytes;
+}
+
+std::optional<MemoryBudget> mlir::hpr::parseMemoryBudget(llvm::StringRef text) {
+  double multiple;
+  if (text.consume_back("x")) {
+    if (text.getAsDouble(multiple) || !std::isfinite(multiple) || multiple <= 0)
+      return std::nullopt;
+    return MemoryBudget{0, multiple};
+  }
+  if (std::optional<int64_t> bytes = parseBytes(text))
+    return MemoryBudget{*bytes, std::nullopt};
+  return std::nullopt;
+}
+
+std::string MemoryBudget::str() const {
+  if (!ofCheckpointAll)
+    return std::to_string(bytes);
+  std::string text;
+  llvm::raw_string_ostream(text) << llvm::format("%gx", *ofCheckpointAll);
+  return text;
 }
 
 static llvm::Error usage(const llvm::Twine &message) {
@@ -157,6 +181,46 @@ loadModel(const PlanRequest &request, int numStages,
   return model::partitionModel(*graph, numStages, request.stageSpec);
 }
 
+/// The bytes `budget` stands for: itself, or its multiple of the most any
+/// rank needs when `request` is planned with every checkpointable region
+/// checkpointed and replayed jit (the same model, schedule, stages and data
+/// parallelism).
+static llvm::Expected<int64_t> resolveBudget(MLIRContext &context,
+                                             const PlanRequest &request,
+                                             TimingScope &timing,
+                                             const MemoryBudget &budget) {
+  if (!budget.ofCheckpointAll)
+    return budget.bytes;
+  PlanRequest reference = request;
+  reference.checkpoint = CheckpointPolicy::All;
+  reference.prefetch = "jit";
+  reference.budget.reset();
+  TimingScope referenceTimer = timing.nest("checkpoint-all peak");
+  llvm::Expected<PlannedModule> planned =
+      runPlanner(context, reference, referenceTimer, nullptr);
+  if (!planned)
+    return planned.takeError();
+  int64_t peak = 0;
+  for (const RankSummary &rank : planned->summary.ranks)
+    peak = std::max(peak, rank.peakBytes);
+  double bytes = std::floor(*budget.ofCheckpointAll * double(peak));
+  if (bytes >= 0x1p63)
+    return usage("--memory-budget " + budget.str() + ": " + llvm::Twine(peak) +
+                 " bytes (the checkpoint-all peak) times it overflows");
+  return int64_t(bytes);
+}
+
+/// For messages about a budget given as a multiple: what it resolved to;
+/// empty for bytes.
+static std::string budgetNote(const PlanRequest &request,
+                              std::optional<int64_t> bytes) {
+  if (!request.budget || !request.budget->ofCheckpointAll || !bytes)
+    return "";
+  return "--memory-budget " + request.budget->str() + " is " +
+         std::to_string(*bytes) +
+         " bytes, that multiple of the checkpoint-all peak";
+}
+
 llvm::Expected<PlannedModule>
 mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
                       TimingScope &timing, std::vector<std::string> *warnings) {
@@ -167,9 +231,10 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   if (!parsePrefetch(request.prefetch, pipeline))
     return usage("--prefetch: expected jit, lookahead=K or bubble, got '" +
                  request.prefetch + "'");
-  if (request.budget && *request.budget < 0)
+  if (request.budget && !request.budget->ofCheckpointAll &&
+      request.budget->bytes < 0)
     return usage("--memory-budget: expected bytes >= 0, got " +
-                 llvm::Twine(*request.budget));
+                 llvm::Twine(request.budget->bytes));
   for (auto [flag, count] : {std::pair{"--dp-shard", request.dpShard},
                              std::pair{"--dp-replicate", request.dpReplicate}})
     if (count && (*count < 1 || *count > model::kMaxDataParallel))
@@ -184,10 +249,18 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   // The schedule is validated before import (loadSchedule): the same rules
   // hpr-verify-comm would check on the IR again.
   pipeline.checkSchedule = false;
+  std::optional<int64_t> budget;
+  if (request.budget) {
+    llvm::Expected<int64_t> bytes =
+        resolveBudget(context, request, timing, *request.budget);
+    if (!bytes)
+      return bytes.takeError();
+    budget = *bytes;
+  }
   // Otherwise the budget is a check of the finished plan.
-  if (request.budget && (request.checkpoint == CheckpointPolicy::Auto ||
-                         pipeline.policy == RecomputePolicy::Bubble))
-    pipeline.budget = *request.budget;
+  if (budget && (request.checkpoint == CheckpointPolicy::Auto ||
+                 pipeline.policy == RecomputePolicy::Bubble))
+    pipeline.budget = *budget;
 
   TimingScope importTimer = timing.nest("import");
   TimingScope scheduleTimer = importTimer.nest("schedule");
@@ -233,9 +306,13 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   checking.enableTiming(passTimer);
   nestOnPrograms(checking).addPass(createHPRVerify());
   if (failed(planning.run(**module)) || failed(mlir::verify(**module)) ||
-      failed(checking.run(**module)))
+      failed(checking.run(**module))) {
+    // The diagnostics name the budget in bytes; say where they came from.
+    if (std::string note = budgetNote(request, budget); !note.empty())
+      emitRemark(UnknownLoc::get(&context)) << note;
     return llvm::createStringError(
         scheduleFile + ": the plan failed verification (diagnostics above)");
+  }
   passTimer.stop();
 
   TimingScope summaryTimer = timing.nest("summary and simulation");
@@ -243,16 +320,19 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   if (!summary)
     return summary.takeError();
   summaryTimer.stop();
-  if (request.budget)
+  if (budget)
     for (auto [rank, rankSummary] : llvm::enumerate(summary->ranks))
-      if (rankSummary.peakBytes > *request.budget)
+      if (rankSummary.peakBytes > *budget)
         return llvm::createStringError(
-            "plan exceeds --memory-budget: rank %zu needs %lld bytes of "
-            "activations, budget %lld",
-            rank, (long long)rankSummary.peakBytes, (long long)*request.budget);
+            "plan exceeds --memory-budget: rank " + llvm::Twine(rank) +
+            " needs " + llvm::Twine(rankSummary.peakBytes) +
+            " bytes of activations, budget " + llvm::Twine(*budget) +
+            (request.budget->ofCheckpointAll
+                 ? " (" + budgetNote(request, budget) + ")"
+                 : std::string()));
 
   return PlannedModule{std::move(*module), std::move(*summary),
                        PlannerOptions{request.prefetch,
                                       checkpointPolicyName(request.checkpoint),
-                                      request.budget, "hp-recompute-plan"}};
+                                      budget, "hp-recompute-plan"}};
 }

@@ -34,7 +34,7 @@ class PlanError(RunError):
 
 def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str] = None,
               model: Optional[PathLike] = None, ranks: int = 4, microbatches: int = 8, stages_per_rank: int = 0,
-              checkpoint: str = "all", prefetch: str = "jit", memory_budget: Optional[int] = None,
+              checkpoint: str = "all", prefetch: str = "jit", memory_budget: Union[int, str, None] = None,
               stages: str = "", dp_shard: Optional[int] = None, dp_replicate: Optional[int] = None
               ) -> Dict[str, Any]:
     """Plans a schedule for a model, as ``hp-recompute-plan ... --emit json`` does, and returns the plan.
@@ -47,7 +47,10 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
             and are read by the CLI only); None plans the schedule alone (unit-cost stages).
         checkpoint: ``all``, ``model``, ``none``, ``auto`` (needs ``memory_budget``) or ``selective``.
         prefetch: ``jit``, ``lookahead=K`` or ``bubble``.
-        memory_budget: per-rank activation bytes (what ``auto`` and ``bubble`` fit within).
+        memory_budget: the per-rank activation budget (what ``auto`` and ``bubble`` fit within):
+            bytes, as an int or as ``--memory-budget`` spells them (``"24GiB"``), or a multiple of
+            the checkpoint-all peak (``"1.5x"``: of the most any rank needs with every
+            checkpointable region checkpointed and replayed jit, i.e. torch's checkpoint).
         stages: an explicit stage split such as ``0:0-3,1:4-7``.
         dp_shard, dp_replicate: the data-parallel layout (``--dp-shard``, ``--dp-replicate``;
             docs/fsdp.md): FSDP2 over ``dp_shard`` ranks, HSDP over ``dp_replicate`` groups of
@@ -68,13 +71,17 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
     if model is not None and os.fspath(model).endswith((".pt", ".ir")):
         raise PlanError([f"usage: {os.fspath(model)}: a TorchScript model is read by the CLI only "
                          f"(hp-recompute-plan --model ...), which loads LibTorch in its own process"])
-    for name, value, what in (("memory_budget", memory_budget, "bytes"), ("dp_shard", dp_shard, "a count"),
-                              ("dp_replicate", dp_replicate, "a count")):
+    if memory_budget is not None and (isinstance(memory_budget, bool) or
+                                      not isinstance(memory_budget, (int, str))):
+        raise PlanError([f"usage: memory_budget: expected bytes (an int) or a str such as '24GiB' or '1.5x', "
+                         f"got {memory_budget!r}"])
+    for name, value in (("dp_shard", dp_shard), ("dp_replicate", dp_replicate)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise PlanError([f"usage: {name}: expected {what} (an int), got {value!r}"])
+            raise PlanError([f"usage: {name}: expected a count (an int), got {value!r}"])
     text, problems = planner_extension().plan(None if schedule is None else os.fspath(schedule), schedule_gen,
                                               None if model is None else os.fspath(model), ranks, microbatches,
-                                              stages_per_rank, checkpoint, prefetch, memory_budget, stages,
+                                              stages_per_rank, checkpoint, prefetch,
+                                              None if memory_budget is None else str(memory_budget), stages,
                                               dp_shard, dp_replicate)
     if problems:
         raise PlanError(problems)

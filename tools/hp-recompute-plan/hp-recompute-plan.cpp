@@ -124,9 +124,11 @@ cl::opt<std::string> prefetch("prefetch",
                               cl::init("jit"), cl::cat(category));
 cl::opt<std::string> memoryBudget(
     "memory-budget",
-    cl::desc("Per-rank activation budget in bytes (suffixes KiB MiB GiB KB "
-             "MB GB): what --checkpoint auto and --prefetch bubble fit "
-             "within; otherwise a check"),
+    cl::desc("Per-rank activation budget: bytes (suffixes KiB MiB GiB KB "
+             "MB GB), or a multiple of the checkpoint-all peak (1.5x: of "
+             "what every rank needs at most with every checkpointable region "
+             "checkpointed, replayed jit): what --checkpoint auto and "
+             "--prefetch bubble fit within; otherwise a check"),
     cl::cat(category));
 
 cl::opt<int64_t> dpShard(
@@ -310,10 +312,11 @@ int main(int argc, char **argv) {
   }
   if (!scheduleFile.empty() && !scheduleGen.empty())
     return usageError("--schedule and --schedule-gen are exclusive");
-  std::optional<int64_t> budget;
-  if (!memoryBudget.empty() && !(budget = mlir::hpr::parseBytes(memoryBudget)))
-    return usageError("--memory-budget: expected bytes such as 24GiB, got '" +
-                      memoryBudget + "'");
+  std::optional<mlir::hpr::MemoryBudget> budget;
+  if (!memoryBudget.empty() &&
+      !(budget = mlir::hpr::parseMemoryBudget(memoryBudget)))
+    return usageError(mlir::hpr::kMemoryBudgetExpected +
+                      (", got '" + memoryBudget + "'"));
 
   // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
   bool useDefault = scheduleFile.empty() && scheduleGen.empty();

@@ -37,6 +37,27 @@ const char *checkpointPolicyName(CheckpointPolicy policy);
 /// unknown.
 std::optional<CheckpointPolicy> parseCheckpointPolicy(llvm::StringRef name);
 
+/// A per-rank activation budget (`--memory-budget`): bytes, or a multiple of
+/// the checkpoint-all peak, the most any rank needs when every checkpointable
+/// region is checkpointed and replayed jit (torch's checkpoint on every
+/// block). runPlanner resolves a multiple by planning that first.
+struct MemoryBudget {
+  int64_t bytes = 0;
+  /// Set for a multiple (`1.5x`); `bytes` is then unused.
+  std::optional<double> ofCheckpointAll;
+
+  /// As written on the command line: `1048576` or `1.5x`.
+  std::string str() const;
+};
+
+/// Parses `24GiB`, `512MB`, `1000` (bytes >= 0) or `1.5x` (a finite multiple
+/// > 0); none when malformed.
+std::optional<MemoryBudget> parseMemoryBudget(llvm::StringRef text);
+/// What a malformed `--memory-budget` is told it should have been.
+inline constexpr const char *kMemoryBudgetExpected =
+    "--memory-budget: expected bytes such as 24GiB, or a multiple of the "
+    "checkpoint-all peak such as 1.5x";
+
 /// Everything the planner is asked (the CLI's flags, docs/cli.md).
 struct PlanRequest {
   /// The model: a file (.pt2, .pt, .ir, .json), or JSON text with a name
@@ -61,9 +82,9 @@ struct PlanRequest {
   /// count replaces the model JSON's `data_parallel` one.
   std::optional<int64_t> dpShard, dpReplicate;
 
-  /// Placement: jit, lookahead=K or bubble; the per-rank budget in bytes.
+  /// Placement: jit, lookahead=K or bubble; the per-rank budget.
   std::string prefetch = "jit";
-  std::optional<int64_t> budget;
+  std::optional<MemoryBudget> budget;
 };
 
 /// A finished, verified plan (its names and sizes are the module's
@@ -74,9 +95,6 @@ struct PlannedModule {
   /// The `planner` member of its plan JSON.
   PlannerOptions options;
 };
-
-/// Parses `24GiB`, `512MB`, `1000`; none when malformed or negative.
-std::optional<int64_t> parseBytes(llvm::StringRef text);
 
 /// Plans `request`. Bad requests are UsageErrors; unreadable inputs and
 /// plans over the budget are errors with their file and position. Pass and

@@ -285,7 +285,7 @@ NB_MODULE(_planner, m) {
       [](std::optional<std::string> schedule, std::optional<std::string> gen,
          std::optional<std::string> model, int ranks, int microbatches,
          int stagesPerRank, const std::string &checkpoint,
-         const std::string &prefetch, std::optional<int64_t> budget,
+         const std::string &prefetch, std::optional<std::string> budget,
          const std::string &stages, std::optional<int64_t> dpShard,
          std::optional<int64_t> dpReplicate) {
         mlir::hpr::PlanRequest request;
@@ -305,7 +305,14 @@ NB_MODULE(_planner, m) {
                checkpoint + "'"}};
         request.checkpoint = *policy;
         request.prefetch = prefetch;
-        request.budget = budget;
+        if (budget) {
+          request.budget = mlir::hpr::parseMemoryBudget(*budget);
+          if (!request.budget)
+            return std::pair<std::string, std::vector<std::string>>{
+                "",
+                {std::string("usage: ") + mlir::hpr::kMemoryBudgetExpected +
+                 ", got '" + *budget + "'"}};
+        }
         request.stageSpec = stages;
         request.dpShard = dpShard;
         request.dpReplicate = dpReplicate;

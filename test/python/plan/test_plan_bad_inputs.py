@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from plan_cli import PLAN_TOOL, REPO, SCHEDULES, plan_json, run_plan
+from plan_cli import PLAN_TOOL, REPO, SCHEDULES, run_plan
 
 BAD = SCHEDULES / "bad"
 
@@ -65,6 +65,8 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
          "--input-shape applies to TorchScript models"),
         (["--memory-budget", "lots"], "--memory-budget: expected bytes such as 24GiB"),
         (["--memory-budget", "8388608TiB"], "--memory-budget: expected bytes such as 24GiB"),
+        *((["--memory-budget", bad], "--memory-budget: expected bytes such as 24GiB, or a multiple of the "
+           f"checkpoint-all peak such as 1.5x, got '{bad}'") for bad in ("0x", "-1.5x", "nanx", "infx", "2X", "x")),
         (["--schedule", "a.csv", "--schedule-gen", "zbv"], "are exclusive"),
         (["--no-such-flag"], "Unknown command line argument"),
         (["--schedule-gen", "zbv", "--stages", "0:0-3"], "--stages shapes a model; give one with --model"),
@@ -250,8 +252,7 @@ def test_a_bad_piece_is_refused_where_it_stands(tmp_path, regions, where, messag
     gen = ["--model", str(REPO / "examples" / "gpt" / "gpt.model.json"), "--schedule-gen", "1f1b", "--ranks", "2",
            "--microbatches", "4"]
     # Pieces need room: within twice jit's peak rank 0 prefetches microbatch 3's last blocks.
-    budget = 2 * max(plan_json(*gen)["summary"]["peak_bytes"])
-    run_plan(*gen, "--prefetch", "bubble", "--memory-budget", str(budget), "--emit", "json", "-o", str(plan))
+    run_plan(*gen, "--prefetch", "bubble", "--memory-budget", "2x", "--emit", "json", "-o", str(plan))
     raw = json.loads(plan.read_text())
     actions = raw["ranks"][0]["actions"]
     piece = next(i for i, a in enumerate(actions) if a["op"] == "recompute" and a.get("regions") == [3])

@@ -252,3 +252,38 @@ def test_memory_budget_stays_a_check_for_all_and_model() -> None:
                         check=False)
         assert proc.returncode == 1
         assert "plan exceeds --memory-budget" in proc.stderr
+
+
+def _checkpoint_all_peak() -> int:
+    return max(_plan(*SMALL, "--checkpoint", "all")["summary"]["peak_bytes"])
+
+
+@pytest.mark.parametrize("multiple,factor", [("1x", 1.0), ("1.25x", 1.25), ("2x", 2.0)])
+def test_a_multiple_budget_plans_as_that_many_bytes(multiple: str, factor: float) -> None:
+    budget = int(factor * _checkpoint_all_peak())
+    for extra in (["--checkpoint", "auto"], ["--checkpoint", "auto", "--prefetch", "bubble"], ["--prefetch", "bubble"]):
+        by_multiple = _plan(*SMALL, *extra, "--memory-budget", multiple)
+        assert by_multiple["planner"]["memory_budget"] == budget
+        assert by_multiple == _plan(*SMALL, *extra, "--memory-budget", str(budget))
+
+
+def test_a_multiple_is_of_checkpointing_every_region_not_of_the_models_marks() -> None:
+    # The bundled GPT marks no block: its own plan keeps every activation, far above
+    # what checkpointing every block needs.
+    peak = _checkpoint_all_peak()
+    proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", "model", "--memory-budget", "1x", check=False)
+    assert proc.returncode == 1
+    assert (f"bytes of activations, budget {peak} (--memory-budget 1x is {peak} bytes, that multiple of the "
+            f"checkpoint-all peak)") in proc.stderr
+
+
+def test_an_infeasible_multiple_says_what_it_resolved_to(tmp_path: Path) -> None:
+    half = int(0.5 * _checkpoint_all_peak())
+    out = tmp_path / "p.json"
+    proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", "auto", "--memory-budget", "0.5x",
+                    "--emit", "json", "-o", str(out), check=False)
+    assert proc.returncode == 1
+    assert f"no checkpoint choice fits budget {half} bytes" in proc.stderr
+    assert (f"remark: --memory-budget 0.5x is {half} bytes, that multiple of the checkpoint-all peak"
+            in proc.stderr)
+    assert list(tmp_path.iterdir()) == []

@@ -30,6 +30,10 @@ CASES = {
                                       memory_budget=1447056, prefetch="bubble"),
                                  ["--schedule-gen", "1f1b", "--ranks", "4", "--model", GPT, "--checkpoint", "auto",
                                   "--memory-budget", "1447056", "--prefetch", "bubble"]),
+    "1f1b auto + bubble within 1.5x the checkpoint-all peak": (
+        dict(schedule_gen="1f1b", ranks=4, model=GPT, checkpoint="auto", memory_budget="1.5x", prefetch="bubble"),
+        ["--schedule-gen", "1f1b", "--ranks", "4", "--model", GPT, "--checkpoint", "auto", "--memory-budget", "1.5x",
+         "--prefetch", "bubble"]),
     "dualpipev lookahead, schedule alone": (dict(schedule_gen="dualpipev", ranks=4, microbatches=8,
                                                  prefetch="lookahead=2"),
                                             ["--schedule-gen", "dualpipev", "--ranks", "4", "--microbatches", "8",
@@ -93,8 +97,14 @@ def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: 
     (dict(schedule_gen="zbv", checkpoint="some"), "usage: --checkpoint: expected all, model, none, auto or selective, got 'some'"),
     (dict(schedule_gen="zbv", checkpoint="auto"), "usage: --checkpoint auto needs --memory-budget"),
     (dict(schedule_gen="zbv", prefetch="soon"), "usage: --prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
-    (dict(schedule_gen="zbv", memory_budget=-1), "usage: --memory-budget: expected bytes >= 0, got -1"),
-    (dict(schedule_gen="zbv", memory_budget=True), "usage: memory_budget: expected bytes (an int), got True"),
+    (dict(schedule_gen="zbv", memory_budget=-1), "usage: --memory-budget: expected bytes such as 24GiB, or a "
+     "multiple of the checkpoint-all peak such as 1.5x, got '-1'"),
+    (dict(schedule_gen="zbv", memory_budget="0x"), "usage: --memory-budget: expected bytes such as 24GiB, or a "
+     "multiple of the checkpoint-all peak such as 1.5x, got '0x'"),
+    (dict(schedule_gen="zbv", memory_budget=True), "usage: memory_budget: expected bytes (an int) or a str such as "
+     "'24GiB' or '1.5x', got True"),
+    (dict(schedule_gen="zbv", memory_budget=1.5), "usage: memory_budget: expected bytes (an int) or a str such as "
+     "'24GiB' or '1.5x', got 1.5"),
     (dict(schedule_gen="zbv", dp_shard=0), "usage: --dp-shard: expected an integer between 1 and 1048576, got 0"),
     (dict(schedule_gen="zbv", dp_replicate=2.0), "usage: dp_replicate: expected a count (an int), got 2.0"),
     (dict(schedule_gen="zbv", model="gpt.pt"), "usage: gpt.pt: a TorchScript model is read by the CLI only"),

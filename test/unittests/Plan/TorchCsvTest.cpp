@@ -54,7 +54,7 @@ Written writePlan(MLIRContext &context, const Case &c) {
   if (c.checkpoint == CheckpointPolicy::Auto) {
     // A budget at which --checkpoint auto runs some forwards plainly.
     request.modelFile = "examples/gpt/gpt.model.json";
-    request.budget = 4'000'000;
+    request.budget = MemoryBudget{4'000'000, std::nullopt};
   }
   TimingScope timing;
   auto planned = runPlanner(context, request, timing, nullptr);
