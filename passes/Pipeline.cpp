@@ -15,6 +15,9 @@ LogicalResult RecomputePipelineOptions::verify(
       (distance != 1 || distance.getNumOccurrences()))
     return emitError("hpr-recompute-pipeline: distance applies to "
                      "policy=lookahead only");
+  if (policy != RecomputePolicy::Bubble && placement.getNumOccurrences())
+    return emitError("hpr-recompute-pipeline: placement applies to "
+                     "policy=bubble only");
   if (budget < 0)
     return emitError("hpr-recompute-pipeline: budget must be >= 0, got " +
                      Twine(static_cast<int64_t>(budget)));
@@ -50,6 +53,7 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
   if (options.policy == RecomputePolicy::Bubble) {
     HPRPrefetchIntoBubblesOptions bubbles;
     bubbles.budget = options.budget;
+    bubbles.placement = options.placement;
     pm.addPass(createHPRPrefetchIntoBubbles(bubbles));
   }
   OpPassManager &placed = nestOnPrograms(pm);

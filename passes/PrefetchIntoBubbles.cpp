@@ -271,6 +271,14 @@ void PrefetchIntoBubblesPass::runOnOperation() {
     return signalPassFailure();
   }
   std::vector<StageCost> costs = computeStageCosts(models.front());
+  if (placement != BubblePlacement::Faster) {
+    FailureOr<Placement> alone =
+        place(module, costs, placement == BubblePlacement::Critical);
+    if (failed(alone))
+      return signalPassFailure();
+    numInBubbles = alone->moved;
+    return;
+  }
   // Both greedy placements, on the module and on a copy: neither is always
   // ahead. The faster wins; on a tie the one that moves only critical replays
   // (docs/planning.md).

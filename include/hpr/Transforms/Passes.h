@@ -16,6 +16,10 @@ namespace mlir::hpr {
 /// lookahead; bubble is jit, then hpr-prefetch-into-bubbles (Passes.td).
 enum class RecomputePolicy { Jit, Lookahead, Bubble };
 
+/// Which of its greedy placements hpr-prefetch-into-bubbles keeps: the
+/// faster of both (the planner's), or one alone (to compare them).
+enum class BubblePlacement { Faster, Critical, EveryFit };
+
 /// Whether the pipeline keeps the model's checkpoint marks or chooses them
 /// (hpr-select-checkpoints).
 enum class CheckpointSelection { Model, Auto };
@@ -46,6 +50,16 @@ struct RecomputePipelineOptions
                      "choice (select=auto) and bubble placement stay within "
                      "it (0: none)"),
       llvm::cl::init(0)};
+  Option<BubblePlacement> placement{
+      *this, "placement",
+      llvm::cl::desc("With policy=bubble: which placement to keep"),
+      llvm::cl::init(BubblePlacement::Faster),
+      llvm::cl::values(clEnumValN(BubblePlacement::Faster, "faster",
+                                  "the faster of the two below"),
+                       clEnumValN(BubblePlacement::Critical, "critical",
+                                  "move only replays on a critical path"),
+                       clEnumValN(BubblePlacement::EveryFit, "every-fit",
+                                  "move every replay that fits"))};
   Option<CheckpointSelection> select{
       *this, "select", llvm::cl::desc("Which regions to checkpoint"),
       llvm::cl::init(CheckpointSelection::Model),
@@ -60,8 +74,8 @@ struct RecomputePipelineOptions
 
   /// Refuses, through `emitError`, options that no pass of the pipeline would
   /// read: `distance` unless policy=lookahead, a `budget` that neither the
-  /// selection (select=auto) nor the placement (policy=bubble) reads, and a
-  /// negative budget.
+  /// selection (select=auto) nor the placement (policy=bubble) reads, a
+  /// `placement` without policy=bubble, and a negative budget.
   LogicalResult
   verify(function_ref<LogicalResult(const Twine &)> emitError) const;
 };

@@ -224,6 +224,7 @@ def HPRPrefetchIntoBubbles
     same rounds run on a copy of the module moving every recompute that
     fits, critical or not, at most 8 of them; both are greedy, neither
     always ahead, and the faster plan wins (on a tie, the critical one).
+    `placement` keeps one of them alone instead (to compare them).
 
     From jit placement, every action then starts no later than before
     (durations are fixed and the programs are monotone in their inputs' end
@@ -241,6 +242,15 @@ def HPRPrefetchIntoBubbles
     Option<"budget", "budget", "int64_t", /*default=*/"0",
            "Per-rank activation bytes the prefetched replays may fill "
            "(0: each rank's peak before the moves)">,
+    Option<"placement", "placement", "::mlir::hpr::BubblePlacement",
+           /*default=*/"::mlir::hpr::BubblePlacement::Faster",
+           "Which placement to keep", [{::llvm::cl::values(
+             clEnumValN(::mlir::hpr::BubblePlacement::Faster, "faster",
+                        "the faster of both (on a tie, the critical one)"),
+             clEnumValN(::mlir::hpr::BubblePlacement::Critical, "critical",
+                        "move only replays on a critical path"),
+             clEnumValN(::mlir::hpr::BubblePlacement::EveryFit, "every-fit",
+                        "move every replay that fits"))}]>,
   ];
   let statistics = [
     Statistic<"numInBubbles", "num-in-bubbles",

@@ -4,7 +4,8 @@
 // policy=bubble) prices its contenders with their replays placed by
 // hpr-prefetch-into-bubbles. Against the same passes with the choice priced
 // under jit: never slower, within the budget, and faster where a choice
-// that is slower under jit leaves bubble more room.
+// that is slower under jit leaves bubble more room. And bubble itself keeps
+// the faster of its two greedy placements.
 //
 //===----------------------------------------------------------------------===//
 
@@ -81,9 +82,10 @@ protected:
 
   /// Plans `generator` at `ranks` x `microbatches` as `select` says within
   /// `budget`; none when the passes refuse it (no choice fits).
-  std::optional<Planned> plan(const char *generator, int ranks,
-                              int microbatches, Select select,
-                              int64_t budget = 0) {
+  std::optional<Planned>
+  plan(const char *generator, int ranks, int microbatches, Select select,
+       int64_t budget = 0,
+       BubblePlacement placement = BubblePlacement::Faster) {
     auto schedule =
         sched::generateSchedule(generator, {ranks, microbatches, 0});
     EXPECT_TRUE(static_cast<bool>(schedule)) << toString(schedule.takeError());
@@ -99,6 +101,7 @@ protected:
     if (select != Select::Every) {
       options.policy = RecomputePolicy::Bubble;
       options.budget = budget;
+      options.placement = placement;
     }
     if (select == Select::Alone) {
       HPRSelectCheckpointsOptions alone;
@@ -172,6 +175,47 @@ TEST_F(ChoiceWithPlacement,
   // Somewhere a choice that is slower under jit leaves bubble more room
   // (bench/prefetch/README.md, "Pricing the choice as bubble places it").
   EXPECT_TRUE(faster);
+}
+
+/// hpr-prefetch-into-bubbles runs two greedy placements, neither always
+/// ahead, and keeps the faster (the critical one on a tie, Passes.td): each
+/// run alone through `placement`, the pass's plan must be the faster one's,
+/// and each must be ahead somewhere (else one of them is not exercised).
+/// The plans are auto's choices priced under jit, then placed: with every
+/// block full, 4 x 8 has no case where moving every replay that fits wins.
+TEST_F(ChoiceWithPlacement, BubbleKeepsTheFasterOfItsTwoPlacements) {
+  int criticalAhead = 0, everyFitAhead = 0;
+  for (auto [model, perStage] :
+       {std::pair<const char *, int>{"bench/prefetch/llama.costed.json", 1},
+        {"bench/prefetch/llama.costed.json", 2},
+        {"examples/gpt/gpt.model.json", 4}})
+    for (const char *generator :
+         {"1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"}) {
+      file = model;
+      blocksPerStage = perStage;
+      std::optional<Planned> every = plan(generator, 4, 8, Select::Every);
+      ASSERT_TRUE(every);
+      for (int64_t budget : {every->peak, every->peak * 5 / 4,
+                             every->peak * 3 / 2, every->peak * 2}) {
+        SCOPED_TRACE(file + ": " + generator + " 4 x 8 within " +
+                     std::to_string(budget) + " bytes");
+        auto placed = [&](BubblePlacement placement) {
+          return plan(generator, 4, 8, Select::Alone, budget, placement);
+        };
+        std::optional<Planned> faster = placed(BubblePlacement::Faster),
+                               critical = placed(BubblePlacement::Critical),
+                               everyFit = placed(BubblePlacement::EveryFit);
+        ASSERT_TRUE(faster && critical && everyFit);
+        bool everyFitWins = everyFit->stepUs < critical->stepUs - 1e-3;
+        EXPECT_DOUBLE_EQ(faster->stepUs,
+                         everyFitWins ? everyFit->stepUs : critical->stepUs);
+        EXPECT_LE(faster->peak, budget);
+        everyFitAhead += everyFitWins;
+        criticalAhead += critical->stepUs < everyFit->stepUs - 1e-3;
+      }
+    }
+  EXPECT_GT(criticalAhead, 0);
+  EXPECT_GT(everyFitAhead, 0);
 }
 
 } // namespace
