@@ -125,8 +125,8 @@ cl::opt<std::string> prefetch("prefetch",
 cl::opt<std::string> memoryBudget(
     "memory-budget",
     cl::desc("Per-rank activation budget: bytes (suffixes KiB MiB GiB KB "
-             "MB GB), or a multiple of the checkpoint-all peak (1.5x: of "
-             "what every rank needs at most with every checkpointable region "
+             "MB GB), or a multiple such as 1.5x of the checkpoint-all peak "
+             "(the most any rank needs with every checkpointable region "
              "checkpointed, replayed jit): what --checkpoint auto and "
              "--prefetch bubble fit within; otherwise a check"),
     cl::cat(category));
