@@ -149,7 +149,6 @@ def main() -> None:
                 if len(specs) <= MAX_SPLITS else []
     recovered = lambda step: f"{(jit['step_time_us'] - step) / (jit['step_time_us'] - none['step_time_us']):.2%}"
     fitting = [s for s in choices if s is not None]
-
     print(f"| {args.schedule} {args.ranks} x {2 * args.ranks} | auto + bubble | {recovered(auto['step_time_us'])} |")
     if choices:
         print(f"| | best of the {count} per-block policies + bubble ({len(fitting)} fit) | "
