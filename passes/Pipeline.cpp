@@ -15,9 +15,13 @@ LogicalResult RecomputePipelineOptions::verify(
       (distance != 1 || distance.getNumOccurrences()))
     return emitError("hpr-recompute-pipeline: distance applies to "
                      "policy=lookahead only");
-  if (policy != RecomputePolicy::Bubble && placement.getNumOccurrences())
+  // select=auto prices its contenders with the pipeline's placement
+  // (buildPlanningPasses on copies), which is the faster one.
+  if ((policy != RecomputePolicy::Bubble ||
+       select == CheckpointSelection::Auto) &&
+      placement.getNumOccurrences())
     return emitError("hpr-recompute-pipeline: placement applies to "
-                     "policy=bubble only");
+                     "policy=bubble with select=model only");
   if (budget < 0)
     return emitError("hpr-recompute-pipeline: budget must be >= 0, got " +
                      Twine(static_cast<int64_t>(budget)));

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from multiprocessing import Pool
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 POLICY = {0: False, 1: "selective", 2: True}
@@ -80,7 +80,7 @@ def policy_choice(job: Tuple[str, Path, List[str], int, Tuple[int, ...]]) -> Opt
 
 
 def fitting_choices(tool: str, model: Path, gen: List[str], budget: int, jit_plan: dict,
-                    pool: "Pool") -> Tuple[List[Tuple[int, ...]], int]:
+                    pool: Any) -> Tuple[List[Tuple[int, ...]], int]:
     """Every per-block choice whose ranks each fit under jit, and how many choices there are."""
     checkpointable = {r["name"] for r in json.loads(model.read_text())["regions"] if r["checkpointable"]}
     stage_to_rank = jit_plan["schedule"]["stage_to_rank"]
@@ -139,29 +139,32 @@ def main() -> None:
         regions = len(json.loads(model.read_text())["regions"])
         with Pool(args.processes) as pool:
             fitting_policies, count = fitting_choices(tool, model, gen, budget, jit_plan, pool)
+            tried_choices = len(fitting_policies) <= MAX_CHOICES
             choices = pool.map(policy_choice, [(tool, model, gen, budget, c) for c in fitting_policies],
-                               chunksize=4) if len(fitting_policies) <= MAX_CHOICES else []
+                               chunksize=4) if tried_choices else []
             specs = [",".join(f"{s}:{b[s]}-{b[s + 1] - 1}" for s in range(stages))
                      for cuts in itertools.combinations(range(1, regions), stages - 1)
                      for b in [(0, *cuts, regions)]]
             # Each split is a whole auto + bubble search: beyond a few hundred, not tried.
-            splits = pool.map(split, [(tool, model, gen, budget, spec) for spec in specs]) \
-                if len(specs) <= MAX_SPLITS else []
+            tried_splits = len(specs) <= MAX_SPLITS
+            splits = pool.map(split, [(tool, model, gen, budget, spec) for spec in specs]) if tried_splits else []
     recovered = lambda step: f"{(jit['step_time_us'] - step) / (jit['step_time_us'] - none['step_time_us']):.2%}"
     fitting = [s for s in choices if s is not None]
+    fitting_splits = [(s, spec) for s, spec in zip(splits, specs) if s is not None]
     print(f"| {args.schedule} {args.ranks} x {2 * args.ranks} | auto + bubble | {recovered(auto['step_time_us'])} |")
-    if choices:
-        print(f"| | best of the {count} per-block policies + bubble ({len(fitting)} fit) | "
-              f"{recovered(min(fitting))} |")
-    else:
+    if not tried_choices:
         print(f"| | {count} per-block policies, {len(fitting_policies)} fitting rank by rank: not tried "
               f"(more than {MAX_CHOICES}) | |")
-    if splits:
-        best_split = min((s, spec) for s, spec in zip(splits, specs) if s is not None)
-        print(f"| | best of the {len(specs)} stage splits, auto + bubble ({best_split[1]}) | "
-              f"{recovered(best_split[0])} |")
     else:
+        best = recovered(min(fitting)) if fitting else "none fits"
+        print(f"| | best of the {count} per-block policies + bubble ({len(fitting)} fit) | {best} |")
+    if not tried_splits:
         print(f"| | {len(specs)} stage splits: not tried (more than {MAX_SPLITS}) | |")
+    elif fitting_splits:
+        step, spec = min(fitting_splits)
+        print(f"| | best of the {len(specs)} stage splits, auto + bubble ({spec}) | {recovered(step)} |")
+    else:
+        print(f"| | none of the {len(specs)} stage splits fits | |")
 
 
 if __name__ == "__main__":

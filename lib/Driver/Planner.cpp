@@ -17,9 +17,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
-#include "llvm/Support/Format.h"
-
-#include <cmath>
+#include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
 using namespace mlir::hpr;
@@ -76,23 +74,42 @@ static std::optional<int64_t> parseBytes(llvm::StringRef text) {
 }
 
 std::optional<MemoryBudget> mlir::hpr::parseMemoryBudget(llvm::StringRef text) {
-  double multiple;
-  if (text.consume_back("x")) {
-    if (text.getAsDouble(multiple) || !std::isfinite(multiple) || multiple <= 0)
-      return std::nullopt;
-    return MemoryBudget{0, multiple};
+  if (!text.consume_back("x")) {
+    if (std::optional<int64_t> bytes = parseBytes(text))
+      return MemoryBudget{*bytes, std::nullopt};
+    return std::nullopt;
   }
-  if (std::optional<int64_t> bytes = parseBytes(text))
-    return MemoryBudget{*bytes, std::nullopt};
-  return std::nullopt;
+  // A decimal `D+(.D+)?`, kept exact: digits over a power of ten.
+  auto [whole, fraction] = text.split('.');
+  auto digits = [](llvm::StringRef part) {
+    return !part.empty() &&
+           llvm::all_of(part, [](char c) { return llvm::isDigit(c); });
+  };
+  if (!digits(whole) || (text.contains('.') && !digits(fraction)) ||
+      fraction.size() > 18)
+    return std::nullopt;
+  MemoryBudget::Multiple multiple{0, static_cast<unsigned>(fraction.size())};
+  for (char digit : (whole + fraction).str())
+    if (__builtin_mul_overflow(multiple.numerator, 10, &multiple.numerator) ||
+        __builtin_add_overflow(multiple.numerator, digit - '0',
+                               &multiple.numerator))
+      return std::nullopt;
+  if (multiple.numerator == 0)
+    return std::nullopt;
+  return MemoryBudget{0, multiple};
 }
 
 std::string MemoryBudget::str() const {
   if (!ofCheckpointAll)
     return std::to_string(bytes);
-  std::string text;
-  llvm::raw_string_ostream(text) << llvm::format("%gx", *ofCheckpointAll);
-  return text;
+  std::string text = std::to_string(ofCheckpointAll->numerator);
+  unsigned scale = ofCheckpointAll->scale;
+  if (scale) {
+    if (text.size() <= scale)
+      text.insert(0, scale + 1 - text.size(), '0');
+    text.insert(text.size() - scale, ".");
+  }
+  return text + "x";
 }
 
 static llvm::Error usage(const llvm::Twine &message) {
@@ -181,33 +198,93 @@ loadModel(const PlanRequest &request, int numStages,
   return model::partitionModel(*graph, numStages, request.stageSpec);
 }
 
-/// The bytes `budget` stands for: itself, or its multiple of the most any
-/// rank needs when `request` is planned with every checkpointable region
-/// checkpointed and replayed jit (the same model, schedule, stages and data
-/// parallelism).
-static llvm::Expected<int64_t> resolveBudget(MLIRContext &context,
-                                             const PlanRequest &request,
-                                             TimingScope &timing,
-                                             const MemoryBudget &budget) {
-  if (!budget.ofCheckpointAll)
-    return budget.bytes;
-  PlanRequest reference = request;
-  reference.checkpoint = CheckpointPolicy::All;
-  reference.prefetch = "jit";
-  reference.budget.reset();
+/// Builds the plan module of `staged` on `schedule` (timed in
+/// `importTiming`), runs the planning passes `pipeline` asks for, verifies
+/// and summarizes it; calls `onFailure` after the passes' diagnostics.
+static llvm::Expected<std::pair<OwningOpRef<ModuleOp>, PlanSummary>>
+planModule(MLIRContext &context, const model::StagedModel &staged,
+           const sched::Schedule &schedule, llvm::StringRef scheduleFile,
+           const RecomputePipelineOptions &pipeline, TimingScope &importTiming,
+           TimingScope &timing, llvm::function_ref<void()> onFailure) {
+  // Import creates a location per schedule cell; uniquing a million of them
+  // is cheaper without the context's locks. Passes and export use threads.
+  TimingScope buildTimer = importTiming.nest("module");
+  bool threaded = context.isMultithreadingEnabled();
+  context.disableMultithreading();
+  auto module = buildPlanModule(context, staged, schedule, scheduleFile);
+  if (threaded)
+    context.enableMultithreading();
+  if (!module)
+    return module.takeError();
+  buildTimer.stop();
+  importTiming.stop();
+
+  // The module is verified once, as planned, rather than after every pass
+  // (a third of the run on large schedules); the importer builds from a
+  // validated schedule, and op verifiers still point at its cells. The
+  // structural verifier runs before hpr-verify, which assumes its invariants.
+  TimingScope passTimer = timing.nest("passes");
+  PassManager planning(&context);
+  planning.enableVerifier(false);
+  planning.enableTiming(passTimer);
+  buildPlanningPasses(planning, pipeline);
+  PassManager checking(&context);
+  checking.enableVerifier(false);
+  checking.enableTiming(passTimer);
+  nestOnPrograms(checking).addPass(createHPRVerify());
+  if (failed(planning.run(**module)) || failed(mlir::verify(**module)) ||
+      failed(checking.run(**module))) {
+    onFailure();
+    return llvm::createStringError(
+        scheduleFile + ": the plan failed verification (diagnostics above)");
+  }
+  passTimer.stop();
+
+  TimingScope summaryTimer = timing.nest("summary and simulation");
+  llvm::Expected<PlanSummary> summary = summarizePlan(**module);
+  if (!summary)
+    return summary.takeError();
+  return std::pair{std::move(*module), std::move(*summary)};
+}
+
+/// The bytes a multiple of the checkpoint-all peak stands for: `staged` with
+/// every checkpointable region checkpointed (fully) and replayed jit, on the
+/// same schedule, stages and data parallelism; floor(multiple x its largest
+/// rank peak), exactly.
+static llvm::Expected<int64_t>
+resolveMultiple(MLIRContext &context, const MemoryBudget &budget,
+                model::StagedModel staged, const sched::Schedule &schedule,
+                llvm::StringRef scheduleFile, TimingScope &timing) {
+  for (model::Stage &stage : staged.stages)
+    for (model::Region &region : stage.regions) {
+      region.checkpoint = region.checkpointable;
+      region.selective = false;
+    }
+  RecomputePipelineOptions jit;
+  jit.checkSchedule = false;
   TimingScope referenceTimer = timing.nest("checkpoint-all peak");
-  llvm::Expected<PlannedModule> planned =
-      runPlanner(context, reference, referenceTimer, nullptr);
-  if (!planned)
-    return planned.takeError();
+  TimingScope importTimer = referenceTimer.nest("import");
+  auto reference = planModule(
+      context, staged, schedule, scheduleFile, jit, importTimer, referenceTimer,
+      [&] {
+        emitRemark(UnknownLoc::get(&context))
+            << "while planning every checkpointable region checkpointed, for "
+               "--memory-budget "
+            << budget.str();
+      });
+  if (!reference)
+    return reference.takeError();
   int64_t peak = 0;
-  for (const RankSummary &rank : planned->summary.ranks)
+  for (const RankSummary &rank : reference->second.ranks)
     peak = std::max(peak, rank.peakBytes);
-  double bytes = std::floor(*budget.ofCheckpointAll * double(peak));
-  if (bytes >= 0x1p63)
+  unsigned __int128 bytes =
+      static_cast<unsigned __int128>(peak) * budget.ofCheckpointAll->numerator;
+  for (unsigned i = 0; i < budget.ofCheckpointAll->scale; ++i)
+    bytes /= 10;
+  if (bytes > static_cast<unsigned __int128>(INT64_MAX))
     return usage("--memory-budget " + budget.str() + ": " + llvm::Twine(peak) +
                  " bytes (the checkpoint-all peak) times it overflows");
-  return int64_t(bytes);
+  return static_cast<int64_t>(bytes);
 }
 
 /// For messages about a budget given as a multiple: what it resolved to;
@@ -249,19 +326,6 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   // The schedule is validated before import (loadSchedule): the same rules
   // hpr-verify-comm would check on the IR again.
   pipeline.checkSchedule = false;
-  std::optional<int64_t> budget;
-  if (request.budget) {
-    llvm::Expected<int64_t> bytes =
-        resolveBudget(context, request, timing, *request.budget);
-    if (!bytes)
-      return bytes.takeError();
-    budget = *bytes;
-  }
-  // Otherwise the budget is a check of the finished plan.
-  if (budget && (request.checkpoint == CheckpointPolicy::Auto ||
-                 pipeline.policy == RecomputePolicy::Bubble))
-    pipeline.budget = *budget;
-
   TimingScope importTimer = timing.nest("import");
   TimingScope scheduleTimer = importTimer.nest("schedule");
   std::string scheduleFile; // what diagnostics name: the file or <generator>
@@ -281,47 +345,35 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
     staged->dataParallel.replicate = *request.dpReplicate;
   modelTimer.stop();
 
-  // Import creates a location per schedule cell; uniquing a million of them
-  // is cheaper without the context's locks. Passes and export use threads.
-  bool threaded = context.isMultithreadingEnabled();
-  context.disableMultithreading();
-  auto module = buildPlanModule(context, *staged, *schedule, scheduleFile);
-  if (threaded)
-    context.enableMultithreading();
-  if (!module)
-    return module.takeError();
-  importTimer.stop();
-
-  // The module is verified once, as planned, rather than after every pass
-  // (a third of the run on large schedules); the importer builds from a
-  // validated schedule, and op verifiers still point at its cells. The
-  // structural verifier runs before hpr-verify, which assumes its invariants.
-  TimingScope passTimer = timing.nest("passes");
-  PassManager planning(&context);
-  planning.enableVerifier(false);
-  planning.enableTiming(passTimer);
-  buildPlanningPasses(planning, pipeline);
-  PassManager checking(&context);
-  checking.enableVerifier(false);
-  checking.enableTiming(passTimer);
-  nestOnPrograms(checking).addPass(createHPRVerify());
-  if (failed(planning.run(**module)) || failed(mlir::verify(**module)) ||
-      failed(checking.run(**module))) {
-    // The diagnostics name the budget in bytes; say where they came from.
-    if (std::string note = budgetNote(request, budget); !note.empty())
-      emitRemark(UnknownLoc::get(&context)) << note;
-    return llvm::createStringError(
-        scheduleFile + ": the plan failed verification (diagnostics above)");
+  std::optional<int64_t> budget;
+  if (request.budget && request.budget->ofCheckpointAll) {
+    // Timed within the import: an input of this plan, like the model.
+    llvm::Expected<int64_t> bytes =
+        resolveMultiple(context, *request.budget, *staged, *schedule,
+                        scheduleFile, importTimer);
+    if (!bytes)
+      return bytes.takeError();
+    budget = *bytes;
+  } else if (request.budget) {
+    budget = request.budget->bytes;
   }
-  passTimer.stop();
+  // Otherwise the budget is a check of the finished plan.
+  if (budget && (request.checkpoint == CheckpointPolicy::Auto ||
+                 pipeline.policy == RecomputePolicy::Bubble))
+    pipeline.budget = *budget;
 
-  TimingScope summaryTimer = timing.nest("summary and simulation");
-  llvm::Expected<PlanSummary> summary = summarizePlan(**module);
-  if (!summary)
-    return summary.takeError();
-  summaryTimer.stop();
+  auto planned = planModule(
+      context, *staged, *schedule, scheduleFile, pipeline, importTimer, timing,
+      [&] {
+        // The diagnostics name the budget in bytes; say where they came from.
+        if (std::string note = budgetNote(request, budget); !note.empty())
+          emitRemark(UnknownLoc::get(&context)) << note;
+      });
+  if (!planned)
+    return planned.takeError();
+  auto &[module, summary] = *planned;
   if (budget)
-    for (auto [rank, rankSummary] : llvm::enumerate(summary->ranks))
+    for (auto [rank, rankSummary] : llvm::enumerate(summary.ranks))
       if (rankSummary.peakBytes > *budget)
         return llvm::createStringError(
             "plan exceeds --memory-budget: rank " + llvm::Twine(rank) +
@@ -331,7 +383,7 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
                  ? " (" + budgetNote(request, budget) + ")"
                  : std::string()));
 
-  return PlannedModule{std::move(*module), std::move(*summary),
+  return PlannedModule{std::move(module), std::move(summary),
                        PlannerOptions{request.prefetch,
                                       checkpointPolicyName(request.checkpoint),
                                       budget, "hp-recompute-plan"}};

@@ -4,6 +4,7 @@
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=jit distance=2' 2>&1 | FileCheck %s --check-prefix=DISTANCE
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=lookahead budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=jit placement=critical' 2>&1 | FileCheck %s --check-prefix=PLACEMENT
+// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=bubble select=auto budget=5 placement=every-fit' 2>&1 | FileCheck %s --check-prefix=PLACEMENT
 
 // GPipe on two ranks, F = 10 us, B = 26 us (dx/dw ratios), replay 10 us.
 // Under jit, rank 0 idles from t=20 (its forwards done) to t=66, when the
@@ -68,7 +69,7 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // The pipeline refuses what none of its passes would read.
 // DISTANCE: hpr-recompute-pipeline: distance applies to policy=lookahead only
 // BUDGET: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only
-// PLACEMENT: hpr-recompute-pipeline: placement applies to policy=bubble only
+// PLACEMENT: hpr-recompute-pipeline: placement applies to policy=bubble with select=model only
 // NEGATIVE: error: hpr-prefetch-into-bubbles: budget must be >= 0, got -1
 
 // -----

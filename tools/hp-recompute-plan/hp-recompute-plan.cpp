@@ -124,11 +124,12 @@ cl::opt<std::string> prefetch("prefetch",
                               cl::init("jit"), cl::cat(category));
 cl::opt<std::string> memoryBudget(
     "memory-budget",
-    cl::desc("Per-rank activation budget: bytes (suffixes KiB MiB GiB KB "
-             "MB GB), or a multiple such as 1.5x of the checkpoint-all peak "
-             "(the most any rank needs with every checkpointable region "
-             "checkpointed, replayed jit): what --checkpoint auto and "
-             "--prefetch bubble fit within; otherwise a check"),
+    cl::desc(
+        "Per-rank activation budget: bytes (suffixes KiB MiB GiB TiB "
+        "KB MB GB TB B), or a multiple such as 1.5x of the checkpoint-all peak "
+        "(the most any rank needs with every checkpointable region "
+        "checkpointed, replayed jit): what --checkpoint auto and "
+        "--prefetch bubble fit within; otherwise a check"),
     cl::cat(category));
 
 cl::opt<int64_t> dpShard(
@@ -315,8 +316,8 @@ int main(int argc, char **argv) {
   std::optional<mlir::hpr::MemoryBudget> budget;
   if (!memoryBudget.empty() &&
       !(budget = mlir::hpr::parseMemoryBudget(memoryBudget)))
-    return usageError(mlir::hpr::kMemoryBudgetExpected +
-                      (", got '" + memoryBudget + "'"));
+    return usageError(mlir::hpr::kMemoryBudgetExpected + ", got '" +
+                      memoryBudget + "'");
 
   // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
   bool useDefault = scheduleFile.empty() && scheduleGen.empty();

@@ -42,19 +42,24 @@ std::optional<CheckpointPolicy> parseCheckpointPolicy(llvm::StringRef name);
 /// region is checkpointed and replayed jit (torch's checkpoint on every
 /// block). runPlanner resolves a multiple by planning that first.
 struct MemoryBudget {
+  /// A decimal multiple, exact: numerator / 10^scale (`1.25x`: 125, 2).
+  struct Multiple {
+    int64_t numerator = 0;
+    unsigned scale = 0;
+  };
   int64_t bytes = 0;
-  /// Set for a multiple (`1.5x`); `bytes` is then unused.
-  std::optional<double> ofCheckpointAll;
+  /// Set for a multiple; `bytes` is then unused.
+  std::optional<Multiple> ofCheckpointAll;
 
   /// As written on the command line: `1048576` or `1.5x`.
   std::string str() const;
 };
 
-/// Parses `24GiB`, `512MB`, `1000` (bytes >= 0) or `1.5x` (a finite multiple
-/// > 0); none when malformed.
+/// Parses `24GiB`, `512MB`, `1000` (bytes >= 0) or `1.5x` (a decimal
+/// multiple > 0, `D+(.D+)?x`, at most 18 decimals); none when malformed.
 std::optional<MemoryBudget> parseMemoryBudget(llvm::StringRef text);
 /// What a malformed `--memory-budget` is told it should have been.
-inline constexpr const char *kMemoryBudgetExpected =
+inline constexpr llvm::StringLiteral kMemoryBudgetExpected =
     "--memory-budget: expected bytes such as 24GiB, or a multiple of the "
     "checkpoint-all peak such as 1.5x";
 

@@ -52,10 +52,12 @@ struct RecomputePipelineOptions
       llvm::cl::init(0)};
   Option<BubblePlacement> placement{
       *this, "placement",
-      llvm::cl::desc("With policy=bubble: which placement to keep"),
+      llvm::cl::desc("With policy=bubble and select=model: which "
+                     "placement to keep"),
       llvm::cl::init(BubblePlacement::Faster),
       llvm::cl::values(clEnumValN(BubblePlacement::Faster, "faster",
-                                  "the faster of the two below"),
+                                  "the faster of both (on a tie, the "
+                                  "critical one)"),
                        clEnumValN(BubblePlacement::Critical, "critical",
                                   "move only replays on a critical path"),
                        clEnumValN(BubblePlacement::EveryFit, "every-fit",
@@ -75,7 +77,8 @@ struct RecomputePipelineOptions
   /// Refuses, through `emitError`, options that no pass of the pipeline would
   /// read: `distance` unless policy=lookahead, a `budget` that neither the
   /// selection (select=auto) nor the placement (policy=bubble) reads, a
-  /// `placement` without policy=bubble, and a negative budget.
+  /// `placement` but with policy=bubble and select=model, and a negative
+  /// budget.
   LogicalResult
   verify(function_ref<LogicalResult(const Twine &)> emitError) const;
 };

@@ -310,8 +310,9 @@ NB_MODULE(_planner, m) {
           if (!request.budget)
             return std::pair<std::string, std::vector<std::string>>{
                 "",
-                {std::string("usage: ") + mlir::hpr::kMemoryBudgetExpected +
-                 ", got '" + *budget + "'"}};
+                {("usage: " + mlir::hpr::kMemoryBudgetExpected + ", got '" +
+                  *budget + "'")
+                     .str()}};
         }
         request.stageSpec = stages;
         request.dpShard = dpShard;

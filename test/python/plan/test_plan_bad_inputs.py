@@ -66,8 +66,10 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
         (["--memory-budget", "lots"], "--memory-budget: expected bytes such as 24GiB"),
         (["--memory-budget", "8388608TiB"], "--memory-budget: expected bytes such as 24GiB"),
         *((["--memory-budget", bad], "--memory-budget: expected bytes such as 24GiB, or a multiple of the "
-           f"checkpoint-all peak such as 1.5x, got '{bad}'") for bad in ("0x", "-1.5x", "nanx", "infx", "2X", "x")),
-        (["--memory-budget", "1e18x"], "bytes (the checkpoint-all peak) times it overflows"),
+           f"checkpoint-all peak such as 1.5x, got '{bad}'")
+          for bad in ("0x", "0.0x", "-1.5x", "+1.5x", "nanx", "infx", "1e2x", ".5x", "1.x", "2X", "x",
+                      "1.0000000000000000001x")),
+        (["--memory-budget", "99999999999999x"], "bytes (the checkpoint-all peak) times it overflows"),
         (["--schedule", "a.csv", "--schedule-gen", "zbv"], "are exclusive"),
         (["--no-such-flag"], "Unknown command line argument"),
         (["--schedule-gen", "zbv", "--stages", "0:0-3"], "--stages shapes a model; give one with --model"),

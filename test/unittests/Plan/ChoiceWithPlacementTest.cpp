@@ -206,6 +206,7 @@ TEST_F(ChoiceWithPlacement, BubbleKeepsTheFasterOfItsTwoPlacements) {
                                critical = placed(BubblePlacement::Critical),
                                everyFit = placed(BubblePlacement::EveryFit);
         ASSERT_TRUE(faster && critical && everyFit);
+        // Ties within the pass's tolerance (kCriticalSlackUs, a nanosecond).
         bool everyFitWins = everyFit->stepUs < critical->stepUs - 1e-3;
         EXPECT_DOUBLE_EQ(faster->stepUs,
                          everyFitWins ? everyFit->stepUs : critical->stepUs);
