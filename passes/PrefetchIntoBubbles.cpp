@@ -41,7 +41,7 @@ struct PrefetchIntoBubblesPass
   };
   FailureOr<Placement> place(ModuleOp module,
                              const std::vector<StageCost> &costs,
-                             bool criticalOnly);
+                             llvm::ArrayRef<int64_t> limits, bool criticalOnly);
   bool placeInBubbles(ProgramOp program, llvm::ArrayRef<Operation *> cellOps,
                       llvm::ArrayRef<sched::ActionTiming> timeline,
                       const std::vector<StageCost> &costs, int64_t limit,
@@ -220,18 +220,13 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
   return any;
 }
 
-/// Rounds of placeInBubbles on every rank of `module` until nothing moves.
+/// Rounds of placeInBubbles on every rank of `module` until nothing moves,
+/// each rank's activations within its `limits` entry.
 FailureOr<PrefetchIntoBubblesPass::Placement> PrefetchIntoBubblesPass::place(
-    ModuleOp module, const std::vector<StageCost> &costs, bool criticalOnly) {
+    ModuleOp module, const std::vector<StageCost> &costs,
+    llvm::ArrayRef<int64_t> limits, bool criticalOnly) {
   auto programs =
       llvm::to_vector(getSchedule(module).getBody().getOps<ProgramOp>());
-  // Without a budget, each rank keeps its activation peak as placed.
-  std::vector<int64_t> limits;
-  for (ProgramOp program : programs)
-    limits.push_back(budget ? static_cast<int64_t>(budget)
-                            : computeActivationProfile(
-                                  collectActivationLifetimes(program), costs)
-                                  .peak());
   // Ranks are independent within a round: each moves ops of its own block.
   size_t numRanks = limits.size();
   std::vector<llvm::DenseSet<Operation *>> moved(numRanks);
@@ -271,9 +266,16 @@ void PrefetchIntoBubblesPass::runOnOperation() {
     return signalPassFailure();
   }
   std::vector<StageCost> costs = computeStageCosts(models.front());
+  // Without a budget, each rank keeps its activation peak as placed (jit).
+  std::vector<int64_t> limits;
+  for (ProgramOp program : schedules.front().getBody().getOps<ProgramOp>())
+    limits.push_back(budget ? static_cast<int64_t>(budget)
+                            : computeActivationProfile(
+                                  collectActivationLifetimes(program), costs)
+                                  .peak());
   if (placement != BubblePlacement::Faster) {
     FailureOr<Placement> alone =
-        place(module, costs, placement == BubblePlacement::Critical);
+        place(module, costs, limits, placement == BubblePlacement::Critical);
     if (failed(alone))
       return signalPassFailure();
     numInBubbles = alone->moved;
@@ -283,8 +285,10 @@ void PrefetchIntoBubblesPass::runOnOperation() {
   // ahead. The faster wins; on a tie the one that moves only critical replays
   // (docs/planning.md).
   OwningOpRef<ModuleOp> everyFit = module.clone();
-  FailureOr<Placement> critical = place(module, costs, /*criticalOnly=*/true);
-  FailureOr<Placement> fit = place(*everyFit, costs, /*criticalOnly=*/false);
+  FailureOr<Placement> critical =
+      place(module, costs, limits, /*criticalOnly=*/true);
+  FailureOr<Placement> fit =
+      place(*everyFit, costs, limits, /*criticalOnly=*/false);
   if (failed(critical) || failed(fit))
     return signalPassFailure();
   Placement chosen = *critical;
