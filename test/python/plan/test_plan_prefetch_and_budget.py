@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import threading
@@ -315,8 +316,12 @@ def test_a_multiple_reads_each_input_once(tmp_path: Path) -> None:
 
 
 def test_a_decimal_multiple_is_exact() -> None:
-    # 2.01 and 1.15 are not exact in binary: a float product loses a byte here.
-    peak = _checkpoint_all_peak()
-    for multiple, numerator, denominator in (("2.01x", 201, 100), ("1.15x", 115, 100), ("1.333x", 1333, 1000)):
-        plan = _plan(*SMALL, "--prefetch", "bubble", "--memory-budget", multiple)
+    gen = ["--model", str(REPO / "bench" / "prefetch" / "llama.costed.json"), "--schedule-gen", "1f1b", "--ranks",
+           "4", "--microbatches", "8"]
+    peak = max(plan_json(*gen)["summary"]["peak_bytes"])
+    cases = (("1.15x", 115, 100), ("2.01x", 201, 100), ("1.333x", 1333, 1000))
+    # At this peak a float product floors 1.15 x peak a byte low: the case tells exact from float.
+    assert any(math.floor(float(m[:-1]) * peak) != peak * n // d for m, n, d in cases)
+    for multiple, numerator, denominator in cases:
+        plan = plan_json(*gen, "--prefetch", "bubble", "--memory-budget", multiple)
         assert plan["planner"]["memory_budget"] == peak * numerator // denominator, multiple
