@@ -13,7 +13,7 @@ policies of its own blocks (the schedule fixes each rank's order), and bubble on
 a peak, so a choice fits only if each rank's part fits with every other block full. The
 fitting parts of each rank (3^blocks-on-the-rank tries) are then combined, and every
 combination is planned with bubble. What it cannot try: per-microbatch plain forwards
-(auto's refinement adds those), splits of a block.
+(auto's refinement adds those), splits of a block (finer.py).
 
     python3 bench/prefetch/ceiling.py [--build build] [--schedule 1f1b] [--ranks 4] [--processes 2]
 """
