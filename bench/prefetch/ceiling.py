@@ -117,8 +117,10 @@ def split(job: Tuple[str, Path, List[str], int, str]) -> Optional[float]:
     return summary["step_time_us"] if summary else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cell(description: str) -> Tuple[argparse.Namespace, str, int, List[str]]:
+    """The command line of a one-cell script: its arguments, the planner, the stage count
+    (two per rank on the looped schedules) and the generator flags (2 x ranks microbatches)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--build", default=str(HERE.parents[1] / "build"))
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--ranks", type=int, default=4)
@@ -127,6 +129,11 @@ def main() -> None:
     tool = str(Path(args.build) / "bin" / "hp-recompute-plan")
     stages = args.ranks * (2 if args.schedule in ("interleaved-1f1b", "zbv", "dualpipev") else 1)
     gen = ["--schedule-gen", args.schedule, "--ranks", str(args.ranks), "--microbatches", str(2 * args.ranks)]
+    return args, tool, stages, gen
+
+
+def main() -> None:
+    args, tool, stages, gen = cell(__doc__.splitlines()[0])
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model.json"
         subprocess.run([sys.executable, str(HERE / "make_model.py"), str(HERE / "llama.costed.json"),

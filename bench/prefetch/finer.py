@@ -19,7 +19,6 @@ stage cut the fine way cannot also checkpoint its blocks whole.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -29,7 +28,7 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ceiling import HERE, plan
+from ceiling import HERE, cell, plan
 
 BLOCKS_PER_STAGE = 2
 
@@ -74,15 +73,7 @@ def auto_bubble(job: Tuple[str, Dict[str, Any], List[str], int]) -> Optional[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=str(HERE.parents[1] / "build"))
-    parser.add_argument("--schedule", default="1f1b")
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--processes", type=int, default=2)
-    args = parser.parse_args()
-    tool = str(Path(args.build) / "bin" / "hp-recompute-plan")
-    stages = args.ranks * (2 if args.schedule in ("interleaved-1f1b", "zbv", "dualpipev") else 1)
-    gen = ["--schedule-gen", args.schedule, "--ranks", str(args.ranks), "--microbatches", str(2 * args.ranks)]
+    args, tool, stages, gen = cell(__doc__.splitlines()[0])
     with tempfile.TemporaryDirectory() as tmp:
         by_block, fine = cost(False, Path(tmp) / "block.json"), cost(True, Path(tmp) / "fine.json")
         base = Path(tmp) / "base.json"
@@ -96,8 +87,8 @@ def main() -> None:
                                            for c in subsets], chunksize=4)
     recovered = lambda step: (jit["step_time_us"] - step) / (jit["step_time_us"] - none)
     fits = [(recovered(s), c) for s, c in zip(steps, subsets) if s is not None]
-    cell = f"{args.schedule} {args.ranks} x {2 * args.ranks}"
-    print(f"| {cell} | by block (auto + bubble) | {recovered(steps[0]):.2%} |")
+    label = f"{args.schedule} {args.ranks} x {2 * args.ranks}"
+    print(f"| {label} | by block (auto + bubble) | {recovered(steps[0]):.2%} |")
     best, where = max(fits[1:], default=(None, None))
     if best is None:
         print(f"| | none of the {len(subsets) - 1} subsets of stages cut in halves fits | |")
