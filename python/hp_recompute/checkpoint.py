@@ -32,8 +32,9 @@ Rule 2 (replay). A replay runs the function once more on the forward's own input
   (or ``set_checkpoint_early_stop``) the replay stops right after the last saved tensor.
   The number of saved tensors is always checked, their metadata unless
   ``determinism_check="none"``; a mismatch raises CheckpointError (with torch's operator
-  report under ``debug=True``). Where torch's checkpoint detects a condition too, the
-  message carries the installed torch's own text after ``hp_recompute:``. A replay shows
+  report under ``debug=True``). Where torch's checkpoint detects a condition too, a
+  replay outside any session raises torch's own text, word for word (Rule 3); one for a
+  session adds ``hp_recompute:``, which checkpoint and the fix. A replay shows
   in torch's profiler as ``hp_recompute::replay``.
 
 Rule 3 (no session). A frame bound to no session behaves like the installed torch's
@@ -194,49 +195,16 @@ def _is_compiling() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-def _validate_options(
-    use_reentrant: Any, context_fn: Any, preserve_rng_state: Any, determinism_check: Any, debug: Any, early_stop: Any
-) -> None:
-    for name, value in (
-        ("use_reentrant", use_reentrant),
-        ("preserve_rng_state", preserve_rng_state),
-        ("debug", debug),
-        ("early_stop", early_stop),
-    ):
-        if not isinstance(value, bool):
-            raise ValueError(error_text(f"checkpoint: {name} must be a bool, got {value!r}"))
+def _check_determinism(determinism_check: Any) -> None:
+    """torch's check, in torch's words (torch 1.13 has no such option: the same words)."""
     if determinism_check not in _DETERMINISM_CHECKS:
-        raise ValueError(
-            error_text(f"checkpoint: determinism_check must be one of {_DETERMINISM_CHECKS}, got {determinism_check!r}")
-        )
-    if context_fn is not None and not callable(context_fn):
-        raise ValueError(error_text(f"checkpoint: context_fn must be callable or None, got {context_fn!r}"))
-    if use_reentrant and (context_fn is not None or debug):
-        raise ValueError(error_text("checkpoint: context_fn and debug need use_reentrant=False"))
-
-
-def _contexts(context_fn: Optional[Callable[[], Any]]) -> Tuple[Optional[ContextManager[Any]], Optional[ContextManager[Any]]]:
-    if context_fn is None:
-        return None, None
-    pair = context_fn()
-    if not (
-        isinstance(pair, tuple)
-        and len(pair) == 2
-        and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)
-    ):
-        raise ValueError(
-            error_text(
-                "checkpoint: context_fn must return a tuple of two context managers (forward context, "
-                f"recompute context), got {pair!r}"
-            )
-        )
-    return pair[0], pair[1]
+        raise ValueError(f"determinism_check should be one of {list(_DETERMINISM_CHECKS)}, but got {determinism_check}")
 
 
 def checkpoint(
     function: Callable[..., Any],
     *args: Any,
-    use_reentrant: bool = False,
+    use_reentrant: Optional[bool] = False,
     context_fn: Optional[Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]] = None,
     preserve_rng_state: bool = True,
     determinism_check: str = "default",
@@ -248,15 +216,16 @@ def checkpoint(
 
     Outside any collector and session this is ``torch.utils.checkpoint.checkpoint(
     function, *args, use_reentrant=False)`` of the installed torch: same results, same
-    number of calls (Rule 3). Inside ``recompute_handle_collector_ctx()`` it also yields a
+    number of calls, the same errors in the same words (Rule 3). Inside ``recompute_handle_collector_ctx()`` it also yields a
     handle that a scheduler can prefetch with ``recompute_handle`` (Rules 1, 4).
 
     Args:
         function: the checkpointed callable.
         *args, **kwargs: its arguments (kwargs reach ``function`` unchanged; the
             keyword arguments below never do).
-        use_reentrant: True delegates to ``torch.utils.checkpoint`` (reentrant variant:
-            no kwargs, no context_fn, no handle, no session).
+        use_reentrant: True, or None, calls ``torch.utils.checkpoint`` with it and the
+            other options as given (no handle, no session): torch's reentrant variant,
+            and for None torch's warning and default.
         context_fn: returns ``(forward_context, recompute_context)``; the first wraps
             the forward, the second every replay (e.g. a selective-checkpoint policy).
         preserve_rng_state: restore RNG state for replays (bit-identical dropout).
@@ -273,7 +242,9 @@ def checkpoint(
         whatever ``function`` returns.
 
     Raises:
-        ValueError: invalid options.
+        ValueError: a determinism_check torch does not know, or debug with a context_fn
+            (torch's words). A context_fn that is not callable or returns no pair fails
+            as in torch, in Python's words (TypeError).
         CheckpointError: the call is a nested checkpoint inside a session replay, runs
             under torch.compile inside a collector, or the device was initialised by
             the forward while RNG state is preserved.
@@ -281,15 +252,20 @@ def checkpoint(
     Example:
         >>> y = checkpoint(block, x, mask=m)          # like torch.utils.checkpoint
     """
-    _validate_options(use_reentrant, context_fn, preserve_rng_state, determinism_check, debug, early_stop)
-    if use_reentrant:
+    if use_reentrant is None or use_reentrant:  # torch's checkpoint decides, and words its errors
         if _COLLECTOR.get() is not None:
             raise CheckpointError(
-                error_text("checkpoint: use_reentrant=True cannot produce a recompute handle; use use_reentrant=False")
+                error_text(f"checkpoint: use_reentrant={use_reentrant!r} cannot produce a recompute handle; use "
+                           "use_reentrant=False")
             )
+        options = {"context_fn": context_fn} if context_fn is not None else {}
+        if debug:
+            options["debug"] = debug
         return _torch_checkpoint.checkpoint(
-            function, *args, use_reentrant=True, preserve_rng_state=preserve_rng_state, **kwargs
+            function, *args, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state, **options, **kwargs
         )
+    # Options torch reads as truth values; a bad determinism_check is refused as torch does.
+    preserve_rng_state, debug, early_stop = bool(preserve_rng_state), bool(debug), bool(early_stop)
     if _is_compiling():  # Rule 11
         return _compiled_checkpoint(
             function, args, kwargs, context_fn, preserve_rng_state, determinism_check, debug, early_stop
@@ -298,11 +274,13 @@ def checkpoint(
         hide_hooks_from_dynamo()
     if _debug_enabled(debug):
         if context_fn is not None:
-            raise ValueError(error_text("checkpoint: debug=True is incompatible with a context_fn"))
+            raise ValueError("debug=True is incompatible with non-default context_fn")
         context_fn, error_cb = _torch_checkpoint._get_debug_context_and_cb()
     else:
         error_cb = None
-    forward_ctx, recompute_ctx = _contexts(context_fn)
+    _check_determinism(determinism_check)  # after the debug check, as torch
+    # As torch unpacks it: a context_fn that is not callable or returns no pair fails in Python's words.
+    forward_ctx, recompute_ctx = context_fn() if context_fn is not None else (None, None)
     if not torch.is_grad_enabled():  # as torch: nothing to checkpoint, the forward context is not entered
         return function(*args, **kwargs)
     suppressed = True
@@ -318,13 +296,11 @@ def checkpoint(
             _early_stop(early_stop),
         )
         suppressed = False
-    if suppressed:  # the forward raised and the context's __exit__ returned True
-        raise CheckpointError(
-            error_text(
-                "torch.utils.checkpoint: the forward context provided by context_fn suppressed an exception raised "
-                "during the checkpointed forward. This is not supported because checkpoint cannot return a value "
-                "for a failed forward. (Let the exception through: the context's __exit__ must not return True.)"
-            )
+    if suppressed:  # the forward raised and the context's __exit__ returned True: torch's error
+        raise RuntimeError(
+            "torch.utils.checkpoint: the forward context provided by context_fn suppressed an exception raised "
+            "during the checkpointed forward. This is not supported because checkpoint cannot return a value for "
+            "a failed forward."
         )
     return output
 

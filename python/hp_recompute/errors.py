@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import torch.utils.checkpoint as _torch_checkpoint
 
-__all__ = ["CheckpointError", "error_text"]
+__all__ = ["CheckpointError", "TorchCheckpointError", "error_text"]
 
 # torch >= 2.1 raises torch.utils.checkpoint.CheckpointError; deriving from it lets code
-# written against torch's checkpoint catch ours unchanged. torch 1.13 has none.
-_TorchCheckpointError = getattr(_torch_checkpoint, "CheckpointError", RuntimeError)
+# written against torch's checkpoint catch ours unchanged. torch 1.13 has none (its
+# checkpoint raises RuntimeError). Raised as is where our checkpoint is torch's (Rule 3).
+TorchCheckpointError = getattr(_torch_checkpoint, "CheckpointError", RuntimeError)
 
 
-class CheckpointError(_TorchCheckpointError):
+class CheckpointError(TorchCheckpointError):
     """A checkpoint or recompute session was used against the rules.
 
-    Every message starts with ``hp_recompute:`` and says how to fix the problem
-    (see NOTE [ Recompute sessions ] in ``checkpoint.py``). A RuntimeError, and on
-    torch >= 2.1 a ``torch.utils.checkpoint.CheckpointError``.
+    Every message starts with ``hp_recompute:`` and says how to fix the problem (see
+    NOTE [ Recompute sessions ] in ``checkpoint.py``). Where torch's checkpoint raises
+    for the same condition outside a session, ours raises torch's own error instead,
+    type and text (Rule 3). A RuntimeError, and on torch >= 2.1 a
+    ``torch.utils.checkpoint.CheckpointError``.
 
     On torch 1.13, an error raised inside an autograd hook during ``backward``
     reaches the caller as a plain ``RuntimeError`` whose text contains this

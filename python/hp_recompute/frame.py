@@ -19,7 +19,7 @@ import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
 from . import replay_state
-from .errors import CheckpointError, error_text
+from .errors import CheckpointError, TorchCheckpointError, error_text
 from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, Session
 from .replay_state import ForwardState
 
@@ -55,6 +55,15 @@ def _torch_more_text() -> str:
         "torch.utils.checkpoint: trying to save more tensors during recomputation than during the original "
         "forward pass.\n"
     )
+
+
+def _replay_error(plain: bool, torch_text: str, advice: str) -> RuntimeError:
+    """A replay that does not match its forward (Rule 2): outside a session torch's own
+    error, type and text, tip included (Rule 3); in a session, which torch's checkpoint
+    never sees, ours, with ``advice`` (which checkpoint, what to do) before torch's tip."""
+    if plain:
+        return TorchCheckpointError(torch_text + _TORCH_TIP)
+    return CheckpointError(error_text(f"{torch_text}{advice}\n{_TORCH_TIP}"))
 
 
 def _meta(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> Dict[str, Any]:
@@ -182,21 +191,23 @@ class _Replay:
     ends. A tensor whose metadata differs is not stored.
     """
 
-    __slots__ = ("frame", "store", "count", "stopped", "extra_allowed", "error", "mismatches")
+    __slots__ = ("frame", "store", "plain", "count", "stopped", "extra_allowed", "error", "mismatches")
 
-    def __init__(self, frame: "CheckpointFrame", store: Callable[[Holder, torch.Tensor], None]) -> None:
+    def __init__(self, frame: "CheckpointFrame", store: Callable[[Holder, torch.Tensor], None], plain: bool) -> None:
         self.frame = frame
         self.store = store
+        #: for a backward outside any session: its errors are torch's own (Rule 3)
+        self.plain = plain
         self.count = 0
         self.stopped = False
         #: the replay ran past the frame's holders while its forward is still running
         #: (a backward inside the forward, without early stop): the count cannot match
         self.extra_allowed = False
-        self.error: Optional[CheckpointError] = None
+        self.error: Optional[RuntimeError] = None
         #: (index, forward metadata, replay metadata) of each tensor that differs
         self.mismatches: List[Tuple[int, Dict[str, Any], Dict[str, Any]]] = []
 
-    def take_error(self) -> CheckpointError:
+    def take_error(self) -> RuntimeError:
         """The recorded error, forgotten here so that nothing of the replay points back to it."""
         error, self.error = self.error, None
         assert error is not None
@@ -215,11 +226,9 @@ class _Replay:
             if not frame.forward_completed:
                 self.extra_allowed = True
                 return tensor
-            self.error = CheckpointError(
-                error_text(
-                    _torch_more_text() + f"The replay of checkpoint {frame.name()} saved more tensors than its "
-                    f"forward ({expected}); the function must do the same work when it is recomputed.\n{_TORCH_TIP}"
-                )
+            self.error = _replay_error(
+                self.plain, _torch_more_text(), f"The replay of checkpoint {frame.name()} saved more tensors than "
+                f"its forward ({expected}); the function must do the same work when it is recomputed."
             )
             raise _StopReplay()
         if frame.metas is not None:
@@ -234,22 +243,18 @@ class _Replay:
             raise _StopReplay()
         return tensor
 
-    def end_error(self) -> Optional[CheckpointError]:
+    def end_error(self) -> Optional[RuntimeError]:
         """The count or metadata mismatch found once the replay ended, if any (torch's order)."""
         frame = self.frame
         if self.count != len(frame.holders) and not self.extra_allowed:
-            return CheckpointError(
-                error_text(
-                    _torch_count_text(len(frame.holders), self.count) + f"Checkpoint {frame.name()} must do the "
-                    f"same work when it is recomputed.\n{_TORCH_TIP}"
-                )
+            return _replay_error(
+                self.plain, _torch_count_text(len(frame.holders), self.count),
+                f"Checkpoint {frame.name()} must do the same work when it is recomputed."
             )
         if self.mismatches:
-            return CheckpointError(
-                error_text(
-                    _torch_metadata_text(self.mismatches) + f"Checkpoint {frame.name()}: make the function "
-                    f"deterministic or pass determinism_check='none'.\n{_TORCH_TIP}"
-                )
+            return _replay_error(
+                self.plain, _torch_metadata_text(self.mismatches),
+                f"Checkpoint {frame.name()}: make the function deterministic or pass determinism_check='none'."
             )
         return None
 
@@ -365,12 +370,13 @@ class CheckpointFrame:
 
         Raises:
             CheckpointError: the replay saved a different number of tensors, or (unless
-                determinism_check="none") one with different shape/dtype/device.
+                determinism_check="none") one with different shape/dtype/device;
+                torch's own CheckpointError for a replay outside any session (Rule 3).
         """
         if not self.holders:
             return
         self._check_inputs_unchanged()
-        run = _Replay(self, store)
+        run = _Replay(self, store, session is None)
         previous = THREAD.replay
         THREAD.replay = self.replaying = PLAIN_REPLAY if session is None else session
         try:
@@ -424,7 +430,7 @@ class CheckpointFrame:
             )
         )
 
-    def _mismatch(self, error: CheckpointError) -> None:
+    def _mismatch(self, error: RuntimeError) -> None:
         """Raise a replay mismatch, through torch's debug report when ``debug=True``."""
         if self.error_cb is not None:
             self.error_cb(error)
@@ -616,31 +622,15 @@ class CheckpointFrame:
                     if self.shared_complete and any(
                         h is not None and h.shared is not None for h in (r() for r in self.holders)
                     ):
-                        raise CheckpointError(
-                            error_text(
-                                _torch_unpacked_twice_text(False) + f" (A saved tensor of checkpoint {self.name()} "
-                                "is unpacked again after the replayed values were released; keep the graph alive "
-                                "(retain_graph=True) or use a recompute session.)"
-                            )
-                        )
+                        raise TorchCheckpointError(_torch_unpacked_twice_text(False))  # Rule 3: torch's error
                     self.replay(_store_shared, None)
                     self.shared_complete = self.forward_completed
                 assert holder.shared is not None
                 return holder.shared
             key, repeatable = _replay_key()
             if holder.by_task is None or key not in holder.by_task:
-                if key in self.plain_done:
-                    in_group = not isinstance(key, int)
-                    fix = (
-                        "run the second backward of the GraphExecGroup outside the group, or use a recompute "
-                        "session (retain_on_unpack=True on the first)" if in_group
-                        else "a backward reads each saved tensor once"
-                    )
-                    raise CheckpointError(
-                        error_text(
-                            _torch_unpacked_twice_text(in_group) + f" (Checkpoint {self.name()}: {fix}.)"
-                        )
-                    )
+                if key in self.plain_done:  # Rule 3: torch's error
+                    raise TorchCheckpointError(_torch_unpacked_twice_text(not isinstance(key, int)))
                 self.replay(lambda h, t: _store_task(h, key, t), None)
                 if repeatable:
                     self.plain_done.add(key)

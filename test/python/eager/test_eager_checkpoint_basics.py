@@ -142,24 +142,67 @@ def test_collector_collects_in_forward_order_and_innermost_only(device):
     del b
 
 
+def _pair():
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
+@pytest.mark.skipif(not PER_GRAPH_TASK, reason=f"torch {torch.__version__}'s checkpoint lacks these options (2.1)")
 @pytest.mark.parametrize(
-    "options, message",
+    "options",
     [
-        ({"determinism_check": "strict"}, "determinism_check must be one of"),
-        ({"early_stop": 1}, "early_stop must be a bool"),
-        ({"use_reentrant": None}, "use_reentrant must be a bool"),
-        ({"preserve_rng_state": "yes"}, "preserve_rng_state must be a bool"),
-        ({"context_fn": 3}, "context_fn must be callable"),
-        ({"context_fn": lambda: None}, "context_fn must return a tuple of two context managers"),
-        ({"debug": "yes"}, "debug must be a bool"),
-        ({"use_reentrant": True, "context_fn": lambda: (None, None)}, "context_fn and debug need use_reentrant=False"),
-        ({"use_reentrant": True, "debug": True}, "context_fn and debug need use_reentrant=False"),
+        {"determinism_check": "strict"},
+        {"early_stop": 1},
+        {"early_stop": None},
+        {"preserve_rng_state": "yes"},
+        {"preserve_rng_state": 0},
+        {"debug": 0},
+        {"context_fn": 3},
+        {"context_fn": lambda: None},
+        {"context_fn": lambda: (1, 2, 3)},
+        {"debug": True, "context_fn": _pair},
+        {"debug": True, "determinism_check": "strict", "context_fn": _pair},
+        {"use_reentrant": True, "context_fn": _pair},
+        {"use_reentrant": True, "debug": True},
     ],
+    ids=lambda o: ",".join(f"{k}={v!r}" for k, v in o.items()),
 )
-def test_invalid_options_raise_value_error(device, options, message):
+def test_options_are_read_and_refused_as_torch_reads_them(device, options):
+    """Accepted where torch accepts them (truth values), refused where it refuses, with the
+    same exception type and message."""
+
+    def run(impl):
+        x = torch.linspace(-1, 1, 3, device=device, requires_grad=True)
+        try:
+            y = impl(torch.sin, x, **{"use_reentrant": False, **options})
+        except (TypeError, ValueError) as e:
+            return type(e), str(e)
+        y.sum().backward()
+        return "ok", x.grad
+
+    ours, torchs = run(hr.checkpoint), run(torch_cp.checkpoint)
+    assert ours[0] == torchs[0], (ours, torchs)
+    if ours[0] == "ok":
+        assert torch.equal(ours[1], torchs[1])
+    else:
+        assert ours[1] == torchs[1]
+
+
+def test_an_unknown_determinism_check_is_refused_on_every_torch(device):
     x = torch.randn(3, device=device, requires_grad=True)
-    with pytest.raises(ValueError, match="^hp_recompute: checkpoint: " + message):
-        hr.checkpoint(torch.sin, x, **options)
+    with pytest.raises(ValueError, match=r"^determinism_check should be one of \['default', 'none'\], but got strict$"):
+        hr.checkpoint(torch.sin, x, determinism_check="strict")
+
+
+def test_use_reentrant_none_is_torchs_default_with_torchs_warning(device):
+    fn = Counted(lambda x: x.sin() * 2)
+    x = torch.randn(3, device=device, requires_grad=True)
+    with pytest.warns(UserWarning, match="use_reentrant parameter should be passed explicitly") \
+            if PER_GRAPH_TASK else contextlib.nullcontext():
+        y = hr.checkpoint(fn, x, use_reentrant=None)
+    # torch 2.x: None is the reentrant variant; torch 1.13 reads it as false
+    assert ("CheckpointFunction" in type(y.grad_fn).__name__) == PER_GRAPH_TASK
+    y.sum().backward()
+    assert fn.calls == 2 and torch.allclose(x.grad, 2 * torch.cos(x))
 
 
 def test_use_reentrant_true_delegates_to_torch(device):
@@ -253,7 +296,7 @@ def test_dtype_change_during_recompute_raises(device):
     x = torch.randn(3, device=device, requires_grad=True)
     y = hr.checkpoint(_dtype_flipping_function(state), x)
     state["dtype"] = torch.float64
-    with pytest.raises(RuntimeError, match=r"(?s)hp_recompute: torch\.utils\.checkpoint: Recomputed values for the following tensors have different "
+    with pytest.raises(RuntimeError, match=r"(?s)torch\.utils\.checkpoint: Recomputed values for the following tensors have different "
                        r"metadata .*saved metadata: .*torch\.float32.*\nrecomputed metadata: .*torch\.float64"):
         torch.autograd.grad(y.sum(), [x])
 
@@ -293,7 +336,7 @@ def test_replay_saving_more_tensors_raises_even_without_metadata_check(device):
     x = torch.randn(3, device=device, requires_grad=True)
     y = hr.checkpoint(_work_switch(state), x, determinism_check="none", early_stop=False)
     state["extra"] = True
-    with pytest.raises(RuntimeError, match="hp_recompute: torch.utils.checkpoint: trying to save more tensors during recomputation"):
+    with pytest.raises(RuntimeError, match="torch.utils.checkpoint: trying to save more tensors during recomputation"):
         torch.autograd.grad(y.sum(), [x])
 
 

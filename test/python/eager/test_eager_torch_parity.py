@@ -220,7 +220,7 @@ def test_debug_is_incompatible_with_a_context_fn(device):
         pytest.skip(f"torch {TORCH} has no checkpoint debug mode (torch >= 2.1); debug is accepted and ignored")
     x = torch.randn(3, device=device, requires_grad=True)
     pair = lambda: (torch.enable_grad(), torch.enable_grad())  # noqa: E731
-    with pytest.raises(ValueError, match="debug=True is incompatible with a context_fn"):
+    with pytest.raises(ValueError, match="^debug=True is incompatible with non-default context_fn$"):
         hr.checkpoint(torch.sin, x, debug=True, context_fn=pair)
 
 
@@ -323,12 +323,7 @@ def test_a_saved_tensor_that_needs_no_grad_keeps_its_identity_as_in_torch(device
     assert ours == ([(True, "kept")] if PER_GRAPH_TASK else [(False, None)])
 
 
-# -- error texts: torch's own wording for the conditions torch's checkpoint detects -------------
-
-
-def _torch_text(message):
-    """torch's message without its debug tip (ours carries the tip after our own advice)."""
-    return message.replace(getattr(torch_cp, "_debug_tip_msg", ""), "")
+# -- error texts: torch's own, word for word, for the conditions torch's checkpoint detects -------
 
 
 def _replay_switch(state):
@@ -372,9 +367,7 @@ def test_error_texts_are_torchs_own(device, case):
 
     ours, native = run(hr.checkpoint), run(native_checkpoint)
     assert issubclass(native[0], torch_cp.CheckpointError), native
-    assert issubclass(ours[0], torch_cp.CheckpointError)
-    assert ours[1].startswith("hp_recompute: torch.utils.checkpoint: ")
-    assert _torch_text(native[1]) in ours[1], (native[1], ours[1])
+    assert ours == native
 
 
 @needs_graph_exec_group
@@ -382,7 +375,7 @@ def test_overlapping_backwards_in_a_group_are_reported_in_torchs_words(device):
     native = _outcome(lambda: _dx_then_dw(native_checkpoint, device, group=True))
     ours = _outcome(lambda: _dx_then_dw(hr.checkpoint, device, group=True))
     assert "Performing two backward calls that overlap" in native[1]
-    assert _torch_text(native[1]) in ours[1], (native[1], ours[1])
+    assert ours == native
 
 
 # -- autograd.grad inside the checkpointed function, then the outer backward --------------------
@@ -466,5 +459,4 @@ def test_a_forward_context_that_suppresses_the_forwards_exception_is_refused(dev
         same_kind = ours[0] == native[0] or (native[0] != "ok" != ours[0] and issubclass(ours[0], native[0]))
         assert same_kind and ours[2] == native[2], (grad, native, ours)
         if grad:
-            assert issubclass(native[0], RuntimeError) and native[1] in ours[1]
-            assert ours[1].startswith("hp_recompute: torch.utils.checkpoint: the forward context provided by")
+            assert issubclass(native[0], RuntimeError) and ours[1] == native[1]
