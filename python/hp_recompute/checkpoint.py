@@ -23,8 +23,9 @@ Rule 2 (replay). A replay runs the function once more on the forward's own input
   state, then restores the caller's RNG streams, so a prefetch never shifts the caller's
   random numbers. An input whose version changed since the forward (an in-place op in
   the function or after it) is refused with CheckpointError before the replay runs: the
-  replay would see other values (torch 2.x refuses it too; torch 1.13 replays silently
-  on the changed input). The i-th tensor the replay saves goes to the i-th holder
+  replay would see other values (torch 2.x refuses a top-level positional one too;
+  torch 1.13, and torch 2.x for a tensor inside a list, tuple or dict argument, replays
+  silently on the changed input). Tensors inside lists, tuples and dicts are checked. The i-th tensor the replay saves goes to the i-th holder
   (detached, except that torch 2.x, and so we, keep a tensor that does not require grad
   as the very object); a backward inside the function reads what the replay saved for
   it. A frame is never replayed from inside its own replay: ``recompute_handle`` of

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import threading
 import weakref
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
@@ -259,6 +259,22 @@ class _Replay:
         return None
 
 
+def _tensor_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator[Tuple[str, torch.Tensor, int]]:
+    """(name, tensor, version) of each tensor argument: ``#0``, ``'mask'``, and inside lists,
+    tuples and dicts ``#1[0]``, ``'pair'['a']`` (a name ending in ``]``)."""
+    stack: List[Tuple[str, Any]] = [(f"#{i}", a) for i, a in enumerate(args)]
+    stack += [(repr(k), v) for k, v in kwargs.items()]
+    stack.reverse()
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            yield name, value, value._version
+        elif isinstance(value, (list, tuple)):
+            stack.extend(reversed([(f"{name}[{i}]", v) for i, v in enumerate(value)]))
+        elif isinstance(value, dict):
+            stack.extend(reversed([(f"{name}[{k!r}]", v) for k, v in value.items()]))
+
+
 class CheckpointFrame:
     """Everything needed to replay one checkpoint call, plus its session binding.
 
@@ -314,13 +330,10 @@ class CheckpointFrame:
         self.early_stop = early_stop
         #: set once the forward returned; a replay before that serves a backward inside it
         self.forward_completed = False
-        # Rule 2: the version of every tensor argument, to refuse a replay on inputs
-        # changed in place since (torch 2.x refuses through its saved inputs too).
-        self.input_versions = [
-            (key, value, value._version)
-            for key, value in (*enumerate(args), *kwargs.items())
-            if isinstance(value, torch.Tensor)
-        ]
+        # Rule 2: the version of every tensor argument, also inside lists, tuples and
+        # dicts, to refuse a replay on inputs changed in place since (torch 2.x refuses
+        # through its saved inputs, for top-level positional tensors only).
+        self.input_versions = list(_tensor_arguments(args, kwargs))
         self.metas: Optional[List[Tuple[torch.Size, torch.dtype, torch.device]]] = [] if check_metadata else None
         self.recompute_ctx = recompute_ctx
         self.error_cb = error_cb
@@ -346,9 +359,11 @@ class CheckpointFrame:
         return "'" + getattr(self.function, "__qualname__", type(self.function).__name__) + "'"
 
     def devices(self) -> List[torch.device]:
-        """The distinct devices of the tensor arguments, in argument order (Rule 10)."""
+        """The distinct devices of the top-level tensor arguments, in argument order (Rule 10)."""
         seen: List[torch.device] = []
-        for _, tensor, _ in self.input_versions:
+        for name, tensor, _ in self.input_versions:
+            if name.endswith("]"):  # inside a container
+                continue
             if tensor.device not in seen:
                 seen.append(tensor.device)
         return seen
@@ -437,9 +452,8 @@ class CheckpointFrame:
         raise error
 
     def _check_inputs_unchanged(self) -> None:
-        for key, tensor, version in self.input_versions:
+        for name, tensor, version in self.input_versions:
             if tensor._version != version:
-                name = f"#{key}" if isinstance(key, int) else repr(key)
                 raise CheckpointError(
                     error_text(
                         f"argument {name} of checkpoint {self.name()} was modified in place after the checkpoint "

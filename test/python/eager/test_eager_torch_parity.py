@@ -7,6 +7,7 @@ where 1.13 behaves differently on purpose the test asserts 1.13's behaviour.
 """
 
 import logging
+import re
 
 import pytest
 import torch
@@ -67,6 +68,43 @@ def test_input_changed_in_place_never_gives_silent_wrong_gradients(device, when)
         x = torch.randn(2, 4, device=device, requires_grad=True) * 1.0
         (want,) = torch.autograd.grad(block(x), [w])
         assert native[0] == "ok" and not torch.allclose(native[1], want)  # 1.13: silently wrong
+
+
+@pytest.mark.parametrize("container", ["list", "tuple", "dict"])
+@pytest.mark.parametrize("session", [False, True])
+def test_a_tensor_inside_a_container_argument_changed_in_place_is_refused(device, container, session):
+    """torch's checkpoint checks only its top-level positional tensors and replays on the
+    changed value here (silently wrong dx, shown below on torch 2.x); ours refuses it,
+    naming where the tensor sits, for a plain backward and for a session's prefetch."""
+    lin = torch.nn.Linear(4, 4).to(device)
+
+    def block(a, scale):
+        return (lin(a).tanh() * (scale["m"] if container == "dict" else scale[0])).sum()
+
+    def wrap(m):
+        return {"list": [m], "tuple": (m,), "dict": {"m": m}}[container]
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    m = torch.randn(3, 4, device=device)
+    (want,) = torch.autograd.grad(block(x, wrap(m.clone())), [x])
+    where = "#1['m']" if container == "dict" else "#1[0]"
+    with hr.recompute_handle_collector_ctx() as handles:
+        loss = hr.checkpoint(block, x, wrap(m))
+    m.mul_(2)
+    with pytest.raises(RuntimeError, match=re.escape(f"hp_recompute: argument {where} of checkpoint") + ".*modified in place"):
+        if session:
+            hr.recompute_handle(handles[0], "nested")
+        torch.autograd.grad(loss, [x])
+    hr.clear_recompute_session("nested")
+    if PER_GRAPH_TASK:  # the reference: torch's own checkpoint gives a wrong gradient, with no error
+        torch.manual_seed(0)
+        x = torch.randn(3, 4, device=device, requires_grad=True)
+        m = torch.randn(3, 4, device=device)
+        loss = native_checkpoint(block, x, wrap(m))
+        m.mul_(2)
+        (got,) = torch.autograd.grad(loss, [x])
+        assert not torch.allclose(got, want)
 
 
 # -- backward inside the checkpointed function ------------------------------------------
