@@ -245,7 +245,9 @@ class PlannedSchedule(PipelineScheduleMulti):
         with plain_forwards():  # Rule 6
             self._initialize_stages(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
         stages = _TorchStages(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
-        run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope)
+        # eval(), or no loss function: the plan's forward side alone (interpreter Rule 13)
+        run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,
+                              forward_only=not self._has_backward)
         try:
             run.run_all()
             left = run.finish()

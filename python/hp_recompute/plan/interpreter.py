@@ -89,6 +89,13 @@ Rule 12 (profiling). Each action runs inside torch's ``record_function`` named
   ``hp_recompute::`` and the action (``hp_recompute::backward_input stage 1 mb 0 session
   s1.mb0``), as torch's own pipeline runtime labels its actions, so a profiler trace
   shows the plan; a replay inside it shows as ``hp_recompute::replay``.
+
+Rule 13 (forward only). With ``forward_only`` (a schedule's ``eval``, or one built
+  without a loss function) only the forward side runs, in the plan's order: forwards,
+  their transfers (``recv_f``, ``send_f``) and ``unshard``/``reshard``; every backward,
+  replay, clear, gradient transfer and reduction is skipped, with no session (Rule 10). A
+  skipped action still posts the forward receives among its ``posts``: every rank skips
+  the same kinds, so between two ranks forward receives still meet their sends in order.
 """
 
 from __future__ import annotations
@@ -110,6 +117,8 @@ __all__ = ["StageBackend", "PlanInterpreter", "plain_forwards", "forwards_are_pl
 
 #: Actions whose time is the rank's busy time (receives wait, sends are async).
 TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
+#: What a step without backward runs (Rule 13).
+FORWARD_OPS = ("forward", "recv_f", "send_f", "unshard", "reshard")
 
 Key = Tuple[int, int]
 
@@ -196,16 +205,17 @@ class PlanInterpreter:
         backend: runs the stages.
         scope: the runtime's sessions (a runtime owns its scope; NOTE [ Recompute sessions ]).
         sessions: False runs without sessions (Rule 10).
+        forward_only: True runs the forward side alone (Rule 13), without sessions.
     """
 
     def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
-                 sessions: bool = True) -> None:
+                 sessions: bool = True, forward_only: bool = False) -> None:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
         self.plan_sessions = plan.sessions
         #: (stage, microbatch) -> session, of this rank's sessions replayed in pieces (Rule 3a)
         self.in_pieces: Dict[Key, str] = {(a.stage, a.microbatch): a.session for a in self.program
                                            if a.op == "recompute" and a.regions}
-        self.scope, self.sessions = scope, sessions
+        self.scope, self.sessions, self.forward_only = scope, sessions and not forward_only, forward_only
         self.reset()
 
     def reset(self) -> None:
@@ -238,6 +248,10 @@ class PlanInterpreter:
     def step_one(self) -> None:
         """Runs the next action (Rule 11)."""
         index, a = self.pc, self.program[self.pc]
+        if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13
+            self._post(a)
+            self.pc += 1
+            return
         try:
             self.backend.before(index, a)
             start = time.perf_counter()
@@ -287,9 +301,7 @@ class PlanInterpreter:
                 self.handles.pop(key, None)
                 self.backend.release(a.stage, a.microbatch)
         elif op in ("recv_f", "recv_b"):  # Rule 7
-            for j in a.posts:
-                self.backend.post_recv(self.program[j])
-                self.posted[j] = self.program[j]
+            self._post(a)
         elif op in ("send_f", "send_b"):
             self.backend.send(a)
         elif op == "reduce_grad":  # Rule 8
@@ -298,6 +310,13 @@ class PlanInterpreter:
             self.backend.unshard(a)
         elif op == "reshard":
             self.backend.reshard(a)
+
+    def _post(self, a: Action) -> None:
+        """Posts the receives ``a`` lists, in order (Rule 7); forward ones alone under Rule 13."""
+        for j in a.posts:
+            if not self.forward_only or self.program[j].op == "recv_f":
+                self.backend.post_recv(self.program[j])
+                self.posted[j] = self.program[j]
 
     def _handles_of(self, a: Action) -> List[RecomputeHandle]:
         handles = self.handles.get((a.stage, a.microbatch))

@@ -14,6 +14,7 @@ It writes losses, gradients and per-block forward calls of both runs to ``out/ra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -281,6 +282,13 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         # what the replays compute (a selective policy: no matmul)
         if cfg.get("planned_wrap") in ("full", "selective") or cfg.get("count_replay_matmuls"):
             extra["replay_matmuls"] = replay_matmuls(planned, plan_stages, x, y)
+        if cfg.get("eval"):  # torchtitan's validation: eval() under no_grad, then with grad enabled
+            for mode, context in (("no_grad", torch.no_grad()), ("grad", contextlib.nullcontext())):
+                losses: List[torch.Tensor] = []
+                with context:
+                    planned.eval(x, target=y, losses=losses)
+                extra[f"eval_{mode}_losses"] = losses
+            extra["grads_after_eval"] = grads(plan_stages)
         if cfg["plan"].endswith(".csv"):
             from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 

@@ -124,6 +124,25 @@ def test_planned_schedule_matches_torch(tmp_path: Path, torch_schedule: str, ran
         assert any(res["ref_calls"][f] > 2 * microbatches for res in results for f in res["checkpointed"])
 
 
+@pytest.mark.parametrize("torch_schedule,ranks,stages,microbatches", [("zbv", 2, 4, 4), ("1f1b", 2, 2, 4)])
+def test_eval_runs_the_plans_forwards_only(tmp_path: Path, torch_schedule: str, ranks: int, stages: int,
+                                           microbatches: int) -> None:
+    """``eval()`` (torchtitan's validation, under no_grad and not) runs the plan's forward side
+    alone (NOTE [ Executing a plan ] Rule 13): the training step's losses (no optimizer step
+    between), gradients untouched (no backward, no reduce_grad). Before, a zero-bubble plan's
+    eval ran its backward_input and failed on one rank while the other waited."""
+    results = run_case(tmp_path, torch_schedule, ranks, stages, microbatches, eval=True)
+    check(results, microbatches)
+    assert sum(len(res["plan_losses"]) for res in results) == microbatches
+    for res in results:
+        for mode in ("no_grad", "grad"):
+            assert len(res[f"eval_{mode}_losses"]) == len(res["plan_losses"])
+            for got, want in zip(res[f"eval_{mode}_losses"], res["plan_losses"]):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for name, grad in res["plan_grads"].items():
+            assert torch.equal(res["grads_after_eval"][name], grad), name
+
+
 def test_a_1f1b_plan_that_replays_in_pieces_matches_torch(tmp_path: Path) -> None:
     """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
     one into the wait before its backward (a replay in pieces, NOTE [ Executing a plan ] Rule
