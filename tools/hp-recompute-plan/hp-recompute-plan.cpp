@@ -203,6 +203,11 @@ static std::string torchScriptSidecarPath() {
   return std::string(path);
 }
 
+/// An option as the command line spells it: -o, --model.
+static std::string spelling(const cl::Option &option) {
+  return (option.ArgStr.size() == 1 ? "-" : "--") + option.ArgStr.str();
+}
+
 /// Opens every output of the run before any work: -o, the torch-csv
 /// sidecar and, when --summary prints to stdout beside a file, stdout.
 /// Refuses an output that is an input or another output (exit code 2).
@@ -222,9 +227,12 @@ openOutputs() {
   };
   if (Error error = add("-o", outputFile))
     return error;
+  // Messages name the file -o gave, then the sidecar's: "-o p.csv's sidecar
+  // p.hpr.json".
+  std::string sidecarFlag = "-o " + outputFile + "'s sidecar";
   if (emit == EmitKind::TorchCsv)
-    if (Error error = add("the sidecar of -o",
-                          mlir::hpr::torchCsvSidecarPath(outputFile)))
+    if (Error error =
+            add(sidecarFlag, mlir::hpr::torchCsvSidecarPath(outputFile)))
       return error;
   std::pair<StringRef, std::string> inputs[] = {
       {"--model", modelFile},
@@ -307,8 +315,8 @@ int main(int argc, char **argv) {
           entry.second->getNumOccurrences() &&
           llvm::is_contained(entry.second->Categories, &category))
         return usageError("--verify checks a finished plan and takes no "
-                          "other option; --" +
-                          entry.second->ArgStr + " is given");
+                          "other option; " +
+                          spelling(*entry.second) + " is given");
     return verifyPlanMain();
   }
   if (!scheduleFile.empty() && !scheduleGen.empty())
@@ -367,7 +375,7 @@ int main(int argc, char **argv) {
   for (const auto &entry : cl::getRegisteredOptions())
     if (entry.second->getNumOccurrences() > 1 &&
         llvm::is_contained(entry.second->Categories, &category))
-      return usageError("--" + entry.second->ArgStr + " is given " +
+      return usageError(spelling(*entry.second) + " is given " +
                         Twine(entry.second->getNumOccurrences()) +
                         " times; give it once");
   auto outputs = openOutputs();

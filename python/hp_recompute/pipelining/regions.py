@@ -43,7 +43,7 @@ from ..plan.interpreter import forwards_are_plain
 from ..plan.reader import RunError
 from ..selective import hidden_compiled_modules, selective_context_fn
 
-__all__ = ["checkpoint_regions", "is_planned_checkpoint"]
+__all__ = ["check_regions", "checkpoint_regions", "is_planned_checkpoint", "unplanned_blocks"]
 
 _MARK = "_hp_recompute_planned_forward"
 
@@ -104,6 +104,20 @@ def _refuse_compiled_around(region: torch.nn.Module, fqn: str, stage: int) -> No
                    f"inside the checkpoint (docs/compile-split.md)")
 
 
+def check_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
+                  selective: Collection[str] = ()) -> List[torch.nn.Module]:
+    """The regions ``fqns`` of ``module``, once every check of ``checkpoint_regions`` holds
+    (else ``RunError``); nothing is patched."""
+    regions = [_admitted_region(module, fqn, stage, fqn in selective) for fqn in fqns]
+    for name, sub in module.named_modules():
+        if name not in fqns and _is_wrapper(sub) and not _is_our_wrapper(sub):
+            raise RunError(f"hp_recompute.pipelining: stage {stage}: module '{name}' is wrapped by torch's "
+                           f"checkpoint, but the plan does not checkpoint it, so it would replay where the plan "
+                           f"placed no replay; unwrap it, or wrap it with hp_recompute.checkpoint_wrapper (which "
+                           f"runs it as the plan says)")
+    return regions
+
+
 def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
                        selective: Collection[str] = ()) -> List[str]:
     """Makes every region ``fqns`` of stage ``stage``'s ``module`` run through our checkpoint,
@@ -120,13 +134,7 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
     module the plan does not checkpoint. Our wrappers there run their modules plainly. Every
     check comes before any patch.
     """
-    regions = [_admitted_region(module, fqn, stage, fqn in selective) for fqn in fqns]
-    for name, sub in module.named_modules():
-        if name not in fqns and _is_wrapper(sub) and not _is_our_wrapper(sub):
-            raise RunError(f"hp_recompute.pipelining: stage {stage}: module '{name}' is wrapped by torch's "
-                           f"checkpoint, but the plan does not checkpoint it, so it would replay where the plan "
-                           f"placed no replay; unwrap it, or wrap it with hp_recompute.checkpoint_wrapper (which "
-                           f"runs it as the plan says)")
+    regions = check_regions(module, fqns, stage, selective)
     # Every check passed: now the patches (a refusal above leaves the modules as they were).
     context_fn = selective_context_fn() if selective else None
     patched: List[str] = []
@@ -152,6 +160,25 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
         patched.append(fqn)
     _unplan_other_wrappers(module, fqns)
     return patched
+
+
+def unplanned_blocks(module: torch.nn.Module, regions: Collection[str]) -> List[str]:
+    """Blocks of ``module`` the plan's ``regions`` of its stage leave out: the other children
+    of each ``ModuleList``/``ModuleDict`` that holds one of the regions. A stage module keeps
+    only its own blocks (torchtitan deletes the others), so another block there means a plan
+    made for another model or another split, whose memory and replays would not hold."""
+    names = set(regions)
+    containers = {}
+    for fqn in regions:
+        parent, _, _ = fqn.rpartition(".")
+        try:
+            container = module.get_submodule(parent) if parent else None
+        except AttributeError:  # a segment between regions ("norm+output") or another stage's module
+            continue
+        if isinstance(container, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            containers[parent] = container
+    return [f"{parent}.{child}" for parent, container in sorted(containers.items())
+            for child, _ in container.named_children() if f"{parent}.{child}" not in names]
 
 
 def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: bool) -> torch.nn.Module:

@@ -9,15 +9,17 @@ with a dx/dw split). ``PlannedSchedule`` takes the order from the plan instead a
 everything else torch's: stage objects, metadata inference, microbatch splitting, loss,
 point-to-point ops, gradient scaling. The rules below are cited as "Rule N".
 
-Rule 1 (what is checked). At construction, before any communication: the plan's ranks,
-  stages and microbatches match the stages given (``group_size``, ``num_stages``,
-  ``n_microbatches``, this rank's stage indices), no stage whose backward the plan splits
-  was built with ``dw_builder`` (torch would run its whole backward in I, outside the
-  plan's reads), and every region the plan checkpoints exists in its stage's module
-  (``regions.checkpoint_regions``). The plan itself is
-  admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
-  rank's program, not only ours), so a broken plan is refused on every rank before the
-  first step.
+Rule 1 (what is checked). At construction, before any module is patched or any step
+  runs: the plan's ranks, stages and microbatches match the stages given (``group_size``,
+  ``num_stages``, ``n_microbatches``, this rank's stage indices), no stage whose backward
+  the plan splits was built with ``dw_builder`` (torch would run its whole backward in I,
+  outside the plan's reads), every region the plan checkpoints exists in its stage's
+  module and may be checkpointed as planned (``regions.check_regions``), and no stage
+  module holds a block the plan does not place there (``regions.unplanned_blocks``: a plan
+  for another model or split). The plan itself is admitted by the planner's reader and
+  verifier (``plan.verify.admit_plan``: every rank's program, not only ours). The ranks
+  then exchange their verdicts (one all-gather over the stages' group): a refusal on one
+  rank is raised on every rank, so none waits for a peer that stopped.
 
 Rule 2 (stage mapping). Stages are placed where the plan puts them
   (``stage_index_to_group_rank`` is the plan's ``stage_to_rank``); a neighbour on the same
@@ -98,6 +100,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
+import torch.distributed as dist
 from torch.distributed.pipelining._backward import stage_backward
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti, _batch_p2p, _wait_batch_p2p
 from torch.distributed.pipelining.stage import _PipelineStageBase
@@ -109,7 +112,7 @@ from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
 from ..plan.reader import Action, Plan, RunError, region_checkpoint
 from ..plan.verify import admit_plan, load_plan
 from ..sessions import SessionScope
-from .regions import checkpoint_regions
+from .regions import check_regions, checkpoint_regions, unplanned_blocks
 from .torch_csv import load_torch_csv
 
 __all__ = ["PlannedSchedule"]
@@ -193,8 +196,16 @@ class PlannedSchedule(PipelineScheduleMulti):
         if not stages:
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
         super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
-        self.plan = _admitted(plan)
-        self._check_stages(n_microbatches)
+        refusal: Optional[Exception] = None
+        try:  # Rule 1
+            self.plan = _admitted(plan)
+            self._check_stages(n_microbatches)
+            for stage in self._stages:
+                check_regions(stage.submod, self.checkpointed_regions(stage.stage_index), stage.stage_index,
+                              self.checkpointed_regions(stage.stage_index, "selective"))
+        except Exception as e:  # noqa: BLE001 - raised on every rank below
+            refusal = e
+        self._refuse_together(refusal)
         #: stages whose backwards are hp_recompute's split (Rule 7)
         self.own_split = split_stages(self._stages, self.plan.ranks[self.rank])
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
@@ -205,6 +216,21 @@ class PlannedSchedule(PipelineScheduleMulti):
                                self.checkpointed_regions(stage.stage_index, "selective"))
         self.program: List[Action] = self.plan.ranks[self.rank]
         self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
+
+    def _refuse_together(self, refusal: Optional[Exception]) -> None:
+        """Rule 1: a rank that refuses stops every rank, before any runs (the others would wait
+        for it at their first transfer): one all-gather of the verdicts over the stages' group."""
+        group = self._stages[0].group
+        verdicts: List[Optional[str]] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(verdicts, None if refusal is None else f"{type(refusal).__name__}: {refusal}",
+                               group=group)
+        if refusal is not None:
+            raise refusal
+        refused = [(rank, verdict) for rank, verdict in enumerate(verdicts) if verdict is not None]
+        if refused:
+            rank, verdict = refused[0]
+            raise RunError(f"hp_recompute.pipelining: rank {self.rank} does not run: pipeline rank {rank} refused "
+                           f"the plan and its stages ({verdict})")
 
     def checkpointed_regions(self, stage: int, policy: Optional[str] = None) -> List[str]:
         """FQNs of the regions the plan checkpoints in ``stage``; with ``policy`` (``"full"``,
@@ -226,6 +252,13 @@ class PlannedSchedule(PipelineScheduleMulti):
         have = [s.stage_index for s in self._stages]
         if have != want:
             raise RunError(f"{where}: rank {self.rank} runs stages {want} in the plan, but was given stages {have}")
+        for stage in self._stages:
+            regions = [r["name"] for r in plan.stages[stage.stage_index]]
+            extra = unplanned_blocks(stage.submod, regions)
+            if extra:
+                raise RunError(f"{where}: stage {stage.stage_index}'s module holds {', '.join(extra)}, which the "
+                               f"plan does not place in that stage (its regions: {', '.join(regions)}), so their "
+                               f"memory and replays are not the plan's: plan this model and split")
         split = planned_splits(plan.ranks[self.rank])
         for stage in self._stages:
             if getattr(stage, "dw_builder", None) is not None and stage.stage_index in split:

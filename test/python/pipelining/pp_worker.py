@@ -349,6 +349,10 @@ def refusals(rank: int, cfg: Dict[str, Any]) -> None:
             attempt("region.compile()", stages(in_place), cfg["microbatches"])
         attempt("dw_builder", stages({s: stage_module(full, split[s]) for s in mine},
                                      dw_builder=lambda: (lambda: None)), cfg["microbatches"])
+        extra = {s: stage_module(full, split[s]) for s in mine}
+        if rank == 1:  # a block the plan does not place, on one rank only: both must refuse
+            extra[mine[0]].layers["99"] = Block(cfg["dim"], "layers.99", 0.0)
+        attempt("unplanned block on rank 1", stages(extra), cfg["microbatches"])
         attempt("stages of another rank", [PipelineStage(stage_module(full, split[s]), s, cfg["stages"],
                                                          torch.device("cpu"))
                                            for s in stages_of_rank(cfg, 1 - rank)], cfg["microbatches"])

@@ -428,6 +428,13 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
                 assert "wrap the block with hp_recompute.checkpoint_wrapper, then call .compile() on the wrapper" \
                     in got[case], got[case]
         assert f"rank {rank} runs stages" in got["stages of another rank"]
+        if rank == 1:
+            assert re.search(r"stage \d's module holds layers\.99, which the plan does not place in that stage "
+                             r"\(its regions: layers\.\d, layers\.\d\)", got["unplanned block on rank 1"]), got
+        else:  # refused too, before anything runs: it would have waited for rank 1
+            assert got["unplanned block on rank 1"].startswith(
+                "RunError: hp_recompute.pipelining: rank 0 does not run: pipeline rank 1 refused the plan and its "
+                "stages (RunError: hp_recompute.pipelining: "), got
         assert (f"stage {rank} was built with dw_builder, so torch runs its whole backward in "
                 f"backward_input") in got["dw_builder"], got["dw_builder"]
         assert "build the stage without dw_builder" in got["dw_builder"]

@@ -56,6 +56,7 @@ def test_bad_schedule_is_rejected(tmp_path, file, dialect, location, expected):
         (["--prefetch", "soon"], "--prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
         (["--checkpoint", "auto"], "--checkpoint auto needs --memory-budget"),
         (["--emit", "json", "--emit", "summary"], "--emit is given 2 times; give it once"),
+        (["-o", "a.json", "-o", "b.json"], "-o is given 2 times; give it once"),
         (["--schedule", str(SCHEDULES / "pytorch-zbv-5x11.csv"), "--ranks", "2"],
          "--ranks sizes a generated schedule; --schedule"),
         (["--schedule-gen", "1f1b", "--schedule-dialect", "legacy"], "--schedule-dialect spells CSV schedules"),
