@@ -23,14 +23,15 @@ Rule 2 (replay). A replay runs the function once more on the forward's own input
   state, then restores the caller's RNG streams, so a prefetch never shifts the caller's
   random numbers. An input whose version changed since the forward (an in-place op in
   the function or after it) is refused with CheckpointError before the replay runs: the
-  replay would see other values (torch 2.x refuses a top-level positional one too;
-  torch 1.13, and torch 2.x for a tensor inside a list, tuple or dict argument, replays
-  silently on the changed input). Tensors inside lists, tuples and dicts are checked. The i-th tensor the replay saves goes to the i-th holder
-  (detached, except that torch 2.x, and so we, keep a tensor that does not require grad
-  as the very object); a backward inside the function reads what the replay saved for
-  it. A frame is never replayed from inside its own replay: ``recompute_handle`` of
-  it there raises CheckpointError. With ``early_stop``
-  (or ``set_checkpoint_early_stop``) the replay stops right after the last saved tensor.
+  replay would see other values. Tensors inside list, tuple and dict arguments are
+  checked too (torch 2.x refuses a changed top-level positional tensor as well; torch
+  1.13, and torch 2.x for a tensor inside a container, replay silently on the changed
+  value). The i-th tensor the replay saves goes to the i-th holder (detached, except
+  that torch 2.x, and so we, keep a tensor that does not require grad as the very
+  object); a backward inside the function reads what the replay saved for it. A frame
+  is never replayed from inside its own replay: ``recompute_handle`` of it there raises
+  CheckpointError. With ``early_stop`` (or ``set_checkpoint_early_stop``) the replay
+  stops right after the last saved tensor.
   The number of saved tensors is always checked, their metadata unless
   ``determinism_check="none"``; a mismatch raises CheckpointError (with torch's operator
   report under ``debug=True``). Where torch's checkpoint detects a condition too, a
@@ -217,8 +218,9 @@ def checkpoint(
 
     Outside any collector and session this is ``torch.utils.checkpoint.checkpoint(
     function, *args, use_reentrant=False)`` of the installed torch: same results, same
-    number of calls, the same errors in the same words (Rule 3). Inside ``recompute_handle_collector_ctx()`` it also yields a
-    handle that a scheduler can prefetch with ``recompute_handle`` (Rules 1, 4).
+    number of calls, the same errors in the same words (Rule 3). Inside
+    ``recompute_handle_collector_ctx()`` it also yields a handle that a scheduler can
+    prefetch with ``recompute_handle`` (Rules 1, 4).
 
     Args:
         function: the checkpointed callable.

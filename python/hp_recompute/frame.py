@@ -265,11 +265,17 @@ def _tensor_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator
     stack: List[Tuple[str, Any]] = [(f"#{i}", a) for i, a in enumerate(args)]
     stack += [(repr(k), v) for k, v in kwargs.items()]
     stack.reverse()
+    seen: Set[int] = set()  # a container is walked once (a list may hold itself)
     while stack:
         name, value = stack.pop()
         if isinstance(value, torch.Tensor):
             yield name, value, value._version
-        elif isinstance(value, (list, tuple)):
+            continue
+        if id(value) in seen:
+            continue
+        if isinstance(value, (list, tuple, dict)):
+            seen.add(id(value))
+        if isinstance(value, (list, tuple)):
             stack.extend(reversed([(f"{name}[{i}]", v) for i, v in enumerate(value)]))
         elif isinstance(value, dict):
             stack.extend(reversed([(f"{name}[{k!r}]", v) for k, v in value.items()]))
