@@ -28,14 +28,16 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 run() {
   # A failing test is what the comparison reads, not a reason to stop.
-  (cd "$tests" && HPR_CONFORMANCE_PATCH="$1" OMP_NUM_THREADS=1 PYTORCH_TEST_WITH_SLOW=1 \
+  (cd "$tests" && HPR_CONFORMANCE_PATCH="$1" HPR_CONFORMANCE_SERVED="$out/$2.served.json" \
+    OMP_NUM_THREADS=1 PYTORCH_TEST_WITH_SLOW=1 \
     PYTHONPATH="$repo/test/conformance:$repo/python${PYTHONPATH:+:$PYTHONPATH}" \
     timeout 1800 "$python" -m pytest -p hpr_conformance -p no:cacheprovider -q -rN \
     "${files[@]}" --junitxml="$out/$2.xml" | tail -3) || true
 }
 run 0 baseline
 run 1 patched
-"$python" - "$out/baseline.xml" "$out/patched.xml" <<'PY'
+"$python" - "$out/baseline.xml" "$out/patched.xml" "$out/patched.served.json" <<'PY'
+import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -58,5 +60,9 @@ for name in sorted(n for n, s in baseline.items() if s == "failed"):
 lost = sorted(n for n, s in baseline.items() if s == "passed" and patched.get(n) != "passed")
 for name in lost:
     print(f"  passes on torch, not on hp_recompute: {name} ({patched.get(name, 'not run')})")
-sys.exit(1 if lost or not baseline else 0)
+served = json.load(open(sys.argv[3]))["hp_recompute"]
+print(f"hp_recompute served {served} non-reentrant checkpoint calls")
+if not served:
+    print("  the patched run called hp_recompute.checkpoint not once: it tested nothing")
+sys.exit(1 if lost or not baseline or not served else 0)
 PY

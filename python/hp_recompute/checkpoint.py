@@ -132,8 +132,8 @@ import torch
 import torch.utils.checkpoint as _torch_checkpoint
 
 from .errors import CheckpointError, error_text
-from .frame import (PLAIN_REPLAY, THREAD, CheckpointFrame, RecomputeHandle, hide_hooks_from_dynamo, new_handle,
-                    unpack_saved)
+from .frame import (PER_GRAPH_TASK, PLAIN_REPLAY, THREAD, CheckpointFrame, RecomputeHandle, hide_hooks_from_dynamo,
+                    new_handle, unpack_saved)
 from .replay_state import ForwardState
 
 __all__ = ["checkpoint", "recompute_handle_collector_ctx"]
@@ -226,9 +226,10 @@ def checkpoint(
         function: the checkpointed callable.
         *args, **kwargs: its arguments (kwargs reach ``function`` unchanged; the
             keyword arguments below never do).
-        use_reentrant: True, or None, calls ``torch.utils.checkpoint`` with it and the
-            other options as given (no handle, no session): torch's reentrant variant,
-            and for None torch's warning and default.
+        use_reentrant: True, or None on torch 2.x, calls ``torch.utils.checkpoint`` with
+            it and the other options as given (no handle, no session): torch's reentrant
+            variant, for None after torch's warning. torch 1.13 reads None as False, and
+            so do we there.
         context_fn: returns ``(forward_context, recompute_context)``; the first wraps
             the forward, the second every replay (e.g. a selective-checkpoint policy).
         preserve_rng_state: restore RNG state for replays (bit-identical dropout).
@@ -255,7 +256,9 @@ def checkpoint(
     Example:
         >>> y = checkpoint(block, x, mask=m)          # like torch.utils.checkpoint
     """
-    if use_reentrant is None or use_reentrant:  # torch's checkpoint decides, and words its errors
+    # torch's reentrant variant: True, and None on torch 2.x (its warning, then reentrant);
+    # torch 1.13 reads None as false, as we do below.
+    if use_reentrant or (use_reentrant is None and PER_GRAPH_TASK):
         if _COLLECTOR.get() is not None:
             raise CheckpointError(
                 error_text(f"checkpoint: use_reentrant={use_reentrant!r} cannot produce a recompute handle; use "

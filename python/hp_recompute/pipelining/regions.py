@@ -164,7 +164,8 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
 
 def unplanned_blocks(module: torch.nn.Module, regions: Collection[str]) -> List[str]:
     """Blocks of ``module`` the plan's ``regions`` of its stage leave out: the other children
-    of each ``ModuleList``/``ModuleDict`` that holds one of the regions. A stage module keeps
+    of each ``ModuleList``/``ModuleDict`` that holds one of the regions, those with
+    parameters. A stage module keeps
     only its own blocks (torchtitan deletes the others), so another block there means a plan
     made for another model or another split, whose memory and replays would not hold."""
     names = set(regions)
@@ -177,8 +178,10 @@ def unplanned_blocks(module: torch.nn.Module, regions: Collection[str]) -> List[
             continue
         if isinstance(container, (torch.nn.ModuleList, torch.nn.ModuleDict)):
             containers[parent] = container
+    # A placeholder without parameters (nn.Identity kept to hold the indices) is no block.
     return [f"{parent}.{child}" for parent, container in sorted(containers.items())
-            for child, _ in container.named_children() if f"{parent}.{child}" not in names]
+            for child, block in container.named_children()
+            if f"{parent}.{child}" not in names and any(True for _ in block.parameters())]
 
 
 def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: bool) -> torch.nn.Module:

@@ -195,9 +195,9 @@ class PlannedSchedule(PipelineScheduleMulti):
         stages = sorted(stages, key=lambda s: s.stage_index)
         if not stages:
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
-        super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
         refusal: Optional[Exception] = None
-        try:  # Rule 1
+        try:  # Rule 1 (torch's own checks of the stages too: a rank stopping alone would hang the others)
+            super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
             self.plan = _admitted(plan)
             self._check_stages(n_microbatches)
             for stage in self._stages:
@@ -205,7 +205,7 @@ class PlannedSchedule(PipelineScheduleMulti):
                               self.checkpointed_regions(stage.stage_index, "selective"))
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             refusal = e
-        self._refuse_together(refusal)
+        self._refuse_together(stages[0].group, refusal)
         #: stages whose backwards are hp_recompute's split (Rule 7)
         self.own_split = split_stages(self._stages, self.plan.ranks[self.rank])
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
@@ -217,10 +217,10 @@ class PlannedSchedule(PipelineScheduleMulti):
         self.program: List[Action] = self.plan.ranks[self.rank]
         self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
 
-    def _refuse_together(self, refusal: Optional[Exception]) -> None:
+    @staticmethod
+    def _refuse_together(group: Any, refusal: Optional[Exception]) -> None:
         """Rule 1: a rank that refuses stops every rank, before any runs (the others would wait
         for it at their first transfer): one all-gather of the verdicts over the stages' group."""
-        group = self._stages[0].group
         verdicts: List[Optional[str]] = [None] * dist.get_world_size(group)
         dist.all_gather_object(verdicts, None if refusal is None else f"{type(refusal).__name__}: {refusal}",
                                group=group)
@@ -229,8 +229,8 @@ class PlannedSchedule(PipelineScheduleMulti):
         refused = [(rank, verdict) for rank, verdict in enumerate(verdicts) if verdict is not None]
         if refused:
             rank, verdict = refused[0]
-            raise RunError(f"hp_recompute.pipelining: rank {self.rank} does not run: pipeline rank {rank} refused "
-                           f"the plan and its stages ({verdict})")
+            raise RunError(f"hp_recompute.pipelining: rank {dist.get_rank(group)} does not run: pipeline rank {rank} "
+                           f"refused the plan and its stages ({verdict})")
 
     def checkpointed_regions(self, stage: int, policy: Optional[str] = None) -> List[str]:
         """FQNs of the regions the plan checkpoints in ``stage``; with ``policy`` (``"full"``,

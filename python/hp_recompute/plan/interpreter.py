@@ -239,7 +239,10 @@ class PlanInterpreter:
 
     def ready(self) -> bool:
         """Whether the next action can run without waiting for a message (Rule 7)."""
-        return all(self.backend.recv_ready(self.program[j]) for j in self.program[self.pc].waits)
+        a = self.program[self.pc]
+        if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13: skipped, waits for nothing
+            return True
+        return all(self.backend.recv_ready(self.program[j]) for j in a.waits)
 
     def run_all(self) -> None:
         while not self.done:
@@ -248,11 +251,11 @@ class PlanInterpreter:
     def step_one(self) -> None:
         """Runs the next action (Rule 11)."""
         index, a = self.pc, self.program[self.pc]
-        if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13
-            self._post(a)
-            self.pc += 1
-            return
         try:
+            if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13
+                self._post(a)
+                self.pc += 1
+                return
             self.backend.before(index, a)
             start = time.perf_counter()
             with torch.profiler.record_function(f"hp_recompute::{a.describe()}"):  # Rule 12

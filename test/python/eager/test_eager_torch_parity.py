@@ -107,6 +107,31 @@ def test_a_tensor_inside_a_container_argument_changed_in_place_is_refused(device
         assert not torch.allclose(got, want)
 
 
+@pytest.mark.parametrize("change", ["replace", "add", "remove"])
+def test_a_container_argument_whose_tensors_were_swapped_is_refused(device, change):
+    """The replay reads the container, not the tensors recorded at the forward: a dict reused
+    across microbatches (``kw["m"] = next_m``) would replay on the new tensor (torch's
+    checkpoint gives a wrong gradient there, with no error)."""
+    lin = torch.nn.Linear(4, 4).to(device)
+
+    def block(a, kw):
+        return (lin(a).tanh() * kw["m"]).sum()
+
+    x = torch.randn(3, 4, device=device, requires_grad=True)
+    kw = {"m": torch.randn(3, 4, device=device), "k": torch.randn(1, device=device)}
+    loss = hr.checkpoint(block, x, kw)
+    if change == "replace":
+        kw["m"] = torch.randn(3, 4, device=device)
+    elif change == "add":
+        kw["n"] = torch.randn(1, device=device)
+    else:
+        del kw["k"]
+    where = {"replace": "#1['m']", "add": "#1['n']", "remove": "#1['k']"}[change]
+    with pytest.raises(RuntimeError, match=re.escape(f"hp_recompute: argument {where} of checkpoint") +
+                       r".* is not the tensor the checkpoint received \(its list, tuple or dict was changed"):
+        torch.autograd.grad(loss, [x])
+
+
 # -- backward inside the checkpointed function ------------------------------------------
 
 
