@@ -262,7 +262,7 @@ class _Replay:
 
 def _tensor_arguments(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator[Tuple[str, torch.Tensor, int]]:
     """(name, tensor, version) of each tensor argument: ``#0``, ``'mask'``, and inside lists,
-    tuples and dicts ``#1[0]``, ``'pair'['a']`` (a name ending in ``]``)."""
+    tuples and dicts ``#1[0]``, ``'pair'['a']``."""
     stack: List[Tuple[str, Any]] = [(f"#{i}", a) for i, a in enumerate(args)]
     stack += [(repr(k), v) for k, v in kwargs.items()]
     stack.reverse()
@@ -368,8 +368,8 @@ class CheckpointFrame:
     def devices(self) -> List[torch.device]:
         """The distinct devices of the top-level tensor arguments, in argument order (Rule 10)."""
         seen: List[torch.device] = []
-        for name, tensor, _ in self.input_versions:
-            if name.endswith("]"):  # inside a container
+        for tensor in (*self.args, *self.kwargs.values()):
+            if not isinstance(tensor, torch.Tensor):
                 continue
             if tensor.device not in seen:
                 seen.append(tensor.device)

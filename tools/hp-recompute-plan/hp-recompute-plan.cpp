@@ -300,7 +300,7 @@ int main(int argc, char **argv) {
        {&modelFile, &scheduleFile, &scheduleGen, &memoryBudget, &inputShape,
         &inputDtype, &stageSpec, &prefetch, &verifyPlanFile})
     if (option->getNumOccurrences() && option->empty())
-      return usageError("--" + option->ArgStr +
+      return usageError(spelling(*option) +
                         ": expected a value, got an empty string");
   if (stagesPerRank.getNumOccurrences() && stagesPerRank < 1)
     return usageError("--stages-per-rank: expected 1 or more (leave it out "
@@ -336,7 +336,7 @@ int main(int argc, char **argv) {
              &regionDepth, &inputShape, &inputDtype, &profile, &stageSpec,
              &checkpointPolicy})
       if (option->getNumOccurrences())
-        return usageError("--" + option->ArgStr +
+        return usageError(spelling(*option) +
                           " shapes a model; give one with --model (with a "
                           "schedule alone, every stage is one unit-cost "
                           "checkpointed region)");
@@ -346,7 +346,7 @@ int main(int argc, char **argv) {
                          const Twine &why) -> std::optional<int> {
     for (const cl::Option *option : options)
       if (option->getNumOccurrences())
-        return usageError("--" + option->ArgStr + " " + why);
+        return usageError(spelling(*option) + " " + why);
     return std::nullopt;
   };
   if (!scheduleFile.empty())
