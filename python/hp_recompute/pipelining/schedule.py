@@ -52,7 +52,11 @@ Rule 6 (metadata inference). On the first step torch's stages infer their input 
   torch 2.13 runs a forward and a backward there, with real tensors). That runs inside
   ``plain_forwards()``: the plan's regions run plainly, so inference creates no
   checkpoint and replays nothing, and every replay of a step is the plan's (one per
-  checkpointed region per microbatch).
+  checkpointed region per microbatch). torch infers again when a schedule switches
+  between ``step`` and ``eval``, and then sets the ``.grad`` of every FSDP module's
+  parameters to None (its cleanup of the inference's backward): the stages' gradients
+  are kept across the inference, so an ``eval`` between two accumulating steps, or
+  before the optimizer step, loses none.
 
 Rule 7 (stages split into I and W by hp_recompute). torch's
   ``backward_one_chunk(full_backward=False)`` and ``backward_weight_one_chunk`` are not
@@ -275,8 +279,12 @@ class PlannedSchedule(PipelineScheduleMulti):
                            return_outputs: bool = True, loss_kwargs: Optional[Dict[str, Any]] = None) -> None:
         arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
         first_target = target_mbs[0] if target_mbs is not None else None
+        params = [p for stage in self._stages for p in stage.submod.parameters()]
+        grads = [p.grad for p in params]
         with plain_forwards():  # Rule 6
             self._initialize_stages(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
+        for param, grad in zip(params, grads):  # Rule 6: what inference's cleanup dropped
+            param.grad = grad
         stages = _TorchStages(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
         # eval(), or no loss function: the plan's forward side alone (interpreter Rule 13)
         run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,

@@ -137,6 +137,15 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     res["plan_calls"], res["pp_rank"] = dict(plan_calls), pp_rank
     res["fsdp_modules"] = {st.stage_index: sum(hr.fsdp.is_fsdp_module(m) for m in st.submod.modules())
                            for st in stages}
+    if cfg.get("eval"):  # torchtitan's validation on the same stages: the plan's forwards alone
+        before = {n: p.grad.full_tensor().clone() for st in stages for n, p in st.submod.named_parameters()}
+        eval_losses: List[torch.Tensor] = []
+        with torch.no_grad(), _autocast(cfg):
+            schedule.eval(*((x,) if first else ()), target=y if last else None, losses=eval_losses if last else None)
+        res["eval_losses"] = [l.detach() for l in eval_losses]
+        res["grads_changed_by_eval"] = [n for st in stages for n, p in st.submod.named_parameters()
+                                        if not torch.equal(p.grad.full_tensor(), before[n])]
+        res["sharded_after_eval"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
     return res
 
 

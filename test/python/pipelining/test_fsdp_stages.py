@@ -38,7 +38,7 @@ STAGES = {"zbv": 4, "zb-h1": 2, "1f1b": 2}  # 2 pp ranks: a V of two stages each
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False, policy: Any = True,
-             input_grad: bool = False, room: int = 0) -> List[Dict[str, Any]]:
+             input_grad: bool = False, room: int = 0, eval: bool = False) -> List[Dict[str, Any]]:
     """Plans and runs one case; ``room`` > 0: the plan's memory budget is that many times jit's
     activation peak."""
     stages = STAGES[schedule]
@@ -55,7 +55,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
            "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
-           "autocast": autocast, "input_grad": input_grad, "plan": str(plan), "out": str(out)}
+           "autocast": autocast, "input_grad": input_grad, "eval": eval, "plan": str(plan), "out": str(out)}
     results = spawn_ranks(pp_fsdp_worker.main, cfg, 2 * dp)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
@@ -133,6 +133,22 @@ def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Pa
     (matmul outputs saved) under a plan that checkpoints them selectively, ``fully_shard``-ed,
     bfloat16 autocast, prefetched replays."""
     check(run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective"))
+
+
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_eval_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Path) -> None:
+    """The same composition, then ``eval()`` under no_grad (torchtitan's validation): the
+    plan's forward side alone (interpreter Rule 13) gives the training step's losses (no
+    optimizer step between) and leaves the reduced gradients as they were."""
+    results = run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective", eval=True)
+    check(results)
+    assert sum(len(res["eval_losses"]) for res in results) == 2 * MICROBATCHES  # the last stage, on each dp rank
+    for rank, res in enumerate(results):
+        for got, want in zip(res["eval_losses"], res["losses"]):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert res["grads_changed_by_eval"] == [], (rank, res["grads_changed_by_eval"])
+        assert res["sharded_after_eval"]
 
 
 @pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
