@@ -115,6 +115,7 @@ class WeightGradState:
     fsdp: Any = None  # hp_recompute.fsdp.SplitBinding when the weights are an FSDP module's (Rule 7)
     compiled: Dict[Any, Any] = field(default_factory=dict)  # I's stash per compiled node (Rule 8)
     unsplit: Set[Any] = field(default_factory=set)  # seeds that run whole in I and in W (Rule 8)
+    done: bool = False  # W ran: the state is released
 
 
 def _edge_node(t: torch.Tensor) -> Any:
@@ -243,7 +244,8 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
         (one gradient per input, None where unused; the state for ``backward_weight``).
 
     Raises:
-        ValueError: ``names`` is not one str per weight, or given with a module.
+        ValueError: ``names`` is not one str per weight, or given with a module; a weight
+            does not require grad.
         CheckpointError: an FSDP module's weight was never unsharded (no forward ran).
     """
     outputs = list(outputs)
@@ -260,6 +262,13 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
         binding = _fsdp.bind(weights, params, names)
         weights = binding.graph_weights if binding is not None else params
     state = WeightGradState(list(weights), _weight_names(weights, names), outputs, grads_out, fsdp=binding)
+    frozen = [name for name, w in zip(state.names, state.weights) if not w.requires_grad]
+    if frozen:
+        raise ValueError(error_text(
+            f"backward_input: weight{'s' if len(frozen) > 1 else ''} {', '.join(frozen)} "
+            f"{'do' if len(frozen) > 1 else 'does'} not require grad (frozen), so W has no gradient to give "
+            f"{'them' if len(frozen) > 1 else 'it'}; leave frozen weights out of the weights (a module as the "
+            f"weights leaves them out by itself)"))
     hooks = []
     if SPLIT_SUPPORTED and state.weights and not inputs:  # no input path: W is the whole backward
         roots = list(dict.fromkeys(o.grad_fn for o in outputs if o.grad_fn is not None))
@@ -308,8 +317,14 @@ def backward_weight(state: WeightGradState, retain_graph: bool = False) -> Grads
     Raises:
         CheckpointError: (Rule 6) W got no gradient for a weight, because the graph of the
             outputs does not reach it; the message names every such weight. With FSDP:
-            the step of this W's I was already reduced (FSDP Rule 4).
+            the step of this W's I was already reduced (FSDP Rule 4). W of this state ran
+            already.
     """
+    if state.done:
+        raise CheckpointError(error_text(
+            "backward_weight: this state's W already ran (W runs once per backward_input, and its state is released "
+            "then); call backward_input again for another W"))
+    state.done = True
     binding, state.fsdp = state.fsdp, None
     if binding is None:
         return _weight_grads(state, retain_graph)

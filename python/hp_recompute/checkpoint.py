@@ -124,9 +124,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import sys
 import threading
-from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint as _torch_checkpoint
@@ -136,13 +137,17 @@ from .frame import (PER_GRAPH_TASK, PLAIN_REPLAY, THREAD, CheckpointFrame, Recom
                     new_handle, unpack_saved)
 from .replay_state import ForwardState
 
-__all__ = ["checkpoint", "recompute_handle_collector_ctx"]
+__all__ = ["checkpoint", "checkpoint_call", "recompute_handle_collector_ctx"]
 
 _COLLECTOR: "contextvars.ContextVar[Optional[List[RecomputeHandle]]]" = contextvars.ContextVar(
     "hp_recompute_collector", default=None
 )
 
 _DETERMINISM_CHECKS = ("default", "none")
+
+#: The keywords torch's checkpoint reads itself (a function's own are passed on by ``checkpoint_call``).
+_OPTIONS = frozenset(("use_reentrant", "context_fn", "preserve_rng_state", "determinism_check", "debug",
+                      "early_stop"))
 
 
 class _OpenCollectors:
@@ -270,6 +275,28 @@ def checkpoint(
         return _torch_checkpoint.checkpoint(
             function, *args, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state, **options, **kwargs
         )
+    return checkpoint_call(function, args, kwargs, context_fn=context_fn, preserve_rng_state=preserve_rng_state,
+                           determinism_check=determinism_check, debug=debug, early_stop=early_stop)
+
+
+def checkpoint_call(
+    function: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    *,
+    context_fn: Optional[Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]] = None,
+    preserve_rng_state: bool = True,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+) -> Any:
+    """``checkpoint(function, *args, use_reentrant=False, **kwargs)`` with ``kwargs`` passed whole
+    to ``function``.
+
+    For a caller that checkpoints a module on its user's behalf (``PlannedSchedule``'s
+    regions): a keyword of the module named like an option of ``checkpoint`` (``debug``,
+    ``early_stop``, ``use_reentrant``, ...) reaches the module, not the checkpoint.
+    """
     # Options torch reads as truth values; a bad determinism_check is refused as torch does.
     preserve_rng_state, debug, early_stop = bool(preserve_rng_state), bool(debug), bool(early_stop)
     if _is_compiling():  # Rule 11
@@ -346,6 +373,8 @@ def _compiled_checkpoint(
             )
         )
     extra = {} if context_fn is None else {"context_fn": context_fn}
+    if _OPTIONS.intersection(kwargs):  # checkpoint_call: the function's own keywords, not the checkpoint's
+        function, kwargs = functools.partial(function, **kwargs), {}
     return _torch_checkpoint.checkpoint(
         function,
         *args,

@@ -103,7 +103,8 @@ BACKENDS = ("inductor", "aot_eager")
 
 _LOCK = threading.Lock()
 _ACTIVE: Dict[Any, Tuple[str, Dict[Any, Any]]] = {}  # autograd node -> (phase, state.compiled)
-_BUILT = [0]  # how many split backends exist; the registry stays empty while none does
+# (backend, options) -> its compile_backend; the registry stays empty while none exists
+_COMPILERS: Dict[Tuple[str, str], Callable] = {}
 
 
 @contextlib.contextmanager
@@ -112,7 +113,7 @@ def split_phase(phase: str, stash: Dict[Any, Any], nodes: Iterable[Any]) -> Iter
 
     Called by ``backward_split``; a no-op until a ``compile_backend`` backward exists.
     """
-    if not _BUILT[0]:
+    if not _COMPILERS:
         yield
         return
     nodes = list(nodes)
@@ -333,7 +334,8 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
         options: inductor config patches (as ``torch.compile(options=...)``); inductor only.
 
     Returns:
-        A callable to pass as ``torch.compile(..., backend=)``.
+        A callable to pass as ``torch.compile(..., backend=)``: the same one for the same
+        backend and options (blocks compiled one by one share dynamo's compiled code).
 
     Raises:
         CheckpointError: torch older than 2.13, or without torch.compile (Rule 6).
@@ -352,6 +354,14 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
     if options and backend != "inductor":
         raise ValueError(error_text("compile_backend: options are inductor config patches; aot_eager takes none"))
 
+    # One callable per backend and options: dynamo guards a compiled frame on its backend's
+    # identity, so blocks of one class compiled one by one (checkpoint_wrapper(block).compile())
+    # must share it, or each would recompile the shared forward, failing past dynamo's
+    # recompile limit (8): FailOnRecompileLimitHit under fullgraph=True, else eager blocks.
+    key = (backend, repr(sorted((options or {}).items())))
+    if key in _COMPILERS:
+        return _COMPILERS[key]
+
     def compiler(gm: torch.fx.GraphModule, example_inputs: List[Any], **kwargs: Any) -> Callable:
         is_weight = _weights_of(example_inputs)
         patches = {"donated_buffer": False, "enable_autograd_cache": False}  # Rule 5
@@ -361,7 +371,7 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
             return _inductor(gm, example_inputs, is_weight, options, **kwargs)
 
     compiler.__name__ = f"hp_recompute_{backend}"
-    _BUILT[0] += 1  # from now on I and W register their seeds, also for a backward compiled lazily inside I
+    _COMPILERS[key] = compiler  # from now on I and W register their seeds, also for a backward compiled lazily in I
     return compiler
 
 

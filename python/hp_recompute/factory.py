@@ -25,7 +25,10 @@ _NOT_USER_CODE = {os.path.dirname(os.path.abspath(__file__))} | {
 def raised_at(e: BaseException) -> str:
     """``TYPE: MESSAGE (at FILE:LINE)`` for an exception of the user's code (a factory, a
     model's region), located at the innermost frame of that code; without such a frame
-    (an error of the runtime itself, whose message says where) ``TYPE: MESSAGE``.
+    (an error of the runtime itself, whose message says where) ``TYPE: MESSAGE``. An
+    exception raised ``from`` another (torch's "[Stage 0] failed to run forward:" around the
+    user's) gives each of the chain, outermost first: ``TYPE: MESSAGE: CAUSE: MESSAGE (at
+    FILE:LINE)``, located in the innermost one that has a frame of the user's.
 
     Why: the tools print located one-line errors, never tracebacks; the frame that matters
     to the user is theirs, not the torch op or the runner loop it went through. Any
@@ -35,13 +38,26 @@ def raised_at(e: BaseException) -> str:
     folders = set(_NOT_USER_CODE)
     if "torch" in sys.modules:
         folders.add(os.path.dirname(os.path.abspath(sys.modules["torch"].__file__ or "")))
-    frames = traceback.extract_tb(e.__traceback__)
-    theirs = [f for f in frames if not any(os.path.abspath(f.filename).startswith(folder + os.sep)
-                                           for folder in folders)]
-    frame = theirs[-1] if theirs else None
-    lines = str(e).strip().splitlines()
-    text = type(e).__name__ + (f": {lines[0]}" if lines else "")
+    # An error torch raised ``from`` the user's (a stage's "[Stage 0] failed to run forward:"):
+    # the user's, at the end of the chain, says what failed and where.
+    chain = [e]
+    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
+        chain.append(chain[-1].__cause__)
+    frame = None
+    for link in reversed(chain):
+        theirs = [f for f in traceback.extract_tb(link.__traceback__)
+                  if not any(os.path.abspath(f.filename).startswith(folder + os.sep) for folder in folders)]
+        if theirs:
+            frame = theirs[-1]
+            break
+    text = ": ".join(_first_line(link) for link in chain)
     return text + (f" (at {frame.filename}:{frame.lineno})" if frame is not None else "")
+
+
+def _first_line(e: BaseException) -> str:
+    """``TYPE: the first line of its message`` (``TYPE`` alone without one)."""
+    lines = str(e).strip().splitlines()
+    return type(e).__name__ + (f": {lines[0].rstrip(':').rstrip()}" if lines else "")
 
 
 def call_factory(spec: str, flag: str, error: Callable[[str], Exception]) -> Any:

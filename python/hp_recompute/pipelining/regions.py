@@ -9,6 +9,12 @@ through ``hp_recompute.checkpoint`` (with the selective policy's ``context_fn`` 
 the plan checkpoints ``"selective"``), or plainly while ``plan.interpreter.plain_forwards()`` is open (a
 forward the plan marks ``"checkpoint": false``).
 
+The region's own keywords reach it whole, also those named like checkpoint options
+(``layer(x, debug=True)``: the user wrote no checkpoint call), and its replays leave the
+buffers its forward updates as the forward left them (``replay_buffers``). Modules may be
+shared by several schedules with different plans: ``patch_regions`` gives them one plan's
+patches, and each ``PlannedSchedule`` applies its own before each of its steps.
+
 A region that ``fully_shard`` has made an FSDP module is checkpointed inside FSDP's hooks,
 as ``checkpoint_wrapper`` before ``fully_shard`` would be, and its replays gather its
 parameters as the wrapper's do (``fsdp.ReplayFunction``).
@@ -33,41 +39,73 @@ no recompute handle, so it is refused here, before the first forward.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Collection, List, Optional, Sequence
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 
 import torch
 
-from ..checkpoint import checkpoint as hpr_checkpoint
+from ..checkpoint import checkpoint as hpr_checkpoint, checkpoint_call
+from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from ..fsdp import ReplayFunction, is_fsdp_module
 from ..plan.interpreter import forwards_are_plain
 from ..plan.reader import RunError
 from ..selective import hidden_compiled_modules, selective_context_fn
 
-__all__ = ["check_regions", "checkpoint_regions", "is_planned_checkpoint", "unplanned_blocks"]
+__all__ = ["check_regions", "checkpoint_regions", "patch_regions", "unplanned_blocks"]
 
-_MARK = "_hp_recompute_planned_forward"
+class _PlannedForward:
+    """A planned region's forward: its own forward through our checkpoint (with the selective
+    policy's ``context_fn`` for a region the plan checkpoints ``"selective"``), or plainly
+    inside ``plain_forwards()`` and without grad. The region's keywords reach it whole, also
+    those named like the checkpoint's options (``debug=``: the user wrote no checkpoint call),
+    and its replays leave its buffers as its forward left them (``replay_buffers``)."""
+
+    def __init__(self, region: torch.nn.Module, original: Callable[..., Any],
+                 context_fn: Optional[Callable[[], Any]], changed: Optional[ChangedBuffers] = None) -> None:
+        self.region, self.original, self.context_fn = region, original, context_fn
+        self.changed = changed if changed is not None else ChangedBuffers()
+
+    def with_policy(self, context_fn: Optional[Callable[[], Any]]) -> "_PlannedForward":
+        """The same region under another plan's policy (stages reused by another schedule)."""
+        return _PlannedForward(self.region, self.original, context_fn, self.changed)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if forwards_are_plain() or not torch.is_grad_enabled():
+            return self.original(*args, **kwargs)
+        function = BufferKeepingFunction(self.original, self.region, self.changed)
+        return checkpoint_call(function, args, kwargs, context_fn=self.context_fn)
 
 
-def _planned_forward(original: Any, context_fn: Optional[Callable[[], Any]], *args: Any, **kwargs: Any) -> Any:
-    if forwards_are_plain() or not torch.is_grad_enabled():
-        return original(*args, **kwargs)
-    if context_fn is None:
-        return hpr_checkpoint(original, *args, use_reentrant=False, **kwargs)
-    return hpr_checkpoint(original, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+class _WrappedForward:
+    """A region the user wrapped with ``hp_recompute.checkpoint_wrapper``: its wrapper's
+    checkpoint with its options (``context_fn``, ...), the replays leaving its buffers as the
+    forward left them; its inner module while forwards are plain."""
+
+    def __init__(self, wrapper: torch.nn.Module) -> None:
+        self.wrapper, self.changed = wrapper, ChangedBuffers()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self.wrapper._checkpoint_wrapped_module
+        if forwards_are_plain():
+            return inner(*args, **kwargs)
+        function = BufferKeepingFunction(ReplayFunction(self.wrapper, inner), self.wrapper, self.changed)
+        return self.wrapper.checkpoint_fn(function, *args, **kwargs)
 
 
-def _wrapped_forward(checkpointed: Any, inner: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """A region the user wrapped with ``hp_recompute.checkpoint_wrapper``: its wrapper (and
-    options: ``context_fn``, ...), or its inner module while forwards are plain."""
-    if forwards_are_plain():
-        return inner(*args, **kwargs)
-    return checkpointed(*args, **kwargs)
-
-
-def _unplanned_forward(inner: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+class _UnplannedForward:
     """A checkpoint wrapper at a module the plan does not checkpoint: the plan is the program,
     so its inner module runs plainly (no replay the plan did not place)."""
-    return inner(*args, **kwargs)
+
+    def __init__(self, wrapper: torch.nn.Module) -> None:
+        self.wrapper = wrapper
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.wrapper._checkpoint_wrapped_module(*args, **kwargs)
+
+
+def _patch(module: torch.nn.Module) -> Any:
+    """The forward ``checkpoint_regions`` put on ``module``'s instance, if any."""
+    forward = module.__dict__.get("forward")
+    return forward if isinstance(forward, (_PlannedForward, _WrappedForward, _UnplannedForward)) else None
 
 
 def _is_wrapper(module: torch.nn.Module) -> bool:
@@ -84,11 +122,6 @@ def _wrapper_context_fn(module: torch.nn.Module) -> Optional[Callable[[], Any]]:
     """The ``context_fn`` the user gave ``checkpoint_wrapper``, if any."""
     fn = getattr(module, "checkpoint_fn", None)
     return fn.keywords.get("context_fn") if isinstance(fn, functools.partial) else None
-
-
-def is_planned_checkpoint(module: torch.nn.Module) -> bool:
-    """Whether ``checkpoint_regions`` (or ``hp_recompute.checkpoint_wrapper``) checkpoints ``module``."""
-    return getattr(module, _MARK, False) or _is_our_wrapper(module)
 
 
 def _refuse_compiled_around(region: torch.nn.Module, fqn: str, stage: int) -> None:
@@ -136,29 +169,40 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
     """
     regions = check_regions(module, fqns, stage, selective)
     # Every check passed: now the patches (a refusal above leaves the modules as they were).
+    return patch_regions(module, dict(zip(fqns, regions)), selective)
+
+
+def patch_regions(module: torch.nn.Module, regions: Dict[str, torch.nn.Module],
+                  selective: Collection[str] = ()) -> List[str]:
+    """The patches of ``checkpoint_regions`` for ``regions`` (FQN -> module) that
+    ``check_regions`` admitted: each region's forward is this plan's, and every other
+    module's is its own (or, for our wrapper, runs plainly). Idempotent, and cheap when the
+    modules have this plan's patches already: a schedule applies its plan before each step,
+    so a second schedule over the same stages (another plan) never changes the first's.
+    Returns the FQNs it patched anew."""
     context_fn = selective_context_fn() if selective else None
     patched: List[str] = []
-    for fqn, region in zip(fqns, regions):
-        if isinstance(region.__dict__.get("forward"), functools.partial) \
-                and region.__dict__["forward"].func is _unplanned_forward:
+    for fqn, region in regions.items():
+        policy = context_fn if fqn in selective else None
+        forward = _patch(region)
+        if isinstance(forward, _UnplannedForward):
             del region.forward  # unplanned by an earlier plan (stages reused), planned by this one
-        if getattr(region, _MARK, False):
-            # Patched for an earlier plan (stages reused by another schedule): this plan's policy.
-            forward = region.forward
-            if isinstance(forward, functools.partial) and forward.func is _planned_forward:
-                region.forward = functools.partial(_planned_forward, forward.args[0],
-                                                   context_fn if fqn in selective else None)
+            forward = None
+        if isinstance(forward, _PlannedForward):
+            if (forward.context_fn is None) != (policy is None):  # an earlier plan's policy
+                region.forward = forward.with_policy(policy)
+            continue
+        if isinstance(forward, _WrappedForward):
             continue
         if _is_our_wrapper(region):
-            region.forward = functools.partial(_wrapped_forward, region.forward, region._checkpoint_wrapped_module)
+            region.forward = _WrappedForward(region)
         else:
             original = region.forward
             if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (fsdp.py Rule 6)
                 original = ReplayFunction(region, original)
-            region.forward = functools.partial(_planned_forward, original, context_fn if fqn in selective else None)
-        setattr(region, _MARK, True)
+            region.forward = _PlannedForward(region, original, policy)
         patched.append(fqn)
-    _unplan_other_wrappers(module, fqns)
+    _unplan_other_wrappers(module, regions)
     return patched
 
 
@@ -226,14 +270,9 @@ def _unplan_other_wrappers(module: torch.nn.Module, fqns: Collection[str]) -> No
     for name, sub in module.named_modules():
         if name in fqns:
             continue
-        forward = sub.__dict__.get("forward")
-        if isinstance(forward, functools.partial) and forward.func is _planned_forward:
+        forward = _patch(sub)
+        if isinstance(forward, (_PlannedForward, _WrappedForward)):
             del sub.forward  # planned by an earlier plan (stages reused), not by this one
-            delattr(sub, _MARK)
-        if not _is_our_wrapper(sub):
-            continue
-        forward = sub.__dict__.get("forward")
-        if not (isinstance(forward, functools.partial) and forward.func is _unplanned_forward):
-            sub.forward = functools.partial(_unplanned_forward, sub._checkpoint_wrapped_module)
-        if getattr(sub, _MARK, False):
-            delattr(sub, _MARK)
+            forward = None
+        if _is_our_wrapper(sub) and forward is None:
+            sub.forward = _UnplannedForward(sub)

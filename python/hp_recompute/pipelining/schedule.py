@@ -56,7 +56,9 @@ Rule 6 (metadata inference). On the first step torch's stages infer their input 
   between ``step`` and ``eval``, and then sets the ``.grad`` of every FSDP module's
   parameters to None (its cleanup of the inference's backward): the stages' gradients
   are kept across the inference, so an ``eval`` between two accumulating steps, or
-  before the optimizer step, loses none.
+  before the optimizer step, loses none. Buffers are as they were before the inference
+  (its forward of microbatch 0 would update BatchNorm's statistics once more than the
+  plain model does).
 
 Rule 7 (stages split into I and W by hp_recompute). torch's
   ``backward_one_chunk(full_backward=False)`` and ``backward_weight_one_chunk`` are not
@@ -86,6 +88,16 @@ Rule 7 (stages split into I and W by hp_recompute). torch's
   6). Needs torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch
   is refused at construction.
 
+Rule 7a (stages after frozen ones). torch's I of a stage none of whose inputs needs a
+  gradient (the stages before it frozen, ``requires_grad_(False)``) computes nothing, and
+  its W then has no gradient of the stage's outputs to start from: every weight gradient
+  of the stage stays None, silently (torch's own ZBV too). Such an I computes nothing
+  here as well, and its W is the whole backward (torch's ``backward_maybe_with_nosync``
+  with ``"full"``), as torch runs the first stage's; decided per microbatch at I, where
+  the inputs are known. The session the plan names is read by that W alone, and its
+  replay is held from I to W as planned. Stages of Rule 7 are split by hp_recompute,
+  which finds no input to differentiate and leaves every weight to W.
+
 Rule 8 (unshard, reshard). A plan made for FSDP (``hp-recompute-plan --dp-shard N``) holds
   an ``unshard`` of each stage before the first action that reads its parameters (a
   prefetched replay included) and a ``reshard`` after the last: they are FSDP2's public
@@ -96,6 +108,14 @@ Rule 8 (unshard, reshard). A plan made for FSDP (``hp-recompute-plan --dp-shard 
   gathered past its ``reshard``, and a failed step reshards what it gathered. On a stage
   without FSDP modules both do nothing; a plan without them still runs on FSDP stages
   (FSDP's hooks and Rule 7 gather what each action needs).
+
+Rule 9 (the plan's regions, each step). The plan's regions are checkpointed in place
+  (``regions.py``), on modules that another ``PlannedSchedule`` may share (an eval
+  schedule built with another plan): each schedule applies its own plan's patches before
+  each step (``regions.patch_regions``), so a step runs its own plan's checkpoints and
+  replays, whichever schedule was built or stepped last. A region's keywords reach the
+  region, and its replays leave its buffers as its forward left them (BatchNorm's
+  statistics are updated once per microbatch, as in the plain model).
 """
 
 from __future__ import annotations
@@ -116,7 +136,7 @@ from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
 from ..plan.reader import Action, Plan, RunError, region_checkpoint
 from ..plan.verify import admit_plan, load_plan
 from ..sessions import SessionScope
-from .regions import check_regions, checkpoint_regions, unplanned_blocks
+from .regions import check_regions, patch_regions, unplanned_blocks
 from .torch_csv import load_torch_csv
 
 __all__ = ["PlannedSchedule"]
@@ -200,13 +220,16 @@ class PlannedSchedule(PipelineScheduleMulti):
         if not stages:
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
         refusal: Optional[Exception] = None
+        self._regions: Dict[int, Dict[str, torch.nn.Module]] = {}  # stage -> its planned regions (Rule 9)
         try:  # Rule 1 (torch's own checks of the stages too: a rank stopping alone would hang the others)
             super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
             self.plan = _admitted(plan)
             self._check_stages(n_microbatches)
             for stage in self._stages:
-                check_regions(stage.submod, self.checkpointed_regions(stage.stage_index), stage.stage_index,
-                              self.checkpointed_regions(stage.stage_index, "selective"))
+                fqns = self.checkpointed_regions(stage.stage_index)
+                regions = check_regions(stage.submod, fqns, stage.stage_index,
+                                        self.checkpointed_regions(stage.stage_index, "selective"))
+                self._regions[stage.stage_index] = dict(zip(fqns, regions))
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             refusal = e
         self._refuse_together(stages[0].group, refusal)
@@ -216,8 +239,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         self.stage_index_to_group_rank = mapping
         for stage in self._stages:  # Rule 2
             stage.stage_index_to_group_rank = mapping
-            checkpoint_regions(stage.submod, self.checkpointed_regions(stage.stage_index), stage.stage_index,
-                               self.checkpointed_regions(stage.stage_index, "selective"))
+        self._apply_regions()
         self.program: List[Action] = self.plan.ranks[self.rank]
         self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
 
@@ -235,6 +257,12 @@ class PlannedSchedule(PipelineScheduleMulti):
             rank, verdict = refused[0]
             raise RunError(f"hp_recompute.pipelining: rank {dist.get_rank(group)} does not run: pipeline rank {rank} "
                            f"refused the plan and its stages ({verdict})")
+
+    def _apply_regions(self) -> None:
+        """Rule 9: this plan's regions checkpointed as it says, every other module as it was."""
+        for stage in self._stages:
+            patch_regions(stage.submod, self._regions[stage.stage_index],
+                          self.checkpointed_regions(stage.stage_index, "selective"))
 
     def checkpointed_regions(self, stage: int, policy: Optional[str] = None) -> List[str]:
         """FQNs of the regions the plan checkpoints in ``stage``; with ``policy`` (``"full"``,
@@ -278,13 +306,20 @@ class PlannedSchedule(PipelineScheduleMulti):
                            target_mbs: Optional[list] = None, losses: Optional[list] = None,
                            return_outputs: bool = True, loss_kwargs: Optional[Dict[str, Any]] = None) -> None:
         arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
+        self._apply_regions()  # Rule 9: another schedule over these stages may have applied its plan since
         first_target = target_mbs[0] if target_mbs is not None else None
         params = [p for stage in self._stages for p in stage.submod.parameters()]
         grads = [p.grad for p in params]
+        infers = not self._stages_forward_initialized or self._has_backward != self._stages_backward_initialized
+        # Rule 6: inference's forward does not count for buffers a forward updates (BatchNorm's statistics)
+        buffers = [(b, b.clone()) for stage in self._stages for b in stage.submod.buffers()] if infers else []
         with plain_forwards():  # Rule 6
             self._initialize_stages(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
         for param, grad in zip(params, grads):  # Rule 6: what inference's cleanup dropped
             param.grad = grad
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
         stages = _TorchStages(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
         # eval(), or no loss function: the plan's forward side alone (interpreter Rule 13)
         run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,
@@ -306,6 +341,15 @@ class PlannedSchedule(PipelineScheduleMulti):
         self._update_losses(self._stages, losses)
 
 
+def _detach_outputs(stage: _PipelineStageBase, stage_output: Any) -> None:
+    """After the last stage's backward its outputs are only returned to the user: detached,
+    as torch's ``backward_one_chunk`` does (its graph is freed)."""
+    if stage.is_last and not stage.is_first:
+        for t in stage_output:
+            if not t._is_view():
+                t.detach_()
+
+
 class _TorchStages(StageBackend):
     """This rank's torch stages for one ``step`` (Rule 3): pending receives and sends, losses."""
 
@@ -320,6 +364,7 @@ class _TorchStages(StageBackend):
         self.losses: Dict[int, torch.Tensor] = {}
         self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}  # (stage, mb) -> I's state for W (Rule 7)
         self.first_stage_pending: Dict[Tuple[int, int], Tuple[Any, Any, Any]] = {}  # (stage, mb) -> what its W reads
+        self.whole_at_w: Dict[Tuple[int, int], Tuple[Dict[str, Any], Any]] = {}  # (stage, mb) -> W's (Rule 7a)
         self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
 
     def post_recv(self, a: Action) -> None:
@@ -358,12 +403,35 @@ class _TorchStages(StageBackend):
         if a.stage in self.schedule.own_split:
             self._split_backward(stage, a)
             return
+        key = (a.stage, mb)
         if a.op == "backward_weight":
+            if key in self.whole_at_w:  # Rule 7a: W is the whole backward
+                bwd_kwargs, outputs = self.whole_at_w.pop(key)
+                stage.backward_maybe_with_nosync("full", bwd_kwargs, last_backward=last)
+                _detach_outputs(stage, outputs)
+                return
             stage.backward_weight_one_chunk(mb, last_backward=last)
             return
         full = a.op == "backward"
+        if not full and not stage.is_first and not any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in stage.fwd_cache[mb][1]):
+            self.whole_at_w[key] = self._defer_backward(stage, mb)  # Rule 7a
+            return
         stage.backward_one_chunk(mb, loss=self.losses.get(mb) if stage.is_last else None, full_backward=full,
                                  last_backward=full and last)
+
+    def _defer_backward(self, stage: _PipelineStageBase, mb: int) -> Tuple[Dict[str, Any], Any]:
+        """Rule 7a: the I of a stage none of whose inputs needs a gradient computes nothing (no
+        input gradient to send) and leaves W the whole backward, as torch's I and W of the first
+        stage do; returns what that W reads: torch's ``bwd_kwargs``, and the stage's outputs."""
+        stage_output, input_values = stage.fwd_cache.pop(mb)
+        if stage.is_last:
+            bwd_kwargs = {"stage_output": self.losses[mb], "output_grads": None, "input_values": input_values}
+        else:
+            bwd_kwargs = {"stage_output": stage_output, "output_grads": stage._retrieve_recv_grads(mb),
+                          "input_values": input_values}
+        stage.bwd_cache[mb] = (None,) * len(stage._stage_meta.inputs)
+        return bwd_kwargs, stage_output
 
     def _split_backward(self, stage: _PipelineStageBase, a: Action) -> None:
         """Rule 7: I, W or B of an FSDP2 or compiled stage, on torch's stage caches, by hp_recompute's split.
@@ -400,10 +468,7 @@ class _TorchStages(StageBackend):
             found = iter(dx)
             grads_input = tuple(next(found) if want else None for want in wants)
         stage.bwd_cache[a.microbatch] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
-        if stage.is_last and not stage.is_first:
-            for t in stage_output:  # only returned to the user now, as torch's backward_one_chunk does
-                if not t._is_view():
-                    t.detach_()
+        _detach_outputs(stage, stage_output)
 
     @staticmethod
     def _whole_backward(stage: _PipelineStageBase, root: Any, grads: Any, input_values: Any) -> Any:

@@ -34,6 +34,7 @@ from ..checkpoint import checkpoint as hr_checkpoint
 from ..plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
 from ..plan.reader import Action, Plan, RunError
 from ..plan.verify import planner_extension
+from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from .model import PipelineModel, StageSpec, Unit
 from ..sessions import SessionScope
 
@@ -105,41 +106,6 @@ class MemoryTransport(Transport):
         return self.box.pop((kind, stage, mb, src, dst))
 
 
-class _ReplayKeepsBuffers:
-    """A unit's function whose replays leave the module's buffers as the forward left them.
-
-    Why: a region that updates buffers in forward (BatchNorm's running statistics) would
-    update them again in each replay, which a plain step never does. The unit's first
-    forward on this rank finds which buffers it changes, by value: a kernel that updates
-    a buffer in place does not always bump its version counter (``native_batch_norm``
-    leaves ``running_mean``'s alone). Every replay saves those buffers and restores them
-    afterwards (docs/runner.md). ``known`` (unit name -> the buffers its forward changes)
-    is the executor's, shared by every call of a unit across microbatches and steps.
-    """
-
-    def __init__(self, fn: Any, module: torch.nn.Module, known: Dict[str, List[torch.Tensor]], unit: str) -> None:
-        self.fn, self.module, self.known, self.unit = fn, module, known, unit
-        self.forwarded = False
-
-    def __call__(self, x: Any) -> Any:
-        if not self.forwarded:
-            self.forwarded = True
-            if self.unit in self.known:
-                return self.fn(x)
-            before = [(b, b.detach().clone()) for b in self.module.buffers()]
-            out = self.fn(x)
-            self.known[self.unit] = [b for b, value in before if not torch.equal(b, value)]
-            return out
-        changed = self.known[self.unit]
-        saved = [b.detach().clone() for b in changed]
-        try:
-            return self.fn(x)
-        finally:  # also when the replay stops early (Rule 2 of NOTE [ Recompute sessions ])
-            with torch.no_grad():
-                for b, value in zip(changed, saved):
-                    b.copy_(value)
-
-
 class _Micro:
     """State of one (stage, microbatch) between its forward and its last backward."""
 
@@ -183,7 +149,7 @@ class RankExecutor(StageBackend):
         self.param_names = [n for s in specs if plan.stage_to_rank[s.stage] == rank for n in s.params]
         self.fail_at = planted_failure()
         self.planner = planner_extension()
-        self.buffers_changed_by: Dict[str, List[torch.Tensor]] = {}  # unit -> buffers its forward updates
+        self.buffers_changed_by: Dict[str, ChangedBuffers] = {}  # unit -> buffers its forward updates
         self.reset([], [])
 
     # -- step state ----------------------------------------------------------------------
@@ -287,7 +253,9 @@ class RankExecutor(StageBackend):
         fn: Any = functools.partial(unit.__call__, batch=batch, seed=seed)
         if not unit.checkpoint or forwards_are_plain() or self.mode == "none":
             return fn(h)
-        fn = _ReplayKeepsBuffers(fn, self.model.module, self.buffers_changed_by, unit.name)
+        # A replay leaves the buffers as the forward left them (docs/runner.md).
+        fn = BufferKeepingFunction(fn, self.model.module, self.buffers_changed_by.setdefault(unit.name,
+                                                                                              ChangedBuffers()))
         # A selective region's policy (NOTE [ Selective policy ]), in either mode.
         options = {} if unit.context_fn is None else {"context_fn": unit.context_fn}
         if self.mode == "plan":

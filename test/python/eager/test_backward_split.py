@@ -178,6 +178,35 @@ def test_a_weight_w_cannot_reach_raises_naming_it(with_input: bool) -> None:
         backward_weight(state)
 
 
+def test_a_second_w_of_one_state_says_so() -> None:
+    """W releases its state; a second W of it is refused as such, not as weights the graph
+    does not reach (which sent users looking for FSDP)."""
+    w = torch.randn(3, requires_grad=True)
+    _, state = backward_input([(w * 2).sum()], None, [], [w])
+    backward_weight(state)
+    with pytest.raises(hpr.CheckpointError) as error:
+        backward_weight(state)
+    assert str(error.value) == ("hp_recompute: backward_weight: this state's W already ran (W runs once per "
+                                "backward_input, and its state is released then); call backward_input again for "
+                                "another W")
+
+
+def test_a_frozen_weight_is_refused_naming_it() -> None:
+    """A weight that does not require grad has no gradient edge: named, not torch's raw
+    'not possible to get the gradient edge'."""
+    layer = nn.Linear(3, 3)
+    layer.bias.requires_grad_(False)
+    x = torch.randn(2, 3, requires_grad=True)
+    named = list(layer.named_parameters())
+    with pytest.raises(ValueError) as error:
+        backward_input([layer(x).sum()], None, [x], [p for _, p in named], names=[n for n, _ in named])
+    assert str(error.value) == ("hp_recompute: backward_input: weight 'bias' does not require grad (frozen), so W "
+                                "has no gradient to give it; leave frozen weights out of the weights (a module as "
+                                "the weights leaves them out by itself)")
+    _, state = backward_input([layer(x).sum()], None, [x], layer)  # the module: its trainable weights
+    assert backward_weight(state)[0].shape == (3, 3)
+
+
 def test_weight_names_must_be_one_str_per_weight() -> None:
     w = torch.randn(2, requires_grad=True)
     with pytest.raises(ValueError, match=r"^hp_recompute: backward_input: names must be one str per weight \(1\)"):

@@ -174,6 +174,31 @@ def test_torchtitans_order_compiled_checkpoint_wrappers_split_too(backend):
     assert 0 < w_flops < i_flops and i_flops + w_flops <= 1.05 * full
 
 
+@needs_split
+def test_twelve_wrapped_blocks_compile_with_fullgraph_and_all_split():
+    """torchtitan's order on a stage of 12 blocks: ``checkpoint_wrapper(block).compile(
+    fullgraph=True)`` one by one. The blocks share one compiled forward (one backend callable
+    for one backend): before, each got its own ``compile_backend`` and recompiled the shared
+    forward, and the 9th hit dynamo's recompile limit (8), FailOnRecompileLimitHit here, or
+    silently ran eagerly without ``fullgraph``. Every block's backward splits: W of the chain
+    runs weight-gradient matmuls only, and the gradients are exact."""
+    torch._dynamo.reset()
+    blocks = _blocks(12)
+    wrapped = [hr.checkpoint_wrapper(b) for b in blocks]
+    for w in wrapped:
+        w.compile(backend="aot_eager", fullgraph=True)
+    assert len({id(w._checkpoint_wrapped_module._compiled_call_impl) for w in wrapped}) == len(wrapped)
+    torch.manual_seed(4)
+    x0, dy = torch.randn(BATCH, DIM), torch.randn(BATCH, DIM)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        got, i_flops, w_flops = _split_step(wrapped, blocks, x0, dy)
+    _assert_close(got, _eager_reference(blocks, x0, dy), TOL["aot_eager"])
+    # W computes each of the 12 blocks' two weight gradients, I their input gradients: as many
+    # matmul FLOPs each (square-ish shapes), none of them run twice.
+    assert 0 < w_flops <= i_flops, (i_flops, w_flops)
+    assert compile_split.compile_backend("aot_eager") is compile_split.compile_backend("aot_eager")
+
+
 def _gpt_blocks(n: int):
     spec = importlib.util.spec_from_file_location("hpr_gpt_example", REPO / "examples" / "gpt" / "model.py")
     module = importlib.util.module_from_spec(spec)
@@ -326,7 +351,7 @@ def test_the_first_backward_ever_may_be_a_split_one(monkeypatch):
     """aot_autograd compiles the backward lazily, inside the first backward: when that is I,
     I must already register its seeds (Rule 4), or the first step would run I and W whole."""
     torch._dynamo.reset()
-    monkeypatch.setattr(compile_split, "_BUILT", [0])
+    monkeypatch.setattr(compile_split, "_COMPILERS", {})  # no split backend built yet
     blocks = _blocks(1)
     ours = [torch.compile(blocks[0], backend=hr.compile_backend("aot_eager"))]
     torch.manual_seed(7)

@@ -132,3 +132,26 @@ def test_a_model_file_that_raises_leaves_no_module_and_no_path_entry(tmp_path, c
         load_model(f"{tmp_path}/broken.py:build")
     assert set(sys.modules) == before
     assert str(tmp_path) not in sys.path
+
+
+def test_an_error_raised_from_the_users_says_both_and_where_the_users_was(tmp_path, clean_path):
+    """torch's stages wrap a block's exception (``RuntimeError("[Stage 0] failed to run
+    forward:\\n...") from e``): the located line keeps the wrapper's first line and the
+    user's exception with its file and line (before: the wrapper's first line alone)."""
+    from hp_recompute.factory import raised_at
+
+    (tmp_path / "block.py").write_text("def forward(x):\n    raise ValueError(f'bad input {x}')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import block as user_block
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("block", None)
+    try:
+        try:
+            user_block.forward(3)
+        except ValueError as e:
+            raise RuntimeError("[Stage 0] failed to run forward:\nargs: ('Tensor(...)',)") from e
+    except RuntimeError as wrapped:
+        assert raised_at(wrapped) == (f"RuntimeError: [Stage 0] failed to run forward: ValueError: bad input 3 "
+                                      f"(at {tmp_path}/block.py:2)")

@@ -18,7 +18,7 @@ import torch
 
 from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan, mlp_regions,
                           model_json, pieces_plan, run_cli, run_inproc)
-from hp_recompute.runner import executor as run_exec
+from hp_recompute.replay_buffers import BufferKeepingFunction
 from hp_recompute.runner.memory import AllocatorPeak
 
 # The bundled MLP adapter (inp, layers.N, head) with dropout and BatchNorm in every layer.
@@ -121,7 +121,7 @@ def test_batchnorm_statistics_are_updated_once_per_microbatch(tmp_path: Path, mo
     assert code == 0, report
     assert report["buffers_match"] is True
     # Without the save/restore around replays, each replay updates the statistics again.
-    monkeypatch.setattr(run_exec._ReplayKeepsBuffers, "__call__", lambda self, x: self.fn(x))
+    monkeypatch.setattr(BufferKeepingFunction, "__call__", lambda self, *args, **kwargs: self.fn(*args, **kwargs))
     code, report = run_inproc(*args, "--report", str(tmp_path / "r2.json"))
     assert code == 1
     assert report["buffers_match"] is False

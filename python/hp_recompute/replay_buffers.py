@@ -1,0 +1,72 @@
+"""Replays that leave a module's buffers as its forward left them.
+
+Why: a region that updates buffers in its forward (BatchNorm's running statistics, a
+step counter) updates them again in every replay, which a plain step never does; torch's
+checkpoint does so too, and outside a plan ours must behave as torch's. Under a plan the
+step must compute what the plain model computes, so a runtime checkpoints
+``BufferKeepingFunction(fn, module)`` instead of ``fn`` (the runner's units,
+``PlannedSchedule``'s regions; docs/runner.md).
+
+Which buffers: those the module's first forward changes, found by value: a kernel that
+updates a buffer in place does not always bump its version counter (``native_batch_norm``
+leaves ``running_mean``'s alone). A ``BufferKeepingFunction`` is made for one checkpoint
+call: its first call is the forward, every later one a replay (ours, or torch's in the
+runner's native mode), which saves those buffers and restores them afterwards, also when
+the replay stops early.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, List, Optional
+
+import torch
+
+__all__ = ["BufferKeepingFunction", "ChangedBuffers"]
+
+
+class ChangedBuffers:
+    """The buffers a module's forward changes: unknown (None) until its first forward."""
+
+    __slots__ = ("buffers",)
+
+    def __init__(self) -> None:
+        self.buffers: Optional[List[torch.Tensor]] = None
+
+
+class BufferKeepingFunction:
+    """``fn`` (a module's forward) for one checkpoint call: its replays restore the buffers of
+    ``module`` that the forward changes.
+
+    ``changed`` is shared by every call of one module across microbatches and steps (the
+    module's first forward finds the buffers). The ``replay_context`` of ``fn``, if any
+    (FSDP's unshard, ``fsdp.ReplayFunction``), is its own. Named as ``fn`` in messages.
+    """
+
+    __slots__ = ("fn", "module", "changed", "forwarded", "__qualname__")
+
+    def __init__(self, fn: Callable[..., Any], module: torch.nn.Module, changed: ChangedBuffers) -> None:
+        self.fn, self.module, self.changed = fn, module, changed
+        self.forwarded = False
+        self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.forwarded:  # the forward
+            self.forwarded = True
+            if self.changed.buffers is not None:
+                return self.fn(*args, **kwargs)
+            before = [(b, b.detach().clone()) for b in self.module.buffers()]
+            out = self.fn(*args, **kwargs)
+            self.changed.buffers = [b for b, value in before if not torch.equal(b, value)]
+            return out
+        saved = [(b, b.detach().clone()) for b in self.changed.buffers or ()]
+        try:
+            return self.fn(*args, **kwargs)
+        finally:  # also when the replay stops early (Rule 2 of NOTE [ Recompute sessions ])
+            with torch.no_grad():
+                for b, value in saved:
+                    b.copy_(value)
+
+    def replay_context(self) -> ContextManager[Any]:
+        """What ``fn`` needs around a replay (frame.py), if anything."""
+        return getattr(self.fn, "replay_context", contextlib.nullcontext)()
