@@ -19,6 +19,10 @@
 #include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <algorithm>
+#include <limits>
+#include <tuple>
+
 using namespace mlir;
 using namespace mlir::hpr;
 
@@ -133,13 +137,130 @@ static bool parsePrefetch(llvm::StringRef text,
   return false;
 }
 
+//===----------------------------------------------------------------------===//
+// The request's rules
+//===----------------------------------------------------------------------===//
+
+// The sizes of a generated schedule when not given (docs/cli.md); stages per
+// rank default to the schedule's own (0 to the generator).
+static constexpr int kDefaultRanks = 4, kDefaultMicrobatches = 8;
+
+std::string mlir::hpr::optionName(llvm::StringRef flag,
+                                  OptionSpelling spelling) {
+  if (spelling == OptionSpelling::Flag)
+    return (flag.size() == 1 ? "-" : "--") + flag.str();
+  std::string name = flag.str();
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+namespace {
+/// The options of one request as its caller gives them.
+struct GivenOptions {
+  OptionSpelling spelling;
+
+  /// Option `flag` as given: `--stages-per-rank`, `stages_per_rank=`.
+  std::string operator()(llvm::StringRef flag) const {
+    std::string name = optionName(flag, spelling);
+    return spelling == OptionSpelling::Flag ? name : name + "=";
+  }
+  /// Option `flag` given `value`: `--schedule s.csv`, `schedule='s.csv'`.
+  std::string operator()(llvm::StringRef flag, llvm::StringRef value) const {
+    return spelling == OptionSpelling::Flag
+               ? (*this)(flag) + " " + value.str()
+               : (*this)(flag) + "'" + value.str() + "'";
+  }
+};
+} // namespace
+
+llvm::Error PlanRequest::validate() const {
+  GivenOptions given{spelling};
+  auto name = [&](llvm::StringRef flag) { return optionName(flag, spelling); };
+  if (!scheduleFile.empty() && !scheduleGen.empty())
+    return usage(given("schedule") + " and " + given("schedule-gen") +
+                 " are exclusive");
+  if (scheduleFile.empty() && scheduleGen.empty())
+    return usage("give one schedule: a file (" + given("schedule") +
+                 ") or a generator (" + given("schedule-gen") + ")");
+
+  // Options the chosen inputs do not read are refused rather than ignored.
+  // With a schedule but no model the model is the uniform one.
+  std::pair<llvm::StringRef, bool> shapingModel[] = {
+      {"region-depth", regionDepth.has_value()},
+      {"input-shape", !inputShape.empty()},
+      {"input-dtype", inputDtype.has_value()},
+      {"profile", profile.has_value()},
+      {"stages", !stageSpec.empty()},
+      {"checkpoint", checkpoint.has_value()}};
+  bool hasModel = !modelFile.empty() || !modelJsonText.empty();
+  for (auto [flag, isGiven] : shapingModel)
+    if (isGiven && !hasModel)
+      return usage(given(flag) + " shapes a model; give one with " +
+                   given("model") +
+                   " (with a schedule alone, every stage is one unit-cost "
+                   "checkpointed region)");
+  // The first four are read from TorchScript only.
+  bool jsonGraph = !modelJsonText.empty() ||
+                   llvm::StringRef(modelFile).ends_with_insensitive(".json");
+  for (auto [flag, isGiven] : llvm::ArrayRef(shapingModel).take_front(4))
+    if (isGiven && jsonGraph)
+      return usage(given(flag) + " applies to TorchScript models; " +
+                   (modelJsonText.empty() ? modelFile : modelJsonName) +
+                   " is a JSON graph with its own sizes and costs");
+  std::tuple<llvm::StringRef, std::optional<int64_t>, llvm::StringRef> sizes[] =
+      {{"ranks", ranks, ""},
+       {"microbatches", microbatches, ""},
+       {"stages-per-rank", stagesPerRank,
+        " (leave it out for the schedule's default)"}};
+  for (auto [flag, count, note] : sizes) {
+    if (count && !scheduleFile.empty())
+      return usage(given(flag) + " sizes a generated schedule; " +
+                   given("schedule", scheduleFile) + " has its own");
+    if (count && *count < 1)
+      return usage(name(flag) + ": expected 1 or more" + note + ", got " +
+                   llvm::Twine(*count));
+    if (count && *count > std::numeric_limits<int>::max())
+      return usage(name(flag) + ": expected at most " +
+                   llvm::Twine(std::numeric_limits<int>::max()) + ", got " +
+                   llvm::Twine(*count));
+  }
+  if (regionDepth && *regionDepth < 0)
+    return usage(name("region-depth") + ": expected 0 or more, got " +
+                 llvm::Twine(*regionDepth));
+  for (auto [flag, count] :
+       {std::pair{"dp-shard", dpShard}, std::pair{"dp-replicate", dpReplicate}})
+    if (count && (*count < 1 || *count > model::kMaxDataParallel))
+      return usage(name(flag) + ": expected an integer between 1 and " +
+                   llvm::Twine(model::kMaxDataParallel) + ", got " +
+                   llvm::Twine(*count));
+
+  RecomputePipelineOptions placement;
+  if (!parsePrefetch(prefetch, placement))
+    return usage(name("prefetch") + ": expected jit, lookahead=K or bubble, " +
+                 "got '" + prefetch + "'");
+  if (budget && !budget->ofCheckpointAll && budget->bytes < 0)
+    return usage(name("memory-budget") + ": expected bytes >= 0, got " +
+                 llvm::Twine(budget->bytes));
+  if (checkpoint == CheckpointPolicy::Auto && !budget)
+    return usage(given("checkpoint", "auto") + " needs " +
+                 given("memory-budget"));
+  return llvm::Error::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Planning
+//===----------------------------------------------------------------------===//
+
 static llvm::Expected<sched::Schedule> loadSchedule(const PlanRequest &request,
                                                     std::string &name) {
   llvm::Expected<sched::Schedule> schedule =
       request.scheduleFile.empty()
           ? sched::generateSchedule(
                 request.scheduleGen,
-                {request.ranks, request.microbatches, request.stagesPerRank})
+                {static_cast<int>(request.ranks.value_or(kDefaultRanks)),
+                 static_cast<int>(
+                     request.microbatches.value_or(kDefaultMicrobatches)),
+                 static_cast<int>(request.stagesPerRank.value_or(0))})
           : sched::readScheduleFile(request.scheduleFile, request.csvDialect);
   name = request.scheduleFile.empty() ? "<" + request.scheduleGen + ">"
                                       : request.scheduleFile;
@@ -167,9 +288,9 @@ loadModel(const PlanRequest &request, int numStages,
       return model::parseModelJson(request.modelJsonText,
                                    request.modelJsonName);
     model::TorchScriptOptions options;
-    options.regionDepth = request.regionDepth;
-    options.inputDtype = request.inputDtype;
-    options.profile = request.profile;
+    options.regionDepth = request.regionDepth.value_or(options.regionDepth);
+    options.inputDtype = request.inputDtype.value_or(options.inputDtype);
+    options.profile = request.profile.value_or(options.profile);
     if (!request.inputShape.empty()) {
       auto shapes = model::parseShapeList(request.inputShape);
       if (!shapes)
@@ -181,10 +302,11 @@ loadModel(const PlanRequest &request, int numStages,
   if (!graph)
     return graph.takeError();
   // `auto` starts from every candidate; hpr-select-checkpoints chooses.
-  bool selective = request.checkpoint == CheckpointPolicy::Selective;
-  bool everything = request.checkpoint == CheckpointPolicy::All ||
-                    request.checkpoint == CheckpointPolicy::Auto || selective;
-  if (everything || request.checkpoint == CheckpointPolicy::None)
+  CheckpointPolicy policy = request.checkpoint.value_or(CheckpointPolicy::All);
+  bool selective = policy == CheckpointPolicy::Selective;
+  bool everything = policy == CheckpointPolicy::All ||
+                    policy == CheckpointPolicy::Auto || selective;
+  if (everything || policy == CheckpointPolicy::None)
     for (model::Region &region : graph->regions) {
       region.checkpoint = everything && region.checkpointable;
       region.selective = selective && region.checkpoint;
@@ -301,28 +423,13 @@ static std::string budgetNote(const PlanRequest &request,
 llvm::Expected<PlannedModule>
 mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
                       TimingScope &timing, std::vector<std::string> *warnings) {
-  if (!request.scheduleFile.empty() == !request.scheduleGen.empty())
-    return usage("give one schedule: a file (--schedule) or a generator "
-                 "(--schedule-gen)");
+  if (llvm::Error error = request.validate())
+    return error;
   RecomputePipelineOptions pipeline;
-  if (!parsePrefetch(request.prefetch, pipeline))
-    return usage("--prefetch: expected jit, lookahead=K or bubble, got '" +
-                 request.prefetch + "'");
-  if (request.budget && !request.budget->ofCheckpointAll &&
-      request.budget->bytes < 0)
-    return usage("--memory-budget: expected bytes >= 0, got " +
-                 llvm::Twine(request.budget->bytes));
-  for (auto [flag, count] : {std::pair{"--dp-shard", request.dpShard},
-                             std::pair{"--dp-replicate", request.dpReplicate}})
-    if (count && (*count < 1 || *count > model::kMaxDataParallel))
-      return usage(llvm::Twine(flag) + ": expected an integer between 1 and " +
-                   llvm::Twine(model::kMaxDataParallel) + ", got " +
-                   llvm::Twine(*count));
-  if (request.checkpoint == CheckpointPolicy::Auto) {
-    if (!request.budget)
-      return usage("--checkpoint auto needs --memory-budget");
+  (void)parsePrefetch(request.prefetch, pipeline); // validated
+  CheckpointPolicy policy = request.checkpoint.value_or(CheckpointPolicy::All);
+  if (policy == CheckpointPolicy::Auto)
     pipeline.select = CheckpointSelection::Auto;
-  }
   // The schedule is validated before import (loadSchedule): the same rules
   // hpr-verify-comm would check on the IR again.
   pipeline.checkSchedule = false;
@@ -358,7 +465,7 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
     budget = request.budget->bytes;
   }
   // Otherwise the budget is a check of the finished plan.
-  if (budget && (request.checkpoint == CheckpointPolicy::Auto ||
+  if (budget && (policy == CheckpointPolicy::Auto ||
                  pipeline.policy == RecomputePolicy::Bubble))
     pipeline.budget = *budget;
 
@@ -385,6 +492,6 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
 
   return PlannedModule{std::move(module), std::move(summary),
                        PlannerOptions{request.prefetch,
-                                      checkpointPolicyName(request.checkpoint),
-                                      budget, "hp-recompute-plan"}};
+                                      checkpointPolicyName(policy), budget,
+                                      "hp-recompute-plan"}};
 }

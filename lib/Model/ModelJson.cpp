@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <map>
 
 using namespace mlir::hpr::model;
 using json = nlohmann::json;
@@ -29,9 +30,9 @@ constexpr double kMaxFlops = 1e21;
 const std::vector<const char *> &regionKeys() {
   static const std::vector<const char *> keys = [] {
     std::vector<const char *> keys = {
-        "name",        "checkpoint",  "checkpointable",
-        "fwd_flops",   "fwd_time_us", "saved_bytes",
-        "input_bytes", "param_bytes", "stage"};
+        "name",        "checkpoint",  "checkpointable", "fwd_flops",
+        "fwd_time_us", "saved_bytes", "input_bytes",    "param_bytes",
+        "tied_params", "stage"};
     for (const MeasuredTime &time : kMeasuredTimes)
       keys.push_back(time.key);
     for (const MeasuredBytes &bytes : kMeasuredBytes)
@@ -115,6 +116,8 @@ public:
       return err;
     if (auto err = readBytes(obj, path, "param_bytes", region.paramBytes, true))
       return err;
+    if (auto err = readTiedParams(obj, path, region))
+      return err;
     for (const MeasuredBytes &bytes : kMeasuredBytes)
       if (auto err =
               readBytes(obj, path, bytes.key, region.*bytes.field, false))
@@ -135,6 +138,79 @@ public:
                      "\"selective\" needs the region's measured selective "
                      "costs (selective_replay_time_us, ...: python -m "
                      "hp_recompute.costs)");
+    return llvm::Error::success();
+  }
+
+  /// `tied_params`: [{"name": FQN, "bytes": N}, ...], each name once, their
+  /// bytes together within the region's param_bytes (read before).
+  llvm::Error readTiedParams(const json &obj, const std::string &parent,
+                             Region &region) {
+    auto it = obj.find("tied_params");
+    if (it == obj.end())
+      return llvm::Error::success();
+    const std::string path = parent + "/tied_params";
+    if (!it->is_array())
+      return fail(path, "an array of {\"name\": ..., \"bytes\": ...}", *it);
+    llvm::StringSet<> names;
+    int64_t total = 0;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json &entry = (*it)[i];
+      std::string at = llvm::formatv("{0}/{1}", path, i).str();
+      if (!entry.is_object())
+        return fail(at, "an object {\"name\": ..., \"bytes\": ...}", entry);
+      TiedParam &tied = region.tiedParams.emplace_back();
+      if (auto err = checkKeys(entry, at, {"name", "bytes"}))
+        return err;
+      if (auto err = readString(entry, at, "name", tied.name, true))
+        return err;
+      if (auto err = readBytes(entry, at, "bytes", tied.bytes, true))
+        return err;
+      if (!names.insert(tied.name).second)
+        return failMsg(at + "/name",
+                       "tied parameter '" + tied.name + "' is listed twice");
+      total += tied.bytes;
+      if (total > region.paramBytes)
+        return failMsg(at + "/bytes",
+                       llvm::formatv("the region's tied parameters hold {0} "
+                                     "bytes, more than its param_bytes {1}, "
+                                     "which counts them",
+                                     total, region.paramBytes)
+                           .str());
+    }
+    return llvm::Error::success();
+  }
+
+  /// Every tied parameter is one tensor that at least two regions read: the
+  /// same bytes wherever it is listed.
+  llvm::Error checkTiedParams(const ModelGraph &graph) {
+    struct FirstSeen {
+      std::string path;
+      int64_t bytes;
+      int regions = 0;
+    };
+    std::map<std::string, FirstSeen> seen;
+    for (auto [r, region] : llvm::enumerate(graph.regions))
+      for (auto [i, tied] : llvm::enumerate(region.tiedParams)) {
+        std::string path =
+            llvm::formatv("/regions/{0}/tied_params/{1}", r, i).str();
+        auto [first, isNew] =
+            seen.try_emplace(tied.name, FirstSeen{path, tied.bytes});
+        ++first->second.regions;
+        if (!isNew && first->second.bytes != tied.bytes)
+          return failMsg(
+              path + "/bytes",
+              llvm::formatv("tied parameter '{0}' has {1} bytes here but {2} "
+                            "at {3}; it is one tensor",
+                            tied.name, tied.bytes, first->second.bytes,
+                            first->second.path)
+                  .str());
+      }
+    for (const auto &[name, first] : seen)
+      if (first.regions < 2)
+        return failMsg(first.path + "/name",
+                       "tied parameter '" + name +
+                           "' is read by no other region; list it in every "
+                           "region that reads it, or not at all");
     return llvm::Error::success();
   }
 
@@ -234,6 +310,8 @@ public:
       }
       graph.regions.push_back(std::move(region));
     }
+    if (auto err = checkTiedParams(graph))
+      return err;
     return graph;
   }
 };
@@ -293,6 +371,12 @@ std::string mlir::hpr::model::printModelJson(const ModelGraph &graph) {
     r["saved_bytes"] = region.savedBytes;
     r["input_bytes"] = region.inputBytes;
     r["param_bytes"] = region.paramBytes;
+    if (!region.tiedParams.empty()) {
+      ojson tied = ojson::array();
+      for (const TiedParam &param : region.tiedParams)
+        tied.push_back({{"name", param.name}, {"bytes", param.bytes}});
+      r["tied_params"] = std::move(tied);
+    }
     for (const MeasuredBytes &bytes : kMeasuredBytes)
       if (region.*bytes.field > 0)
         r[bytes.key] = region.*bytes.field;

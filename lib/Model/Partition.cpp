@@ -9,6 +9,7 @@
 #include "hpr/Model/Partition.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
@@ -77,9 +78,17 @@ StagedModel build(const ModelGraph &graph, const std::vector<int> &stageOf,
   staged.dataParallel = graph.dataParallel;
   for (int s = 0; s < numStages; ++s)
     staged.stages.push_back(Stage{s, {}});
+  // A tied parameter is one tensor: a stage holds one copy however many of
+  // its regions read it, so only the first of them counts its bytes; stages
+  // are separate modules, each with its own copy (docs/models.md, "Tied
+  // parameters").
+  std::vector<llvm::StringSet<>> held(numStages);
   for (size_t i = 0; i < graph.regions.size(); ++i) {
     Region region = graph.regions[i];
     region.stage = stageOf[i];
+    for (const TiedParam &tied : region.tiedParams)
+      if (!held[stageOf[i]].insert(tied.name).second)
+        region.paramBytes -= tied.bytes;
     staged.stages[stageOf[i]].regions.push_back(std::move(region));
   }
   return staged;

@@ -33,25 +33,30 @@ class PlanError(RunError):
 
 
 def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str] = None,
-              model: Optional[PathLike] = None, ranks: int = 4, microbatches: int = 8, stages_per_rank: int = 0,
-              checkpoint: str = "all", prefetch: str = "jit", memory_budget: Union[int, str, None] = None,
-              stages: str = "", dp_shard: Optional[int] = None, dp_replicate: Optional[int] = None
+              model: Optional[PathLike] = None, ranks: Optional[int] = None, microbatches: Optional[int] = None,
+              stages_per_rank: Optional[int] = None, checkpoint: Optional[str] = None,
+              prefetch: Optional[str] = None, memory_budget: Union[int, str, None] = None,
+              stages: Optional[str] = None, dp_shard: Optional[int] = None, dp_replicate: Optional[int] = None
               ) -> Dict[str, Any]:
     """Plans a schedule for a model, as ``hp-recompute-plan ... --emit json`` does, and returns the plan.
+
+    An argument left None is an option not given: the planner applies the CLI's default, and
+    refuses what the CLI refuses (an option the chosen inputs would not read).
 
     Args:
         schedule: a schedule file (torch pipelining CSV or JSON); or
         schedule_gen: a built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, dualpipev)
-            sized by ``ranks``, ``microbatches`` and ``stages_per_rank`` (0: the schedule's own).
+            sized by ``ranks`` (4), ``microbatches`` (8) and ``stages_per_rank`` (the schedule's own).
         model: a model file (``.pt2`` or model JSON; TorchScript ``.pt``/``.ir`` need LibTorch
             and are read by the CLI only); None plans the schedule alone (unit-cost stages).
-        checkpoint: ``all``, ``model``, ``none``, ``auto`` (needs ``memory_budget``) or ``selective``.
-        prefetch: ``jit``, ``lookahead=K`` or ``bubble``.
+        checkpoint: ``all`` (the default), ``model``, ``none``, ``auto`` (needs ``memory_budget``)
+            or ``selective``; needs ``model``.
+        prefetch: ``jit`` (the default), ``lookahead=K`` or ``bubble``.
         memory_budget: the per-rank activation budget (what ``auto`` and ``bubble`` fit within):
             bytes, as an int or as ``--memory-budget`` spells them (``"24GiB"``), or a multiple of
             the checkpoint-all peak (``"1.5x"``: of the most any rank needs with every
             checkpointable region checkpointed and replayed jit, i.e. torch's checkpoint).
-        stages: an explicit stage split such as ``0:0-3,1:4-7``.
+        stages: an explicit stage split such as ``0:0-3,1:4-7``; needs ``model``.
         dp_shard, dp_replicate: the data-parallel layout (``--dp-shard``, ``--dp-replicate``;
             docs/fsdp.md): FSDP2 over ``dp_shard`` ranks, HSDP over ``dp_replicate`` groups of
             them. None keeps the model JSON's ``data_parallel`` (1 without it).
@@ -61,31 +66,59 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
 
     Raises:
         PlanError: bad input, a schedule that breaks its rules, or a plan over the budget,
-            with the planner's located diagnostics.
+            with the planner's located diagnostics; a request the CLI would refuse with exit 2
+            (a wrong type included) as one line starting with ``usage: ``.
 
     Example:
         >>> plan = hp_recompute.make_plan(schedule_gen="zbv", ranks=2, microbatches=4,
         ...                               model="gpt.model.json", prefetch="bubble")
         >>> plan["summary"]["recomputes"]
     """
-    if model is not None and os.fspath(model).endswith((".pt", ".ir")):
-        raise PlanError([f"usage: {os.fspath(model)}: a TorchScript model is read by the CLI only "
+    schedule, model = _path("schedule", schedule), _path("model", model)
+    if model is not None and model.endswith((".pt", ".ir")):
+        raise PlanError([f"usage: {model}: a TorchScript model is read by the CLI only "
                          f"(hp-recompute-plan --model ...), which loads LibTorch in its own process"])
+    texts = {name: _text(name, value) for name, value in (
+        ("schedule_gen", schedule_gen), ("checkpoint", checkpoint), ("prefetch", prefetch), ("stages", stages))}
+    counts = {name: _count(name, value) for name, value in (
+        ("ranks", ranks), ("microbatches", microbatches), ("stages_per_rank", stages_per_rank),
+        ("dp_shard", dp_shard), ("dp_replicate", dp_replicate))}
     if memory_budget is not None and (isinstance(memory_budget, bool) or
                                       not isinstance(memory_budget, (int, str))):
         raise PlanError([f"usage: memory_budget: expected bytes (an int) or a str such as '24GiB' or '1.5x', "
                          f"got {memory_budget!r}"])
-    for name, value in (("dp_shard", dp_shard), ("dp_replicate", dp_replicate)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise PlanError([f"usage: {name}: expected a count (an int), got {value!r}"])
-    text, problems = planner_extension().plan(None if schedule is None else os.fspath(schedule), schedule_gen,
-                                              None if model is None else os.fspath(model), ranks, microbatches,
-                                              stages_per_rank, checkpoint, prefetch,
-                                              None if memory_budget is None else str(memory_budget), stages,
-                                              dp_shard, dp_replicate)
+    text, problems = planner_extension().plan(
+        schedule, texts["schedule_gen"], model, counts["ranks"], counts["microbatches"], counts["stages_per_rank"],
+        texts["checkpoint"], texts["prefetch"], None if memory_budget is None else str(memory_budget),
+        texts["stages"], counts["dp_shard"], counts["dp_replicate"])
     if problems:
         raise PlanError(problems)
     return json.loads(text)
+
+
+def _path(name: str, value: Optional[PathLike]) -> Optional[str]:
+    """``value`` as a file name; PlanError unless None, a non-empty str or an os.PathLike of one."""
+    path = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if value is not None and (not isinstance(path, str) or not path):
+        raise PlanError([f"usage: {name}: expected a file name (a str or os.PathLike), got {value!r}"])
+    return path
+
+
+def _text(name: str, value: Optional[str]) -> Optional[str]:
+    """``value``; PlanError unless None or a non-empty str."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise PlanError([f"usage: {name}: expected a non-empty str, got {value!r}"])
+    return value
+
+
+def _count(name: str, value: Optional[int]) -> Optional[int]:
+    """``value``; PlanError unless None or an int (not a bool) of at most 64 bits. Its range is
+    the planner's to check (``PlanRequest::validate``), as for the CLI."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise PlanError([f"usage: {name}: expected a count (an int), got {value!r}"])
+    if value is not None and not -2**63 <= value < 2**63:
+        raise PlanError([f"usage: {name}: expected a count (an int), got {value!r}, beyond 64 bits"])
+    return value
 
 
 def verify_plan(plan: Union[PathLike, Dict[str, Any]]) -> None:

@@ -101,15 +101,15 @@ cl::opt<std::string> scheduleGen(
     cl::desc("Built-in schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, "
              "dualpipev"),
     cl::cat(category));
-cl::opt<int> ranks("ranks", cl::desc("Ranks of a generated schedule"),
-                   cl::init(4), cl::cat(category));
-cl::opt<int> microbatches("microbatches",
-                          cl::desc("Microbatches of a generated schedule"),
-                          cl::init(8), cl::cat(category));
-cl::opt<int> stagesPerRank("stages-per-rank",
-                           cl::desc("Stages per rank (0: the schedule's "
-                                    "default)"),
-                           cl::init(0), cl::cat(category));
+cl::opt<int64_t> ranks("ranks", cl::desc("Ranks of a generated schedule"),
+                       cl::init(4), cl::cat(category));
+cl::opt<int64_t> microbatches("microbatches",
+                              cl::desc("Microbatches of a generated schedule"),
+                              cl::init(8), cl::cat(category));
+cl::opt<int64_t> stagesPerRank("stages-per-rank",
+                               cl::desc("Stages per rank (default: the "
+                                        "schedule's own)"),
+                               cl::cat(category));
 cl::opt<sched::CsvDialect>
     csvDialect("schedule-dialect", cl::desc("Action spelling of CSV schedules"),
                cl::values(clEnumValN(sched::CsvDialect::Current, "current",
@@ -302,13 +302,6 @@ int main(int argc, char **argv) {
     if (option->getNumOccurrences() && option->empty())
       return usageError(spelling(*option) +
                         ": expected a value, got an empty string");
-  if (stagesPerRank.getNumOccurrences() && stagesPerRank < 1)
-    return usageError("--stages-per-rank: expected 1 or more (leave it out "
-                      "for the schedule's default), got " +
-                      Twine(stagesPerRank));
-  if (regionDepth < 0)
-    return usageError("--region-depth: expected 0 or more, got " +
-                      Twine(regionDepth));
   if (verifyPlanFile.getNumOccurrences()) {
     for (const auto &entry : cl::getRegisteredOptions())
       if (entry.second != &verifyPlanFile &&
@@ -319,55 +312,55 @@ int main(int argc, char **argv) {
                           spelling(*entry.second) + " is given");
     return verifyPlanMain();
   }
-  if (!scheduleFile.empty() && !scheduleGen.empty())
-    return usageError("--schedule and --schedule-gen are exclusive");
   std::optional<mlir::hpr::MemoryBudget> budget;
   if (!memoryBudget.empty() &&
       !(budget = mlir::hpr::parseMemoryBudget(memoryBudget)))
-    return usageError(mlir::hpr::kMemoryBudgetExpected + ", got '" +
-                      memoryBudget + "'");
+    return usageError("--memory-budget: " + mlir::hpr::kMemoryBudgetExpected +
+                      ", got '" + memoryBudget + "'");
 
-  // The bundled default: the GPT example on ZBV, 4 ranks, 8 microbatches.
-  bool useDefault = scheduleFile.empty() && scheduleGen.empty();
-  // With a schedule but no --model the model is the uniform one: options
-  // that shape a model would be ignored, so they are refused.
-  if (modelFile.empty() && !useDefault)
-    for (const cl::Option *option : std::initializer_list<const cl::Option *>{
-             &regionDepth, &inputShape, &inputDtype, &profile, &stageSpec,
-             &checkpointPolicy})
-      if (option->getNumOccurrences())
-        return usageError(spelling(*option) +
-                          " shapes a model; give one with --model (with a "
-                          "schedule alone, every stage is one unit-cost "
-                          "checkpointed region)");
-  // Options the chosen inputs do not read are refused rather than ignored.
-  using Options = std::initializer_list<const cl::Option *>;
-  auto refuseGiven = [&](Options options,
-                         const Twine &why) -> std::optional<int> {
-    for (const cl::Option *option : options)
-      if (option->getNumOccurrences())
-        return usageError(spelling(*option) + " " + why);
-    return std::nullopt;
+  // The request as given: an option left out stays unset, and the request's
+  // rules (PlanRequest::validate) tell a default from a choice.
+  mlir::hpr::PlanRequest request;
+  request.modelFile = modelFile;
+  request.scheduleFile = scheduleFile;
+  request.scheduleGen = scheduleGen;
+  // The bundled default: ZBV, 4 ranks, 8 microbatches, and with no --model
+  // the GPT example.
+  if (scheduleFile.empty() && scheduleGen.empty()) {
+    request.scheduleGen = "zbv";
+    if (modelFile.empty()) {
+      request.modelJsonText = kDefaultModelJson;
+      request.modelJsonName = "<bundled gpt example>";
+    }
+  }
+  auto ifGiven = [](const auto &option) {
+    using Value = std::decay_t<decltype(option.getValue())>;
+    return option.getNumOccurrences() ? std::optional<Value>(option.getValue())
+                                      : std::nullopt;
   };
-  if (!scheduleFile.empty())
-    if (auto code = refuseGiven({&ranks, &microbatches, &stagesPerRank},
-                                "sizes a generated schedule; --schedule " +
-                                    scheduleFile + " has its own"))
-      return *code;
+  request.regionDepth = ifGiven(regionDepth);
+  request.inputShape = inputShape;
+  request.inputDtype = ifGiven(inputDtype);
+  request.profile = ifGiven(profile);
+  request.stageSpec = stageSpec;
+  request.checkpoint = ifGiven(checkpointPolicy);
+  request.ranks = ifGiven(ranks);
+  request.microbatches = ifGiven(microbatches);
+  request.stagesPerRank = ifGiven(stagesPerRank);
+  request.csvDialect = csvDialect;
+  request.prefetch = prefetch;
+  request.budget = budget;
+  request.dpShard = ifGiven(dpShard);
+  request.dpReplicate = ifGiven(dpReplicate);
+  if (Error error = request.validate())
+    return fail(std::move(error));
+
+  // Rules of the CLI's own options.
   bool csvSchedule = !scheduleFile.empty() &&
                      !StringRef(scheduleFile).ends_with_insensitive(".json");
-  if (!csvSchedule && emit != EmitKind::Csv)
-    if (auto code = refuseGiven({&csvDialect}, "spells CSV schedules: read "
-                                               "with --schedule FILE.csv or "
-                                               "written with --emit csv"))
-      return *code;
-  if (StringRef(modelFile).ends_with_insensitive(".json"))
-    if (auto code =
-            refuseGiven({&regionDepth, &inputShape, &inputDtype, &profile},
-                        "applies to TorchScript models; " + modelFile +
-                            " is a JSON graph with its own sizes and "
-                            "costs"))
-      return *code;
+  if (!csvSchedule && emit != EmitKind::Csv && csvDialect.getNumOccurrences())
+    return usageError("--schedule-dialect spells CSV schedules: read with "
+                      "--schedule FILE.csv or written with --emit csv");
   if (emit == EmitKind::TorchCsv &&
       (outputFile == "-" || !StringRef(outputFile).ends_with(".csv")))
     return usageError("--emit torch-csv writes two files, FILE.csv and its "
@@ -381,30 +374,6 @@ int main(int argc, char **argv) {
   auto outputs = openOutputs();
   if (!outputs)
     return fail(outputs.takeError());
-  mlir::hpr::PlanRequest request;
-  request.modelFile = modelFile;
-  if (useDefault) { // The bundled default: the GPT example on ZBV.
-    request.modelJsonText = kDefaultModelJson;
-    request.modelJsonName = "<bundled gpt example>";
-  }
-  request.regionDepth = regionDepth;
-  request.inputShape = inputShape;
-  request.inputDtype = inputDtype;
-  request.profile = profile;
-  request.stageSpec = stageSpec;
-  request.checkpoint = checkpointPolicy;
-  request.scheduleFile = scheduleFile;
-  request.scheduleGen = useDefault ? std::string("zbv") : scheduleGen;
-  request.ranks = ranks;
-  request.microbatches = microbatches;
-  request.stagesPerRank = stagesPerRank;
-  request.csvDialect = csvDialect;
-  request.prefetch = prefetch;
-  request.budget = budget;
-  if (dpShard.getNumOccurrences())
-    request.dpShard = dpShard;
-  if (dpReplicate.getNumOccurrences())
-    request.dpReplicate = dpReplicate;
 
   mlir::DefaultTimingManager timing;
   mlir::applyDefaultTimingManagerCLOptions(timing);

@@ -58,29 +58,49 @@ struct MemoryBudget {
 /// Parses `24GiB`, `512MB`, `1000` (bytes >= 0) or `1.5x` (a decimal
 /// multiple > 0, `D+(.D+)?x`, at most 18 decimals); none when malformed.
 std::optional<MemoryBudget> parseMemoryBudget(llvm::StringRef text);
-/// What a malformed `--memory-budget` is told it should have been.
+/// What a malformed memory budget is told it should have been, after the
+/// option's name (`--memory-budget: `).
 inline constexpr llvm::StringLiteral kMemoryBudgetExpected =
-    "--memory-budget: expected bytes such as 24GiB, or a multiple of the "
-    "checkpoint-all peak such as 1.5x";
+    "expected bytes such as 24GiB, or a multiple of the checkpoint-all peak "
+    "such as 1.5x";
 
-/// Everything the planner is asked (the CLI's flags, docs/cli.md).
+/// How the caller of the planner writes its options, for messages.
+enum class OptionSpelling {
+  /// The CLI's flags: `--stages-per-rank`.
+  Flag,
+  /// Python's keyword arguments (hp_recompute.make_plan): `stages_per_rank=`.
+  Keyword,
+};
+
+/// Option `flag` (the CLI's name: `stages-per-rank`) as `spelling` names it
+/// in a message saying what its value should be: `--stages-per-rank`,
+/// `stages_per_rank`.
+std::string optionName(llvm::StringRef flag, OptionSpelling spelling);
+
+/// Everything the planner is asked (the CLI's flags, docs/cli.md). An unset
+/// optional, or an empty string, is an option not given; the planner applies
+/// its default (docs/cli.md).
 struct PlanRequest {
   /// The model: a file (.pt2, .pt, .ir, .json), or JSON text with a name
   /// for messages; with neither, every stage is one unit-cost checkpointed
   /// region (a schedule alone).
   std::string modelFile;
   std::string modelJsonText, modelJsonName;
-  int regionDepth = 1;
+  /// TorchScript models only: module depth of a region (1), input shapes,
+  /// input dtype (float32), whether to measure forward times (no).
+  std::optional<int> regionDepth;
   std::string inputShape;
-  std::string inputDtype = "float32";
-  bool profile = false;
+  std::optional<std::string> inputDtype;
+  std::optional<bool> profile;
   std::string stageSpec;
-  CheckpointPolicy checkpoint = CheckpointPolicy::All;
+  /// All when not given.
+  std::optional<CheckpointPolicy> checkpoint;
 
-  /// The schedule: a file (.csv, .json) or a generator with its sizes.
+  /// The schedule: a file (.csv, .json) or a generator with its sizes
+  /// (4 ranks, 8 microbatches, the schedule's own stages per rank).
   std::string scheduleFile;
   std::string scheduleGen;
-  int ranks = 4, microbatches = 8, stagesPerRank = 0;
+  std::optional<int64_t> ranks, microbatches, stagesPerRank;
   sched::CsvDialect csvDialect = sched::CsvDialect::Current;
 
   /// The data-parallel layout (`--dp-shard`, `--dp-replicate`): each given
@@ -90,6 +110,18 @@ struct PlanRequest {
   /// Placement: jit, lookahead=K or bubble; the per-rank budget.
   std::string prefetch = "jit";
   std::optional<MemoryBudget> budget;
+
+  /// How messages about this request name its options.
+  OptionSpelling spelling = OptionSpelling::Flag;
+
+  /// Refuses, as a UsageError, a request the planner would not read as
+  /// given: no schedule or two; an option the chosen inputs do not read
+  /// (sizes of a generated schedule beside a schedule file, options that
+  /// shape a model without one, TorchScript options beside a JSON graph); a
+  /// count or a placement out of its range. The rules of the CLI and of
+  /// hp_recompute.make_plan, each written once here; runPlanner checks them
+  /// first.
+  llvm::Error validate() const;
 };
 
 /// A finished, verified plan (its names and sizes are the module's

@@ -16,6 +16,14 @@
 
 namespace mlir::hpr::model {
 
+/// A parameter that more than one region reads (a tied weight, such as a
+/// token embedding shared with the LM head): its fully qualified name and
+/// bytes.
+struct TiedParam {
+  std::string name;
+  int64_t bytes = 0;
+};
+
 /// One region: a submodule call (e.g. `layers.3`), or the code between such
 /// calls (embedding, head, loss), which is never checkpointable.
 struct Region {
@@ -34,7 +42,11 @@ struct Region {
   double replayTimeUs = 0;        ///< one replay (recompute); 0 = fwdTimeUs
   int64_t savedBytes = 0;         ///< activations autograd saves for backward
   int64_t inputBytes = 0;         ///< boundary input kept when checkpointed
+  /// The parameters it reads, the tied ones included; in a StagedModel, the
+  /// tied ones an earlier region of its stage reads are not counted again.
   int64_t paramBytes = 0;
+  /// The parameters it shares with other regions (part of paramBytes).
+  std::vector<TiedParam> tiedParams;
   int64_t bwdWeightInputBytes = 0;  ///< gradients I keeps for W; 0 = unknown
   int64_t bwdWorkspaceBytes = 0;    ///< transient bytes of its backward
   int64_t checkpointStateBytes = 0; ///< held by a checkpointed forward besides

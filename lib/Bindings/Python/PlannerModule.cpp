@@ -283,50 +283,61 @@ NB_MODULE(_planner, m) {
   m.def(
       "plan",
       [](std::optional<std::string> schedule, std::optional<std::string> gen,
-         std::optional<std::string> model, int ranks, int microbatches,
-         int stagesPerRank, const std::string &checkpoint,
-         const std::string &prefetch, std::optional<std::string> budget,
-         const std::string &stages, std::optional<int64_t> dpShard,
+         std::optional<std::string> model, std::optional<int64_t> ranks,
+         std::optional<int64_t> microbatches,
+         std::optional<int64_t> stagesPerRank,
+         std::optional<std::string> checkpoint,
+         std::optional<std::string> prefetch, std::optional<std::string> budget,
+         std::optional<std::string> stages, std::optional<int64_t> dpShard,
          std::optional<int64_t> dpReplicate) {
+        using Result = std::pair<std::string, std::vector<std::string>>;
+        using mlir::hpr::OptionSpelling;
         mlir::hpr::PlanRequest request;
+        request.spelling = OptionSpelling::Keyword;
         request.scheduleFile = schedule.value_or("");
         request.scheduleGen = gen.value_or("");
         request.modelFile = model.value_or("");
         request.ranks = ranks;
         request.microbatches = microbatches;
         request.stagesPerRank = stagesPerRank;
-        std::optional<mlir::hpr::CheckpointPolicy> policy =
-            mlir::hpr::parseCheckpointPolicy(checkpoint);
-        if (!policy)
-          return std::pair<std::string, std::vector<std::string>>{
-              "",
-              {"usage: --checkpoint: expected all, model, none, auto or "
-               "selective, got '" +
-               checkpoint + "'"}};
-        request.checkpoint = *policy;
-        request.prefetch = prefetch;
+        if (checkpoint) {
+          request.checkpoint = mlir::hpr::parseCheckpointPolicy(*checkpoint);
+          if (!request.checkpoint)
+            return Result{
+                "",
+                {"usage: " +
+                 mlir::hpr::optionName("checkpoint", OptionSpelling::Keyword) +
+                 ": expected all, model, none, auto or selective, "
+                 "got '" +
+                 *checkpoint + "'"}};
+        }
+        if (prefetch)
+          request.prefetch = *prefetch;
         if (budget) {
           request.budget = mlir::hpr::parseMemoryBudget(*budget);
           if (!request.budget)
-            return std::pair<std::string, std::vector<std::string>>{
-                "",
-                {("usage: " + mlir::hpr::kMemoryBudgetExpected + ", got '" +
-                  *budget + "'")
-                     .str()}};
+            return Result{"",
+                          {"usage: " +
+                           mlir::hpr::optionName("memory-budget",
+                                                 OptionSpelling::Keyword) +
+                           ": " + mlir::hpr::kMemoryBudgetExpected.str() +
+                           ", got '" + *budget + "'"}};
         }
-        request.stageSpec = stages;
+        request.stageSpec = stages.value_or("");
         request.dpShard = dpShard;
         request.dpReplicate = dpReplicate;
         nb::gil_scoped_release release;
         return planText(request);
       },
-      "schedule"_a.none(), "schedule_gen"_a.none(), "model"_a.none(), "ranks"_a,
-      "microbatches"_a, "stages_per_rank"_a, "checkpoint"_a, "prefetch"_a,
-      "memory_budget"_a.none(), "stages"_a, "dp_shard"_a.none() = nb::none(),
+      "schedule"_a.none(), "schedule_gen"_a.none(), "model"_a.none(),
+      "ranks"_a.none(), "microbatches"_a.none(), "stages_per_rank"_a.none(),
+      "checkpoint"_a.none(), "prefetch"_a.none(), "memory_budget"_a.none(),
+      "stages"_a.none(), "dp_shard"_a.none() = nb::none(),
       "dp_replicate"_a.none() = nb::none(),
-      "Runs the planner as hp-recompute-plan does; returns (plan JSON text, "
-      "[]) or (\"\", the problems, one line each; a request the CLI would "
-      "refuse with exit 2 starts with \"usage: \").");
+      "Runs the planner as hp-recompute-plan does; None is an option not "
+      "given. Returns (plan JSON text, []) or (\"\", the problems, one line "
+      "each; a request the CLI would refuse with exit 2 starts with "
+      "\"usage: \" and names options as keyword arguments: ranks=).");
   m.def(
       "op_kind",
       [](const std::string &name) {

@@ -109,10 +109,19 @@ def _segment_json(seg: Segment) -> dict:
         "saved_bytes": sum(seg.saved.values()),
         "input_bytes": sum(seg.inputs.values()),
         "param_bytes": sum(seg.params.values()),
+        **_tied_params(seg),
         "fwd_flops": seg.flops,
         "input_shapes": seg.input_shapes,
         "output_shapes": seg.output_shapes,
     }
+
+
+def _tied_params(seg: Segment) -> dict:
+    """The ``tied_params`` member of ``seg``'s region (docs/models.md): none when it shares no
+    parameter with another region."""
+    if not seg.tied:
+        return {}
+    return {"tied_params": [{"name": name, "bytes": nbytes} for name, nbytes in seg.tied.items()]}
 
 
 def model_graph(name: str, segments: Sequence[Segment]) -> dict:
@@ -123,7 +132,7 @@ def model_graph(name: str, segments: Sequence[Segment]) -> dict:
         {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
          "fwd_flops": int(r["fwd_flops"]), "fwd_time_us": 0,
          "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
-         "param_bytes": r["param_bytes"]} for r in regions]}
+         "param_bytes": r["param_bytes"], **_tied_params(s)} for r, s in zip(regions, segments)]}
 
 
 #: Largest example input the exporter builds (elements over all inputs): 2^31.

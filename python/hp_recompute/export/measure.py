@@ -61,6 +61,7 @@ class Segment:
     saved: Dict[int, int] = field(default_factory=dict)  # storage ptr -> bytes
     inputs: Dict[int, int] = field(default_factory=dict)
     params: Dict[int, int] = field(default_factory=dict)
+    tied: Dict[str, int] = field(default_factory=dict)  # parameter FQN -> bytes, of params another reads
     flops: float = 0.0
     input_shapes: List[List[int]] = field(default_factory=list)
     output_shapes: List[List[int]] = field(default_factory=list)
@@ -254,6 +255,9 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     ``saved`` holds the distinct storages autograd saved for backward (parameters
     and buffers excluded), ``inputs``/``params`` the distinct storages each segment
     read that an earlier segment (or the caller) produced / that are parameters;
+    ``tied`` those of its parameter storages another segment reads too (a tied weight,
+    such as an embedding shared with the head), by the FQN of their first parameter, with
+    their bytes (still counted in ``params``: docs/models.md, "Tied parameters");
     ``flops`` the planner's FLOPs of its ops (module doc); ``input_shapes`` and
     ``output_shapes`` a region module's arguments and results. An op without a FLOP
     rule is a ``UserWarning`` naming it and its region, once per op.
@@ -292,4 +296,19 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     finally:
         for handle in handles:
             handle.remove()
-    return tracker.segments(name or type(model).__name__, depth, regions or ())
+    segments = tracker.segments(name or type(model).__name__, depth, regions or ())
+    _name_tied(model, segments)
+    return segments
+
+
+def _name_tied(model: nn.Module, segments: Sequence[Segment]) -> None:
+    """Fills each segment's ``tied``: its parameter storages that another segment reads too."""
+    readers: Dict[int, int] = {}
+    for seg in segments:
+        for ptr in seg.params:
+            readers[ptr] = readers.get(ptr, 0) + 1
+    fqn: Dict[int, str] = {}
+    for path, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        fqn.setdefault(storage_of(tensor).data_ptr(), path)
+    for seg in segments:
+        seg.tied = {fqn[ptr]: nbytes for ptr, nbytes in seg.params.items() if readers[ptr] > 1}

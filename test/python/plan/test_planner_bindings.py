@@ -92,20 +92,21 @@ def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: 
 
 
 @pytest.mark.parametrize("kwargs,line", [
-    (dict(schedule_gen="zbv", schedule="x.csv"), "usage: give one schedule"),
-    (dict(), "usage: give one schedule"),
-    (dict(schedule_gen="zbv", checkpoint="some"), "usage: --checkpoint: expected all, model, none, auto or selective, got 'some'"),
-    (dict(schedule_gen="zbv", checkpoint="auto"), "usage: --checkpoint auto needs --memory-budget"),
-    (dict(schedule_gen="zbv", prefetch="soon"), "usage: --prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
-    (dict(schedule_gen="zbv", memory_budget=-1), "usage: --memory-budget: expected bytes such as 24GiB, or a "
+    (dict(schedule_gen="zbv", schedule="x.csv"), "usage: schedule= and schedule_gen= are exclusive"),
+    (dict(), "usage: give one schedule: a file (schedule=) or a generator (schedule_gen=)"),
+    (dict(schedule_gen="zbv", model=GPT, checkpoint="some"),
+     "usage: checkpoint: expected all, model, none, auto or selective, got 'some'"),
+    (dict(schedule_gen="zbv", model=GPT, checkpoint="auto"), "usage: checkpoint='auto' needs memory_budget="),
+    (dict(schedule_gen="zbv", prefetch="soon"), "usage: prefetch: expected jit, lookahead=K or bubble, got 'soon'"),
+    (dict(schedule_gen="zbv", memory_budget=-1), "usage: memory_budget: expected bytes such as 24GiB, or a "
      "multiple of the checkpoint-all peak such as 1.5x, got '-1'"),
-    (dict(schedule_gen="zbv", memory_budget="0x"), "usage: --memory-budget: expected bytes such as 24GiB, or a "
+    (dict(schedule_gen="zbv", memory_budget="0x"), "usage: memory_budget: expected bytes such as 24GiB, or a "
      "multiple of the checkpoint-all peak such as 1.5x, got '0x'"),
     (dict(schedule_gen="zbv", memory_budget=True), "usage: memory_budget: expected bytes (an int) or a str such as "
      "'24GiB' or '1.5x', got True"),
     (dict(schedule_gen="zbv", memory_budget=1.5), "usage: memory_budget: expected bytes (an int) or a str such as "
      "'24GiB' or '1.5x', got 1.5"),
-    (dict(schedule_gen="zbv", dp_shard=0), "usage: --dp-shard: expected an integer between 1 and 1048576, got 0"),
+    (dict(schedule_gen="zbv", dp_shard=0), "usage: dp_shard: expected an integer between 1 and 1048576, got 0"),
     (dict(schedule_gen="zbv", dp_replicate=2.0), "usage: dp_replicate: expected a count (an int), got 2.0"),
     (dict(schedule_gen="zbv", model="gpt.pt"), "usage: gpt.pt: a TorchScript model is read by the CLI only"),
     (dict(schedule_gen="nosuch"), "nosuch: unknown schedule: expected one of gpipe"),
@@ -117,6 +118,94 @@ def test_a_refused_request_names_what_is_wrong(kwargs: dict, line: str) -> None:
     with pytest.raises(hr.PlanError) as info:
         hr.make_plan(**kwargs)
     assert any(line in problem for problem in info.value.problems), info.value.problems
+
+
+ZBV_CSV = str(REPO / "test" / "inputs" / "schedules" / "pytorch-zbv-5x11.csv")
+UNIFORM = "(with a schedule alone, every stage is one unit-cost checkpointed region)"
+
+# One case per request make_plan took and the CLI refused (issue #54, item 7): (make_plan's
+# arguments, its one line, the CLI's arguments, the line it prints before exiting 2). The rules
+# are PlanRequest::validate's, shared; each side spells the options as its caller writes them.
+DISAGREEMENTS = {
+    "stages without a model": (
+        dict(schedule_gen="zbv", stages="0:0-3"), f"stages= shapes a model; give one with model= {UNIFORM}",
+        ["--schedule-gen", "zbv", "--stages", "0:0-3"], f"--stages shapes a model; give one with --model {UNIFORM}"),
+    "checkpoint model without a model": (
+        dict(schedule_gen="zbv", checkpoint="model"), f"checkpoint= shapes a model; give one with model= {UNIFORM}",
+        ["--schedule-gen", "zbv", "--checkpoint", "model"],
+        f"--checkpoint shapes a model; give one with --model {UNIFORM}"),
+    "checkpoint selective without a model": (
+        dict(schedule_gen="1f1b", checkpoint="selective"),
+        f"checkpoint= shapes a model; give one with model= {UNIFORM}",
+        ["--schedule-gen", "1f1b", "--checkpoint", "selective"],
+        f"--checkpoint shapes a model; give one with --model {UNIFORM}"),
+    "ranks with a schedule file": (
+        dict(schedule=ZBV_CSV, ranks=4), f"ranks= sizes a generated schedule; schedule='{ZBV_CSV}' has its own",
+        ["--schedule", ZBV_CSV, "--ranks", "4"],
+        f"--ranks sizes a generated schedule; --schedule {ZBV_CSV} has its own"),
+    "microbatches with a schedule file": (
+        dict(schedule=ZBV_CSV, microbatches=8),
+        f"microbatches= sizes a generated schedule; schedule='{ZBV_CSV}' has its own",
+        ["--schedule", ZBV_CSV, "--microbatches", "8"],
+        f"--microbatches sizes a generated schedule; --schedule {ZBV_CSV} has its own"),
+    "stages per rank with a schedule file": (
+        dict(schedule=ZBV_CSV, stages_per_rank=2),
+        f"stages_per_rank= sizes a generated schedule; schedule='{ZBV_CSV}' has its own",
+        ["--schedule", ZBV_CSV, "--stages-per-rank", "2"],
+        f"--stages-per-rank sizes a generated schedule; --schedule {ZBV_CSV} has its own"),
+    "a schedule file and a generator": (
+        dict(schedule=ZBV_CSV, schedule_gen="zbv"), "schedule= and schedule_gen= are exclusive",
+        ["--schedule", ZBV_CSV, "--schedule-gen", "zbv"], "--schedule and --schedule-gen are exclusive"),
+    "ranks beyond an int": (
+        dict(schedule_gen="zbv", ranks=2**40), "ranks: expected at most 2147483647, got 1099511627776",
+        ["--schedule-gen", "zbv", "--ranks", str(2**40)], "--ranks: expected at most 2147483647, got 1099511627776"),
+    "no ranks": (
+        dict(schedule_gen="zbv", ranks=0), "ranks: expected 1 or more, got 0",
+        ["--schedule-gen", "zbv", "--ranks", "0"], "--ranks: expected 1 or more, got 0"),
+    "negative microbatches": (
+        dict(schedule_gen="zbv", microbatches=-3), "microbatches: expected 1 or more, got -3",
+        ["--schedule-gen", "zbv", "--microbatches", "-3"], "--microbatches: expected 1 or more, got -3"),
+    "no stages per rank": (
+        dict(schedule_gen="zbv", stages_per_rank=0),
+        "stages_per_rank: expected 1 or more (leave it out for the schedule's default), got 0",
+        ["--schedule-gen", "zbv", "--stages-per-rank", "0"],
+        "--stages-per-rank: expected 1 or more (leave it out for the schedule's default), got 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISAGREEMENTS))
+def test_make_plan_refuses_what_the_cli_refuses(case: str) -> None:
+    kwargs, line, flags, cli_line = DISAGREEMENTS[case]
+    with pytest.raises(hr.PlanError) as info:
+        hr.make_plan(**kwargs)
+    assert info.value.problems == ["usage: " + line]
+    proc = run_plan(*flags, check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"hp-recompute-plan: error: {cli_line}\n")
+
+
+@pytest.mark.parametrize("name,value,line", [
+    ("ranks", True, "ranks: expected a count (an int), got True"),
+    ("microbatches", 4.0, "microbatches: expected a count (an int), got 4.0"),
+    ("stages_per_rank", "2", "stages_per_rank: expected a count (an int), got '2'"),
+    ("ranks", 2**70, "ranks: expected a count (an int), got 1180591620717411303424, beyond 64 bits"),
+    ("model", GPT.encode(), f"model: expected a file name (a str or os.PathLike), got {GPT.encode()!r}"),
+    ("model", "", "model: expected a file name (a str or os.PathLike), got ''"),
+    ("schedule_gen", b"zbv", "schedule_gen: expected a non-empty str, got b'zbv'"),
+    ("checkpoint", 1, "checkpoint: expected a non-empty str, got 1"),
+    ("prefetch", "", "prefetch: expected a non-empty str, got ''"),
+    ("stages", ["0:0-3"], "stages: expected a non-empty str, got ['0:0-3']"),
+])
+def test_make_plan_refuses_an_argument_of_the_wrong_type_as_usage(name: str, value: object, line: str) -> None:
+    """Not taken as something else (True as 1 rank) nor left to the extension's TypeError."""
+    kwargs = dict(schedule_gen="zbv", model=GPT)
+    kwargs[name] = value
+    with pytest.raises(hr.PlanError) as info:
+        hr.make_plan(**kwargs)
+    assert info.value.problems == ["usage: " + line]
+
+
+def test_a_schedule_file_given_as_a_path_plans_as_its_name() -> None:
+    assert hr.make_plan(schedule=Path(ZBV_CSV)) == plan_json("--schedule", ZBV_CSV)
 
 
 def test_a_schedule_that_breaks_its_rules_is_located_at_its_cell(tmp_path: Path) -> None:

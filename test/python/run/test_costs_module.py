@@ -8,6 +8,7 @@ plans the result; and a real 2-rank run's allocator peak is within 10% of the pl
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -168,6 +169,50 @@ def broken():
 def not_a_module():
     return 3
 """
+
+
+TIED = """
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2)])
+        self.head = nn.Linear(16, 64, bias=False)
+        self.head.weight = self.embed.weight
+    def forward(self, x):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+def build():
+    return Tied()
+"""
+
+
+def test_a_tied_weight_is_listed_by_each_region_and_planned_once_per_stage(tmp_path: Path) -> None:
+    """An embedding tied to the head: both regions count the weight in param_bytes and list it
+    in tied_params, so the planner holds it once in a stage that has both (the distinct bytes
+    of the model's parameters) and once per stage when they are apart."""
+    module = _model_file(tmp_path, TIED)
+    out = tmp_path / "tied.json"
+    proc = _costs("--module", f"{module}:build", "--input-shape", "2x8", "--input-dtype", "int64", "-o", str(out),
+                  *QUICK)
+    assert proc.returncode == 0, proc.stderr
+    regions = json.loads(out.read_text())["regions"]
+    spec = importlib.util.spec_from_file_location("tied_model", module)
+    source = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source)
+    model = source.build()
+    distinct = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied weight once
+    weight = model.embed.weight.numel() * model.embed.weight.element_size()
+    assert [r["name"] for r in regions] == ["embed", "layers.0", "layers.1", "head"]
+    assert [r.get("tied_params") for r in regions] == [[{"name": "embed.weight", "bytes": weight}], None, None,
+                                                       [{"name": "embed.weight", "bytes": weight}]]
+    assert sum(r["param_bytes"] for r in regions) == distinct + weight
+    for ranks, stages, held in ((1, "0:0-3", distinct), (2, "0:0-1,1:2-3", distinct + weight)):
+        plan = json.loads(make_plan(tmp_path, "--model", str(out), "--stages", stages,
+                                    *flags(("1f1b", ranks, 2))).read_text())
+        assert sum(r["param_bytes"] for s in plan["model"]["stages"] for r in s["regions"]) == held, stages
 
 
 @pytest.mark.parametrize("case,extra,message", [

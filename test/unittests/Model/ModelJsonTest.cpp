@@ -218,6 +218,80 @@ TEST_P(ModelJsonViolation, NamesThePath) {
   "{\"name\": \"m\", \"regions\": [{\"name\": \"a\", \"fwd_flops\": 1, "       \
   "\"saved_bytes\": 1, \"input_bytes\": 1, \"param_bytes\": 1" extra "}]}"
 
+// Two regions of 10 parameter bytes each, listing `first` and `second` as
+// their tied_params.
+#define TIED(first, second)                                                    \
+  "{\"name\": \"m\", \"regions\": [{\"name\": \"a\", \"fwd_flops\": 1, "       \
+  "\"saved_bytes\": 1, \"input_bytes\": 1, \"param_bytes\": 10, "              \
+  "\"tied_params\": " first "}, {\"name\": \"b\", \"fwd_flops\": 1, "          \
+  "\"saved_bytes\": 1, \"input_bytes\": 1, \"param_bytes\": 10, "              \
+  "\"tied_params\": " second "}]}"
+#define W4 "[{\"name\": \"w\", \"bytes\": 4}]"
+
+INSTANTIATE_TEST_SUITE_P(
+    TiedParams, ModelJsonViolation,
+    ::testing::Values(
+        Violation{REGION(", \"tied_params\": {\"name\": \"w\"}"),
+                  "/regions/0/tied_params: expected an array of {\"name\": "
+                  "..., \"bytes\": ...}, got '{...}'"},
+        Violation{TIED("[\"w\"]", W4),
+                  "/regions/0/tied_params/0: expected an object {\"name\": "
+                  "..., \"bytes\": ...}, got '\"w\"'"},
+        Violation{TIED("[{\"bytes\": 4}]", W4),
+                  "/regions/0/tied_params/0: missing required key 'name'"},
+        Violation{TIED("[{\"name\": \"w\"}]", W4),
+                  "/regions/0/tied_params/0: missing required key 'bytes'"},
+        Violation{TIED("[{\"name\": \"\", \"bytes\": 4}]", W4),
+                  "/regions/0/tied_params/0/name: expected a non-empty string"},
+        Violation{TIED("[{\"name\": \"w\", \"bytes\": -4}]", W4),
+                  "/regions/0/tied_params/0/bytes: expected an integer "
+                  "between 0 and 2^40 (1 TiB), got '-4'"},
+        Violation{TIED("[{\"name\": \"w\", \"bytes\": 4, \"size\": 4}]", W4),
+                  "/regions/0/tied_params/0/size: unknown key"},
+        Violation{TIED("[{\"name\": \"w\", \"bytes\": 11}]",
+                       "[{\"name\": \"w\", \"bytes\": 11}]"),
+                  "/regions/0/tied_params/0/bytes: the region's tied "
+                  "parameters hold 11 bytes, more than its param_bytes 10, "
+                  "which counts them"},
+        Violation{TIED("[{\"name\": \"w\", \"bytes\": 4}, {\"name\": \"v\", "
+                       "\"bytes\": 7}]",
+                       W4),
+                  "/regions/0/tied_params/1/bytes: the region's tied "
+                  "parameters hold 11 bytes, more than its param_bytes 10"},
+        Violation{TIED("[{\"name\": \"w\", \"bytes\": 4}, {\"name\": \"w\", "
+                       "\"bytes\": 4}]",
+                       W4),
+                  "/regions/0/tied_params/1/name: tied parameter 'w' is "
+                  "listed twice"},
+        Violation{TIED(W4, "[{\"name\": \"w\", \"bytes\": 5}]"),
+                  "/regions/1/tied_params/0/bytes: tied parameter 'w' has 5 "
+                  "bytes here but 4 at /regions/0/tied_params/0; it is one "
+                  "tensor"},
+        Violation{TIED(W4, "[]"),
+                  "/regions/0/tied_params/0/name: tied parameter 'w' is read "
+                  "by no other region; list it in every region that reads "
+                  "it, or not at all"}));
+
+TEST(ModelJson, TiedParamsRoundTrip) {
+  auto graph = parseModelJson(TIED(W4, W4), "m.json");
+  ASSERT_TRUE(bool(graph)) << llvm::toString(graph.takeError());
+  for (const Region &region : graph->regions) {
+    ASSERT_EQ(region.tiedParams.size(), 1u);
+    EXPECT_EQ(region.tiedParams[0].name, "w");
+    EXPECT_EQ(region.tiedParams[0].bytes, 4);
+    EXPECT_EQ(region.paramBytes, 10); // the reader counts them still
+  }
+  std::string printed = printModelJson(*graph);
+  auto again = parseModelJson(printed, "printed.json");
+  ASSERT_TRUE(bool(again)) << llvm::toString(again.takeError());
+  EXPECT_EQ(printModelJson(*again), printed);
+  EXPECT_NE(printed.find("\"tied_params\""), std::string::npos);
+  // Absent: printed without the member.
+  auto plain = parseModelJson(kGood, "m.json");
+  ASSERT_TRUE(bool(plain)) << llvm::toString(plain.takeError());
+  EXPECT_EQ(printModelJson(*plain).find("tied_params"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Schema, ModelJsonViolation,
     ::testing::Values(

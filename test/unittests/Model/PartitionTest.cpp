@@ -172,6 +172,44 @@ TEST(Partition, ExplicitSpec) {
   EXPECT_EQ(staged->stages[0].regions.size(), 1u);
 }
 
+/// The parameter bytes each stage of `staged` holds.
+std::vector<int64_t> stageParamBytes(const StagedModel &staged) {
+  std::vector<int64_t> bytes;
+  for (const Stage &stage : staged.stages) {
+    int64_t sum = 0;
+    for (const Region &region : stage.regions)
+      sum += region.paramBytes;
+    bytes.push_back(sum);
+  }
+  return bytes;
+}
+
+// r0 (an embedding) and r3 (the head) read one weight `w` of 64 bytes; r1
+// and r2 read `v` of 8. A stage holds each once; stages hold their own.
+TEST(Partition, AStageHoldsATiedParameterOnce) {
+  ModelGraph graph = chain({1, 1, 1, 1});
+  for (auto [index, bytes] :
+       llvm::enumerate(std::vector<int64_t>{100, 20, 30, 70}))
+    graph.regions[index].paramBytes = bytes;
+  graph.regions[0].tiedParams = {{"w", 64}};
+  graph.regions[1].tiedParams = {{"v", 8}};
+  graph.regions[2].tiedParams = {{"v", 8}};
+  graph.regions[3].tiedParams = {{"w", 64}};
+  auto one = partitionModel(graph, 1, "");
+  ASSERT_TRUE(bool(one)) << llvm::toString(one.takeError());
+  EXPECT_EQ(stageParamBytes(*one), (std::vector<int64_t>{220 - 64 - 8}));
+  auto two = partitionModel(graph, 2, "0:0-1,1:2-3");
+  ASSERT_TRUE(bool(two)) << llvm::toString(two.takeError());
+  EXPECT_EQ(stageParamBytes(*two), (std::vector<int64_t>{120, 100}));
+  auto split = partitionModel(graph, 2, "0:0-2,1:3");
+  ASSERT_TRUE(bool(split)) << llvm::toString(split.takeError());
+  EXPECT_EQ(stageParamBytes(*split), (std::vector<int64_t>{150 - 8, 70}));
+  // The first reader in the stage keeps the bytes; the graph is unchanged.
+  EXPECT_EQ(split->stages[0].regions[1].paramBytes, 20);
+  EXPECT_EQ(split->stages[0].regions[2].paramBytes, 22);
+  EXPECT_EQ(graph.regions[2].paramBytes, 30);
+}
+
 std::string errorOf(const ModelGraph &graph, int k, llvm::StringRef spec) {
   auto staged = partitionModel(graph, k, spec);
   if (staged)

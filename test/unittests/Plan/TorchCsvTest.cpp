@@ -50,8 +50,8 @@ Written writePlan(MLIRContext &context, const Case &c) {
   request.ranks = c.ranks;
   request.microbatches = c.microbatches;
   request.prefetch = c.prefetch;
-  request.checkpoint = c.checkpoint;
   if (c.checkpoint == CheckpointPolicy::Auto) {
+    request.checkpoint = c.checkpoint;
     // A budget at which --checkpoint auto runs some forwards plainly.
     request.modelFile = "examples/gpt/gpt.model.json";
     request.budget = MemoryBudget{4'000'000, std::nullopt};
