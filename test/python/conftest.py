@@ -1,8 +1,25 @@
-"""Shared pytest setup for the Python tests: import ``hp_recompute`` from the source tree."""
+"""Shared pytest setup for the Python tests: import ``hp_recompute`` from the source tree, and
+give the run caches of its own.
+
+Why per-run caches: inductor keeps compiled kernels on disk (``/tmp/torchinductor_$USER`` by
+default), shared by every run and every torch on the machine; a kernel another run left there
+(a poisoned or stale cache) failed tests that had nothing wrong. The folder is set in the
+environment, so the processes the tests start (ranks, CLIs) use it too, and removed at the end.
+"""
 
 import os
+import shutil
 import sys
+import tempfile
 
 _PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 if _PYTHON_DIR not in sys.path:
     sys.path.insert(0, _PYTHON_DIR)
+
+_CACHES = tempfile.mkdtemp(prefix="hpr-test-caches-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHES, "inductor")
+os.environ["TRITON_CACHE_DIR"] = os.path.join(_CACHES, "triton")
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest's hook signature
+    shutil.rmtree(_CACHES, ignore_errors=True)

@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -117,6 +118,17 @@ def processes_with(marker: str) -> list:
         except OSError:
             pass
     return found
+
+
+def processes_left(marker: str, within: float = 10.0) -> list:
+    """``processes_with(marker)`` once none is left, or at the deadline ``within`` seconds on:
+    a process that has exited may stay in /proc a moment (polled, no fixed sleep)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = processes_with(marker)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
 
 
 def device_node(tmp_path: Path, name: str, minor: int) -> Path:

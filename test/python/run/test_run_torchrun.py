@@ -14,14 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import torch
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, make_plan
+from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, make_plan, processes_left
 
 
 
@@ -131,25 +130,15 @@ def test_torchrun_a_rank_killed_mid_step_stops_the_run(tmp_path: Path) -> None:
     env["HPR_RUN_FAIL_AT"] = "1:6:kill"
     marker = f"hpr-torchrun-kill-{os.getpid()}"
     env["HPR_TEST_RUN"] = marker
-    start = time.monotonic()
+    # Not the 600 s receive timeout: that would pass the test's own limit (TimeoutExpired).
     proc = subprocess.run([*torchrun(tmp_path / "logs"), "--standalone", "--nproc_per_node", "2", "-m",
-                           "hp_recompute.run", "--plan", str(plan), "--timeout", "60"],
-                          capture_output=True, text=True, env=env, timeout=120)
+                           "hp_recompute.run", "--plan", str(plan), "--timeout", "600"],
+                          capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode != 0
-    assert time.monotonic() - start < 40  # not the 60 s receive timeout
     # torchrun's failure report names the killed rank (as the root cause, or beside rank 0's
     # closed-connection error when both end within its clock resolution).
     assert re.search(r"rank\s+: 1 \(local_rank: 1\)\s+exitcode\s+: -9", proc.stderr), proc.stderr[-2000:]
-    time.sleep(0.5)
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    left.append(pid)
-        except OSError:
-            pass
-    assert left == [], "a rank outlived the run"
+    assert processes_left(marker) == [], "a rank outlived the run"
 
 
 # -- the process group cannot form: one located line and exit 1, bounded by --timeout --------
@@ -160,11 +149,9 @@ def _as_worker(plan: Path, rank: int, port: int) -> subprocess.CompletedProcess:
     env = _env()
     env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port)})
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.run", "--plan", str(plan), "--timeout", "2"],
+    # --timeout 2: a group that waited for anything but its own bound would pass the test's limit.
+    return subprocess.run([sys.executable, "-m", "hp_recompute.run", "--plan", str(plan), "--timeout", "2"],
                           capture_output=True, text=True, env=env, timeout=60)
-    proc.elapsed = time.monotonic() - start  # type: ignore[attr-defined]
-    return proc
 
 
 @pytest.mark.parametrize("case", ["port-in-use", "peer-never-joins", "silent-master"])
@@ -189,4 +176,3 @@ def test_a_group_that_cannot_form_is_one_line_and_exit_1(tmp_path: Path, case: s
     want = {"port-in-use": "already in use", "peer-never-joins": "",
             "silent-master": "no answer within 7 s (is another program listening on MASTER_PORT?)"}[case]
     assert want.lower() in lines[0].lower()
-    assert proc.elapsed < 30  # type: ignore[attr-defined]
