@@ -25,7 +25,9 @@ Rule 1 (order). Actions run one at a time in the plan's order. Nothing is reorde
 Rule 2 (forward). ``backend.forward`` runs inside ``recompute_handle_collector_ctx``: the
   handles of the checkpoints it creates belong to its (stage, microbatch). A forward the
   plan marks ``"checkpoint": false`` runs inside ``plain_forwards()``, where planned
-  checkpoints run their regions plainly (saving their activations).
+  checkpoints run their regions plainly (saving their activations). A checkpoint that
+  saved no tensor (a region such as ``x * 2``) has nothing to replay: its recompute is
+  done by nothing (``saved_nothing`` counts them for a runtime's replay check).
 
 Rule 2a (co-located neighbours). The plan has no transfer between two stages on one
   rank (V-shaped schedules): a forward, ``backward_input`` or ``backward`` that says
@@ -227,6 +229,8 @@ class PlanInterpreter:
         self.action_s: List[Tuple[str, int, bool, float]] = []
         #: sessions whose replay runs inside their backward (Rule 3), until their clear
         self.replayed_inside: Set[object] = set()
+        #: this step's checkpoints that saved no tensor: their regions have nothing to replay (Rule 2)
+        self.saved_nothing = 0
 
     @property
     def done(self) -> bool:
@@ -280,6 +284,7 @@ class PlanInterpreter:
                                                                else contextlib.nullcontext()):
                 output = self.backend.forward(a)
             self.handles[key] = list(handles)
+            self.saved_nothing += sum(h.saves_nothing for h in handles)
             if self.sessions and key in self.in_pieces:  # Rule 3a (Rule 10: no replays without sessions)
                 self._check_pieces(a, self.in_pieces[key])
             if a.hands_to >= 0:  # Rule 2a

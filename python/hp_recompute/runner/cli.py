@@ -179,6 +179,7 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
         # counted as a failure below; cleared so that they do not leak into the next step
         left = [sid for ex in execs for sid in ex.sessions.clear_all()]
         native = sum(ex.native_calls - ex.native_forwards for ex in execs)
+        saved_nothing = sum(ex.interpreter.saved_nothing for ex in execs)
         grads = {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}
         losses: Dict[int, torch.Tensor] = {}
         for ex in execs:
@@ -188,7 +189,8 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                         updated_buffers(ref.module, ref_buffers), exact=True)
         steps.append({
             "step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
-            "recomputes": st["replays"] + native, "sessions_left": len(left), "step_time_s": elapsed,
+            "recomputes": st["replays"] + native, "saved_nothing": saved_nothing, "sessions_left": len(left),
+            "step_time_s": elapsed,
             "ranks": [{"rank": ex.rank, "peak_bytes": None} for ex in execs],
             "device_peak_bytes": memory.peak if memory is not None else None,
             "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
@@ -220,7 +222,9 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     n_steps = len(steps)
     sessions = len(plan.sessions) * n_steps
     check_recomputes = args.checkpoint_mode == "plan"
-    expected = expected_recomputes(plan) * n_steps if check_recomputes else None
+    # A region whose checkpoint saved no tensor has nothing to replay (interpreter Rule 2).
+    expected = expected_recomputes(plan) * n_steps - sum(s["saved_nothing"] for s in steps) \
+        if check_recomputes else None
     recomputes = sum(s["recomputes"] for s in steps)
     grads_match = all(s["grads_match"] for s in steps)
     buffers_match = all(s["buffers_match"] for s in steps)
