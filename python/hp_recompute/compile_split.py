@@ -358,9 +358,11 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
     # identity, so blocks of one class compiled one by one (checkpoint_wrapper(block).compile())
     # must share it, or each would recompile the shared forward, failing past dynamo's
     # recompile limit (8): FailOnRecompileLimitHit under fullgraph=True, else eager blocks.
+    options = dict(options) if options else None  # the caller's dict may change after this call
     key = (backend, repr(sorted((options or {}).items())))
-    if key in _COMPILERS:
-        return _COMPILERS[key]
+    with _LOCK:
+        if key in _COMPILERS:
+            return _COMPILERS[key]
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: List[Any], **kwargs: Any) -> Callable:
         is_weight = _weights_of(example_inputs)
@@ -371,8 +373,8 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
             return _inductor(gm, example_inputs, is_weight, options, **kwargs)
 
     compiler.__name__ = f"hp_recompute_{backend}"
-    _COMPILERS[key] = compiler  # from now on I and W register their seeds, also for a backward compiled lazily in I
-    return compiler
+    with _LOCK:  # from now on I and W register their seeds, also for a backward compiled lazily in I
+        return _COMPILERS.setdefault(key, compiler)
 
 
 def _aot_eager(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: Callable[[Any], bool],

@@ -26,8 +26,8 @@ def raised_at(e: BaseException) -> str:
     """``TYPE: MESSAGE (at FILE:LINE)`` for an exception of the user's code (a factory, a
     model's region), located at the innermost frame of that code; without such a frame
     (an error of the runtime itself, whose message says where) ``TYPE: MESSAGE``. An
-    exception raised ``from`` another (torch's "[Stage 0] failed to run forward:" around the
-    user's) gives each of the chain, outermost first: ``TYPE: MESSAGE: CAUSE: MESSAGE (at
+    exception raised from another (torch's "[Stage 0] failed to run forward:" around the
+    user's, with ``from`` or inside its ``except``) gives each of the chain, outermost first: ``TYPE: MESSAGE: CAUSE: MESSAGE (at
     FILE:LINE)``, located in the innermost one that has a frame of the user's.
 
     Why: the tools print located one-line errors, never tracebacks; the frame that matters
@@ -41,8 +41,15 @@ def raised_at(e: BaseException) -> str:
     # An error torch raised ``from`` the user's (a stage's "[Stage 0] failed to run forward:"):
     # the user's, at the end of the chain, says what failed and where.
     chain = [e]
-    while chain[-1].__cause__ is not None and chain[-1].__cause__ not in chain:
-        chain.append(chain[-1].__cause__)
+    while True:
+        last = chain[-1]
+        cause = last.__cause__ if last.__cause__ is not None or last.__suppress_context__ else last.__context__
+        if cause is None or cause in chain:
+            break
+        said = _first_line(cause).partition(": ")[2]
+        if said and said in str(last):  # a message that already says its cause (ours: "...: TYPE: MESSAGE")
+            break
+        chain.append(cause)
     frame = None
     for link in reversed(chain):
         theirs = [f for f in traceback.extract_tb(link.__traceback__)

@@ -12,13 +12,14 @@ updates a buffer in place does not always bump its version counter (``native_bat
 leaves ``running_mean``'s alone). A ``BufferKeepingFunction`` is made for one checkpoint
 call: its first call is the forward, every later one a replay (ours, or torch's in the
 runner's native mode), which saves those buffers and restores them afterwards, also when
-the replay stops early.
+the replay stops early. A replay reads the buffers as they are when it runs (a later
+microbatch's forward may have changed them), as torch's checkpoint does.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 import torch
 
@@ -26,12 +27,14 @@ __all__ = ["BufferKeepingFunction", "ChangedBuffers"]
 
 
 class ChangedBuffers:
-    """The buffers a module's forward changes: unknown (None) until its first forward."""
+    """The buffers a module's forward changes, per mode (``module.training``): found by the
+    first forward in that mode (an eval forward changes no BatchNorm statistic; a training
+    one does)."""
 
-    __slots__ = ("buffers",)
+    __slots__ = ("by_mode",)
 
     def __init__(self) -> None:
-        self.buffers: Optional[List[torch.Tensor]] = None
+        self.by_mode: Dict[bool, List[torch.Tensor]] = {}
 
 
 class BufferKeepingFunction:
@@ -43,23 +46,25 @@ class BufferKeepingFunction:
     (FSDP's unshard, ``fsdp.ReplayFunction``), is its own. Named as ``fn`` in messages.
     """
 
-    __slots__ = ("fn", "module", "changed", "forwarded", "__qualname__")
+    __slots__ = ("fn", "module", "changed", "buffers", "__qualname__")
 
     def __init__(self, fn: Callable[..., Any], module: torch.nn.Module, changed: ChangedBuffers) -> None:
         self.fn, self.module, self.changed = fn, module, changed
-        self.forwarded = False
+        self.buffers: Optional[List[torch.Tensor]] = None  # set by the forward: what its replays restore
         self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.forwarded:  # the forward
-            self.forwarded = True
-            if self.changed.buffers is not None:
+        if self.buffers is None:  # the forward
+            mode = self.module.training
+            known = self.changed.by_mode.get(mode)
+            if known is not None:
+                self.buffers = known
                 return self.fn(*args, **kwargs)
             before = [(b, b.detach().clone()) for b in self.module.buffers()]
             out = self.fn(*args, **kwargs)
-            self.changed.buffers = [b for b, value in before if not torch.equal(b, value)]
+            self.buffers = self.changed.by_mode[mode] = [b for b, value in before if not torch.equal(b, value)]
             return out
-        saved = [(b, b.detach().clone()) for b in self.changed.buffers or ()]
+        saved = [(b, b.detach().clone()) for b in self.buffers]
         try:
             return self.fn(*args, **kwargs)
         finally:  # also when the replay stops early (Rule 2 of NOTE [ Recompute sessions ])

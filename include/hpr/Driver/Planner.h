@@ -86,8 +86,9 @@ struct PlanRequest {
   /// region (a schedule alone).
   std::string modelFile;
   std::string modelJsonText, modelJsonName;
-  /// TorchScript models only: module depth of a region (1), input shapes,
-  /// input dtype (float32), whether to measure forward times (no).
+  /// Models read from TorchScript or .pt2 (not JSON graphs): module depth
+  /// of a region (1), input shapes, input dtype (float32), whether to
+  /// measure forward times (no).
   std::optional<int> regionDepth;
   std::string inputShape;
   std::optional<std::string> inputDtype;

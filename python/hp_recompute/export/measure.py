@@ -311,4 +311,5 @@ def _name_tied(model: nn.Module, segments: Sequence[Segment]) -> None:
     for path, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         fqn.setdefault(storage_of(tensor).data_ptr(), path)
     for seg in segments:
-        seg.tied = {fqn[ptr]: nbytes for ptr, nbytes in seg.params.items() if readers[ptr] > 1}
+        # Empty storages all have data_ptr 0: not one tensor, and nothing to count.
+        seg.tied = {fqn[ptr]: nbytes for ptr, nbytes in seg.params.items() if readers[ptr] > 1 and nbytes > 0}

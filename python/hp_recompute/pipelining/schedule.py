@@ -310,6 +310,7 @@ class PlannedSchedule(PipelineScheduleMulti):
         first_target = target_mbs[0] if target_mbs is not None else None
         params = [p for stage in self._stages for p in stage.submod.parameters()]
         grads = [p.grad for p in params]
+        # When torch's _initialize_stages infers again (its condition in torch 2.13's schedules.py).
         infers = not self._stages_forward_initialized or self._has_backward != self._stages_backward_initialized
         # Rule 6: inference's forward does not count for buffers a forward updates (BatchNorm's statistics)
         buffers = [(b, b.clone()) for stage in self._stages for b in stage.submod.buffers()] if infers else []
@@ -430,7 +431,9 @@ class _TorchStages(StageBackend):
         else:
             bwd_kwargs = {"stage_output": stage_output, "output_grads": stage._retrieve_recv_grads(mb),
                           "input_values": input_values}
-        stage.bwd_cache[mb] = (None,) * len(stage._stage_meta.inputs)
+        # The positional inputs (torch 2.13 keeps the keyword ones apart: _stage_meta), one None each.
+        inputs = stage._stage_meta.inputs if hasattr(stage, "_stage_meta") else input_values
+        stage.bwd_cache[mb] = (None,) * len(inputs)
         return bwd_kwargs, stage_output
 
     def _split_backward(self, stage: _PipelineStageBase, a: Action) -> None:

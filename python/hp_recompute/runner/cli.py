@@ -223,8 +223,8 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     sessions = len(plan.sessions) * n_steps
     check_recomputes = args.checkpoint_mode == "plan"
     # A region whose checkpoint saved no tensor has nothing to replay (interpreter Rule 2).
-    expected = expected_recomputes(plan) * n_steps - sum(s["saved_nothing"] for s in steps) \
-        if check_recomputes else None
+    saved_nothing = sum(s["saved_nothing"] for s in steps)
+    expected = expected_recomputes(plan) * n_steps - saved_nothing if check_recomputes else None
     recomputes = sum(s["recomputes"] for s in steps)
     grads_match = all(s["grads_match"] for s in steps)
     buffers_match = all(s["buffers_match"] for s in steps)
@@ -269,6 +269,7 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
         "mismatched": [m for s in steps for m in s["mismatched"]][:5],
         "loss": steps[-1]["loss"], "reference_loss": steps[-1]["reference_loss"],
         "sessions": sessions, "recomputes": recomputes, "recomputes_expected": expected,
+        "regions_saving_nothing": saved_nothing,
         "plan_recomputes": plan.summary.get("recomputes"),
         "plan_per_backward_recomputes": plan.summary.get("per_backward_recomputes"),
         "sessions_left": sessions_left,

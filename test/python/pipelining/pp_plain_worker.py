@@ -138,9 +138,9 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         full = net()
         out["two_plans"] = {"plain": plain(full, x, y, mb, 1),
                             "plan": planned(rank, cfg, full, [plans["zbv"], plans["zbv_none"]], x, y, steps=3)}
-        for kind in ("zbv", "zb-h1"):  # the first stage frozen: its regions' parameters
-            from hp_recompute.plan.verify import load_plan
+        from hp_recompute.plan.verify import load_plan
 
+        for kind in ("zbv", "zb-h1"):  # the first stage frozen: its regions' parameters
             first = tuple(r["name"] + "." for r in load_plan(plans[kind]).stages[0])
             frozen = [n for n, _ in full.named_parameters() if n.startswith(first)]
             reference = copy.deepcopy(full)

@@ -11,6 +11,7 @@ also in the first step, where torch's stages infer their metadata.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -335,6 +336,28 @@ def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused()
 
 
 @needs_selective
+def test_replays_keep_buffers_in_the_mode_they_run_in() -> None:
+    """A planned region's replays restore the buffers its forward changes in *that* mode: an
+    eval forward (validation with grad on) changes no BatchNorm statistic, a training one does;
+    the training replay must not count its batch twice (as the plain module counts it once)."""
+    from hp_recompute.pipelining.regions import checkpoint_regions
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleDict({"0": torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))})
+    plain = copy.deepcopy(module)
+    checkpoint_regions(module, ["layers.0"], 0)
+    x = torch.randn(8, 4)
+    for m in (module, plain):
+        for training in (False, True):
+            m.train(training)
+            m.layers["0"](x).square().sum().backward()  # outside any session: one replay each (torch's rule)
+    norm, want = module.layers["0"][1], plain.layers["0"][1]
+    assert norm.num_batches_tracked.item() == want.num_batches_tracked.item() == 1
+    torch.testing.assert_close(norm.running_mean, want.running_mean)
+    torch.testing.assert_close(norm.running_var, want.running_var)
+
+
 def test_stages_reused_by_another_plan_take_its_policy() -> None:
     """A second schedule over the same stage modules checkpoints each region as its own plan
     says, not as the first one did."""

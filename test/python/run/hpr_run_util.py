@@ -6,14 +6,16 @@ found the same way (HPR_BUILD_DIR, default <repo>/build).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 import torch
@@ -118,6 +120,20 @@ def processes_with(marker: str) -> list:
         except OSError:
             pass
     return found
+
+
+@contextlib.contextmanager
+def reaped(marker: str) -> Iterator[None]:
+    """Kills (SIGKILL) what is left of a run marked ``marker`` when the block ends: a test that
+    fails by its time limit leaves no rank waiting out a long receive timeout."""
+    try:
+        yield
+    finally:
+        for pid in processes_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def processes_left(marker: str, within: float = 10.0) -> list:

@@ -136,7 +136,7 @@ def test_a_region_that_saves_nothing_has_nothing_to_replay(tmp_path: Path, singl
     sessions = json.loads(plan.read_text())["sessions"]
     regions = sum(len(s["regions"]) for s in sessions)
     saved_nothing = sum("layers.1" in s["regions"] for s in sessions)  # one per microbatch, each step
-    assert saved_nothing == 4
+    assert saved_nothing == 4 and report["regions_saving_nothing"] == saved_nothing * report["steps"]
     assert report["recomputes"] == report["recomputes_expected"] == (regions - saved_nothing) * report["steps"]
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, count_plan, edit_plan, flags, make_plan, processes_left, run_cli
+from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, count_plan, edit_plan, flags, make_plan, processes_left, reaped,
+                          run_cli)
 
 
 @pytest.mark.parametrize("cfg", [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)],
@@ -41,8 +42,10 @@ def test_planted_failure_stops_every_rank(tmp_path: Path, cfg, fail_at: str) -> 
     action = json.loads(plan.read_text())["ranks"][int(rank)]["actions"][int(index)]
     # The other ranks are stopped, not left to wait out a receive: that would take 600 s, past
     # the test's own limit (TimeoutExpired).
-    proc = run_cli("--plan", str(plan), "--world-size", str(cfg[1]), "--report", str(report_path), "--timeout", "600",
-                   env={"HPR_RUN_FAIL_AT": fail_at}, timeout=240)
+    marker = f"hpr-planted-{os.getpid()}"
+    with reaped(marker):
+        proc = run_cli("--plan", str(plan), "--world-size", str(cfg[1]), "--report", str(report_path), "--timeout",
+                       "600", env={"HPR_RUN_FAIL_AT": fail_at, "HPR_TEST_RUN": marker}, timeout=240)
     assert proc.returncode == 1
     want = f"rank {rank} failed first: hp_recompute.run: rank {rank} action {index} ({action['op']} stage " \
            f"{action['stage']} mb {action['microbatch']}"
@@ -94,9 +97,10 @@ def test_a_rank_killed_mid_step_is_named_and_nothing_is_left_running(tmp_path: P
     marker = f"HPR_TEST_RUN={os.getpid()}-{ranks}"
     # The others stop within seconds (5 s grace), not after the 600 s receive timeout, which
     # would pass the test's own limit.
-    proc = run_cli("--plan", str(plan), "--timeout", "600", env={"HPR_RUN_FAIL_AT": "1:6:kill",
-                                                                   marker.split("=")[0]: marker.split("=")[1]},
-                   timeout=240)
+    with reaped(marker):
+        proc = run_cli("--plan", str(plan), "--timeout", "600", env={"HPR_RUN_FAIL_AT": "1:6:kill",
+                                                                       marker.split("=")[0]: marker.split("=")[1]},
+                       timeout=240)
     assert proc.returncode == 1
     assert "rank 1 was killed by signal 9; it left no result" in proc.stderr, proc.stderr
     assert processes_left(marker) == [], "a rank outlived the run"

@@ -20,7 +20,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, make_plan, processes_left
+from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, make_plan, processes_left, reaped
 
 
 
@@ -131,9 +131,10 @@ def test_torchrun_a_rank_killed_mid_step_stops_the_run(tmp_path: Path) -> None:
     marker = f"hpr-torchrun-kill-{os.getpid()}"
     env["HPR_TEST_RUN"] = marker
     # Not the 600 s receive timeout: that would pass the test's own limit (TimeoutExpired).
-    proc = subprocess.run([*torchrun(tmp_path / "logs"), "--standalone", "--nproc_per_node", "2", "-m",
-                           "hp_recompute.run", "--plan", str(plan), "--timeout", "600"],
-                          capture_output=True, text=True, env=env, timeout=240)
+    with reaped(marker):
+        proc = subprocess.run([*torchrun(tmp_path / "logs"), "--standalone", "--nproc_per_node", "2", "-m",
+                               "hp_recompute.run", "--plan", str(plan), "--timeout", "600"],
+                              capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode != 0
     # torchrun's failure report names the killed rank (as the root cause, or beside rank 0's
     # closed-connection error when both end within its clock resolution).
