@@ -44,13 +44,14 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 import torch
 
 from ..checkpoint import checkpoint as hpr_checkpoint, checkpoint_call
-from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from ..fsdp import ReplayFunction, is_fsdp_module
 from ..plan.interpreter import forwards_are_plain
 from ..plan.reader import RunError
+from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from ..selective import hidden_compiled_modules, selective_context_fn
 
 __all__ = ["check_regions", "checkpoint_regions", "patch_regions", "unplanned_blocks"]
+
 
 class _PlannedForward:
     """A planned region's forward: its own forward through our checkpoint (with the selective
