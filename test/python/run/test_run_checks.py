@@ -123,7 +123,7 @@ def test_dropout_model_passes_across_processes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("single", [True, False], ids=["single-process", "multi-process"])
 def test_a_region_that_saves_nothing_has_nothing_to_replay(tmp_path: Path, single: bool) -> None:
-    """A checkpointed region that saves no tensor (``x * 2``) has nothing to replay: the run
+    """A checkpointed region that saves no tensor (``x * 2`` on torch 2.x) has nothing to replay: the run
     passes with every other region replayed once per session (before: FAILED, "recomputes 12
     (expected 16)", on a valid plan)."""
     (tmp_path / "noisy.py").write_text(NOISY_MLP)
@@ -135,8 +135,13 @@ def test_a_region_that_saves_nothing_has_nothing_to_replay(tmp_path: Path, singl
     report = json.loads(report_path.read_text())
     sessions = json.loads(plan.read_text())["sessions"]
     regions = sum(len(s["regions"]) for s in sessions)
-    saved_nothing = sum("layers.1" in s["regions"] for s in sessions)  # one per microbatch, each step
-    assert saved_nothing == 4 and report["regions_saving_nothing"] == saved_nothing * report["steps"]
+    # Whether x * 2.0 saves a tensor, asked of autograd (torch 1.13 saves the scalar it wraps).
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        torch.randn(2, 16, requires_grad=True) * 2.0
+    # layers.1, one region per microbatch, each step, when it saves nothing
+    saved_nothing = 0 if packed else sum("layers.1" in s["regions"] for s in sessions)
+    assert saved_nothing in (0, 4) and report["regions_saving_nothing"] == saved_nothing * report["steps"]
     assert report["recomputes"] == report["recomputes_expected"] == (regions - saved_nothing) * report["steps"]
 
 
