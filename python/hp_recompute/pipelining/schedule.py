@@ -310,8 +310,10 @@ class PlannedSchedule(PipelineScheduleMulti):
         first_target = target_mbs[0] if target_mbs is not None else None
         params = [p for stage in self._stages for p in stage.submod.parameters()]
         grads = [p.grad for p in params]
-        # When torch's _initialize_stages infers again (its condition in torch 2.13's schedules.py).
-        infers = not self._stages_forward_initialized or self._has_backward != self._stages_backward_initialized
+        # When torch's _initialize_stages infers again (its condition in torch 2.13's schedules.py;
+        # a torch without those flags: always, restoring what an inference did not change).
+        forward_done = getattr(self, "_stages_forward_initialized", False)
+        infers = not forward_done or self._has_backward != getattr(self, "_stages_backward_initialized", False)
         # Rule 6: inference's forward does not count for buffers a forward updates (BatchNorm's statistics)
         buffers = [(b, b.clone()) for stage in self._stages for b in stage.submod.buffers()] if infers else []
         with plain_forwards():  # Rule 6
