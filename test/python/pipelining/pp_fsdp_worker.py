@@ -42,14 +42,23 @@ def _microbatches(cfg: Dict[str, Any], dp_rank: int) -> List[Any]:
     return list(zip(x.chunk(cfg["microbatches"]), y.chunk(cfg["microbatches"])))
 
 
+def _freeze_first_stage(module: Net, cfg: Dict[str, Any]) -> None:
+    """With ``cfg["frozen"]``: the first stage's parameters do not require grad."""
+    first = tuple(f"{fqn}." for fqn in stage_split(cfg)[0]) if cfg.get("frozen") else ()
+    for name, p in module.named_parameters():
+        if name.startswith(first):
+            p.requires_grad_(False)
+
+
 def _reference(full: Net, cfg: Dict[str, Any]) -> Dict[str, Any]:
     ref = copy.deepcopy(full)
+    _freeze_first_stage(ref, cfg)
     for d in range(cfg["dp"]):
         for x, y in _microbatches(cfg, d):
             with _autocast(cfg):
                 loss = _loss(ref(x), y)
             (loss / (cfg["dp"] * cfg["microbatches"])).backward()
-    return {n: p.grad.clone() for n, p in ref.named_parameters()}
+    return {n: p.grad.clone() for n, p in ref.named_parameters() if p.requires_grad}
 
 
 def _reference_input_grad(full: Net, cfg: Dict[str, Any], dp_rank: int) -> torch.Tensor:
@@ -98,6 +107,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     torch.manual_seed(0)
     full = Net(cfg["dim"], cfg["layers"], 0.0)
     res: Dict[str, Any] = {"ref_grads": _reference(full, cfg)}
+    _freeze_first_stage(full, cfg)
     x, y = _batch(cfg, dp_rank)
     if cfg.get("input_grad"):
         res["ref_input_grad"] = _reference_input_grad(full, cfg, dp_rank)
@@ -131,7 +141,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     res["replays"], res["calls"] = replays, dict(CALLS)
     res["checkpointed"] = sorted(f for s in mine for f in split[s] if f.startswith("layers."))
     res["grads"] = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.full_tensor().clone()
-                    for st in stages for n, p in st.submod.named_parameters()}
+                    for st in stages for n, p in st.submod.named_parameters() if p.requires_grad}
     res["sharded_at_end"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
     res["live_sessions"] = len(schedule.session_scope.live_sessions())
     res["plan_calls"], res["pp_rank"] = dict(plan_calls), pp_rank

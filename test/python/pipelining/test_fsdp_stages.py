@@ -38,7 +38,8 @@ STAGES = {"zbv": 4, "zb-h1": 2, "1f1b": 2}  # 2 pp ranks: a V of two stages each
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False, policy: Any = True,
-             input_grad: bool = False, room: int = 0, eval: bool = False) -> List[Dict[str, Any]]:
+             input_grad: bool = False, room: int = 0, eval: bool = False,
+             frozen: bool = False) -> List[Dict[str, Any]]:
     """Plans and runs one case; ``room`` > 0: the plan's memory budget is that many times jit's
     activation peak."""
     stages = STAGES[schedule]
@@ -55,7 +56,8 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
            "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
-           "autocast": autocast, "input_grad": input_grad, "eval": eval, "plan": str(plan), "out": str(out)}
+           "autocast": autocast, "input_grad": input_grad, "eval": eval, "frozen": frozen, "plan": str(plan),
+           "out": str(out)}
     results = spawn_ranks(pp_fsdp_worker.main, cfg, 2 * dp)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
@@ -115,6 +117,21 @@ def test_a_step_input_that_requires_grad_gets_its_gradient(tmp_path: Path, sched
     for res in fed:
         assert res["input_grad"] is not None
         torch.testing.assert_close(res["input_grad"], res["ref_input_grad"], rtol=1e-5, atol=1e-7)
+
+
+def test_a_frozen_first_stage_under_zbv_with_fsdp2_a_selective_policy_and_autocast(tmp_path: Path) -> None:
+    """The first stage frozen (requires_grad_(False)), so stage 1's input needs no gradient,
+    on torchtitan's composition (selective wrappers, fully_shard, bf16 autocast, prefetched
+    replays): every other weight gets the unsharded model's gradient (NOTE Rule 7a; stages
+    split by hp_recompute find no input to differentiate and leave every weight to W)."""
+    results = run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective", frozen=True)
+    frozen = {"layers.0", "layers.1"}  # the first stage: no parameter and no input needs a gradient, so its
+    for res in results:  # checkpoints save nothing and have nothing to replay (a forward each)
+        assert all(res["calls"][fqn] == MICROBATCHES for fqn in frozen & set(res["checkpointed"])), res["calls"]
+        res["checkpointed"] = sorted(set(res["checkpointed"]) - frozen)
+    check(results)
+    got = {name for res in results for name in res["grads"]}
+    assert got == set(results[0]["ref_grads"]) and not any(n.startswith(("layers.0.", "layers.1.")) for n in got)
 
 
 def test_zbv_on_hsdp_stages(tmp_path: Path) -> None:
