@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PP 2 x FSDP2 (4 gloo processes): torch's ZBV with checkpointing against PlannedSchedule's
+# PP 2 x FSDP2 (4 gloo processes): torch's interleaved 1F1B and ZBV with checkpointing against PlannedSchedule's
 # plans, per reshard_after_forward setting, side by side in one run (bench_fsdp.py).
 # FSDP2 needs torch >= 2.6, so only the venv's torch runs it. Extra flags go to bench_fsdp.py.
 set -euo pipefail

@@ -32,6 +32,11 @@ Rule 2 (a step). The first ``backward_input`` of ``module`` (or ``begin_step(mod
   step accumulates without reducing, like a W. One module owns a step: every call of the
   step takes the same module (the stage's), and an FSDP module is in one open step at
   most (a second raises); before FSDP's first forward there is no step to open (raises).
+  ``begin_step(module, hold_parameters=True)`` (PlannedSchedule's steps) also hands the
+  parameters' lifetime to the caller for the step: FSDP's reshard after forward and after
+  backward are off (each group's ``post_forward_mesh_info`` and ``reshard_after_backward``,
+  kept and restored), so a module gathered once stays gathered until the caller's
+  ``reshard()`` or the step's end, and neither I, W nor a replay gathers it again.
 
 Rule 3 (I). FSDP's own hooks run in I as in any backward: its pre-backward hook
   unshards a module's parameters before its nodes run (so a replay inside I sees them
@@ -54,8 +59,9 @@ Rule 5 (reduce once). ``reduce_gradients(module)``, after the step's last W (the
   a gradient (plus one all-reduce over the replicate dimension for HSDP), whose result
   FSDP adds to the sharded ``p.grad``; then FSDP's final callback (wait for the
   reductions, reshard as ``reshard_after_backward`` says), and the values of Rule 2 are
-  restored. Gradient accumulation over microbatches is the sum in the unsharded
-  gradients, reduced once. With an I of the step still waiting for its W it raises,
+  restored (first, so that FSDP's post-backward reshards as the module was configured:
+  the end of a holding step's window). Gradient accumulation over microbatches is the sum
+  in the unsharded gradients, reduced once. With an I of the step still waiting for its W it raises,
   naming the weights, and reduces nothing. Without an open step it does nothing (FSDP
   reduced every plain backward itself) and returns False.
 
@@ -64,7 +70,9 @@ Rule 6 (prefetched replay). ``checkpoint_wrapper`` checkpoints its module throug
   unshard for), outside the checkpoint's recompute context (a selective policy's
   included), when the wrapper has become an FSDP module whose parameters are sharded,
   it unshards the wrapper before the module runs and reshards it after (in ``finally``:
-  a replay that stops early leaves by an exception), leaving it as FSDP had it. The replayed tensors keep aliasing FSDP's unsharded
+  a replay that stops early leaves by an exception), leaving it as FSDP had it; inside a
+  step that holds the parameters (Rule 2) it leaves them gathered for the I and W that
+  read them. The replayed tensors keep aliasing FSDP's unsharded
   storage, which FSDP refills before they are read (pre-backward hook of I, or W by
   Rule 4). In the forward and under ``torch.compile`` tracing it just calls the module. This is torchtitan's order (``checkpoint_wrapper`` each block,
   then ``fully_shard`` each block, then the root); a checkpoint around an FSDP module
@@ -77,7 +85,8 @@ Rule 7 (torch). FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.6) is 
   ``set_requires_gradient_sync``, ``set_is_last_backward``). What has no public form --
   the parameter groups, their post-backward and the root's final callback (as torch's
   own pipelining uses them), the sharded/unsharded parameter of each FSDP parameter,
-  its sync flags -- is read through ``_Internals`` below only, checked on first use: a
+  its sync flags and resharding settings (the public setters cannot restore an int
+  ``reshard_after_forward``) -- is read through ``_Internals`` below only, checked on first use: a
   torch without them raises CheckpointError naming what is missing, never a silent
   unreduced gradient.
 """
@@ -94,7 +103,7 @@ import torch
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["begin_step", "discard_step", "is_fsdp_module", "reduce_gradients", "FSDP_AVAILABLE"]
+__all__ = ["begin_step", "discard_step", "holds_parameters", "is_fsdp_module", "reduce_gradients", "FSDP_AVAILABLE"]
 
 
 def _load_fsdp() -> Tuple[Any, Any]:
@@ -143,7 +152,8 @@ class _Internals:
         missing = [n for n in ("_root_post_backward_final_callback", "_state_ctx") if not hasattr(state, n)]
         for group in cls.groups(state):
             missing += [n for n in ("post_backward", "fsdp_params", "reduce_grads", "all_reduce_grads",
-                                    "reshard_after_backward", "is_unsharded") if not hasattr(group, n)]
+                                    "reshard_after_backward", "post_forward_mesh_info", "is_unsharded")
+                        if not hasattr(group, n)]
             for fp in group.fsdp_params:
                 missing += [n for n in ("sharded_param",) if not hasattr(fp, n)]
                 break
@@ -222,6 +232,8 @@ class _Step:
     saved_last: List[Tuple[Any, bool]] = field(default_factory=list)  # (state context, is_last_backward)
     pending: Dict[int, List[str]] = field(default_factory=dict)  # I without W yet: id -> weight names
     closed: bool = False
+    # hold_parameters (Rule 2): (group, reshard_after_backward, post_forward_mesh_info) before the step
+    saved_reshard: Optional[List[Tuple[Any, bool, Any]]] = None
 
 
 _STEPS: "weakref.WeakKeyDictionary[torch.nn.Module, _Step]" = weakref.WeakKeyDictionary()
@@ -271,7 +283,32 @@ def _open_step(module: torch.nn.Module, fsdp_modules: List[Any]) -> _Step:
         return step
 
 
+def _hold(step: _Step) -> None:
+    """Rule 2, ``hold_parameters``: FSDP reshards none of the step's modules by itself."""
+    if step.saved_reshard is not None:
+        return
+    step.saved_reshard = []
+    for m in step.fsdp_modules:
+        for group in _Internals.groups(_Internals.state(m)):
+            step.saved_reshard.append((group, group.reshard_after_backward, group.post_forward_mesh_info))
+            group.reshard_after_backward, group.post_forward_mesh_info = False, None
+
+
+def _release(step: _Step) -> None:
+    """Rule 5: FSDP's resharding as configured before the step (its post-backward then reshards)."""
+    for group, after_backward, post_forward in step.saved_reshard or ():
+        group.reshard_after_backward, group.post_forward_mesh_info = after_backward, post_forward
+    step.saved_reshard = None
+
+
+def holds_parameters(fsdp_module: Any) -> bool:
+    """Whether an open step holds ``fsdp_module``'s parameters gathered (Rule 2)."""
+    return any(step.saved_reshard is not None and any(m is fsdp_module for m in step.fsdp_modules)
+               for step in list(_STEPS.values()))
+
+
 def _restore(step: _Step) -> None:
+    _release(step)
     for group, reduce, all_reduce in step.saved_sync:
         group.reduce_grads, group.all_reduce_grads = reduce, all_reduce
     for ctx, last in step.saved_last:
@@ -286,11 +323,14 @@ def _close(module: torch.nn.Module, step: _Step) -> None:
             del _STEPS[module]
 
 
-def begin_step(module: torch.nn.Module) -> bool:
+def begin_step(module: torch.nn.Module, *, hold_parameters: bool = False) -> bool:
     """Open a step on ``module`` now (Rule 2), e.g. before a plain ``backward()`` that must not reduce.
 
     ``backward_input(..., module)`` opens it by itself; this is for a step whose first
-    backward is a plain one. Returns False when ``module`` contains no FSDP module.
+    backward is a plain one, or (``hold_parameters``) whose caller owns the parameters'
+    lifetime until ``reduce_gradients``: FSDP reshards nothing by itself meanwhile (an
+    open step is switched to holding). Returns False when ``module`` contains no FSDP
+    module.
 
     Raises:
         CheckpointError: this torch has no FSDP2 (Rule 7).
@@ -300,7 +340,9 @@ def begin_step(module: torch.nn.Module) -> bool:
     if not fsdp_modules:
         return False
     _Internals.check(fsdp_modules[0])
-    _open_step(module, fsdp_modules)
+    step = _open_step(module, fsdp_modules)
+    if hold_parameters:
+        _hold(step)
     return True
 
 
@@ -343,6 +385,7 @@ def reduce_gradients(module: torch.nn.Module) -> bool:
             )
         )
     try:
+        _release(step)
         for m in step.fsdp_modules:
             m.set_requires_gradient_sync(True, recurse=False)
         for ctx, _ in step.saved_last:
@@ -362,17 +405,22 @@ def reduce_gradients(module: torch.nn.Module) -> bool:
 def discard_step(module: torch.nn.Module) -> bool:
     """Drop an open step of ``module`` (after a failed I or W): its unreduced gradients and pending Is.
 
-    Restores FSDP's settings of before the step; the sharded ``.grad`` is left as it
-    was. Returns False when no step was open.
+    Restores FSDP's settings of before the step; the parameters a holding step kept
+    gathered are resharded; the sharded ``.grad`` is left as it was. Returns False when
+    no step was open.
     """
     step = _STEPS.get(module)
     if step is None:
         return False
+    held = step.saved_reshard is not None
     for m in step.fsdp_modules:
         for group in _Internals.groups(_Internals.state(m)):
             for fp in group.fsdp_params:
                 _Internals.drop_grad(fp)
     _close(module, step)
+    if held:
+        for m in step.fsdp_modules:
+            m.reshard()
     return True
 
 
@@ -514,6 +562,9 @@ class ReplayFunction:
             yield
             return
         self.owner.unshard()
+        if holds_parameters(self.owner):  # for the I and W that read them (Rule 6)
+            yield
+            return
         try:
             yield
         finally:

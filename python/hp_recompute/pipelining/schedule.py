@@ -33,9 +33,9 @@ Rule 3 (actions). The plan's actions are interpreted by ``PlanInterpreter`` (NOT
   ``backward_one_chunk(full_backward=False)``, ``backward_weight_one_chunk`` and
   ``backward_one_chunk(full_backward=True)``; the transfers are ``get_*_send_ops`` /
   ``get_*_recv_ops`` batched as torch's runtime does them; ``reduce_grad`` is
-  ``perform_reduce_grad`` (FSDP post-backward, and the gradient scaling of
-  ``scale_grads``). A forward's loss is computed by microbatch, so any forward order
-  works. Stages of Rule 7 are the exception.
+  ``perform_reduce_grad`` (the gradient scaling of ``scale_grads``; FSDP stages: Rule 8).
+  A forward's loss is computed by microbatch, so any forward order works. Stages of
+  Rule 7 are the exception.
 
 Rule 4 (sessions). A schedule owns its sessions: they live in its own ``SessionScope``,
   so two schedules (two models) in one process never share a session, even where their
@@ -80,9 +80,8 @@ Rule 7 (stages split into I and W by hp_recompute). torch's
   opened: nothing reduced). The first stage's I computes nothing and its W is
   ``stage_backward``, the whole backward, as torch runs that stage's I and W and as the
   plan reads them (its I names no session): a step input that requires grad gets its
-  ``.grad`` there, as under torch's schedule. An FSDP stage's ``reduce_grad`` is
-  ``fsdp.reduce_gradients`` (one reduce-scatter per parameter group, plus the all-reduce
-  of HSDP) followed by torch's ``scale_grads``. The input gradients go where torch's
+  ``.grad`` there, as under torch's schedule. An FSDP stage's ``reduce_grad`` is Rule 8's.
+  The input gradients go where torch's
   would (``bwd_cache``), so sends and co-located handoffs are torch's. A replay of a block
   wrapped with ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded (fsdp.py Rule
   6). Needs torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch
@@ -98,16 +97,22 @@ Rule 7a (stages after frozen ones). torch's I of a stage none of whose inputs ne
   replay is held from I to W as planned. Stages of Rule 7 are split by hp_recompute,
   which finds no input to differentiate and leaves every weight to W.
 
-Rule 8 (unshard, reshard). A plan made for FSDP (``hp-recompute-plan --dp-shard N``) holds
-  an ``unshard`` of each stage before the first action that reads its parameters (a
-  prefetched replay included) and a ``reshard`` after the last: they are FSDP2's public
-  ``unshard()`` and ``reshard()`` of every FSDP module in the stage, as torch's runtime
-  lowers its UNSHARD / RESHARD actions, except that the all-gather is waited for at once.
-  FSDP's own hooks then find the parameters gathered (and may reshard them earlier, as
-  ``reshard_after_forward`` says; a replay or W gathers again, Rule 7). No parameter stays
-  gathered past its ``reshard``, and a failed step reshards what it gathered. On a stage
-  without FSDP modules both do nothing; a plan without them still runs on FSDP stages
-  (FSDP's hooks and Rule 7 gather what each action needs).
+Rule 8 (the plan owns the gathers). On a stage holding FSDP modules a training step
+  holds the parameters (``fsdp.begin_step(..., hold_parameters=True)`` before the first
+  action): FSDP reshards nothing and reduces nothing by itself during the step, so each
+  FSDP module is gathered once per window and neither a forward, I, W, B nor a
+  prefetched replay gathers it again; its ``reduce_grad`` is ``fsdp.reduce_gradients``
+  (one reduce-scatter per parameter group, plus HSDP's all-reduce) followed by torch's
+  ``scale_grads``, whichever runtime ran its backwards (Rule 7's or torch's). A plan made for
+  FSDP (``hp-recompute-plan --dp-shard N``) bounds the window: an ``unshard`` of each stage
+  before the first action that reads its parameters (a prefetched replay included) and
+  a ``reshard`` after the last, FSDP2's public ``unshard()`` and ``reshard()`` of every
+  FSDP module in the stage, as torch's runtime lowers its UNSHARD / RESHARD actions,
+  except that the all-gather is waited for at once. A plan without them gets one window
+  per stage per step, from FSDP's first gather to ``reduce_grad`` (which reshards as the
+  modules were configured): what such a plan prices, every parameter resident for the
+  step. No parameter stays gathered past its ``reshard`` or the step, and a failed step
+  reshards what it gathered. On a stage without FSDP modules both do nothing.
 
 Rule 9 (the plan's regions, each step). The plan's regions are checkpointed in place
   (``regions.py``), on modules that another ``PlannedSchedule`` may share (an eval
@@ -328,12 +333,16 @@ class PlannedSchedule(PipelineScheduleMulti):
         run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,
                               forward_only=not self._has_backward)
         try:
+            if self._has_backward:  # Rule 8: the plan owns the gathers
+                for stage in self._stages:
+                    if stages.fsdp_modules(stage.stage_index):
+                        begin_step(stage.submod, hold_parameters=True)
             run.run_all()
             left = run.finish()
         except BaseException:
             run.abandon()
-            for stage in self._stages:  # Rule 7: no half-accumulated FSDP step outlives a failed one
-                if stage.stage_index in self.own_split:
+            for stage in self._stages:  # Rule 8: no half-accumulated FSDP step outlives a failed one
+                if stages.fsdp_modules(stage.stage_index):
                     discard_step(stage.submod)
             stages.reshard_all()  # Rule 8
             raise
@@ -482,32 +491,32 @@ class _TorchStages(StageBackend):
         begin_step(stage.submod)
         return stage_backward(root, grads, input_values)
 
-    def _fsdp_modules(self, stage: int) -> List[Any]:
+    def fsdp_modules(self, stage: int) -> List[Any]:
         return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]
 
     def unshard(self, a: Action) -> None:
         """Rule 8: FSDP2's all-gather of every FSDP module of the stage, waited for."""
-        for module in self._fsdp_modules(a.stage):
+        for module in self.fsdp_modules(a.stage):
             module.unshard()
         self.gathered.add(a.stage)
 
     def reshard(self, a: Action) -> None:
         """Rule 8: frees the stage's gathered parameters."""
-        for module in self._fsdp_modules(a.stage):
+        for module in self.fsdp_modules(a.stage):
             module.reshard()
         self.gathered.discard(a.stage)
 
     def reshard_all(self) -> None:
         """Rule 8, after a failed step: nothing the plan gathered stays gathered."""
         for stage in sorted(self.gathered):
-            for module in self._fsdp_modules(stage):
+            for module in self.fsdp_modules(stage):
                 module.reshard()
         self.gathered.clear()
 
     def reduce_grad(self, a: Action) -> None:
         scale = self.schedule._n_microbatches if self.schedule.scale_grads else 1
         stage = self.stages[a.stage]
-        if a.stage in self.schedule.own_split and self._fsdp_modules(a.stage):  # Rule 7
+        if self.fsdp_modules(a.stage):  # Rules 7 and 8
             reduce_gradients(stage.submod)
             if scale != 1:
                 stage.scale_grads(scale)

@@ -9,8 +9,10 @@ this process: the mean over the dp ranks and microbatches of the gradient of eac
 microbatch's loss (FSDP averages over dp; the schedule scales by the microbatch count).
 Cases may add torchtitan's selective policy to the wrapper and run the forwards under
 bfloat16 autocast (the reference too; fsdp_worker.py's policy and autocast). Two steps
-run; the second is compared, with per-block forward calls, replays, live sessions and
-whether every parameter is sharded again at the end of the step.
+run; the second is compared, with per-block forward calls, replays, live sessions,
+the collectives FSDP issued and whether every parameter is sharded again at the end of
+the step. A case may also run torch's interleaved 1F1B (1F1B on one stage per rank) with
+torch's checkpoint on the same model, for its collectives (``baseline``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_worker import _autocast, _selective
-from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank
+from pp_worker import CALLS, Net, counted_collectives, stage_module, stage_split, stages_of_rank, torch_schedule
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -132,9 +134,10 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         losses: List[torch.Tensor] = []
         CALLS.clear()
         hr.reset_stats()
-        with _autocast(cfg):
+        with _autocast(cfg), counted_collectives() as collectives:
             schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses if last else None)
         replays.append(hr.stats()["replays"])
+    res["collectives"] = dict(collectives)  # the second step's
     res["losses"] = [l.detach() for l in losses]
     if cfg.get("input_grad") and first:
         res["input_grad"] = None if x.grad is None else x.grad.clone()
@@ -147,6 +150,9 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     res["plan_calls"], res["pp_rank"] = dict(plan_calls), pp_rank
     res["fsdp_modules"] = {st.stage_index: sum(hr.fsdp.is_fsdp_module(m) for m in st.submod.modules())
                            for st in stages}
+    res["sharding_modules"] = sum(_manages_parameters(m) for st in stages for m in st.submod.modules())
+    if cfg.get("baseline"):
+        res["baseline"] = _torch_baseline(full, cfg, mesh, dp_mesh, pp_rank, x, y, res["ref_grads"])
     if cfg.get("eval"):  # torchtitan's validation on the same stages: the plan's forwards alone
         before = {n: p.grad.full_tensor().clone() for st in stages for n, p in st.submod.named_parameters()}
         eval_losses: List[torch.Tensor] = []
@@ -157,6 +163,52 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
                                         if not torch.equal(p.grad.full_tensor(), before[n])]
         res["sharded_after_eval"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
     return res
+
+
+def _torch_baseline(full: Net, cfg: Dict[str, Any], mesh: Any, dp_mesh: Any, pp_rank: int, x: torch.Tensor,
+                    y: torch.Tensor, ref_grads: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+    """torch's strongest correct schedule on the same model and stages: interleaved 1F1B (1F1B with
+    one stage per rank), each block in torch's ``checkpoint_wrapper`` then ``fully_shard``-ed, the
+    stages placed in loops; its second step's collectives, and whether its gradients are exact."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage
+
+    looped = {**cfg, "ranks": cfg["pp"], "torch_schedule": "i1f1b"}
+    split = stage_split(cfg)
+    stages = []
+    for s in stages_of_rank(looped, pp_rank):
+        module = stage_module(full, split[s])
+        for key in list(module.layers.keys()):
+            module.layers[key] = checkpoint_wrapper(module.layers[key])
+            fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
+        stages.append(PipelineStage(module, s, cfg["stages"], torch.device("cpu"), group=mesh.get_group("pp")))
+    cls = torch_schedule("i1f1b" if cfg["stages"] > cfg["pp"] else "1f1b")
+    schedule = cls(stages if cfg["stages"] > cfg["pp"] else stages[0], cfg["microbatches"], loss_fn=_loss)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    x = x.detach()
+    for _ in range(2):
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+        with _autocast(cfg), counted_collectives() as collectives:
+            schedule.step(*((x,) if first else ()), target=y if last else None)
+    exact = all(torch.allclose(p.grad.full_tensor(), ref_grads[n.replace("_checkpoint_wrapped_module.", "")],
+                               rtol=1e-5, atol=1e-7)
+                for st in stages for n, p in st.submod.named_parameters() if p.requires_grad)
+    return {"schedule": cls.__name__, "collectives": dict(collectives), "exact": exact}
+
+
+def _manages_parameters(module: Any) -> bool:
+    """Whether ``module`` is an FSDP module with parameters of its own (not a nested FSDP module's):
+    one that all-gathers and reduce-scatters."""
+    import hp_recompute as hr
+
+    if not hr.fsdp.is_fsdp_module(module):
+        return False
+    nested = {id(p) for m in module.modules() if m is not module and hr.fsdp.is_fsdp_module(m)
+              for p in m.parameters()}
+    return any(id(p) not in nested for p in module.parameters())
 
 
 def _count_plan_calls() -> Dict[str, int]:

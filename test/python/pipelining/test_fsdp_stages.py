@@ -32,14 +32,15 @@ from fsdp_worker import spawn_ranks  # noqa: E402
 from test_planned_schedule import DIM, LAYERS_PER_STAGE, REPO, model_json, stage_spec  # noqa: E402
 
 MICROBATCHES = 4
-STAGES = {"zbv": 4, "zb-h1": 2, "1f1b": 2}  # 2 pp ranks: a V of two stages each, or one stage each
+# 2 pp ranks: a V (ZBV, DualPipeV) or a loop of two stages each, or one stage each
+STAGES = {"zbv": 4, "dualpipev": 4, "interleaved-1f1b": 4, "zb-h1": 2, "1f1b": 2}
 
 
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False, policy: Any = True,
              input_grad: bool = False, room: int = 0, eval: bool = False,
-             frozen: bool = False) -> List[Dict[str, Any]]:
+             frozen: bool = False, baseline: bool = False) -> List[Dict[str, Any]]:
     """Plans and runs one case; ``room`` > 0: the plan's memory budget is that many times jit's
     activation peak."""
     stages = STAGES[schedule]
@@ -56,12 +57,31 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "pp": 2, "dp": dp, "hsdp": hsdp,
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
            "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
-           "autocast": autocast, "input_grad": input_grad, "eval": eval, "frozen": frozen, "plan": str(plan),
+           "autocast": autocast, "input_grad": input_grad, "eval": eval, "frozen": frozen, "baseline": baseline,
+           "plan": str(plan),
            "out": str(out)}
     results = spawn_ranks(pp_fsdp_worker.main, cfg, 2 * dp)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
     return results
+
+
+def check_collectives(results: List[Dict[str, Any]], hsdp: bool = False) -> None:
+    """The plan owns the gathers (NOTE Rule 8): in a step each FSDP module with parameters is
+    all-gathered once and reduce-scattered once (all-reduced once over HSDP's replicas) on every
+    rank, whatever ``reshard_after_forward`` says; with the baseline run, the step's collectives
+    over all ranks are no more than those of torch's interleaved 1F1B with checkpointing on the
+    same model, whose gradients are exact."""
+    kinds = ("all_gather", "reduce_scatter") + (("all_reduce",) if hsdp else ())
+    for rank, res in enumerate(results):
+        for kind in kinds:
+            assert res["collectives"].get(kind, 0) == res["sharding_modules"], (rank, kind, res["collectives"])
+    if "baseline" in results[0]:
+        assert all(res["baseline"]["exact"] for res in results)
+        for kind in kinds:
+            ours = sum(res["collectives"].get(kind, 0) for res in results)
+            torch_ = sum(res["baseline"]["collectives"].get(kind, 0) for res in results)
+            assert ours <= torch_, (kind, ours, results[0]["baseline"]["schedule"], torch_)
 
 
 def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: bool = True,
@@ -92,17 +112,26 @@ def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: 
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
 def test_zbv_on_fsdp2_stages(tmp_path: Path, reshard: bool, prefetch: str) -> None:
     """Under jit the first stage's sessions replay inside its W (its I reads nothing), through
-    hp_recompute's split driving FSDP2: still one replay per block and microbatch."""
-    results = run_case(tmp_path, reshard, prefetch)
+    hp_recompute's split driving FSDP2: still one replay per block and microbatch, and one
+    all-gather per FSDP module and step, against torch's interleaved 1F1B's."""
+    results = run_case(tmp_path, reshard, prefetch, baseline=prefetch == "bubble")
     if prefetch == "jit":
         actions = [a for r in json.loads((tmp_path / "plan.json").read_text())["ranks"] for a in r["actions"]]
         assert {a["stage"] for a in actions if a["op"] == "recompute" and a.get("in_backward")} == {0}
         assert not any(a.get("session") for a in actions if a["op"] == "backward_input" and a["stage"] == 0)
     check(results)
+    check_collectives(results)
 
 
-def test_zb_h1_on_fsdp2_stages(tmp_path: Path) -> None:
-    check(run_case(tmp_path, True, "bubble", schedule="zb-h1"))
+@pytest.mark.parametrize("schedule", ["zb-h1", "dualpipev", "interleaved-1f1b"])
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
+def test_plans_gather_each_fsdp2_module_once_per_step(tmp_path: Path, schedule: str, reshard: bool) -> None:
+    """ZB-H1 (one stage per rank, against torch's 1F1B), DualPipeV (a V) and an interleaved
+    1F1B plan (torch's backwards, not split; against torch's interleaved 1F1B): exact
+    gradients, and each FSDP module gathered once in the step."""
+    results = run_case(tmp_path, reshard, "bubble", schedule=schedule, baseline=True)
+    check(results, split=schedule != "interleaved-1f1b")
+    check_collectives(results)
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "zbv"])
@@ -135,8 +164,11 @@ def test_a_frozen_first_stage_under_zbv_with_fsdp2_a_selective_policy_and_autoca
 
 
 def test_zbv_on_hsdp_stages(tmp_path: Path) -> None:
-    """PP 2 x HSDP (replicate 2 x shard 2): 8 processes."""
-    check(run_case(tmp_path, True, "jit", dp=4, hsdp=True))
+    """PP 2 x HSDP (replicate 2 x shard 2): 8 processes; one all-gather, one reduce-scatter and
+    one all-reduce per FSDP module and step, no more than torch's interleaved 1F1B."""
+    results = run_case(tmp_path, True, "jit", dp=4, hsdp=True, baseline=True)
+    check(results)
+    check_collectives(results, hsdp=True)
 
 
 def test_sharded_blocks_the_user_did_not_wrap(tmp_path: Path) -> None:
@@ -221,3 +253,4 @@ def test_a_plan_made_for_the_layout_gathers_and_frees_each_stage(tmp_path: Path,
     them as FSDP2's unshard()/reshard() (Rule 8), with the gradients of the unsharded model."""
     results = run_case(tmp_path, True, "bubble", dp=4 if hsdp else 2, hsdp=hsdp, planned_layout=True)
     check(results, tmp_path / "plan.json")
+    check_collectives(results, hsdp=hsdp)
