@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Configures (once) and builds hp-recompute into build/ with Ninja.
+# Builds hp-recompute into build/ with Ninja: the tools, the extension and the tests.
+# scripts/setup.sh's editable install into .venv configures and builds it there first
+# (so after setup this only rebuilds what changed); without setup, it configures here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${HPR_JOBS:-$(nproc)}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: gtest (through ctest), lit + FileCheck,
-# pytest twice: under the venv's torch 2.x (.venv, the primary target) and under
+# pytest twice (on every core): under the venv's torch 2.x (.venv, the primary target) and under
 # Debian's python3-torch (.venv-system, a venv over /usr/bin/python3), and the
 # sanitizer leg (ctest and lit again under ASan + UBSan in build-asan/, then bounded
 # libFuzzer runs: scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
@@ -14,10 +14,11 @@ echo "=== ctest (gtest unit tests)"
 ctest --test-dir build --output-on-failure -j "$(nproc)" || status=1
 echo "=== lit (FileCheck tests)"
 /usr/bin/python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv build/test || status=1
-# Both venvs hold the package installed editable (scripts/setup.sh): no PYTHONPATH.
+# Both venvs hold the package installed editable (scripts/setup.sh): no PYTHONPATH. The
+# suite runs on every core (pytest-xdist): its tests share no file, port or cache.
 for python in .venv/bin/python .venv-system/bin/python; do
   echo "=== pytest (python/) on $("$python" -c 'import torch; print("torch", torch.__version__)') ($python)"
-  "$python" -m pytest -q -p no:cacheprovider test/python || status=1
+  "$python" -m pytest -q -p no:cacheprovider -n "$(nproc)" test/python || status=1
 done
 echo "=== sanitizers and fuzzing (scripts/sanitize.sh)"
 bash scripts/sanitize.sh || status=1

@@ -17,9 +17,10 @@ packages=(
   python3-dev  # the Python extension hp_recompute._planner (nanobind)
   nlohmann-json3-dev libzip-dev pkgconf
   googletest libgtest-dev
-  python3-pytest python3-jsonschema python3-hypothesis python3-venv
+  python3-pytest python3-pytest-xdist python3-jsonschema python3-hypothesis python3-venv
   librsvg2-bin python3-pil  # render --emit svg to PNG and check its pixels (lit)
   time  # /usr/bin/time, for the bench scripts
+  ccache  # the second venv's build reuses the first's objects (below)
 )
 
 missing=()
@@ -54,21 +55,23 @@ else
 fi
 
 # The project itself, editable, into both venvs (pyproject.toml: scikit-build-core builds
-# the planner, incrementally, into build-py/): hp-recompute-plan, hp-recompute-opt,
-# hp_recompute and its extension then work from either venv with no PYTHONPATH. No build
-# isolation: the build tools are pinned, and the TorchScript importer links the venv's own
-# LibTorch. .venv-system sees Debian's packages (python3-torch 1.13, python3-pytest, ...).
-if [ ! -x .venv-system/bin/python ] || \
-   [ "$(cat .venv-system/requirements.sha256 2>/dev/null)" != "$(sha256sum requirements-build.txt | cut -d' ' -f1)" ]; then
-  echo "setup: creating .venv-system (Debian's python3 and its torch, with requirements-build.txt)"
-  rm -rf .venv-system
-  /usr/bin/python3 -m venv --system-site-packages .venv-system
-  .venv-system/bin/python -m pip install -q --disable-pip-version-check -r requirements-build.txt
-  sha256sum requirements-build.txt | cut -d' ' -f1 > .venv-system/requirements.sha256
-fi
-for venv in .venv .venv-system; do
-  echo "setup: installing hp-recompute into $venv (pip install -e .)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
-    --config-settings=build-dir="build-py/${venv#.}" -e . > "$venv/pip-install.log" 2>&1 \
-    || { cat "$venv/pip-install.log"; exit 1; }
-done
+# the planner, incrementally): hp-recompute-plan, hp-recompute-opt, hp_recompute and its
+# extension then work from either venv with no PYTHONPATH. No build isolation: the build
+# tools are pinned, and the TorchScript importer links the venv's own LibTorch. .venv-system
+# sees Debian's packages (python3-torch 1.13, python3-pytest, ...).
+# The planner is compiled once: .venv's install builds into build/ with the tests (so
+# scripts/build.sh finds it done), and .venv-system's into build-venv-system/ through
+# ccache, whose cache (build-ccache/, paths relative to the checkout) holds build/'s
+# objects: only the TorchScript importer, which includes the other LibTorch, and the
+# extension, which includes the other venv's nanobind, compile again.
+launcher="/usr/bin/env;CCACHE_DIR=$PWD/build-ccache;CCACHE_BASEDIR=$PWD;ccache"
+install_editable() {  # venv, build folder, whether it builds the tests too
+  echo "setup: installing hp-recompute into $1 (pip install -e ., built in $2/)"
+  "$1/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
+    --config-settings=build-dir="$2" --config-settings=cmake.define.HPR_BUILD_TESTS="$3" \
+    --config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER="$launcher" \
+    --config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER="$launcher" \
+    -e . > "$1/pip-install.log" 2>&1 || { cat "$1/pip-install.log"; exit 1; }
+}
+install_editable .venv build ON
+install_editable .venv-system build-venv-system OFF

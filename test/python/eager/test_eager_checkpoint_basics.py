@@ -146,6 +146,12 @@ def _pair():
     return contextlib.nullcontext(), contextlib.nullcontext()
 
 
+def _option_id(options: dict) -> str:
+    """A test id that is the same in every process (pytest -n): functions by name, not address."""
+    return ",".join(f"{k}={getattr(v, '__name__', None) or repr(v)}" if callable(v) else f"{k}={v!r}"
+                     for k, v in options.items())
+
+
 @pytest.mark.skipif(not PER_GRAPH_TASK, reason=f"torch {torch.__version__}'s checkpoint lacks these options (2.1)")
 @pytest.mark.parametrize(
     "options",
@@ -164,7 +170,7 @@ def _pair():
         {"use_reentrant": True, "context_fn": _pair},
         {"use_reentrant": True, "debug": True},
     ],
-    ids=lambda o: ",".join(f"{k}={v!r}" for k, v in o.items()),
+    ids=_option_id,
 )
 def test_options_are_read_and_refused_as_torch_reads_them(device, options):
     """Accepted where torch accepts them (truth values), refused where it refuses, with the
