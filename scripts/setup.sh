@@ -54,11 +54,21 @@ else
   echo "setup: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 fi
 
+# .venv-system: a venv over Debian's python3 that sees its packages (python3-torch 1.13,
+# python3-pytest, ...), with the build requirements.
+if [ ! -x .venv-system/bin/python ] || \
+   [ "$(cat .venv-system/requirements.sha256 2>/dev/null)" != "$(sha256sum requirements-build.txt | cut -d' ' -f1)" ]; then
+  echo "setup: creating .venv-system (Debian's python3 and its torch, with requirements-build.txt)"
+  rm -rf .venv-system
+  /usr/bin/python3 -m venv --system-site-packages .venv-system
+  .venv-system/bin/python -m pip install -q --disable-pip-version-check -r requirements-build.txt
+  sha256sum requirements-build.txt | cut -d' ' -f1 > .venv-system/requirements.sha256
+fi
+
 # The project itself, editable, into both venvs (pyproject.toml: scikit-build-core builds
 # the planner, incrementally): hp-recompute-plan, hp-recompute-opt, hp_recompute and its
 # extension then work from either venv with no PYTHONPATH. No build isolation: the build
-# tools are pinned, and the TorchScript importer links the venv's own LibTorch. .venv-system
-# sees Debian's packages (python3-torch 1.13, python3-pytest, ...).
+# tools are pinned, and the TorchScript importer links the venv's own LibTorch.
 # The planner is compiled once: .venv's install builds into build/ with the tests (so
 # scripts/build.sh finds it done), and .venv-system's into build-venv-system/ through
 # ccache, whose cache (build-ccache/, paths relative to the checkout) holds build/'s
