@@ -341,6 +341,17 @@ def test_peak_meter_picks_the_profiler_on_cpu():
         DeviceAllocatorPeak("meta")
 
 
+def test_a_block_freed_on_an_unprofiled_thread_is_freed_where_its_address_comes_back():
+    """gloo's threads drop FSDP's buffers where the profiler reports no free: an address
+    allocated again with no free between was freed, at the latest, just before."""
+    from hp_recompute.runner.memory import allocated_peak
+
+    # (time, address, bytes): A 100 at 0x10, B 50 at 0x20, A's free unseen, 0x10 again (80), B freed
+    events = [(1, 0x10, 100), (2, 0x20, 50), (3, 0x10, 80), (4, 0x20, -50)]
+    assert allocated_peak(events) == (150, 80)
+    assert allocated_peak(events[:2] + [(3, 0x30, 80)] + events[3:]) == (230, 180)  # no reuse: no free
+
+
 # -- a CUDA device -------------------------------------------------------------------------------
 
 

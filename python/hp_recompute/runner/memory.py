@@ -8,6 +8,17 @@ since the step began; its maximum is the peak: saved activations, replayed tenso
 stage outputs, received buffers, gradients and transient workspace alike. The profiler
 costs time, so the runner measures memory on one step and times the others.
 
+Two frees the profiler does not report. A block freed on a thread the profiler does not
+follow (gloo's workers drop the last reference to FSDP's all-gather output and to their
+own buffers) has no free event: its address is allocated again with no free between,
+so the walk frees it there (at the latest; the peak may still read high by the blocks
+freed so and not yet reused). A block allocated while no profiler ran has no recorded
+size, so its free is not reported either ("Memory block of unknown size was allocated
+before the profiling started"): a window that frees blocks allocated before it (a step
+whose ``zero_grad(set_to_none=True)`` drops the previous step's gradients) reads high
+by them, unless those were allocated under an earlier ``AllocatorPeak`` (the allocator
+keeps the sizes it learnt): measure a step that follows a measured one.
+
 On an accelerator the device's caching allocator keeps the same count itself
 (``memory_allocated`` / ``max_memory_allocated``), at no cost: ``DeviceAllocatorPeak``
 reads it through ``torch.accelerator`` where present, else the device module
@@ -17,20 +28,46 @@ reads it through ``torch.accelerator`` where present, else the device module
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..replay_state import device_module
 
-__all__ = ["AllocatorPeak", "DeviceAllocatorPeak", "peak_meter"]
+__all__ = ["AllocatorPeak", "DeviceAllocatorPeak", "allocated_peak", "peak_meter"]
 
 MEMORY_EVENT = "[memory]"
 
 
-def _start(event: Any) -> int:
-    return event.start_ns() if hasattr(event, "start_ns") else event.start_us() * 1000  # torch 1.13: us
+def _allocations(prof: profile) -> List[Tuple[int, int, int]]:
+    """Every allocation and free of the profiled window as ``(time ns, address, signed bytes)``,
+    in time order (the event tree's ``[memory]`` leaves, which carry the address)."""
+    found: List[Tuple[int, int, int]] = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        if event.name == MEMORY_EVENT:
+            found.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
+        pending.extend(event.children)
+    return sorted(found)
+
+
+def allocated_peak(allocations: Iterable[Tuple[int, int, int]]) -> Tuple[int, int]:
+    """``(peak, net)`` bytes of ``(time, address, signed bytes)`` allocator events in time order;
+    an address allocated again with no free between was freed unseen, just before."""
+    live = peak = 0
+    blocks: Dict[int, int] = {}  # address -> bytes of a block allocated in the window, not freed yet
+    for _, address, size in allocations:
+        if size > 0 and address in blocks:  # freed on a thread the profiler does not follow
+            live -= blocks.pop(address)
+        if size > 0:
+            blocks[address] = size
+        else:
+            blocks.pop(address, None)
+        live += size
+        peak = max(peak, live)
+    return peak, live
 
 
 class AllocatorPeak:
@@ -54,12 +91,7 @@ class AllocatorPeak:
         self._prof.__exit__(*exc)
         if exc[0] is not None:
             return
-        events = [e for e in self._prof.profiler.kineto_results.events() if e.name() == MEMORY_EVENT]
-        live = peak = 0
-        for event in sorted(events, key=_start):
-            live += event.nbytes()
-            peak = max(peak, live)
-        self.peak, self.net = peak, live
+        self.peak, self.net = allocated_peak(_allocations(self._prof))
         self._prof = None
 
 
