@@ -12,7 +12,7 @@ from . import fsdp
 from .backward_split import backward_input, backward_weight
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .compile_split import compile_backend
-from .errors import CheckpointError
+from .errors import CheckpointError, HPRecomputeError
 from .frame import RecomputeHandle
 from .planner import PlanError, make_plan, verify_plan
 from .sessions import (
@@ -32,6 +32,7 @@ from .wrapper import checkpoint_wrapper
 __all__ = [
     "DEFAULT_SCOPE",
     "CheckpointError",
+    "HPRecomputeError",
     "PlanError",
     "RecomputeHandle",
     "backward_input",

@@ -66,15 +66,16 @@ from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional
 import torch
 
 from .backward_split import backward_input, backward_weight
+from .errors import RunError
 from .export.cli import add_module_arguments, check_module_arguments
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .factory import raised_at
+from .native import planner_extension
 from .output_files import OutputError, check_outputs, text_writer, write_outputs
 from .runner.model import DEFAULT_MODEL, PipelineModel, load_model
 from .runner.memory import AllocatorPeak
 from .selective import selective_context_fn, selective_supported
-from .plan.reader import RunError, read_json, region_checkpoint
-from .plan.verify import planner_extension
+from .plan.reader import read_json, region_checkpoint
 from .sessions import clear_recompute_session, recompute_handle
 from .storage import storage_of
 

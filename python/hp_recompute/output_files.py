@@ -39,6 +39,8 @@ import sys
 import tempfile
 from typing import BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from .errors import HPRecomputeError
+
 __all__ = ["OutputError", "check_outputs", "write_outputs", "text_writer", "STDOUT"]
 
 #: The path that means stdout (Rule 1).
@@ -51,7 +53,7 @@ Writer = Callable[[BinaryIO], None]
 _Identity = Union[Tuple[int, int], str]
 
 
-class OutputError(Exception):
+class OutputError(HPRecomputeError):
     """An output that breaks NOTE [ Output files ]; ``usage`` is True for Rules 1 and 6."""
 
     def __init__(self, message: str, usage: bool = False) -> None:

@@ -15,8 +15,10 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from .plan.reader import RunError, read_text
-from .plan.verify import plan_problems, planner_extension
+from .errors import RunError
+from .native import planner_extension
+from .plan.reader import read_text
+from .plan.verify import plan_problems
 
 __all__ = ["PlanError", "make_plan", "verify_plan"]
 

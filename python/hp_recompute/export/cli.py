@@ -31,10 +31,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..errors import HPRecomputeError, RunError
 from ..factory import call_factory, raised_at
+from ..native import planner_extension
 from ..output_files import OutputError, check_outputs, text_writer, write_outputs
-from ..plan.reader import RunError
-from ..plan.verify import planner_extension
 from .ir import module_to_ir
 from .measure import RegionError, Segment, measure_regions
 
@@ -44,7 +44,7 @@ __all__ = ["ExportError", "parse_shapes", "parse_dtypes", "load_factory", "expor
 SIDECAR_FORMAT = "hp-recompute-export"
 MODEL_FORMAT = "hp-recompute-model"
 
-class ExportError(RuntimeError):
+class ExportError(RuntimeError, HPRecomputeError):
     """A user error; the message starts with ``hp_recompute:`` and says how to fix it.
     ``usage``: a usage error (exit 2), such as an output that is an input."""
 

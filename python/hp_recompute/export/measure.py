@@ -42,13 +42,14 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..plan.verify import planner_extension
+from ..errors import HPRecomputeError
+from ..native import planner_extension
 from ..storage import storage_of
 
 __all__ = ["RegionError", "Segment", "measure_regions", "resolve_regions"]
 
 
-class RegionError(ValueError):
+class RegionError(ValueError, HPRecomputeError):
     """The planner's segmentation refused the model's module calls (its message, unchanged)."""
 
 

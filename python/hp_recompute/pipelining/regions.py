@@ -44,9 +44,9 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Sequence
 import torch
 
 from ..checkpoint import checkpoint as hpr_checkpoint, checkpoint_call
+from ..errors import RunError
 from ..fsdp import ReplayFunction, is_fsdp_module
 from ..plan.interpreter import forwards_are_plain
-from ..plan.reader import RunError
 from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from ..selective import hidden_compiled_modules, selective_context_fn
 

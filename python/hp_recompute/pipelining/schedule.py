@@ -136,9 +136,10 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from .. import compile_split
 from ..backward_split import WeightGradState, accumulate_grad, backward_input, backward_weight
+from ..errors import RunError
 from ..fsdp import begin_step, discard_step, is_fsdp_module, reduce_gradients
 from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
-from ..plan.reader import Action, Plan, RunError, region_checkpoint
+from ..plan.reader import Action, Plan, region_checkpoint
 from ..plan.verify import admit_plan, load_plan
 from ..sessions import SessionScope
 from .regions import check_regions, patch_regions, unplanned_blocks

@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from ..plan.reader import Plan, RunError
-from ..plan.verify import admit_plan, planner_extension
+from ..errors import RunError
+from ..native import planner_extension
+from ..plan.reader import Plan
+from ..plan.verify import admit_plan
 
 __all__ = ["load_torch_csv", "sidecar_path"]
 

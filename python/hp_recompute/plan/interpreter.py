@@ -110,10 +110,11 @@ from typing import Any, Dict, Iterator, List, Set, Tuple
 import torch
 
 from ..checkpoint import recompute_handle_collector_ctx
+from ..errors import RunError
 from ..factory import raised_at
 from ..frame import RecomputeHandle
 from ..sessions import SessionScope
-from .reader import COMPUTE_OPS, CONSUMER_OPS, Action, Plan, RunError
+from .reader import COMPUTE_OPS, CONSUMER_OPS, Action, Plan
 
 __all__ = ["StageBackend", "PlanInterpreter", "plain_forwards", "forwards_are_plain", "TIMED_OPS"]
 

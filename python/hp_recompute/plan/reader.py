@@ -19,9 +19,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ..errors import RunError
 from ..selective import selective_supported
 
-__all__ = ["RunError", "Action", "Plan", "build_plan", "expected", "read_json", "read_text", "region_checkpoint"]
+__all__ = ["Action", "Plan", "build_plan", "expected", "read_json", "read_text", "region_checkpoint"]
 
 COMPUTE_OPS = ("forward", "backward_input", "backward_weight", "backward")
 CONSUMER_OPS = ("backward_input", "backward_weight", "backward")
@@ -31,11 +32,6 @@ ALL_OPS = COMPUTE_OPS + ("recompute", "clear") + TRANSFER_OPS + NOOP_OPS
 #: Maps a JSON path of the plan (``/ranks/1/actions/4/peer``) to the place a user can find it:
 #: ``p.json: /ranks/1/actions/4/peer`` for plan JSON, a CSV cell for a torch CSV.
 Locate = Callable[[str], str]
-
-
-class RunError(RuntimeError):
-    """A runtime error; the message starts with ``hp_recompute:`` (``hp_recompute.run:`` from the runner's
-    own checks) and says what to fix."""
 
 
 @dataclass(frozen=True)

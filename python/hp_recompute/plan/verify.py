@@ -15,25 +15,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from types import ModuleType
 from typing import Any, Dict, List, Optional, Union
 
-from .reader import Locate, Plan, RunError, build_plan, read_text
+from ..errors import RunError
+from ..native import planner_extension
+from .reader import Locate, Plan, build_plan, read_text
 
-__all__ = ["admit_plan", "load_plan", "plan_problems", "planner_extension"]
+__all__ = ["admit_plan", "load_plan", "plan_problems"]
 
 _LEADING_PATH = re.compile(r"(/[^: ]*): ")
-
-
-def planner_extension() -> ModuleType:
-    """The extension module ``hp_recompute._planner``; a clear error where the package was not installed."""
-    try:
-        from .. import _planner as planner
-    except ImportError as error:  # a checkout without a build, or a foreign platform
-        raise RunError("hp_recompute: the planner extension hp_recompute._planner is missing "
-                       f"({error}); install the package (pip install ., or in a checkout bash "
-                       "scripts/setup.sh, which installs it into .venv)") from None
-    return planner
 
 
 def plan_problems(text: str, path: str, locate: Optional[Locate] = None) -> List[str]:

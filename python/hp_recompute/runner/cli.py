@@ -43,9 +43,10 @@ from .reference import (buffer_snapshot, check_regions, compare, make_batches, m
 from .executor import MODES, MemoryTransport, RankExecutor
 from .memory import peak_meter
 from .model import DEFAULT_MODEL, StageSpec, load_model, split_stages, stage_names
+from ..errors import RunError
 from ..factory import raised_at
 from ..output_files import STDOUT, OutputError, check_outputs, text_writer, write_outputs
-from ..plan.reader import Plan, RunError
+from ..plan.reader import Plan
 from ..plan.verify import load_plan
 from ..replay_state import device_module, synchronize
 from ..sessions import reset_stats, stats

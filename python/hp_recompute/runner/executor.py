@@ -31,9 +31,10 @@ import torch.utils.checkpoint as torch_checkpoint
 
 from ..backward_split import WeightGradState, accumulate_grad, backward_input, backward_weight
 from ..checkpoint import checkpoint as hr_checkpoint
+from ..errors import RunError
+from ..native import planner_extension
 from ..plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
-from ..plan.reader import Action, Plan, RunError
-from ..plan.verify import planner_extension
+from ..plan.reader import Action, Plan
 from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from .model import PipelineModel, StageSpec, Unit
 from ..sessions import SessionScope

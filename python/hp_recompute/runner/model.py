@@ -27,8 +27,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import RunError
 from ..factory import call_factory
-from ..plan.reader import Plan, RunError, region_checkpoint
+from ..plan.reader import Plan, region_checkpoint
 from ..replay_state import device_module
 from ..selective import hidden_compiled_modules, selective_context_fn
 

@@ -45,8 +45,9 @@ from .reference import (buffer_snapshot, check_regions, compare, make_batches, m
 from .memory import AllocatorPeak
 from .executor import RankExecutor, Transport
 from .model import load_model, split_stages
+from ..errors import RunError
 from ..factory import raised_at
-from ..plan.reader import Plan, RunError, build_plan
+from ..plan.reader import Plan, build_plan
 from ..sessions import SessionScope, reset_stats, stats
 
 __all__ = ["GlooTransport", "run_multi"]

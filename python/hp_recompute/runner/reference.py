@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 
 from .model import PipelineModel, StageSpec, Unit
-from ..plan.reader import RunError
+from ..errors import RunError
 
 __all__ = ["microbatch_seeds", "make_batches", "reference_step", "check_regions", "compare",
            "buffer_snapshot", "updated_buffers", "sgd_update", "sum_losses", "LR"]

@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from .multiprocess import compare_steps, run_rank_steps
 from .model import load_model, split_stages
-from ..plan.reader import Plan, RunError
+from ..errors import RunError
+from ..plan.reader import Plan
 from ..sessions import SessionScope
 
 __all__ = ["torchrun_rank", "run_torchrun"]

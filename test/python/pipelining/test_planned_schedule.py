@@ -242,7 +242,7 @@ def test_a_selective_plan_refuses_a_wrapper_without_a_policy() -> None:
     the plan prices; one wrapped with a policy keeps it."""
     from hp_recompute import checkpoint_wrapper
     from hp_recompute.pipelining.regions import checkpoint_regions
-    from hp_recompute.plan.reader import RunError
+    from hp_recompute.errors import RunError
     from hp_recompute.selective import selective_context_fn
 
     module = torch.nn.Module()
@@ -282,7 +282,7 @@ def test_wrappers_must_agree_with_the_plan() -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
 
     from hp_recompute.pipelining.regions import checkpoint_regions
-    from hp_recompute.plan.reader import RunError
+    from hp_recompute.errors import RunError
 
     module = torch.nn.Module()
     module.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(4, 4), "1": torch_wrapper(torch.nn.Linear(4, 4))})
@@ -307,7 +307,7 @@ def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused()
     matmul (NOTE [ Selective policy ] Rule 5). Both are refused before anything runs."""
     from hp_recompute import checkpoint_wrapper
     from hp_recompute.pipelining.regions import checkpoint_regions
-    from hp_recompute.plan.reader import RunError
+    from hp_recompute.errors import RunError
     from hp_recompute.selective import selective_context_fn
 
     module = torch.nn.Module()

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import hp_recompute as hr
+from hp_recompute.errors import RunError
 from hp_recompute.plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
-from hp_recompute.plan.reader import Action, RunError, build_plan
+from hp_recompute.plan.reader import Action, build_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hand_plan import hand_plan  # noqa: E402
