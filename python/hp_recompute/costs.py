@@ -67,7 +67,7 @@ import torch
 
 from .backward_split import backward_input, backward_weight
 from .errors import RunError
-from .export.cli import add_module_arguments, check_module_arguments
+from .export.inputs import add_module_arguments, check_module_arguments
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .factory import raised_at
 from .native import planner_extension
@@ -757,7 +757,8 @@ def _write(args: argparse.Namespace, graph: Dict[str, Any], times: Dict[str, Dic
 
 def _main_module(args: argparse.Namespace) -> int:
     """``--module``: measure a plain ``nn.Module`` (NOTE [ Cut forward ]) and write its model JSON."""
-    from .export.cli import ExportError, describe_inputs, load_factory, make_inputs, model_graph, module_inputs
+    from .export.graph import model_graph
+    from .export.inputs import ExportError, describe_inputs, load_factory, make_inputs, module_inputs
     from .export.measure import RegionError, measure_regions, resolve_regions
 
     torch.set_num_threads(args.threads)

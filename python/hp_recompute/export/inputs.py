@@ -1,0 +1,138 @@
+"""A user's module and its example inputs, as the exporter and ``python -m hp_recompute.costs --module`` take them.
+
+Both tools name a module by ``FILE.py:FACTORY`` and its inputs by ``--input-shape`` /
+``--input-dtype`` (parsed by the C++ CLI's own parsers, through the planner extension),
+and run it on deterministic example inputs; the flags, their checks and the factory call
+live here, once, below both command lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, List, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..errors import HPRecomputeError, RunError
+from ..factory import call_factory
+from ..native import planner_extension
+
+__all__ = ["ExportError", "MAX_REGION_DEPTH", "add_module_arguments", "check_input_size", "check_module_arguments",
+           "describe_inputs", "load_factory", "make_inputs", "module_inputs", "parse_dtypes", "parse_shapes"]
+
+
+class ExportError(RuntimeError, HPRecomputeError):
+    """A user error; the message starts with ``hp_recompute:`` and says how to fix it.
+    ``usage``: a usage error (exit 2), such as an output that is an input."""
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def _planner() -> Any:
+    """The planner extension, which parses the input flags and prices the ops (measure.py);
+    missing, an ``ExportError`` before any model runs."""
+    try:
+        return planner_extension()
+    except RunError as e:
+        raise ExportError(str(e)) from None
+
+
+def parse_shapes(text: str) -> List[List[int]]:
+    """``"4x40x48,4x40"`` -> ``[[4, 40, 48], [4, 40]]``: the C++ CLI's own parser, through the bindings."""
+    try:
+        return _planner().parse_shape_list(text)
+    except ValueError as e:
+        raise ExportError(f"hp_recompute: {e}") from None
+
+
+def parse_dtypes(text: str, count: int) -> List[torch.dtype]:
+    """One dtype for all ``count`` inputs or one per input, by PyTorch name (the C++ CLI's parser)."""
+    try:
+        names = _planner().parse_dtype_list(text, count)
+    except ValueError as e:
+        raise ExportError(f"hp_recompute: {e}") from None
+    return [getattr(torch, name) for name in names]
+
+
+def load_factory(spec: str) -> nn.Module:
+    """Imports ``FILE.py:FACTORY`` and returns ``FACTORY()`` (an ``nn.Module``)."""
+    model = call_factory(spec, "hp_recompute: --module", ExportError)
+    factory = spec.rpartition(":")[2]
+    if not isinstance(model, nn.Module):
+        raise ExportError(f"hp_recompute: --module: {factory}() returned "
+                          f"{type(model).__name__}, expected an nn.Module")
+    return model
+
+
+def make_inputs(shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
+                seed: int = 0) -> Tuple[torch.Tensor, ...]:
+    """Deterministic example inputs: N(0,1) floats, zeros for integers (valid indices)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for shape, dtype in zip(shapes, dtypes):
+        if dtype.is_floating_point:
+            out.append(torch.randn(*shape, generator=gen).to(dtype))
+        else:
+            out.append(torch.zeros(*shape, dtype=dtype))
+    return tuple(out)
+
+
+#: Largest example input the exporter builds (elements over all inputs): 2^31.
+MAX_INPUT_ELEMENTS = 1 << 31
+
+
+#: Deepest --region-depth (module nesting below the root).
+MAX_REGION_DEPTH = 64
+
+
+def check_input_size(shapes: Sequence[Sequence[int]]) -> None:
+    """Refuses example inputs of more than ``MAX_INPUT_ELEMENTS`` elements in all."""
+    elements = sum(math.prod(shape) for shape in shapes)
+    if elements > MAX_INPUT_ELEMENTS:
+        raise ExportError(f"hp_recompute: --input-shape: {elements} elements in all; at most "
+                          f"{MAX_INPUT_ELEMENTS} are built")
+
+
+def describe_inputs(shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]) -> str:
+    """``"4x40 int64"``: the inputs as the flags name them, for messages."""
+    return ", ".join("x".join(map(str, s)) + f" {str(d).replace('torch.', '')}" for s, d in zip(shapes, dtypes))
+
+
+# ---------------------------------------------------------------------------
+# The module flags, shared by the exporter and ``python -m hp_recompute.costs --module``
+# ---------------------------------------------------------------------------
+
+def add_module_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
+    """Adds ``--module``, ``--input-shape``, ``--input-dtype`` and ``--region-depth``.
+
+    Args:
+        required: ``--module`` is required (the exporter); otherwise it selects a mode and
+            ``check_module_arguments`` requires ``--input-shape`` with it.
+    """
+    parser.add_argument("--module", required=required, metavar="FILE.py:FACTORY",
+                        help="FILE.py:FACTORY returning an nn.Module")
+    parser.add_argument("--input-shape", required=required, help="e.g. 4x40x48 or 4x40x48,4x40")
+    parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
+    parser.add_argument("--region-depth", type=int, default=1,
+                        help=f"module nesting of the regions, 1 to {MAX_REGION_DEPTH} (default 1)")
+
+
+def check_module_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors (exit 2) of the module flags: a depth out of range, ``--input-shape``
+    missing with ``--module``."""
+    if not 1 <= args.region_depth <= MAX_REGION_DEPTH:
+        parser.error(f"--region-depth must be in [1, {MAX_REGION_DEPTH}], got {args.region_depth}")
+    if args.module is not None and args.input_shape is None:
+        parser.error("--module needs --input-shape (the example inputs the module is run on)")
+
+
+def module_inputs(args: argparse.Namespace) -> Tuple[List[List[int]], List[torch.dtype]]:
+    """The shapes and dtypes of ``--input-shape`` / ``--input-dtype`` (``ExportError`` if bad)."""
+    shapes = parse_shapes(args.input_shape)
+    dtypes = parse_dtypes(args.input_dtype, len(shapes))
+    check_input_size(shapes)
+    return shapes, dtypes
