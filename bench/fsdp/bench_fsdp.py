@@ -1,10 +1,14 @@
 """PP 2 x FSDP2 on gloo: step time, collectives and peak memory of torch's schedules against PlannedSchedule.
 
-Four processes form a (pp 2, dp 2) mesh and train the model of the PlannedSchedule tests
-(test/python/pipelining/pp_worker.py: residual MLP blocks ``layers.N`` and a head), split
-into 4 stages in a V, wrapped as torchtitan does (checkpoint-wrap each block, then
-``fully_shard`` each block and the stage). Per ``reshard_after_forward`` setting, side by
-side in one run and repeated:
+Four processes form a (pp 2, dp 2) mesh and train one of two models, split into 4 stages
+in a V, wrapped as torchtitan does (checkpoint-wrap each block, then ``fully_shard`` each
+block and the stage). ``--model net`` (the default): the model of the PlannedSchedule
+tests (test/python/pipelining/pp_worker.py: residual MLP blocks ``layers.N`` and a head,
+``--dim`` wide and ``--layers`` deep), MSE on random targets. ``--model decoder``: the
+held-out torchtitan-layout decoder of examples/pipelining/model.py (``tok_embeddings``,
+blocks ``layers.N`` of causal self-attention and MLP, ``norm`` and ``output``; its own
+sizes), cross-entropy on the next token, as examples/pipelining/train.py trains it. Per
+``reshard_after_forward`` setting, side by side in one run and repeated:
 
 * none: PlannedSchedule with a ZBV plan that checkpoints nothing;
 * torch interleaved 1F1B + checkpoint: torch's ``ScheduleInterleaved1F1B`` (stages in loops)
@@ -13,30 +17,41 @@ side in one run and repeated:
 * ours jit / ours bubble: PlannedSchedule with ``hp_recompute.checkpoint_wrapper`` blocks
   and a ZBV plan that checkpoints every block, replays placed just in time or in bubbles;
 * ours bubble, planned layout: the same, planned on the model's measured costs
-  (``python -m hp_recompute.costs --module bench/fsdp/net.py:build``) with
+  (``python -m hp_recompute.costs --module bench/fsdp/net.py:build``, or
+  ``examples/pipelining/model.py:build`` for the decoder) with
   ``dp_shard=2``, so the plan unshards and reshards each stage and predicts each rank's
   peak with the gathered parameters (``peak_memory_bytes``), printed beside the measured.
 
-Each run: a warm-up step (torch infers stage metadata), one step under the profiler's
+The plans without a layout are made on a model JSON of made-up costs: uniform blocks
+(``test_planned_schedule.model_json``) for net, ``examples/pipelining/decoder.model.json``
+for the decoder. Every plan and torch's schedules split the model the same way: the blocks
+evenly over the 4 stages, what precedes them on the first, what follows on the last.
+
+Each run: a warm-up step (torch infers stage metadata; profiled too, so that the measured
+step's frees of its blocks are seen: runner/memory.py), one step under the profiler's
 allocator events (peak bytes above the step's start, per rank; the collectives FSDP
 issues in it counted at ``torch.distributed``, summed over the ranks), then ``--steps``
 timed steps (median; a barrier before each). The gradients of the measured step are
 compared with the unsharded model's (mean over the dp ranks).
 
-Usage: python bench/fsdp/bench_fsdp.py [--steps 5] [--repeats 2] [--dim 256] [--layers 8] [--batch 256]
+Usage: python bench/fsdp/bench_fsdp.py [--model {net,decoder}] [--steps 5] [--repeats 2] [--batch 256]
+    [--dim 256] [--layers 8]  (--dim and --layers: net only; the decoder's are examples/pipelining/model.py's)
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 import torch
 
@@ -45,23 +60,133 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
 from harness import machine_line, median_step_ms, spawn, training_step  # noqa: E402
 TESTS = REPO / "test" / "python" / "pipelining"
+DECODER = REPO / "examples" / "pipelining" / "model.py"
 MICROBATCHES, STAGES, PP, DP = 4, 4, 2, 2
 BASELINE = "torch interleaved 1F1B + checkpoint"
 VARIANTS = ["none", BASELINE, "torch ZBV + checkpoint", "ours jit", "ours bubble", "ours bubble, planned layout"]
 PLANS = {"none": "none", "ours jit": "jit", "ours bubble": "bubble", "ours bubble, planned layout": "layout"}
 
 
-def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+class Model(NamedTuple):
+    """What differs between the benched models; the rest of the bench is the same for both."""
+
+    full: Callable[[Dict[str, Any]], torch.nn.Module]  # the whole model, seeded the same on every rank
+    stage: Callable[[torch.nn.Module, List[str]], torch.nn.Module]  # a copy of it keeping these regions
+    batch: Callable[[Dict[str, Any], int], List[torch.Tensor]]  # a dp rank's inputs and target
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    model_json: Callable[[Path, Dict[str, Any]], None]  # the made-up costs of the plans without a layout
+    costs: Callable[[Dict[str, Any]], Tuple[List[str], Dict[str, str]]]  # hp_recompute.costs's arguments, env
+    describe: Callable[[Dict[str, Any]], str]  # the model, in the table's first line
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((out - target) ** 2).mean()
 
 
-def _batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
+def _net(cfg: Dict[str, Any]) -> torch.nn.Module:
+    from pp_worker import Net
+
+    torch.manual_seed(0)
+    return Net(cfg["dim"], cfg["layers"], 0.0)
+
+
+def _net_stage(full: torch.nn.Module, regions: List[str]) -> torch.nn.Module:
+    from pp_worker import stage_module
+
+    return stage_module(full, regions)
+
+
+def _net_batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
     g = torch.Generator().manual_seed(7 + dp_rank)
     return [torch.randn(cfg["batch"], cfg["dim"], generator=g) for _ in range(2)]
 
 
+def _net_model_json(path: Path, cfg: Dict[str, Any]) -> None:
+    from test_planned_schedule import model_json
+
+    model_json(path, cfg["layers"])
+
+
+def _net_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
+    return (["--module", f"{HERE / 'net.py'}:build", "--input-shape", f"{cfg['batch'] // MICROBATCHES}x{cfg['dim']}"],
+            {"HPR_BENCH_NET": f"{cfg['dim']},{cfg['layers']}"})
+
+
+def _decoder_module() -> Any:
+    """examples/pipelining/model.py, imported once under its own name (``model`` is too common)."""
+    if "hpr_pipelining_decoder" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("hpr_pipelining_decoder", DECODER)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["hpr_pipelining_decoder"]
+
+
+def _count_call(name: str, module: torch.nn.Module, args: Any) -> None:
+    from pp_worker import CALLS
+
+    CALLS[name] += 1  # as pp_worker's Block counts itself: forwards and replays
+
+
+def _decoder(cfg: Dict[str, Any]) -> torch.nn.Module:
+    model = _decoder_module().build()  # seeded
+    for name, block in model.layers.items():
+        block.register_forward_pre_hook(functools.partial(_count_call, f"layers.{name}"))
+    return model
+
+
+def _decoder_stage(full: torch.nn.Module, regions: List[str]) -> torch.nn.Module:
+    return _decoder_module().stage_module(copy.deepcopy(full), regions)
+
+
+def _decoder_batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
+    m = _decoder_module()
+    g = torch.Generator().manual_seed(7 + dp_rank)
+    tokens = torch.randint(0, m.VOCAB, (cfg["batch"], m.SEQ), generator=g)
+    return [tokens, tokens.roll(-1, dims=1)]  # the next token, as examples/pipelining/train.py
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def _decoder_model_json(path: Path, cfg: Dict[str, Any]) -> None:
+    shutil.copyfile(DECODER.parent / "decoder.model.json", path)
+
+
+def _decoder_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
+    return (["--module", f"{DECODER}:build", "--input-shape", f"{cfg['batch'] // MICROBATCHES}x{_decoder_module().SEQ}",
+             "--input-dtype", "int64"], {})
+
+
+def _describe_net(cfg: Dict[str, Any]) -> str:
+    return f"{cfg['layers']} blocks of width {cfg['dim']}"
+
+
+def _describe_decoder(cfg: Dict[str, Any]) -> str:
+    m = _decoder_module()
+    return (f"the decoder of examples/pipelining/model.py ({m.LAYERS} blocks of width {m.DIM}, vocabulary {m.VOCAB}), "
+            f"sequences of {m.SEQ} tokens")
+
+
+MODELS = {"net": Model(_net, _net_stage, _net_batch, _mse, _net_model_json, _net_costs, _describe_net),
+          "decoder": Model(_decoder, _decoder_stage, _decoder_batch, _cross_entropy, _decoder_model_json,
+                           _decoder_costs, _describe_decoder)}
+
+
+def stage_spec(names: List[str]) -> str:
+    """The plans' ``stages``: the blocks (``layers.N``) evenly over the stages, the regions
+    before them on the first stage, those after them on the last (net's head; the decoder's
+    embeddings and norm+output)."""
+    blocks = [i for i, name in enumerate(names) if name.startswith("layers.")]
+    per = len(blocks) // STAGES
+    starts = [0] + [blocks[s * per] for s in range(1, STAGES)]
+    ends = [start - 1 for start in starts[1:]] + [len(names) - 1]
+    return ",".join(f"{s}:{start}-{end}" for s, (start, end) in enumerate(zip(starts, ends)))
+
+
 def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any, ref: Dict[str, Any]) -> Dict[str, Any]:
-    from pp_worker import CALLS, Net, counted_collectives, stage_module, stage_split, stages_of_rank
+    from pp_worker import CALLS, counted_collectives, stages_of_rank
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.pipelining import PipelineStage
@@ -71,16 +196,15 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
     from hp_recompute.pipelining import PlannedSchedule
     from hp_recompute.runner.memory import AllocatorPeak
 
+    model = MODELS[cfg["model"]]
     dp_mesh, pp_rank = mesh["dp"], mesh.get_local_rank("pp")
-    torch.manual_seed(0)
-    full = Net(cfg["dim"], cfg["layers"], 0.0)
-    split = stage_split({"layers": cfg["layers"], "stages": STAGES})
+    full = model.full(cfg)
     wrap = {"none": None, "torch ZBV + checkpoint": torch_wrapper, BASELINE: torch_wrapper}.get(
         variant, hr.checkpoint_wrapper)
     placement = "i1f1b" if variant == BASELINE else "zbv"
     stages = []
     for s in stages_of_rank({"ranks": PP, "stages": STAGES, "torch_schedule": placement}, pp_rank):
-        module = stage_module(full, split[s])
+        module = model.stage(full, cfg["split"][s])
         for key in list(module.layers.keys()):
             if wrap is not None:
                 module.layers[key] = wrap(module.layers[key])
@@ -88,16 +212,17 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard)
         stages.append(PipelineStage(module, s, STAGES, torch.device("cpu"), group=mesh.get_group("pp")))
     if variant == "torch ZBV + checkpoint":
-        schedule = ScheduleZBVZeroBubble(stages, MICROBATCHES, loss_fn=_loss)
+        schedule = ScheduleZBVZeroBubble(stages, MICROBATCHES, loss_fn=model.loss)
     elif variant == BASELINE:
-        schedule = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=_loss)
+        schedule = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=model.loss)
     else:
         plan = cfg["plans"][PLANS[variant]]
-        schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss, plan=plan)
-    x, y = _batch(cfg, mesh.get_local_rank("dp"))
+        schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=model.loss, plan=plan)
+    x, y = model.batch(cfg, mesh.get_local_rank("dp"))
     step = training_step(schedule, stages, x, y)
 
-    step()  # warm-up: torch infers the stages' metadata
+    with AllocatorPeak():  # warm-up (torch infers the stages' metadata), profiled so that the measured
+        step()  # step's frees of its blocks are seen (runner/memory.py: a block allocated unprofiled)
     CALLS.clear()
     with AllocatorPeak() as meter, counted_collectives() as collectives:
         step()
@@ -114,15 +239,14 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
 
 def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     sys.path[:0] = [str(TESTS)]
-    from pp_worker import Net
     from torch.distributed.device_mesh import init_device_mesh
 
+    model = MODELS[cfg["model"]]
     mesh = init_device_mesh("cpu", (PP, DP), mesh_dim_names=("pp", "dp"))
-    torch.manual_seed(0)
-    reference = copy.deepcopy(Net(cfg["dim"], cfg["layers"], 0.0))
+    reference = copy.deepcopy(model.full(cfg))
     for d in range(DP):
-        xd, yd = _batch(cfg, d)
-        (_loss(reference(xd), yd) / DP).backward()
+        xd, yd = model.batch(cfg, d)
+        (model.loss(reference(xd), yd) / DP).backward()
     ref = {n: p.grad for n, p in reference.named_parameters()}
     rows = []
     for repeat in range(cfg["repeats"]):
@@ -133,43 +257,56 @@ def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {"rows": rows}
 
 
+def _plans(model: Model, cfg: Dict[str, Any], work: Path) -> Tuple[Dict[str, str], List[int], Dict[int, List[str]]]:
+    """The four plans (paths), the planned-layout plan's peaks per rank, and the stages' regions."""
+    from hp_recompute import make_plan
+
+    model.model_json(work / "model.json", cfg)
+    arguments, env = model.costs(cfg)
+    subprocess.run([sys.executable, "-m", "hp_recompute.costs", *arguments, "-o", str(work / "costed.json")],
+                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
+    names = [[r["name"] for r in json.loads((work / f).read_text())["regions"]] for f in ("model.json", "costed.json")]
+    if names[0] != names[1]:
+        sys.exit(f"the measured model's regions {names[1]} are not the model JSON's {names[0]}")
+    spec = stage_spec(names[0])
+    plans, layout_peaks = {}, []
+    for name, options in {"none": {"checkpoint": "none"}, "jit": {}, "bubble": {"prefetch": "bubble"},
+                          "layout": {"prefetch": "bubble", "dp_shard": DP}}.items():
+        source = work / ("costed.json" if name == "layout" else "model.json")
+        plan = make_plan(schedule_gen="zbv", model=source, ranks=PP, microbatches=MICROBATCHES, stages=spec,
+                         **options)
+        if name == "layout":
+            layout_peaks = plan["summary"]["peak_memory_bytes"]
+        path = work / f"{name}.json"
+        path.write_text(json.dumps(plan))
+        plans[name] = str(path)
+    split = {s: [r["name"] for r in stage["regions"]] for s, stage in enumerate(plan["model"]["stages"])}
+    return plans, layout_peaks, split
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="net",
+                        help="net: pp_worker's residual MLP (default); decoder: examples/pipelining/model.py")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=256, help="samples per dp rank and step")
+    parser.add_argument("--dim", type=int, default=None, help="net's width (default 256)")
+    parser.add_argument("--layers", type=int, default=None, help="net's blocks (default 8)")
+    parser.add_argument("--batch", type=int, default=256, help="samples (decoder: sequences) per dp rank and step")
     args = parser.parse_args()
+    if args.model == "decoder" and (args.dim, args.layers) != (None, None):
+        parser.error("--dim and --layers size net; the decoder's are examples/pipelining/model.py's (its build())")
     sys.path[:0] = [str(REPO / "python"), str(TESTS)]
-    from hp_recompute import make_plan
-    from test_planned_schedule import model_json
+    model = MODELS[args.model]
+    cfg = {"model": args.model, "steps": args.steps, "repeats": args.repeats, "dim": args.dim or 256,
+           "layers": args.layers or 8, "batch": args.batch}
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model_json(work / "model.json", args.layers)
-        subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", f"{HERE / 'net.py'}:build",
-                        "--input-shape", f"{args.batch // MICROBATCHES}x{args.dim}", "-o", str(work / "costed.json")],
-                       check=True, stdout=subprocess.DEVNULL,
-                       env={**os.environ, "HPR_BENCH_NET": f"{args.dim},{args.layers}"})
-        per = args.layers // STAGES
-        spec = ",".join(f"{s}:{s * per}-{(s + 1) * per - 1 + (s == STAGES - 1)}" for s in range(STAGES))
-        plans, layout_peaks = {}, []
-        for name, options in {"none": {"checkpoint": "none"}, "jit": {}, "bubble": {"prefetch": "bubble"},
-                              "layout": {"prefetch": "bubble", "dp_shard": DP}}.items():
-            model = work / ("costed.json" if name == "layout" else "model.json")
-            plan = make_plan(schedule_gen="zbv", model=model, ranks=PP, microbatches=MICROBATCHES, stages=spec,
-                             **options)
-            if name == "layout":
-                layout_peaks = plan["summary"]["peak_memory_bytes"]
-            path = work / f"{name}.json"
-            path.write_text(json.dumps(plan))
-            plans[name] = str(path)
-        cfg = {"plans": plans, "steps": args.steps, "repeats": args.repeats, "dim": args.dim,
-               "layers": args.layers, "batch": args.batch}
-        results = spawn(body, cfg, PP * DP, work)
+        plans, layout_peaks, split = _plans(model, cfg, work)
+        results = spawn(body, {**cfg, "plans": plans, "split": split}, PP * DP, work)
     print(f"PP {PP} x FSDP2 {DP} (gloo, 4 processes, 1 thread each), ZBV, {STAGES} stages, {MICROBATCHES} "
-          f"microbatches, {args.layers} blocks of width {args.dim}, batch {args.batch} per dp rank; "
+          f"microbatches, {model.describe(cfg)}, batch {args.batch} per dp rank; "
           f"step ms = median of {args.steps} steps, slowest rank; all-gathers and reduce-scatters in one step, "
           f"all ranks; peak = allocator bytes above the step's start (pp rank 0, 1; dp rank 0)")
     print(machine_line())
