@@ -6,7 +6,7 @@
 # libFuzzer runs: scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit 1
+bash scripts/setup.sh --system-torch || exit 1
 bash scripts/build.sh || exit 1
 
 status=0

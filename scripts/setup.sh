@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Installs what hp-recompute needs to build, test and run: Debian packages (apt-get),
 # then the project venv .venv with torch 2.x and the Python test and build dependencies,
-# pinned in requirements.txt, and the project itself into it (pip install -e .). Debian's
-# own python3-torch (1.13 on Debian 12, 2.6 on Debian 13) stays the second torch the Python
+# pinned in requirements.txt, and the project itself into it (pip install -e .). With
+# --system-torch (scripts/check.sh) also .venv-system, a venv over Debian's Python whose
+# own python3-torch (1.13 on Debian 12, 2.6 on Debian 13) is the second torch the Python
 # suite runs on. Safe to rerun: it installs no package that is already present (the
 # project's editable install rebuilds incrementally).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+system_torch=false
+case "${1:-}" in
+  "") ;;
+  --system-torch) system_torch=true ;;
+  *) echo "usage: scripts/setup.sh [--system-torch]" >&2; exit 2 ;;
+esac
 
 packages=(
   cmake ninja-build g++ git
@@ -54,10 +61,10 @@ else
   echo "setup: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
 fi
 
-# .venv-system: a venv over Debian's python3 that sees its packages (python3-torch 1.13,
-# python3-pytest, ...), with the build requirements.
-if [ ! -x .venv-system/bin/python ] || \
-   [ "$(cat .venv-system/requirements.sha256 2>/dev/null)" != "$(sha256sum requirements-build.txt | cut -d' ' -f1)" ]; then
+# .venv-system (--system-torch): a venv over Debian's python3 that sees its packages
+# (python3-torch 1.13, python3-pytest, ...), with the build requirements.
+if $system_torch && { [ ! -x .venv-system/bin/python ] || \
+   [ "$(cat .venv-system/requirements.sha256 2>/dev/null)" != "$(sha256sum requirements-build.txt | cut -d' ' -f1)" ]; }; then
   echo "setup: creating .venv-system (Debian's python3 and its torch, with requirements-build.txt)"
   rm -rf .venv-system
   /usr/bin/python3 -m venv --system-site-packages .venv-system
@@ -84,4 +91,6 @@ install_editable() {  # venv, build folder, whether it builds the tests too
     -e . > "$1/pip-install.log" 2>&1 || { cat "$1/pip-install.log"; exit 1; }
 }
 install_editable .venv build ON
-install_editable .venv-system build-venv-system OFF
+if $system_torch; then
+  install_editable .venv-system build-venv-system OFF
+fi
