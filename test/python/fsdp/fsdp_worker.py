@@ -179,6 +179,8 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     hr.reset_stats()
     states = []
     bad = cfg.get("bad")
+    if cfg.get("hold"):  # the caller owns the parameters' lifetime for the step (FSDP Rule 2)
+        res["held"] = hr.fsdp.begin_step(model, hold_parameters=True)
     comms.phase = "backward"
     for mb in range(mbs):
         sid = f"s0.mb{mb}"
@@ -197,6 +199,16 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
             want_x = [inputs[mb]] if inputs[mb].requires_grad else []
             dx, state = hr.backward_input([losses[mb]], None, want_x, model)
         states.append((sid, state))
+    if cfg.get("hold") == "discard":  # a failed step: its held parameters are resharded, settings restored
+        res["discarded"] = hr.fsdp.discard_step(model)
+        res["sharded_after_discard"] = [_sharded(model[i]) for i in range(2)]
+        scope.clear_all()
+        comms.phase = "plain_after"
+        with _autocast(cfg):
+            _loss(model(_data(rank, 0))).backward()
+        res["comms"] = comms.counts
+        res["sharded_after_plain"] = [_sharded(model[i]) for i in range(2)]
+        return res
     if bad == "unreached":
         try:
             with scope.recompute_session_ctx(states[0][0]):

@@ -48,7 +48,7 @@ def run_case(tmp: Path, ranks: int = 2, **cfg: Any) -> List[Dict[str, Any]]:
     return results
 
 
-def check_step(results: List[Dict[str, Any]], microbatches: int, hsdp: bool = False) -> None:
+def check_step(results: List[Dict[str, Any]], microbatches: int, hsdp: bool = False, held: bool = False) -> None:
     for rank, res in enumerate(results):
         for name, got, want, plain in zip(res["names"], res["grads"], res["ref"], res["plain"]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name} vs unsharded")
@@ -63,8 +63,9 @@ def check_step(results: List[Dict[str, Any]], microbatches: int, hsdp: bool = Fa
         want = {"reduce_scatter": GROUPS, **({"all_reduce": GROUPS} if hsdp else {})}
         assert {k: v for k, v in comms["reduce"].items() if k != "all_gather"} == want, (rank, comms)
         assert "after" not in comms, (rank, comms)
-        # Before the reduce no sharded gradient exists: W accumulated into FSDP's unsharded ones.
-        assert res["grads_before_reduce"] == [False] * len(res["names"]), rank
+        # Before the reduce no sharded gradient exists: W accumulated into FSDP's unsharded ones,
+        # which a held step's modules still hold as their parameters' ``.grad``.
+        assert res["grads_before_reduce"] == [held] * len(res["names"]), rank
         # One replay per block and microbatch, I and W sharing it.
         assert res["replays"] == 2 * microbatches, (rank, res["replays"])
         assert res["live_sessions"] == 0
@@ -98,6 +99,32 @@ def test_prefetched_replay_runs_unsharded_and_is_shared_by_i_and_w(tmp_path: Pat
         # (reshard_after_backward, FSDP's default).
         assert res["sharded_before_prefetch"] == [[reshard, reshard], [True, True]]
         assert res["sharded_after_prefetch"] == res["sharded_before_prefetch"]
+
+
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
+def test_a_step_that_holds_the_parameters_gathers_each_block_once(tmp_path: Path, reshard: bool) -> None:
+    """``begin_step(model, hold_parameters=True)`` after the forwards (PlannedSchedule's steps):
+    each parameter group sharded then is gathered once (the blocks by the first prefetch, the
+    root by the first I) and stays gathered for the second microbatch's prefetch, every I
+    and W; the reduce reshards as FSDP was configured."""
+    results = run_case(tmp_path, reshard=reshard, microbatches=2, prefetch=True, hold=True)
+    check_step(results, 2, held=True)
+    for rank, res in enumerate(results):
+        assert res["held"] is True
+        assert res["sharded_before_prefetch"] == [[reshard, reshard], [False, False]], rank
+        assert res["sharded_after_prefetch"] == [[False, False], [False, False]], rank
+        gathers = [res["comms"].get(phase, {}).get("all_gather", 0) for phase in ("prefetch", "backward")]
+        assert gathers == ([2, GROUPS - 2] if reshard else [0, 0]), (rank, res["comms"])
+        assert res["sharded_after_step"] == [True, True]
+
+
+def test_a_discarded_holding_step_reshards_and_restores_fsdp(tmp_path: Path) -> None:
+    """A step that fails after its Is: ``discard_step`` reshards what the step held and gives
+    FSDP its settings back, so the next plain backward reduces and reshards as usual."""
+    for rank, res in enumerate(run_case(tmp_path, microbatches=1, prefetch=True, hold="discard")):
+        assert res["discarded"] is True and res["sharded_after_discard"] == [True, True], rank
+        assert "reduce_scatter" in res["comms"]["plain_after"], (rank, res["comms"])
+        assert res["sharded_after_plain"] == [True, True], rank
 
 
 def test_hsdp_2x2(tmp_path: Path) -> None:
