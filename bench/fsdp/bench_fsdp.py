@@ -186,7 +186,8 @@ def stage_spec(names: List[str]) -> str:
 
 
 def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any, ref: Dict[str, Any]) -> Dict[str, Any]:
-    from pp_worker import CALLS, counted_collectives, stages_of_rank
+    from fsdp_worker import counted_collectives
+    from pp_worker import CALLS, stages_of_rank
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.pipelining import PipelineStage
@@ -238,7 +239,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
 
 
 def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
-    sys.path[:0] = [str(TESTS)]
+    sys.path[:0] = [str(TESTS), str(TESTS.parent / "fsdp")]  # pp_worker, fsdp_worker
     from torch.distributed.device_mesh import init_device_mesh
 
     model = MODELS[cfg["model"]]

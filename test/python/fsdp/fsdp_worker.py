@@ -12,11 +12,12 @@ FSDP issued in each phase, replay counts and the parameters' shard state after a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import torch
 
@@ -59,28 +60,58 @@ def _loss(out: torch.Tensor) -> torch.Tensor:
     return out.pow(2).sum()
 
 
-class _Comms:
-    """Counts the collectives FSDP issues (reduce-scatter, all-reduce, all-gather) per phase."""
+#: torch.distributed's collectives FSDP2 issues, by kind (the names differ across torch versions)
+COLLECTIVES = {"all_gather": ("all_gather_single", "all_gather_into_tensor", "_all_gather_base"),
+               "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base"),
+               "all_reduce": ("all_reduce",)}
+
+
+class Comms:
+    """Counts the collectives issued while installed, per ``phase`` and kind (``COLLECTIVES``):
+    each call once, however torch routes it (one of these functions may call another).
+    ``restore()`` puts torch.distributed's functions back."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
 
         self.counts: Dict[str, Dict[str, int]] = {}
         self.phase = "setup"
-        for name in ("reduce_scatter_single", "reduce_scatter_tensor", "all_reduce", "all_gather_single",
-                     "all_gather_into_tensor"):
-            original = getattr(dist, name, None)
-            if original is None:
-                continue
-            setattr(dist, name, self._counted(name, original))
+        self._depth = 0
+        self._saved: List[Any] = []
+        for kind, names in COLLECTIVES.items():
+            for name in names:
+                original = getattr(dist, name, None)
+                if original is not None:
+                    self._saved.append((name, original))
+                    setattr(dist, name, self._counted(kind, original))
 
-    def _counted(self, name: str, original: Any) -> Any:
+    def _counted(self, kind: str, original: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
-            kind = name.split("_single")[0].split("_tensor")[0].replace("_into", "")
-            bucket = self.counts.setdefault(self.phase, {})
-            bucket[kind] = bucket.get(kind, 0) + 1
-            return original(*args, **kwargs)
+            if self._depth == 0:
+                bucket = self.counts.setdefault(self.phase, {})
+                bucket[kind] = bucket.get(kind, 0) + 1
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
         return counted
+
+    def restore(self) -> None:
+        import torch.distributed as dist
+
+        for name, original in self._saved:
+            setattr(dist, name, original)
+
+
+@contextlib.contextmanager
+def counted_collectives() -> Iterator[Dict[str, int]]:
+    """The collectives issued inside, by kind (``Comms`` for one phase)."""
+    comms = Comms()
+    try:
+        yield comms.counts.setdefault(comms.phase, {})
+    finally:
+        comms.restore()
 
 
 def _selective() -> Any:
@@ -153,7 +184,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         loss.backward()
     res["plain"] = [_full(p.grad).clone() for p in plain.parameters()]
 
-    comms = _Comms()
+    comms = Comms()
     model = _wrap(_model(unused=cfg.get("bad") == "unreached"), cfg, mesh)
     names = [n for n, _ in model.named_parameters()]
     res["names"] = names

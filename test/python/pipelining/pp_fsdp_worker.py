@@ -26,8 +26,8 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 
-from fsdp_worker import _autocast, _selective
-from pp_worker import CALLS, Net, counted_collectives, stage_module, stage_split, stages_of_rank, torch_schedule
+from fsdp_worker import _autocast, _selective, counted_collectives
+from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank, torch_schedule
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

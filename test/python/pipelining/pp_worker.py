@@ -19,7 +19,7 @@ import copy
 import os
 import sys
 from collections import Counter
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -99,43 +99,6 @@ def run_one(cls: Any, stages: List[Any], cfg: Dict[str, Any], x: torch.Tensor, y
         schedule.step(*args, target=y if last else None, losses=losses if last else None)
         replays.append(stats()["replays"])
     return schedule, [l.detach() for l in losses], dict(CALLS), replays
-
-
-#: torch.distributed's collectives FSDP2 issues, by kind (the names differ across torch versions)
-COLLECTIVES = {"all_gather": ("all_gather_single", "all_gather_into_tensor", "_all_gather_base"),
-               "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base"),
-               "all_reduce": ("all_reduce",)}
-
-
-@contextlib.contextmanager
-def counted_collectives() -> Iterator[Counter]:
-    """Counts the collectives issued inside, by kind (``COLLECTIVES``): each call once, however
-    torch routes it (one of these functions may call another)."""
-    counts: Counter = Counter()
-    depth = [0]
-    saved = []
-    for kind, names in COLLECTIVES.items():
-        for name in names:
-            original = getattr(dist, name, None)
-            if original is None:
-                continue
-
-            def counted(*args: Any, _kind: str = kind, _original: Any = original, **kwargs: Any) -> Any:
-                if depth[0] == 0:
-                    counts[_kind] += 1
-                depth[0] += 1
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    depth[0] -= 1
-
-            saved.append((name, original))
-            setattr(dist, name, counted)
-    try:
-        yield counts
-    finally:
-        for name, original in saved:
-            setattr(dist, name, original)
 
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
