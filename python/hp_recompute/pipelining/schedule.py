@@ -487,9 +487,8 @@ class _TorchStages(StageBackend):
 
     @staticmethod
     def _whole_backward(stage: _PipelineStageBase, root: Any, grads: Any, input_values: Any) -> Any:
-        """Rule 7: a B, or the first stage's W: torch's ``stage_backward`` inside the step
-        ``fsdp.begin_step`` opens (accumulated, reduced once at ``reduce_grad``)."""
-        begin_step(stage.submod)
+        """Rule 7: a B, or the first stage's W: torch's ``stage_backward`` inside the step Rule 8
+        opened on an FSDP stage (accumulated, reduced once at ``reduce_grad``)."""
         return stage_backward(root, grads, input_values)
 
     def fsdp_modules(self, stage: int) -> List[Any]:
