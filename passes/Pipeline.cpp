@@ -25,10 +25,10 @@ LogicalResult RecomputePipelineOptions::verify(
   if (budget < 0)
     return emitError("hpr-recompute-pipeline: budget must be >= 0, got " +
                      Twine(static_cast<int64_t>(budget)));
-  if (budget != 0 && select != CheckpointSelection::Auto &&
-      policy != RecomputePolicy::Bubble)
-    return emitError("hpr-recompute-pipeline: budget applies to select=auto "
-                     "or policy=bubble only");
+  if (deferralBudget < 0 || (deferralBudget != 0 && deferralBudget > budget))
+    return emitError("hpr-recompute-pipeline: deferral-budget must be "
+                     "between 0 and budget, got " +
+                     Twine(static_cast<int64_t>(deferralBudget)));
   return success();
 }
 
@@ -40,6 +40,13 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
                                     const RecomputePipelineOptions &options) {
   if (options.checkSchedule)
     pm.addPass(createHPRVerifyComm());
+  if (options.budget > 0) {
+    HPRBoundWeightDeferralOptions deferral;
+    deferral.budget =
+        options.deferralBudget > 0 ? options.deferralBudget : options.budget;
+    deferral.leastMemory = options.select == CheckpointSelection::Auto;
+    pm.addPass(createHPRBoundWeightDeferral(deferral));
+  }
   if (options.select == CheckpointSelection::Auto) {
     HPRSelectCheckpointsOptions select;
     select.budget = options.budget;

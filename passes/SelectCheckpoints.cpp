@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "LeastCheckpointMemory.h"
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Transforms/Passes.h"
@@ -85,8 +86,7 @@ public:
       : model(model), cells(std::move(cells)) {
     for (StageOp stage : model.getBody().getOps<StageOp>())
       for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
-        bool candidate = !region.getNonCheckpointable() &&
-                         region.getSavedBytes() > region.getInputBytes();
+        bool candidate = isCheckpointCandidate(region);
         candidateOfRegion.push_back(candidate ? candidates.size() : -1);
         if (candidate) {
           candidates.push_back(region);
@@ -631,6 +631,14 @@ FailureOr<Choice> SelectCheckpointsPass::placeAndPrice(ModuleOp module,
     }
   }
   return *best;
+}
+
+std::vector<int64_t> mlir::hpr::leastCheckpointPeaks(ModuleOp module) {
+  Problem problem(getModel(module), getSchedule(module),
+                  extractSchedule(module));
+  Choice everything;
+  everything.regions.assign(problem.candidates.size(), RegionCheckpoint::Full);
+  return leastMemory(problem, std::move(everything)).second;
 }
 
 void SelectCheckpointsPass::runOnOperation() {

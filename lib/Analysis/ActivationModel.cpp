@@ -67,6 +67,8 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
     if (!lifetime.hasConsumers)
       lifetime.firstConsumerPos = lifetime.lastConsumerPos = pos - 1;
     lifetime.replayPlaced = placed[i];
+    lifetime.releasedAfterDx =
+        consumers[i].size() > 1 && isa<BackwardInputOp>(consumers[i].front());
     if (!placed[i])
       lifetime.replayInBackward = replaysInBackward(consumers[i]);
     if (!placed[i] ||
@@ -126,9 +128,20 @@ ActivationProfile mlir::hpr::computeActivationProfile(
         keptBytesOf(cost, underCheckpoint));
     if (!underCheckpoint || !lifetime.hasConsumers)
       continue;
+    // A span [begin, end] of `bytes`, of which only `weightBytes` stay after
+    // the dx of a session it releases.
+    auto addReplay = [&](unsigned begin, unsigned end, int64_t bytes,
+                         int64_t weightBytes) {
+      if (!lifetime.releasedAfterDx || lifetime.firstConsumerPos >= end) {
+        add(begin, end, bytes);
+        return;
+      }
+      add(begin, lifetime.firstConsumerPos, bytes);
+      add(lifetime.firstConsumerPos + 1, end, weightBytes);
+    };
     if (lifetime.prefetchedPieces.empty()) {
-      add(lifetime.replayBeginPos, lifetime.replayEndPos,
-          replayedBytesOf(cost, lifetime));
+      addReplay(lifetime.replayBeginPos, lifetime.replayEndPos,
+                replayedBytesOf(cost, lifetime), cost.weightRecomputedBytes);
       continue;
     }
     // In pieces: each prefetched piece until the reader drops it (inside its
@@ -137,7 +150,8 @@ ActivationProfile mlir::hpr::computeActivationProfile(
                                              : lifetime.replayEndPos + 1;
     for (const ReplayPiece &piece : lifetime.prefetchedPieces)
       if (piece.pos < end) // hpr-verify rejects the others
-        add(piece.pos, end - 1, replayBytesOf(cost, piece.regions));
+        addReplay(piece.pos, end - 1, replayBytesOf(cost, piece.regions),
+                  weightReplayBytesOf(cost, piece.regions));
     if (lifetime.replayInBackward)
       add(lifetime.firstConsumerPos, lifetime.firstConsumerPos,
           replayedBytesOf(cost, lifetime));

@@ -155,6 +155,11 @@ double mlir::hpr::regionTimeUs(RegionOp region, RegionTime time) {
   llvm_unreachable("unknown region time");
 }
 
+bool mlir::hpr::isCheckpointCandidate(RegionOp region) {
+  return !region.getNonCheckpointable() &&
+         region.getSavedBytes() > region.getInputBytes();
+}
+
 std::vector<StageCost> mlir::hpr::computeStageCosts(
     ModelOp model,
     llvm::function_ref<RegionCheckpoint(RegionOp)> checkpointOf) {
@@ -192,16 +197,22 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
                           region.getCheckpointStateBytes().value_or(0);
         int64_t replayBytes =
             region.getReplayBytes().value_or(region.getSavedBytes());
+        // What dx leaves for dw: measured for a full replay only.
+        int64_t weightBytes = std::min<int64_t>(
+            replayBytes, region.getReplayWeightBytes().value_or(replayBytes));
         if (checkpoint == RegionCheckpoint::Selective) {
           cost.keptBytes += region.getSelectiveSavedBytes().value_or(0);
           replayBytes = region.getSelectiveReplayBytes().value_or(replayBytes);
+          weightBytes = replayBytes;
         }
         cost.recomputedBytes += replayBytes;
+        cost.weightRecomputedBytes += weightBytes;
         ReplayedRegionCost replayed;
         if (std::optional<RegionTime> time =
                 regionTimeOf(Kind::Recompute, firstStage, true, checkpoint))
           replayed.replayUs = regionTimeUs(region, *time);
         replayed.replayBytes = replayBytes;
+        replayed.weightReplayBytes = weightBytes;
         replayed.keptThrough = cost.keptBytes;
         cost.replayedRegions.push_back(replayed);
       } else {
@@ -269,6 +280,11 @@ double mlir::hpr::replayUsOf(const StageCost &cost,
 int64_t mlir::hpr::replayBytesOf(const StageCost &cost,
                                  llvm::ArrayRef<int64_t> regions) {
   return sumOverRegions(cost, regions, &ReplayedRegionCost::replayBytes);
+}
+
+int64_t mlir::hpr::weightReplayBytesOf(const StageCost &cost,
+                                       llvm::ArrayRef<int64_t> regions) {
+  return sumOverRegions(cost, regions, &ReplayedRegionCost::weightReplayBytes);
 }
 
 int64_t

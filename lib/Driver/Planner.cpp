@@ -20,6 +20,7 @@
 #include "llvm/ADT/StringExtras.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <tuple>
 
@@ -409,6 +410,23 @@ resolveMultiple(MLIRContext &context, const MemoryBudget &budget,
   return static_cast<int64_t>(bytes);
 }
 
+/// The lower dw-deferral bounds planned beside the budget's own, in percent
+/// of the budget.
+static constexpr unsigned kDeferralBudgetPercents[] = {85, 70, 55, 40};
+
+/// Whether `schedule` splits backwards into dx and dw (its dws are the
+/// ones hpr-bound-weight-deferral may run earlier).
+static bool hasWeightActions(const sched::Schedule &schedule) {
+  std::function<bool(const sched::Action &)> isWeight =
+      [&](const sched::Action &action) {
+        return action.kind == sched::ActionKind::BackwardWeight ||
+               llvm::any_of(action.parts, isWeight);
+      };
+  return llvm::any_of(schedule.ranks, [&](const auto &program) {
+    return llvm::any_of(program, isWeight);
+  });
+}
+
 /// For messages about a budget given as a multiple: what it resolved to;
 /// empty for bytes.
 static std::string budgetNote(const PlanRequest &request,
@@ -464,9 +482,10 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
   } else if (request.budget) {
     budget = request.budget->bytes;
   }
-  // Otherwise the budget is a check of the finished plan.
-  if (budget && (policy == CheckpointPolicy::Auto ||
-                 pipeline.policy == RecomputePolicy::Bubble))
+  // The planning passes fit within it (dw deferral always; the checkpoint
+  // choice with auto, the placement with bubble), and the finished plan is
+  // checked against it.
+  if (budget)
     pipeline.budget = *budget;
 
   auto planned = planModule(
@@ -478,6 +497,31 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
       });
   if (!planned)
     return planned.takeError();
+  if (pipeline.budget > 0 && hasWeightActions(*schedule)) {
+    // Bounding dw deferral at the budget leaves the checkpoint choice and
+    // the placement only what is left; running dws earlier than they must
+    // leaves them more. Each lower bound is planned too (its diagnostics
+    // dropped: a bound below what the schedule reaches fails), and the
+    // fastest plan wins; on a tie, the one bounded at the budget.
+    ScopedDiagnosticHandler quiet(&context,
+                                  [](Diagnostic &) { return success(); });
+    for (unsigned percent : kDeferralBudgetPercents) {
+      RecomputePipelineOptions lower;
+      lower.copyOptionValuesFrom(pipeline);
+      lower.checkSchedule = false;
+      lower.deferralBudget = pipeline.budget * percent / 100;
+      TimingScope lowerImport = timing.nest("import (lower dw bound)");
+      auto contender = planModule(context, *staged, *schedule, scheduleFile,
+                                  lower, lowerImport, timing, [] {});
+      if (!contender) {
+        llvm::consumeError(contender.takeError());
+        continue;
+      }
+      if (contender->second.simulation.makespan <
+          planned->second.simulation.makespan)
+        planned = std::move(contender);
+    }
+  }
   auto &[module, summary] = *planned;
   if (budget)
     for (auto [rank, rankSummary] : llvm::enumerate(summary.ranks))

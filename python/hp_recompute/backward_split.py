@@ -69,6 +69,16 @@ Rule 8 (compiled blocks). A block compiled by torch.compile is one autograd node
   and nothing is registered when a stage input is itself an ``nn.Parameter`` (its
   gradient would be W's, and I's dx None).
 
+Rule 9 (I frees what W does not read). Inside a session that I retains for W, I
+  records which autograd node unpacks each replayed tensor; when every group has seeds
+  (no Rule 4 or 5 re-walk), the tensors that only nodes other than seeds unpacked are
+  released when I returns: W runs the seeds and nodes off the input path only, and a
+  node off the input path never leads back onto it (it would reach an input), so no W
+  node reads them. What the seeds unpacked, and what I did not unpack at all (the
+  nodes below the seeds), stays for W. The session then holds, from I to W, what the
+  planner prices as the region's ``replay_weight_bytes``. A released tensor read again
+  raises CheckpointError, never replays silently.
+
 Checkpointed regions need nothing special: their saved tensors are unpacked through
 their frames in I and in W alike, so W reads what the session replayed (or replays
 again outside a session, as torch's own checkpoint does for each backward call).
@@ -76,6 +86,7 @@ again outside a session, as torch's own checkpoint does for each backward call).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
@@ -83,7 +94,7 @@ import torch
 
 from .compile_split import split_phase
 from .errors import CheckpointError, error_text
-from .sessions import retained_while
+from .sessions import recording_unpacks, release_unread, retained_while
 
 __all__ = ["WeightGradState", "accumulate_grad", "backward_input", "backward_weight", "SPLIT_SUPPORTED"]
 
@@ -293,13 +304,19 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Optional[Seque
 
         hooks = [node.register_prehook(record(node)) for node in wanted]
         state.unsplit = _unsplit_seeds(graph, wanted, on_input, state.weights, inputs)
+    # Rule 9: W runs the seeds only where every group has them.
+    readers = ({seed for g in state.groups for seed in g.seeds}
+               if SPLIT_SUPPORTED and inputs and state.groups and all(g.seeds for g in state.groups) else None)
     try:
-        with split_phase("input", state.compiled, wanted - state.unsplit if hooks else ()):  # Rule 8
+        with split_phase("input", state.compiled, wanted - state.unsplit if hooks else ()), \
+                recording_unpacks() if readers is not None else contextlib.nullcontext() as record:  # Rules 8, 9
             dinputs = (torch.autograd.grad(outputs, list(inputs), grads_out, retain_graph=retain_graph,
                                            allow_unused=True) if inputs else ())
     finally:
         for h in hooks:
             h.remove()
+    if record is not None:
+        release_unread(record, readers)
     if binding is not None:
         binding.started(state.names)  # FSDP Rule 3
     return tuple(dinputs), state

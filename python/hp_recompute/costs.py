@@ -18,7 +18,9 @@ and one replay through ``recompute_handle`` (``replay_time_us``); and, once at t
 allocator, what that forward holds besides its outputs (``checkpoint_state_bytes``: the RNG
 states the replay restores, 5056 bytes of CPU generator state per call on torch 2.13) and
 what the replay allocates (``replay_bytes``: the saved tensors but the region's input, which
-the forward kept and the replay does not allocate again). Where this torch has selective
+the forward kept and the replay does not allocate again), and of that what the session
+still holds after I, which W reads (``replay_weight_bytes``: I runs inside the session as the
+runner's does and releases the rest, NOTE [ dx/dw split ] Rule 9). Where this torch has selective
 checkpointing (>= 2.4), the same again under the selective policy (NOTE [ Selective policy ]):
 ``selective_fwd_time_us``, ``selective_replay_time_us``, ``selective_saved_bytes`` (the outputs
 it saves, beyond the RNG states) and ``selective_replay_bytes``.
@@ -76,7 +78,7 @@ from .runner.model import DEFAULT_MODEL, PipelineModel, load_model
 from .runner.memory import AllocatorPeak
 from .selective import selective_context_fn, selective_supported
 from .plan.reader import read_json, region_checkpoint
-from .sessions import clear_recompute_session, recompute_handle
+from .sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
 from .storage import storage_of
 
 __all__ = ["measure_region_times", "measure_module_times", "measure_concurrently", "times_from_run", "main"]
@@ -86,7 +88,7 @@ BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")
 #: Per checkpoint policy: the forward and replay times, then the bytes held (besides the
 #: input) and replayed.
 FULL_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
-FULL_BYTES_KEYS = ("checkpoint_state_bytes", "replay_bytes")
+FULL_BYTES_KEYS = ("checkpoint_state_bytes", "replay_bytes", "replay_weight_bytes")
 SELECTIVE_KEYS = ("selective_fwd_time_us", "selective_replay_time_us")
 SELECTIVE_BYTES_KEYS = ("selective_saved_bytes", "selective_replay_bytes")
 #: The policies measured (NOTE [ Selective policy ], Rules 3 and 4): full, and selective where
@@ -138,23 +140,52 @@ def _stopwatch(into: List[float]) -> Iterator[None]:
 
 def _checkpoint_and_replay(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
                            forward: ContextManager[Any], replay: ContextManager[Any],
-                           context_fn: Optional[Callable[[], Any]]) -> List[torch.Tensor]:
+                           context_fn: Optional[Callable[[], Any]],
+                           after_replay: Optional[Callable[[List[torch.Tensor], List[Any]], None]] = None
+                           ) -> List[torch.Tensor]:
     """Runs ``fn(*args, **kwargs)`` under ``hp_recompute.checkpoint`` (with ``context_fn``, a
     policy of ``_POLICIES``) inside ``forward`` and its one replay through ``recompute_handle``
-    inside ``replay``, as the runner does, then clears the replay. Returns the forward's output
-    tensors."""
+    inside ``replay``, as the runner does, then ``after_replay(outputs, handles)`` where given,
+    then clears the replay. Returns the forward's output tensors."""
     from torch.utils._pytree import tree_flatten
 
     options = {} if context_fn is None else {"context_fn": context_fn}
     with forward, recompute_handle_collector_ctx() as handles:
         out = checkpoint(fn, *args, **options, **kwargs)
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     try:
         with replay:
             for handle in handles:
                 recompute_handle(handle, _SESSION)
+        if after_replay is not None:
+            after_replay(outputs, handles)
     finally:
         clear_recompute_session(_SESSION)
-    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return outputs
+
+
+def _held_after_dx(args: Sequence[Any], kwargs: Dict[str, Any], weights: Sequence[torch.Tensor],
+                   into: List[int]) -> Callable[[List[torch.Tensor], List[Any]], None]:
+    """An ``after_replay`` that runs I on the outputs inside the session, as the runner's dx
+    does (retaining it for W), and appends to ``into`` the bytes the session still holds then,
+    but the tensors it holds that the replay did not allocate (weights, the region's inputs):
+    ``replay_weight_bytes`` (Rule 9 of NOTE [ dx/dw split ])."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves = [t for t in tree_flatten((list(args), kwargs))[0] if isinstance(t, torch.Tensor)]
+    inputs = [t for t in leaves if t.requires_grad]
+    trained = [w for w in weights if w.requires_grad]
+
+    def measure(outputs: List[torch.Tensor], handles: List[Any]) -> None:
+        outs = [o for o in outputs if o.requires_grad]
+        if outs:
+            with recompute_session_ctx(_SESSION, retain_on_unpack=True):
+                backward_input(outs, [torch.ones_like(o) for o in outs], inputs, trained)
+        own = {storage_of(t).data_ptr() for t in leaves + list(weights)}
+        frames = [f for f in (h.frame() for h in handles) if f is not None]
+        into.append(_distinct_bytes(t for f in frames for t in f.retained() if storage_of(t).data_ptr() not in own))
+
+    return measure
 
 
 def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[float, ...]:
@@ -166,21 +197,26 @@ def _checkpointed_times(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tu
     return tuple(seconds)
 
 
-def _checkpoint_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tuple[int, ...]:
+def _checkpoint_bytes(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+                      weights: Sequence[torch.Tensor]) -> Tuple[int, ...]:
     """At the allocator, for ``fn(*args, **kwargs)`` under each policy's checkpoint
     (CHECKPOINT_BYTES_KEYS): the bytes its forward holds besides its outputs (what the checkpoint
     keeps to replay: the RNG states, and a selective one's saved outputs, counted without the
-    states), and the bytes one replay allocates. The planner holds the first with the region's
-    input from forward to last backward, the second from recompute to clear (docs/models.md,
-    "Cost model")."""
+    states), and the bytes one replay allocates; for the full policy also what the session holds
+    after I (``_held_after_dx``, of ``weights``). The planner holds the first with the region's
+    input from forward to last backward, the second from recompute to clear, or to I where a W
+    follows and the third from there (docs/models.md, "Cost model")."""
     measured: List[int] = []
     for context_fn in _POLICIES:
         forward, replay = AllocatorPeak(), AllocatorPeak()
-        outputs = _checkpoint_and_replay(fn, args, kwargs, forward, replay, context_fn)
+        after_dx: List[int] = []
+        outputs = _checkpoint_and_replay(fn, args, kwargs, forward, replay, context_fn,
+                                         None if measured else _held_after_dx(args, kwargs, weights, after_dx))
         held = max((forward.net or 0) - _distinct_bytes(outputs), 0)
         if measured:  # beyond the RNG states every policy's checkpoint holds
             held = max(held - measured[0], 0)
-        measured += [held, max(replay.net or 0, 0)]
+        replayed = max(replay.net or 0, 0)
+        measured += [held, replayed] + [min(b, replayed) for b in after_dx]
     return tuple(measured)
 
 
@@ -234,7 +270,8 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
     for index, region in enumerate(model.regions):
         inp = x if index == 0 else _leaf(x)
         if region.checkpointable:
-            held[region.name] = _checkpoint_bytes(region.fn, inp, batch)
+            held[region.name] = _checkpoint_bytes(region.fn, (inp, batch), {},
+                                                  [params[n] for n in region.params])
         x = region.fn(inp, batch)
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():
@@ -469,7 +506,7 @@ def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: 
             fwd_s = time.perf_counter() - t0
             ckpt = _checkpointed_times(forward, *args, **kwargs) if checkpointed else None
             if held is not None:
-                held[name] = _checkpoint_bytes(forward, *args, **kwargs)
+                held[name] = _checkpoint_bytes(forward, args, kwargs, list(modules[name].parameters()))
             record = _Call(name, enter, 0.0, fwd_s, ckpt, cut_in)
 
             def leaf_out(t: Any) -> Any:

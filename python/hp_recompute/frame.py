@@ -147,13 +147,15 @@ class Holder:
     the SavedVariable, the holder and everything it holds die with it.
     """
 
-    __slots__ = ("frame", "value", "shared", "by_task", "__weakref__")
+    __slots__ = ("frame", "value", "shared", "by_task", "released", "__weakref__")
 
     def __init__(self, frame: "CheckpointFrame") -> None:
         self.frame = frame
         self.value: Optional[torch.Tensor] = None
         self.shared: Optional[torch.Tensor] = None
         self.by_task: Optional[Dict[Any, torch.Tensor]] = None  # keyed by graph task or group
+        #: the session let ``value`` go after dx: no dw node reads it (Rule 9 of NOTE [ dx/dw split ])
+        self.released = False
 
 
 class _StopReplay(BaseException):
@@ -173,6 +175,14 @@ def _replay_unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 def _store_session(holder: Holder, tensor: torch.Tensor) -> None:
     holder.value = tensor
+    holder.released = False
+
+
+def _note_unpack(session: Session, holder: Holder) -> None:
+    """Records which autograd node unpacks ``holder`` while a dx records its reads."""
+    record = session.unpacks
+    if record is not None:
+        record.setdefault(holder, []).append(torch._C._current_autograd_node())
 
 
 def _store_shared(holder: Holder, tensor: torch.Tensor) -> None:
@@ -589,6 +599,7 @@ class CheckpointFrame:
             holder = ref()
             if holder is not None:
                 holder.value = None
+                holder.released = False
 
     def _drop_plain_values(self) -> None:
         for ref in self.holders:
@@ -630,6 +641,15 @@ class CheckpointFrame:
                     )
                 mode = POP  # contexts are open on other threads only: as if none were (Rule 6)
             if holder.value is None:
+                if holder.released:
+                    raise CheckpointError(
+                        error_text(
+                            f"a tensor of checkpoint {self.name()} in session {session.label()} was released "
+                            "after dx because no node the dw runs read it there, yet a later backward reads it "
+                            "(NOTE [ dx/dw split ] Rule 9); run that backward before backward_input's session "
+                            "context closes, or report this as a bug of the split"
+                        )
+                    )
                 if self.session_replayed:
                     raise CheckpointError(
                         error_text(
@@ -643,6 +663,8 @@ class CheckpointFrame:
             assert value is not None
             if mode == POP:
                 holder.value = None
+            else:
+                _note_unpack(session, holder)
             return value
 
     def unpack_plain(self, holder: Holder) -> torch.Tensor:
@@ -723,6 +745,8 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
         if value is not None and frame.pending is None:
             mode = session.mode
             if mode == RETAIN:
+                if session.unpacks is not None:
+                    _note_unpack(session, holder)
                 return value
             if mode == POP or (mode == IDLE and not REGISTRY.contexts):
                 holder.value = None

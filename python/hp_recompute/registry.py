@@ -46,9 +46,11 @@ class Session:
         mode: one of POP, RETAIN, IDLE, CLEARED (read by the unpack hot path).
         frames: weak references to the frames bound to this session.
         replays: how many frame replays this session has run.
+        unpacks: while a dx records its reads (``sessions.recording_unpacks``), each holder
+            it unpacked -> the autograd nodes that unpacked it; None otherwise.
     """
 
-    __slots__ = ("session_id", "scope", "mode", "frames", "replays")
+    __slots__ = ("session_id", "scope", "mode", "frames", "replays", "unpacks")
 
     def __init__(self, session_id: Hashable, scope: "SessionScope") -> None:
         self.session_id = session_id
@@ -56,6 +58,7 @@ class Session:
         self.mode = IDLE
         self.frames: List["weakref.ref[Any]"] = []
         self.replays = 0
+        self.unpacks: Optional[Dict[Any, List[Any]]] = None
 
     def label(self) -> str:
         """The id for messages; a session of a scope other than the default one names its scope."""

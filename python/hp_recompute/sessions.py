@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from typing import Any, ContextManager, Dict, Hashable, Iterator, List, Optional
+from typing import Any, ContextManager, Dict, Hashable, Iterator, List, Optional, Set
 
 from .errors import CheckpointError, error_text
 from .frame import CheckpointFrame, RecomputeHandle
@@ -395,6 +395,41 @@ def retained_while(keep: bool) -> Iterator[None]:
             with REGISTRY.lock:
                 if session.mode == RETAIN:
                     session.mode = POP
+
+
+@contextlib.contextmanager
+def recording_unpacks() -> Iterator[Optional[Dict[Any, List[Any]]]]:
+    """While open, records which autograd nodes unpack each tensor of the session this
+    thread's context retains (a dx with ``retain_on_unpack=True``); yields that record
+    (holder -> nodes), or None where no such session is open or one records already.
+
+    For ``release_unread`` (Rule 9 of NOTE [ dx/dw split ]).
+    """
+    with REGISTRY.lock:
+        session = REGISTRY.contexts.get(threading.get_ident())
+        if session is None or session.mode != RETAIN or session.unpacks is not None:
+            session = None
+        else:
+            session.unpacks = {}
+    try:
+        yield None if session is None else session.unpacks
+    finally:
+        if session is not None:
+            with REGISTRY.lock:
+                session.unpacks = None
+
+
+def release_unread(record: Dict[Any, List[Any]], readers: Set[Any]) -> None:
+    """Drops the session tensors of ``record`` that only nodes outside ``readers`` unpacked.
+
+    A tensor some node unpacked without being known (no current node) stays. A released
+    tensor read again raises CheckpointError naming Rule 9, never a silent replay.
+    """
+    for holder, nodes in record.items():
+        if all(node is not None and node not in readers for node in nodes):
+            with holder.frame.lock:
+                holder.value = None
+                holder.released = True
 
 
 def recompute_session_ctx(session_id: Hashable, retain_on_unpack: bool = False) -> ContextManager:

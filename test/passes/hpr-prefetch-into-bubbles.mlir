@@ -2,7 +2,7 @@
 // RUN: hp-recompute-opt %s -split-input-file --pass-pipeline='builtin.module(hpr.schedule(hpr.program(hpr-insert-recompute)),hpr-prefetch-into-bubbles{budget=1000})' | FileCheck %s --check-prefix=ROOMY
 // RUN: not hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-prefetch-into-bubbles{budget=-1})' 2>&1 | FileCheck %s --check-prefix=NEGATIVE
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=jit distance=2' 2>&1 | FileCheck %s --check-prefix=DISTANCE
-// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=lookahead budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
+// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=lookahead deferral-budget=5' 2>&1 | FileCheck %s --check-prefix=BUDGET
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=jit placement=critical' 2>&1 | FileCheck %s --check-prefix=PLACEMENT
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='policy=bubble select=auto budget=5 placement=every-fit' 2>&1 | FileCheck %s --check-prefix=PLACEMENT
 
@@ -68,7 +68,7 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 
 // The pipeline refuses what none of its passes would read.
 // DISTANCE: hpr-recompute-pipeline: distance applies to policy=lookahead only
-// BUDGET: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only
+// BUDGET: hpr-recompute-pipeline: deferral-budget must be between 0 and budget, got 5
 // PLACEMENT: hpr-recompute-pipeline: placement applies to policy=bubble with select=model only
 // NEGATIVE: error: hpr-prefetch-into-bubbles: budget must be >= 0, got -1
 

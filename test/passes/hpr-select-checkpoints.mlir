@@ -85,8 +85,9 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // PLANNED:      hpr.recompute %s0.mb1
 // PLANNED-NEXT: hpr.backward stage 0 mb 1 session(%s0.mb1)
 
-// Without select=auto or policy=bubble nothing takes the budget: refused.
-// PIPELINE: hpr-recompute-pipeline: budget applies to select=auto or policy=bubble only
+// Without select=auto the checkpoint marks stand; the budget bounds dw
+// deferral only (this GPipe has no dw), which names the rank that cannot fit.
+// PIPELINE: error: hpr-bound-weight-deferral: no dw placement fits budget 64 bytes: rank 0 holds 200 bytes of activations at a peak where no dw is pending
 
 // A rank without actions (hpr-verify-comm refuses such a module, but this
 // pass may run alone) holds nothing: the choice is made for the other rank,

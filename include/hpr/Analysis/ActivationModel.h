@@ -20,7 +20,11 @@
 //    the reader brings back its regions from its position to the op before
 //    the reader when the last piece is `in_backward` (that backward then
 //    holds backwardReplayBytesAfter the prefetched regions), else to the op
-//    before the clear.
+//    before the clear;
+//  - a session read first by a dx and later by a dw (`releasedAfterDx`)
+//    holds its whole replay up to the dx and, after it, only what the dw
+//    reads (weightRecomputedBytes; NOTE [ dx/dw split ] Rule 9), each piece
+//    alike.
 //
 //===----------------------------------------------------------------------===//
 
@@ -66,6 +70,9 @@ struct ActivationLifetime {
   /// Whether the replay runs inside its one backward (see the file comment);
   /// with pieces, whether its last piece does.
   bool replayInBackward = false;
+  /// Whether its first reader is a dx and a dw reads it later: the dx
+  /// releases what the dw does not read.
+  bool releasedAfterDx = false;
   /// The pieces placed before the reader, in program order (empty: the
   /// replay is one op).
   llvm::SmallVector<ReplayPiece, 1> prefetchedPieces;

@@ -26,7 +26,9 @@
 //    states) of those that are (all saved bytes for a `no_checkpoint`
 //    microbatch);
 //  - memory a recompute brings back: the checkpointed regions' replay bytes
-//    when measured, else their saved bytes;
+//    when measured, else their saved bytes; of that, a session read by dx
+//    and dw holds after dx only what dw reads, replay_weight_bytes when
+//    measured (else all of it; a selective region's replay counts whole);
 //  - step memory beyond activations: the stage output (the next stage's
 //    first input_bytes) and its gradient, the weight gradients (param_bytes)
 //    and what I keeps for W (bwd_weight_input_bytes); a backward action
@@ -100,6 +102,11 @@ enum class RegionCheckpoint { None, Full, Selective };
 /// `region`'s checkpoint as its attributes say.
 RegionCheckpoint regionCheckpointOf(RegionOp region);
 
+/// Whether checkpointing `region` can save memory: it is checkpointable and
+/// saves more than its boundary input (checkpointing any other region only
+/// costs time). The regions hpr-select-checkpoints chooses among.
+bool isCheckpointCandidate(RegionOp region);
+
 /// The plan JSON spelling of `checkpoint` for the Python bindings ("none",
 /// "full", "selective") and back; none when unknown.
 llvm::StringRef regionCheckpointName(RegionCheckpoint checkpoint);
@@ -130,6 +137,8 @@ double regionTimeUs(RegionOp region, RegionTime time);
 struct ReplayedRegionCost {
   double replayUs = 0;
   int64_t replayBytes = 0;
+  /// Of replayBytes, what a session still holds after dx (what dw reads).
+  int64_t weightReplayBytes = 0;
   /// What the stage's regions up to and including this one keep from
   /// forward to backward (a whole backward has freed the rest when it
   /// reaches this region).
@@ -147,6 +156,8 @@ struct StageCost {
   int64_t keptBytes = 0;      ///< under checkpoint, as the regions say
   int64_t plainKeptBytes = 0; ///< every region plain
   int64_t recomputedBytes = 0;
+  /// Of recomputedBytes, what a session read by dx and dw holds after dx.
+  int64_t weightRecomputedBytes = 0;
   /// What a replay inside a whole backward holds on top of `keptBytes`, at
   /// its worst (ActivationModel.h). The backward runs the regions last to
   /// first and frees what each keeps as it finishes it; a checkpointed region
@@ -188,6 +199,9 @@ bool runsCheckpointed(ForwardOp forward, const std::vector<StageCost> &costs);
 /// (indices into `cost.replayedRegions`) of one forward: a replay piece.
 double replayUsOf(const StageCost &cost, llvm::ArrayRef<int64_t> regions);
 int64_t replayBytesOf(const StageCost &cost, llvm::ArrayRef<int64_t> regions);
+/// Of replayBytesOf, what a session still holds after dx.
+int64_t weightReplayBytesOf(const StageCost &cost,
+                            llvm::ArrayRef<int64_t> regions);
 
 /// What a whole backward holds on top of `cost.keptBytes`, at its worst,
 /// when the checkpointed regions `prefetched` were replayed before it and

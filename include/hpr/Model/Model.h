@@ -52,6 +52,9 @@ struct Region {
   int64_t checkpointStateBytes = 0; ///< held by a checkpointed forward besides
                                     ///< its input (RNG states); 0 = unknown
   int64_t replayBytes = 0;          ///< one replay allocates; 0 = savedBytes
+  /// Of one replay, what a session still holds after dx: the tensors dw
+  /// reads (NOTE [ dx/dw split ] Rule 9); 0 = unknown, all of it.
+  int64_t replayWeightBytes = 0;
   /// The selective policy's costs, measured (0 = not measured): its forward,
   /// its replay, what it saves besides the input and checkpoint state, and
   /// what its replay allocates.
@@ -86,6 +89,7 @@ inline constexpr MeasuredBytes kMeasuredBytes[] = {
     {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes},
     {"checkpoint_state_bytes", &Region::checkpointStateBytes},
     {"replay_bytes", &Region::replayBytes},
+    {"replay_weight_bytes", &Region::replayWeightBytes},
     {"selective_saved_bytes", &Region::selectiveSavedBytes},
     {"selective_replay_bytes", &Region::selectiveReplayBytes}};
 

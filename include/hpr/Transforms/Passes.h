@@ -46,9 +46,17 @@ struct RecomputePipelineOptions
       llvm::cl::init(1)};
   Option<int64_t> budget{
       *this, "budget",
-      llvm::cl::desc("Per-rank activation budget in bytes: the checkpoint "
-                     "choice (select=auto) and bubble placement stay within "
-                     "it (0: none)"),
+      llvm::cl::desc("Per-rank activation budget in bytes: dw deferral "
+                     "(hpr-bound-weight-deferral), the checkpoint choice "
+                     "(select=auto) and bubble placement stay within it (0: "
+                     "none)"),
+      llvm::cl::init(0)};
+  Option<int64_t> deferralBudget{
+      *this, "deferral-budget",
+      llvm::cl::desc("Per-rank activation bytes hpr-bound-weight-deferral "
+                     "fits the schedule into, at most `budget` (0: "
+                     "`budget`): a lower one runs dws earlier and leaves the "
+                     "checkpoint choice more room"),
       llvm::cl::init(0)};
   Option<BubblePlacement> placement{
       *this, "placement",
@@ -75,10 +83,9 @@ struct RecomputePipelineOptions
   bool checkSchedule = true;
 
   /// Refuses, through `emitError`, options that no pass of the pipeline would
-  /// read: `distance` unless policy=lookahead, a `budget` that neither the
-  /// selection (select=auto) nor the placement (policy=bubble) reads, a
-  /// `placement` but with policy=bubble and select=model, and a negative
-  /// budget.
+  /// read: `distance` unless policy=lookahead, a `placement` but with
+  /// policy=bubble and select=model, a negative budget, and a
+  /// `deferral-budget` without a budget or above it.
   LogicalResult
   verify(function_ref<LogicalResult(const Twine &)> emitError) const;
 };
@@ -88,7 +95,8 @@ struct RecomputePipelineOptions
 OpPassManager &nestOnPrograms(OpPassManager &pm);
 
 /// Appends the passes that build a plan: check the schedule
-/// (hpr-verify-comm), select checkpoints (with select=auto), assign sessions,
+/// (hpr-verify-comm), bound dw deferral (with a budget), select checkpoints
+/// (with select=auto), assign sessions,
 /// insert recompute (prefetch into bubbles), insert clear, insert unshard
 /// (with the model's dp_shard > 1).
 void buildPlanningPasses(OpPassManager &pm,

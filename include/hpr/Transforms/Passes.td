@@ -75,6 +75,63 @@ def HPRSelectCheckpoints : Pass<"hpr-select-checkpoints", "::mlir::ModuleOp"> {
   ];
 }
 
+def HPRBoundWeightDeferral
+    : Pass<"hpr-bound-weight-deferral", "::mlir::ModuleOp"> {
+  let summary = "Run dw earlier where a rank's activations exceed a budget";
+  let description = [{
+    A zero-bubble schedule defers each dw (`hpr.backward_weight`) to fill
+    idle time; until it runs, its (stage, microbatch) keeps what its forward
+    kept and, when checkpointed, its whole replay (a session read by dx and
+    dw cannot replay block by block inside one backward). Where a rank's
+    activation peak exceeds `budget`, this pass bounds the deferral. Runs
+    before `hpr-select-checkpoints` and `hpr-assign-sessions`.
+
+    1. Memory is the activation model of docs/planning.md, priced as the
+       model marks the regions or, with `least-memory` (hpr-select-checkpoints
+       follows), with every candidate region checkpointed; and with
+       `least-memory` a rank counts as over the budget only while the least
+       hpr-select-checkpoints reaches (every candidate full, microbatches
+       made plain where that lowers the peak) exceeds it, so the schedule
+       changes only where no checkpoint choice would fit.
+    2. While the rank that peaks highest exceeds the budget, at its first
+       peak position (every candidate full): every dw pending there (its dx at or before the peak,
+       the dw at or after it) offers two changes, (a) the dw runs right
+       before the peak op (never inside an OVERLAP_F_B pair or between
+       batched transfers), when its dx is before that; (b) the dx and the
+       dw fuse into one `hpr.backward` at the dx, which replays block by
+       block inside itself as 1F1B's backward does. A change that would
+       reorder a stage's dws is not offered: the microbatches' weight
+       gradients are added in the schedule's order.
+    3. Each change is applied to a copy and priced: the simulated step
+       (each replay timed with its first reader, where jit places it), then
+       that rank's peak; the least wins (ties: the first, by stage,
+       microbatch, move before fuse).
+    4. Every change ends a lifetime earlier and extends none, so the peak
+       position's bytes fall each round and dws only move up: the loop
+       ends. A rank whose peak holds no pending dw ends it: with
+       `least-memory` the pass leaves the rest to hpr-select-checkpoints
+       (making microbatches plain may lower a peak further; it names the
+       least budget it finds), otherwise it fails, naming the rank and its
+       bytes.
+    A schedule without dws (1F1B, interleaved 1F1B) or within the budget is
+    left as it is.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let options = [
+    Option<"budget", "budget", "int64_t", /*default=*/"0",
+           "Per-rank activation budget in bytes (required, > 0)">,
+    Option<"leastMemory", "least-memory", "bool", /*default=*/"false",
+           "Price the peaks with every candidate region checkpointed (the "
+           "pipeline sets it with select=auto)">,
+  ];
+  let statistics = [
+    Statistic<"numMovedWeights", "num-moved-weights",
+              "dws run earlier, before a peak">,
+    Statistic<"numFusedBackwards", "num-fused-backwards",
+              "dx and dw pairs fused into one backward">,
+  ];
+}
+
 def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
   let summary = "Check the schedule: coverage, order, transfers, deadlock freedom";
   let description = [{

@@ -112,6 +112,7 @@ LogicalResult RegionOp::verify() {
         {getBwdWorkspaceBytes().value_or(0), "bwd_workspace_bytes"},
         {getCheckpointStateBytes().value_or(0), "checkpoint_state_bytes"},
         {getReplayBytes().value_or(0), "replay_bytes"},
+        {getReplayWeightBytes().value_or(0), "replay_weight_bytes"},
         {getSelectiveSavedBytes().value_or(0), "selective_saved_bytes"},
         {getSelectiveReplayBytes().value_or(0), "selective_replay_bytes"}})
     if (static_cast<int64_t>(value) < 0)

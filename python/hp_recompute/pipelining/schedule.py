@@ -60,9 +60,13 @@ Rule 6 (metadata inference). On the first step torch's stages infer their input 
   (its forward of microbatch 0 would update BatchNorm's statistics once more than the
   plain model does).
 
-Rule 7 (stages split into I and W by hp_recompute). torch's
+Rule 7 (stages split into I and W by hp_recompute). Every stage whose backward the plan
+  splits runs hp_recompute's split where torch has the stage caches it reads (torch 2.13):
+  its I releases what no W node reads from the sessions (Rule 9 of NOTE [ dx/dw split ]), as
+  the plan prices it (``replay_weight_bytes``); torch's I keeps the whole replay, so on a
+  torch without those caches a plan that counts on the release is refused. torch's
   ``backward_one_chunk(full_backward=False)`` and ``backward_weight_one_chunk`` are not
-  right for two kinds of stages whose backward the plan splits (``split_stages``):
+  right at all for two kinds of stages whose backward the plan splits (``split_stages``):
   - FSDP2 stages: they differentiate ``submod.parameters()``, which FSDP2 has swapped for
     sharded DTensors by then (``reshard_after_forward=True``): W gets no or wrong
     gradients, silently (torch's own ZBV too);
@@ -171,8 +175,13 @@ def planned_splits(program: Sequence[Action]) -> Set[int]:
     return {a.stage for a in program if a.op == "backward_weight"}
 
 
-def split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
-    """Rule 7: indices of the FSDP2 or compiled stages whose backward the plan splits into I and W."""
+def split_stages(stages: Sequence[Any], program: Sequence[Action],
+                 releases: Callable[[int], bool] = lambda stage: False) -> Set[int]:
+    """Rule 7: indices of the stages whose backward the plan splits into I and W, where that
+    split is hp_recompute's: FSDP2 or compiled stages, and every other one where torch has
+    the stage caches it reads (torch 2.13). ``releases(stage)``: the plan prices that stage's
+    sessions as released after I (Rule 9 of NOTE [ dx/dw split ]), which torch's I does not do,
+    so such a stage is refused where the caches are missing."""
     split = planned_splits(program)
     found: Dict[int, str] = {}
     for stage in stages:
@@ -190,6 +199,8 @@ def split_stages(stages: Sequence[Any], program: Sequence[Action]) -> Set[int]:
             found[stage.stage_index] = "holds FSDP2 modules (fully_shard)"
         elif compiled and compile_split.SUPPORTED:
             found[stage.stage_index] = "holds compiled modules"
+        elif hasattr(stage, "_stage_meta") or releases(stage.stage_index):
+            found[stage.stage_index] = "has sessions the plan prices as released after dx (replay_weight_bytes)"
     for stage in stages:
         if stage.stage_index in found and not hasattr(stage, "_stage_meta"):
             raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} {found[stage.stage_index]} and "
@@ -240,7 +251,7 @@ class PlannedSchedule(PipelineScheduleMulti):
             refusal = e
         self._refuse_together(stages[0].group, refusal)
         #: stages whose backwards are hp_recompute's split (Rule 7)
-        self.own_split = split_stages(self._stages, self.plan.ranks[self.rank])
+        self.own_split = split_stages(self._stages, self.plan.ranks[self.rank], self._releases_after_dx)
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping
         for stage in self._stages:  # Rule 2
@@ -275,6 +286,13 @@ class PlannedSchedule(PipelineScheduleMulti):
         ``"selective"``), only those it checkpoints so."""
         return [r["name"] for r in self.plan.stages[stage]
                 if region_checkpoint(r) != "none" and policy in (None, region_checkpoint(r))]
+
+    def _releases_after_dx(self, stage: int) -> bool:
+        """Whether the plan prices ``stage``'s sessions as released after I (a full region with
+        ``replay_weight_bytes`` below its replay): only hp_recompute's I releases (Rule 7)."""
+        return any(region_checkpoint(r) == "full"
+                   and 0 < r.get("replay_weight_bytes", 0) < r.get("replay_bytes", r.get("saved_bytes", 0))
+                   for r in self.plan.stages[stage])
 
     def _check_stages(self, n_microbatches: int) -> None:
         """Rule 1: the stages given are the ones the plan puts on this rank."""

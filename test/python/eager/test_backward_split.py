@@ -135,6 +135,98 @@ def test_split_inside_a_session_replays_once() -> None:
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def _held_bytes(handles, own) -> int:
+    """Distinct storage bytes the sessions' holders hold, but those of ``own`` tensors."""
+    skip = {t.untyped_storage().data_ptr() for t in own}
+    held = {}
+    for handle in handles:
+        for t in handle.frame().retained():
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in skip:
+                held[storage.data_ptr()] = storage.nbytes()
+    return sum(held.values())
+
+
+@needs_split
+@pytest.mark.parametrize("prefetched", [True, False], ids=["prefetched", "replayed-by-dx"])
+def test_dx_releases_what_no_dw_node_reads_and_dw_stays_exact(prefetched: bool) -> None:
+    """Rule 9: after I the session holds only what the seeds (and the nodes below them) read."""
+    net = _gpt_blocks(2)
+    x = torch.randn(2, 40, 48, requires_grad=True)
+    g = torch.randn(2, 40, 48)
+    weights = list(net.parameters())
+    want = torch.autograd.grad([net(x)], [x] + weights, [g])
+    with hpr.recompute_handle_collector_ctx() as handles:
+        out = hpr.checkpoint(net[0], x)
+        out = hpr.checkpoint(net[1], out)
+    if prefetched:
+        for handle in handles:
+            hpr.recompute_handle(handle, "s")
+    with hpr.recompute_session_ctx("s", retain_on_unpack=True):
+        (dx,), state = backward_input([out], [g], [x], weights)
+        after_dx = _held_bytes(handles, weights + [x])
+    # What I left is what W reads: dropping it instead (as a POP consumer would) leaves W
+    # nothing, so the release kept neither too little (W exact below) nor everything.
+    replayed = sum(t.numel() * t.element_size() for t in _replay_of(net, x))
+    assert 0 < after_dx < 0.75 * replayed
+    with hpr.recompute_session_ctx("s", retain_on_unpack=False):
+        dw = backward_weight(state)
+    hpr.clear_recompute_session("s")
+    for a, b in zip((dx, *dw), want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _replay_of(net: nn.Module, x: torch.Tensor):
+    """The tensors the blocks' forward saves for backward, but parameters and ``x``."""
+    saved = []
+    own = {p.untyped_storage().data_ptr() for p in net.parameters()} | {x.untyped_storage().data_ptr()}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in own:
+            saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(x)
+    return list({t.untyped_storage().data_ptr(): t for t in saved}.values())
+
+
+@needs_split
+def test_a_released_tensor_read_again_raises_naming_the_rule() -> None:
+    """Rule 9: a second dx-like backward after I finds what I released gone, and says so."""
+    net = _gpt_blocks(1)
+    x = torch.randn(2, 40, 48, requires_grad=True)
+    with hpr.recompute_handle_collector_ctx():
+        out = hpr.checkpoint(net, x)
+    try:
+        with hpr.recompute_session_ctx("s", retain_on_unpack=True):
+            backward_input([out.sum()], None, [x], list(net.parameters()))
+            with pytest.raises(hpr.CheckpointError, match=r"released after dx .*Rule 9"):
+                torch.autograd.grad([out.sum()], [x])
+    finally:
+        hpr.clear_recompute_session("s")
+
+
+@needs_split
+def test_a_rewalking_w_releases_nothing() -> None:
+    """Rule 9 needs seeds: a group that re-walks from the outputs (Rule 4) reads everything."""
+    torch.manual_seed(2)
+    lin = nn.Linear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    want = torch.autograd.grad([lin(torch.tanh(lin(x))).sum()], [x, *lin.parameters()])
+    with hpr.recompute_handle_collector_ctx() as handles:
+        out = hpr.checkpoint(lambda t: lin(torch.tanh(lin(t))), x)
+    with hpr.recompute_session_ctx("s", retain_on_unpack=True):
+        (dx,), state = backward_input([out.sum()], None, [x], list(lin.parameters()))
+    assert any(not group.seeds for group in state.groups)  # Rule 4
+    assert not any(h.released for h in (r() for r in handles[0].frame().holders) if h is not None)
+    with hpr.recompute_session_ctx("s"):
+        dw = backward_weight(state)
+    hpr.clear_recompute_session("s")
+    for a, b in zip((dx, *dw), want):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "GraphExecGroup"),
                     reason="torch.utils.checkpoint.GraphExecGroup is torch >= 2.9")
 def test_torch_graph_exec_group_cannot_share_one_replay_between_dx_and_dw() -> None:

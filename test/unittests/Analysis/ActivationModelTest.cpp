@@ -98,8 +98,9 @@ TEST(ActivationModel, PlannedSpansFollowRecomputeAndClear) {
 
 /// Two checkpointed regions in each stage (replays of 1000 and 600 bytes),
 /// one stage per rank, two microbatches of `schedule`.
-static OwningOpRef<ModuleOp>
-twoRegions(MLIRContext &context, llvm::StringRef schedule, int ranks = 1) {
+static OwningOpRef<ModuleOp> twoRegions(MLIRContext &context,
+                                        llvm::StringRef schedule, int ranks = 1,
+                                        bool measuredWeightBytes = false) {
   context.loadDialect<HPRDialect>();
   model::StagedModel staged;
   for (int stage = 0; stage < ranks; ++stage) {
@@ -111,6 +112,9 @@ twoRegions(MLIRContext &context, llvm::StringRef schedule, int ranks = 1) {
       region.fwdTimeUs = 1;
       region.savedBytes = saved;
       region.inputBytes = 64;
+      // What a dw reads of the replay: 300 of the 1000, 200 of the 600.
+      if (measuredWeightBytes)
+        region.replayWeightBytes = saved == 1000 ? 300 : 200;
       staged.stages.back().regions.push_back(region);
     }
   }
@@ -256,6 +260,38 @@ TEST(ActivationModel, ReplayReadByIAndWIsWhole) {
   std::vector<StageCost> costs =
       computeStageCosts(*module->getOps<ModelOp>().begin());
   EXPECT_GE(computeActivationProfile(activations, costs).peak(), 2 * 64 + 1600);
+}
+
+TEST(ActivationModel, DxReleasesWhatNoDwReads) {
+  // The same plan with and without replay_weight_bytes: from the op after
+  // each session's I to its clear it holds 500 (300 + 200) instead of 1600,
+  // and up to its I the whole replay.
+  MLIRContext context;
+  OwningOpRef<ModuleOp> whole = twoRegions(context, "zb-h1", 2);
+  OwningOpRef<ModuleOp> released = twoRegions(context, "zb-h1", 2, true);
+  ProgramActivations activations = programOf(*released, 1);
+  ASSERT_EQ(activations.lifetimes.size(), 2u);
+  auto profileOf = [&](ModuleOp module) {
+    return computeActivationProfile(
+        activations, computeStageCosts(*module.getOps<ModelOp>().begin()));
+  };
+  ActivationProfile before = profileOf(*whole), after = profileOf(*released);
+  bool someReleased = false;
+  for (unsigned pos = 0; pos < activations.numPositions; ++pos) {
+    int64_t releasedSessions = 0;
+    for (const ActivationLifetime &lifetime : activations.lifetimes) {
+      ASSERT_TRUE(lifetime.releasedAfterDx);
+      releasedSessions +=
+          lifetime.firstConsumerPos < pos && pos <= lifetime.replayEndPos;
+    }
+    someReleased |= releasedSessions > 0;
+    EXPECT_EQ(before.live[pos] - after.live[pos], releasedSessions * 1100)
+        << "position " << pos;
+  }
+  EXPECT_TRUE(someReleased);
+  // Stage 0's W is its one reader: nothing to release there.
+  for (const ActivationLifetime &lifetime : programOf(*released, 0).lifetimes)
+    EXPECT_FALSE(lifetime.releasedAfterDx);
 }
 
 TEST(ActivationModel, FirstStageReplaysInsideItsWeightBackward) {

@@ -73,7 +73,9 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     transient bytes of the backward (`bwd_workspace_bytes`) and what a
     checkpointed forward holds besides its input, the RNG states its replay
     restores (`checkpoint_state_bytes`), and what one replay allocates
-    (`replay_bytes`; absent: `saved`, which may count the kept input again);
+    (`replay_bytes`; absent: `saved`, which may count the kept input again)
+    and of that what a session still holds after dx, the tensors dw reads
+    (`replay_weight_bytes`; absent: all of it);
     and the selective policy's forward and replay times
     (`selective_fwd_time_us`, `selective_replay_time_us`), the bytes it saves
     besides the input and checkpoint state (`selective_saved_bytes`) and what
@@ -93,6 +95,7 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        OptionalAttr<I64Attr>:$bwd_workspace_bytes,
                        OptionalAttr<I64Attr>:$checkpoint_state_bytes,
                        OptionalAttr<I64Attr>:$replay_bytes,
+                       OptionalAttr<I64Attr>:$replay_weight_bytes,
                        OptionalAttr<F64Attr>:$selective_fwd_time_us,
                        OptionalAttr<F64Attr>:$selective_replay_time_us,
                        OptionalAttr<I64Attr>:$selective_saved_bytes,
@@ -148,8 +151,9 @@ def HPR_ProgramOp : HPR_Op<"program", [NoTerminator, SingleBlock,
     schedule's compute actions of this rank in order, three numbers each:
     the kind (0 forward, 1 backward_input, 2 backward_weight, 3 backward),
     the stage and the microbatch. The importer writes it from the schedule;
-    no pass changes it, and hpr-verify compares the program with it action
-    by action.
+    hpr-bound-weight-deferral, which decides the schedule where memory is
+    short, rewrites it with the order it chose; no other pass changes it,
+    and hpr-verify compares the program with it action by action.
   }];
   let arguments = (ins HPR_IndexAttr:$rank,
                        OptionalAttr<DenseI64ArrayAttr>:$compute_order);

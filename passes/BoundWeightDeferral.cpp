@@ -1,0 +1,327 @@
+//===- BoundWeightDeferral.cpp - Run dw earlier where memory is short -----===//
+//
+// A zero-bubble schedule defers each dw (hpr.backward_weight) to fill idle
+// time; meanwhile its (stage, microbatch) keeps what its forward kept and,
+// when checkpointed, its whole replay. Where a rank's activation peak exceeds
+// the budget, this pass bounds that deferral: it runs a pending dw before the
+// peak, or fuses it with its dx into one hpr.backward (which replays block by
+// block inside itself, as 1F1B's does), choosing each time the change the
+// simulated step suffers least from. The algorithm is in Passes.td and
+// docs/planning.md ("Bounded dw deferral").
+//
+//===----------------------------------------------------------------------===//
+
+#include "LeastCheckpointMemory.h"
+#include "hpr/Analysis/ActivationModel.h"
+#include "hpr/Analysis/Timeline.h"
+#include "hpr/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <limits>
+#include <optional>
+
+namespace mlir::hpr {
+#define GEN_PASS_DEF_HPRBOUNDWEIGHTDEFERRAL
+#include "hpr/Transforms/Passes.h.inc"
+} // namespace mlir::hpr
+
+using namespace mlir;
+using namespace mlir::hpr;
+
+namespace {
+
+using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
+
+/// One way to end a pending dw's lifetime before a rank's peak, written by
+/// positions so that it applies to a copy of the module as to the module.
+struct Change {
+  unsigned rank = 0;
+  int64_t stage = 0;
+  int64_t microbatch = 0;
+  /// Fuse dx and dw into one backward at the dx; otherwise run the dw
+  /// before the op at `before`.
+  bool fuse = false;
+  unsigned before = 0;
+};
+
+/// A change priced: the simulated step with it, and the rank's peak.
+struct Priced {
+  double stepUs = 0;
+  int64_t peak = 0;
+  Change change;
+};
+
+/// The (stage, microbatch)'s dx and dw ops in `program`, by key.
+struct SplitBackwards {
+  llvm::DenseMap<Key, std::pair<unsigned, unsigned>> positions; // (I, W)
+  std::vector<Operation *> ops;                                 // by position
+};
+
+SplitBackwards collectSplitBackwards(ProgramOp program) {
+  SplitBackwards result;
+  llvm::DenseMap<Key, unsigned> inputs;
+  for (Operation &op : program.getBody().getOps()) {
+    unsigned pos = result.ops.size();
+    result.ops.push_back(&op);
+    if (auto input = dyn_cast<BackwardInputOp>(op))
+      inputs[{input.getStageIndex(), input.getMicrobatchIndex()}] = pos;
+    else if (auto weight = dyn_cast<BackwardWeightOp>(op)) {
+      Key key{weight.getStageIndex(), weight.getMicrobatchIndex()};
+      auto it = inputs.find(key);
+      if (it != inputs.end())
+        result.positions[key] = {it->second, pos};
+    }
+  }
+  return result;
+}
+
+/// Whether a dw may leave its place: half of an OVERLAP_F_B pair may not.
+bool isMovable(Operation *op) {
+  if (auto weight = dyn_cast<BackwardWeightOp>(op))
+    return !weight.getOverlap();
+  return !cast<BackwardInputOp>(op).getOverlap();
+}
+
+/// The position an op inserted before `pos` really goes before: not inside
+/// an OVERLAP_F_B pair (after its forward) nor between batched transfers.
+unsigned insertionPoint(const std::vector<Operation *> &ops, unsigned pos) {
+  while (pos > 0) {
+    Operation *previous = ops[pos - 1];
+    auto forward = dyn_cast<ForwardOp>(previous);
+    bool inPair = forward && forward.getOverlap();
+    bool batched = previous->hasAttr("batched");
+    if (!inPair && !batched)
+      break;
+    --pos;
+  }
+  return pos;
+}
+
+/// Whether a dw of `stage` lies in [begin, end): moving another dw of the
+/// stage across it would change the order in which the microbatches'
+/// weight gradients are added.
+bool stageWeightBetween(const std::vector<Operation *> &ops, int64_t stage,
+                        unsigned begin, unsigned end) {
+  for (unsigned pos = begin; pos < end; ++pos)
+    if (auto weight = dyn_cast<BackwardWeightOp>(ops[pos]))
+      if (weight.getStageIndex() == stage)
+        return true;
+  return false;
+}
+
+/// Applies `change` to `module` (or a copy of it).
+void apply(ModuleOp module, const Change &change) {
+  ProgramOp program = llvm::to_vector(
+      getSchedule(module).getBody().getOps<ProgramOp>())[change.rank];
+  SplitBackwards split = collectSplitBackwards(program);
+  auto [inputPos, weightPos] =
+      split.positions.lookup({change.stage, change.microbatch});
+  Operation *input = split.ops[inputPos];
+  Operation *weight = split.ops[weightPos];
+  if (!change.fuse) {
+    weight->moveBefore(split.ops[change.before]);
+    return;
+  }
+  OpBuilder builder(input);
+  builder.create<BackwardOp>(input->getLoc(), change.stage, change.microbatch,
+                             Value(), /*retain_on_unpack=*/false,
+                             /*overlap=*/false);
+  input->erase();
+  weight->erase();
+}
+
+/// Rewrites `program`'s `compute_order` record, where it has one, to its
+/// compute actions as they now stand: this pass decides the schedule it
+/// changes, and hpr-verify then holds the later passes to that order.
+void recordComputeOrder(ProgramOp program) {
+  if (!program.getComputeOrder())
+    return;
+  llvm::SmallVector<int64_t> order;
+  for (Operation &op : program.getBody().getOps()) {
+    int64_t kind = isa<ForwardOp>(op)          ? 0
+                   : isa<BackwardInputOp>(op)  ? 1
+                   : isa<BackwardWeightOp>(op) ? 2
+                   : isa<BackwardOp>(op)       ? 3
+                                               : -1;
+    if (kind < 0)
+      continue;
+    auto action = cast<ActionOpInterface>(op);
+    order.append({kind, action.getStageIndex(), action.getMicrobatchIndex()});
+  }
+  program.setComputeOrder(order);
+}
+
+class BoundWeightDeferralPass
+    : public mlir::hpr::impl::HPRBoundWeightDeferralBase<
+          BoundWeightDeferralPass> {
+public:
+  using HPRBoundWeightDeferralBase::HPRBoundWeightDeferralBase;
+  void runOnOperation() override;
+
+private:
+  /// The costs the peaks are priced with: every candidate region
+  /// checkpointed (`leastMemory`), else as the model marks them.
+  std::vector<StageCost> costs;
+
+  std::vector<int64_t> peaks(ModuleOp module) const;
+  double stepUs(ModuleOp module) const;
+  std::vector<Change> changesAtPeak(ModuleOp module, unsigned rank) const;
+};
+} // namespace
+
+std::vector<int64_t> BoundWeightDeferralPass::peaks(ModuleOp module) const {
+  std::vector<int64_t> result;
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
+    result.push_back(
+        computeActivationProfile(collectActivationLifetimes(program), costs)
+            .peak());
+  return result;
+}
+
+/// The simulated step, each checkpointed (stage, microbatch)'s replay timed
+/// with its first reader (where jit places it).
+double BoundWeightDeferralPass::stepUs(ModuleOp module) const {
+  ModuleSchedule cells = extractSchedule(module, costs);
+  llvm::DenseSet<Key> plain;
+  module.walk([&](ForwardOp forward) {
+    if (!runsCheckpointed(forward, costs))
+      plain.insert({forward.getStageIndex(), forward.getMicrobatchIndex()});
+  });
+  for (std::vector<sched::Action> &program : cells.schedule.ranks)
+    for (sched::Action &cell : program) {
+      auto price = [&](sched::Action &action) {
+        using Kind = sched::ActionKind;
+        bool firstReader =
+            action.kind == Kind::Backward ||
+            (action.kind == Kind::BackwardInput && action.stage != 0) ||
+            (action.kind == Kind::BackwardWeight && action.stage == 0);
+        if (firstReader && !plain.contains({action.stage, action.microbatch}))
+          action.durationUs =
+              action.durationUs.value_or(0) + costs[action.stage].recomputeUs;
+      };
+      price(cell);
+      for (sched::Action &part : cell.parts)
+        price(part);
+    }
+  llvm::Expected<sched::SimulationResult> result =
+      simulateTimeline(cells.schedule);
+  if (!result) {
+    llvm::consumeError(result.takeError());
+    return std::numeric_limits<double>::infinity();
+  }
+  return result->makespan;
+}
+
+/// The changes that lower what `rank` holds at its (first) peak position:
+/// each dw pending there run right before it, or fused with its dx when the
+/// dx is at or before the peak. A change that would reorder a stage's dws is
+/// left out.
+std::vector<Change>
+BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
+  ProgramOp program =
+      llvm::to_vector(getSchedule(module).getBody().getOps<ProgramOp>())[rank];
+  ActivationProfile profile =
+      computeActivationProfile(collectActivationLifetimes(program), costs);
+  unsigned peakPos =
+      std::max_element(profile.live.begin(), profile.live.end()) -
+      profile.live.begin();
+  SplitBackwards split = collectSplitBackwards(program);
+  std::vector<Change> changes;
+  for (auto &[key, positions] : split.positions) {
+    auto [inputPos, weightPos] = positions;
+    if (inputPos > peakPos || weightPos < peakPos ||
+        !isMovable(split.ops[inputPos]) || !isMovable(split.ops[weightPos]))
+      continue;
+    Change change{rank, key.first, key.second};
+    unsigned before = insertionPoint(split.ops, peakPos);
+    if (inputPos < before && before < weightPos &&
+        !stageWeightBetween(split.ops, key.first, before, weightPos)) {
+      change.before = before;
+      changes.push_back(change);
+    }
+    if (!stageWeightBetween(split.ops, key.first, inputPos + 1, weightPos)) {
+      change.fuse = true;
+      changes.push_back(change);
+    }
+  }
+  // Positions come from a hash map: a stable order keeps ties reproducible.
+  llvm::sort(changes, [](const Change &a, const Change &b) {
+    return std::tie(a.stage, a.microbatch, a.fuse) <
+           std::tie(b.stage, b.microbatch, b.fuse);
+  });
+  return changes;
+}
+
+void BoundWeightDeferralPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto models = llvm::to_vector(module.getOps<ModelOp>());
+  auto schedules = llvm::to_vector(module.getOps<ScheduleOp>());
+  if (models.size() != 1 || schedules.size() != 1) {
+    emitError(module.getLoc()) << "hpr-bound-weight-deferral: expected one "
+                                  "hpr.model and one hpr.schedule";
+    return signalPassFailure();
+  }
+  if (budget <= 0) {
+    emitError(module.getLoc())
+        << "hpr-bound-weight-deferral: budget must be > 0 bytes, got "
+        << static_cast<int64_t>(budget);
+    return signalPassFailure();
+  }
+  bool planned = false;
+  module.walk([&](SessionOp) { planned = true; });
+  if (planned) {
+    emitError(module.getLoc()) << "hpr-bound-weight-deferral: runs before "
+                                  "hpr-assign-sessions";
+    return signalPassFailure();
+  }
+  costs = leastMemory ? computeStageCosts(models.front(),
+                                          [](RegionOp region) {
+                                            return isCheckpointCandidate(region)
+                                                       ? RegionCheckpoint::Full
+                                                       : RegionCheckpoint::None;
+                                          })
+                      : computeStageCosts(models.front());
+
+  // Greedy, on the rank that peaks highest: every change lowers what that
+  // rank holds at its peak and raises nothing anywhere (a lifetime only
+  // ends earlier), so each round makes progress and dws only move up.
+  for (;;) {
+    // With least-memory, the peaks hpr-select-checkpoints can reach: the
+    // schedule changes only where no checkpoint choice would fit.
+    std::vector<int64_t> rankPeaks =
+        leastMemory ? leastCheckpointPeaks(module) : peaks(module);
+    auto worst = std::max_element(rankPeaks.begin(), rankPeaks.end());
+    if (worst == rankPeaks.end() || *worst <= budget)
+      return;
+    unsigned rank = worst - rankPeaks.begin();
+    std::optional<Priced> best;
+    for (const Change &change : changesAtPeak(module, rank)) {
+      OwningOpRef<ModuleOp> copy(module.clone());
+      apply(*copy, change);
+      Priced priced{stepUs(*copy), peaks(*copy)[rank], change};
+      if (!best || std::tie(priced.stepUs, priced.peak) <
+                       std::tie(best->stepUs, best->peak))
+        best = priced;
+    }
+    if (!best) {
+      // hpr-select-checkpoints, which follows with least-memory, may reach
+      // less (microbatches made plain) or name the least it finds.
+      if (leastMemory)
+        return;
+      emitError(module.getLoc())
+          << "hpr-bound-weight-deferral: no dw placement fits budget "
+          << static_cast<int64_t>(budget) << " bytes: rank " << rank
+          << " holds " << *worst
+          << " bytes of activations at a peak where no dw is pending, the "
+             "least this schedule reaches by running dws earlier";
+      return signalPassFailure();
+    }
+    apply(module, best->change);
+    recordComputeOrder(llvm::to_vector(
+        getSchedule(module).getBody().getOps<ProgramOp>())[rank]);
+    ++(best->change.fuse ? numFusedBackwards : numMovedWeights);
+  }
+}
