@@ -17,6 +17,7 @@
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 
@@ -167,6 +168,7 @@ private:
   std::vector<StageCost> costs;
 
   std::vector<int64_t> peaks(ModuleOp module) const;
+  bool selectionFits(ModuleOp module);
   double stepUs(ModuleOp module) const;
   std::vector<Change> changesAtPeak(ModuleOp module, unsigned rank) const;
 };
@@ -179,6 +181,25 @@ std::vector<int64_t> BoundWeightDeferralPass::peaks(ModuleOp module) const {
         computeActivationProfile(collectActivationLifetimes(program), costs)
             .peak());
   return result;
+}
+
+/// Whether hpr-select-checkpoints finds a choice within the budget on the
+/// schedule as it stands: run on a copy nested in `module` for the time it
+/// takes, its diagnostics dropped.
+bool BoundWeightDeferralPass::selectionFits(ModuleOp module) {
+  OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
+  auto copy = cast<ModuleOp>(builder.clone(*module));
+  HPRSelectCheckpointsOptions select;
+  select.budget = budget;
+  OpPassManager pm(ModuleOp::getOperationName());
+  pm.addPass(createHPRSelectCheckpoints(select));
+  LogicalResult result = [&] {
+    ScopedDiagnosticHandler quiet(&getContext(),
+                                  [](Diagnostic &) { return success(); });
+    return runPipeline(pm, copy);
+  }();
+  copy.erase();
+  return succeeded(result);
 }
 
 /// The simulated step, each checkpointed (stage, microbatch)'s replay timed
@@ -285,17 +306,28 @@ void BoundWeightDeferralPass::runOnOperation() {
                                           })
                       : computeStageCosts(models.front());
 
+  // With least-memory the schedule changes only where no checkpoint choice
+  // fits it as it stands.
+  if (leastMemory && selectionFits(module))
+    return;
   // Greedy, on the rank that peaks highest: every change lowers what that
   // rank holds at its peak and raises nothing anywhere (a lifetime only
   // ends earlier), so each round makes progress and dws only move up.
   for (;;) {
-    // With least-memory, the peaks hpr-select-checkpoints can reach: the
-    // schedule changes only where no checkpoint choice would fit.
+    // With least-memory: while the least hpr-select-checkpoints starts from
+    // exceeds the budget, on that rank; then while its search still finds no
+    // choice, on the rank that peaks highest with every candidate full.
     std::vector<int64_t> rankPeaks =
         leastMemory ? leastCheckpointPeaks(module) : peaks(module);
     auto worst = std::max_element(rankPeaks.begin(), rankPeaks.end());
-    if (worst == rankPeaks.end() || *worst <= budget)
+    if (worst == rankPeaks.end())
       return;
+    if (*worst <= budget) {
+      if (!leastMemory || selectionFits(module))
+        return;
+      rankPeaks = peaks(module);
+      worst = std::max_element(rankPeaks.begin(), rankPeaks.end());
+    }
     unsigned rank = worst - rankPeaks.begin();
     std::optional<Priced> best;
     for (const Change &change : changesAtPeak(module, rank)) {

@@ -197,7 +197,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
                           region.getCheckpointStateBytes().value_or(0);
         int64_t replayBytes =
             region.getReplayBytes().value_or(region.getSavedBytes());
-        // What dx leaves for dw: measured for a full replay only.
+        // What dx leaves for dw (NOTE [ dx/dw split ] Rule 9): a selective
+        // checkpoint keeps all of it (Rule 9 releases nothing there).
         int64_t weightBytes = std::min<int64_t>(
             replayBytes, region.getReplayWeightBytes().value_or(replayBytes));
         if (checkpoint == RegionCheckpoint::Selective) {

@@ -183,6 +183,14 @@ llvm::Error PlanRequest::validate() const {
   if (scheduleFile.empty() && scheduleGen.empty())
     return usage("give one schedule: a file (" + given("schedule") +
                  ") or a generator (" + given("schedule-gen") + ")");
+  if (scheduleGen == "auto" && !budget)
+    return usage(given("schedule-gen", "auto") +
+                 " chooses the fastest schedule within " +
+                 given("memory-budget") + "; give one");
+  if (scheduleGen == "auto" && stagesPerRank)
+    return usage(given("stages-per-rank") + " does not apply to " +
+                 given("schedule-gen", "auto") +
+                 ": each schedule it plans takes its own");
 
   // Options the chosen inputs do not read are refused rather than ignored.
   // With a schedule but no model the model is the uniform one.
@@ -277,9 +285,11 @@ static llvm::Expected<sched::Schedule> loadSchedule(const PlanRequest &request,
   return schedule;
 }
 
+/// The request's model split into `numStages` stages (the uniform one
+/// without a model), before the request's data-parallel layout.
 static llvm::Expected<model::StagedModel>
-loadModel(const PlanRequest &request, int numStages,
-          std::vector<std::string> *warnings) {
+loadStages(const PlanRequest &request, int numStages,
+           std::vector<std::string> *warnings) {
   bool fromText = !request.modelJsonText.empty();
   if (request.modelFile.empty() && !fromText)
     return makeUniformModel(numStages);
@@ -319,6 +329,20 @@ loadModel(const PlanRequest &request, int numStages,
             "measure them with python -m hp_recompute.costs (torch >= 2.4)");
     }
   return model::partitionModel(*graph, numStages, request.stageSpec);
+}
+
+/// The request's model as loadStages splits it, with `--dp-shard` and
+/// `--dp-replicate` replacing the model JSON's layout where given.
+static llvm::Expected<model::StagedModel>
+loadModel(const PlanRequest &request, int numStages,
+          std::vector<std::string> *warnings) {
+  llvm::Expected<model::StagedModel> staged =
+      loadStages(request, numStages, warnings);
+  if (staged && request.dpShard)
+    staged->dataParallel.shard = *request.dpShard;
+  if (staged && request.dpReplicate)
+    staged->dataParallel.replicate = *request.dpReplicate;
+  return staged;
 }
 
 /// Builds the plan module of `staged` on `schedule` (timed in
@@ -438,11 +462,10 @@ static std::string budgetNote(const PlanRequest &request,
          " bytes, that multiple of the checkpoint-all peak";
 }
 
-llvm::Expected<PlannedModule>
-mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
-                      TimingScope &timing, std::vector<std::string> *warnings) {
-  if (llvm::Error error = request.validate())
-    return error;
+/// Plans a validated request for one schedule.
+static llvm::Expected<PlannedModule>
+planSchedule(MLIRContext &context, const PlanRequest &request,
+             TimingScope &timing, std::vector<std::string> *warnings) {
   RecomputePipelineOptions pipeline;
   (void)parsePrefetch(request.prefetch, pipeline); // validated
   CheckpointPolicy policy = request.checkpoint.value_or(CheckpointPolicy::All);
@@ -464,10 +487,6 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
       loadModel(request, schedule->numStages, warnings);
   if (!staged)
     return staged.takeError();
-  if (request.dpShard)
-    staged->dataParallel.shard = *request.dpShard;
-  if (request.dpReplicate)
-    staged->dataParallel.replicate = *request.dpReplicate;
   modelTimer.stop();
 
   std::optional<int64_t> budget;
@@ -536,6 +555,86 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
 
   return PlannedModule{std::move(module), std::move(summary),
                        PlannerOptions{request.prefetch,
-                                      checkpointPolicyName(policy), budget,
-                                      "hp-recompute-plan"}};
+                                      checkpointPolicyName(policy),
+                                      budget,
+                                      "hp-recompute-plan",
+                                      {}}};
+}
+
+/// `--schedule-gen auto`: plans `request` with each of kAutoScheduleFamilies
+/// (each failure's diagnostics kept as its refusal, not reported) and keeps
+/// the plan whose simulated step is shortest (ties: the earlier family). A
+/// budget multiple is resolved once, against 1F1B's checkpoint-all peak.
+static llvm::Expected<PlannedModule>
+planFastestSchedule(MLIRContext &context, const PlanRequest &request,
+                    TimingScope &timing, std::vector<std::string> *warnings) {
+  PlanRequest each = request;
+  if (request.budget->ofCheckpointAll) {
+    each.scheduleGen = "1f1b";
+    std::string scheduleFile;
+    TimingScope resolveTimer = timing.nest("checkpoint-all peak of 1f1b");
+    llvm::Expected<sched::Schedule> schedule = loadSchedule(each, scheduleFile);
+    if (!schedule)
+      return schedule.takeError();
+    llvm::Expected<model::StagedModel> staged =
+        loadModel(each, schedule->numStages, warnings);
+    if (!staged)
+      return staged.takeError();
+    llvm::Expected<int64_t> bytes =
+        resolveMultiple(context, *request.budget, *staged, *schedule,
+                        scheduleFile, resolveTimer);
+    if (!bytes)
+      return bytes.takeError();
+    each.budget = MemoryBudget{*bytes, std::nullopt};
+  }
+  std::optional<PlannedModule> best;
+  std::vector<ScheduleCandidate> candidates;
+  for (llvm::StringRef family : kAutoScheduleFamilies) {
+    each.scheduleGen = family.str();
+    ScheduleCandidate &candidate = candidates.emplace_back();
+    candidate.schedule = each.scheduleGen;
+    std::string firstError;
+    ScopedDiagnosticHandler capture(&context, [&](Diagnostic &diagnostic) {
+      if (firstError.empty() &&
+          diagnostic.getSeverity() == DiagnosticSeverity::Error)
+        firstError = diagnostic.str();
+      return success();
+    });
+    TimingScope familyTimer = timing.nest(each.scheduleGen);
+    llvm::Expected<PlannedModule> planned =
+        planSchedule(context, each, familyTimer,
+                     best || candidates.size() > 1 ? nullptr : warnings);
+    if (!planned) {
+      std::string error = llvm::toString(planned.takeError());
+      candidate.refusal = firstError.empty() ? error : firstError;
+      continue;
+    }
+    candidate.stepUs = planned->summary.simulation.makespan;
+    for (const RankSummary &rank : planned->summary.ranks)
+      candidate.peakBytes.push_back(rank.peakBytes);
+    if (!best || *candidate.stepUs < best->summary.simulation.makespan)
+      best = std::move(*planned);
+  }
+  if (!best) {
+    std::string reasons;
+    for (const ScheduleCandidate &candidate : candidates)
+      reasons += "\n  " + candidate.schedule + ": " + candidate.refusal;
+    return llvm::createStringError(
+        optionName("schedule-gen", request.spelling) +
+        " auto: no schedule plans within " +
+        optionName("memory-budget", request.spelling) + " " +
+        std::to_string(each.budget->bytes) + " bytes:" + reasons);
+  }
+  best->options.scheduleCandidates = std::move(candidates);
+  return std::move(*best);
+}
+
+llvm::Expected<PlannedModule>
+mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
+                      TimingScope &timing, std::vector<std::string> *warnings) {
+  if (llvm::Error error = request.validate())
+    return error;
+  if (request.scheduleGen == "auto")
+    return planFastestSchedule(context, request, timing, warnings);
+  return planSchedule(context, request, timing, warnings);
 }

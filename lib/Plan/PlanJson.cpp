@@ -406,16 +406,31 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
     hidden.push_back(rank.hiddenRecomputeUs);
     exposed.push_back(rank.exposedRecomputeUs);
   }
+  json plannerJson = {{"prefetch", planner.prefetch},
+                      {"checkpoint", planner.checkpoint},
+                      {"memory_budget", planner.memoryBudget
+                                            ? json(*planner.memoryBudget)
+                                            : json(nullptr)},
+                      {"tool", planner.tool}};
+  if (!planner.scheduleCandidates.empty()) {
+    json candidates = json::array();
+    for (const ScheduleCandidate &candidate : planner.scheduleCandidates) {
+      json entry = {{"schedule", candidate.schedule}};
+      if (candidate.stepUs) {
+        entry["step_time_us"] = *candidate.stepUs;
+        entry["peak_bytes"] = candidate.peakBytes;
+      } else {
+        entry["refused"] = candidate.refusal;
+      }
+      candidates.push_back(std::move(entry));
+    }
+    plannerJson["schedule_candidates"] = std::move(candidates);
+  }
   // The small members, in the order DESIGN §4.3 lists them.
   std::pair<const char *, json> head[] = {
       {"format", "hp-recompute-plan"},
       {"version", 2},
-      {"planner",
-       {{"prefetch", planner.prefetch},
-        {"checkpoint", planner.checkpoint},
-        {"memory_budget",
-         planner.memoryBudget ? json(*planner.memoryBudget) : json(nullptr)},
-        {"tool", planner.tool}}},
+      {"planner", std::move(plannerJson)},
       {"schedule", scheduleJson(schedule)},
       {"model", model},
       {"summary",

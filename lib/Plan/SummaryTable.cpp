@@ -4,6 +4,7 @@
 
 #include "llvm/Support/Format.h"
 
+#include <algorithm>
 #include <string>
 
 using namespace mlir;
@@ -27,4 +28,26 @@ void mlir::hpr::printSummaryTable(const PlanSummary &summary,
   os << llvm::format("step time %.1f us, bubble fraction %.3f\n",
                      summary.simulation.makespan,
                      summary.simulation.bubbleFraction);
+}
+
+void mlir::hpr::printScheduleCandidates(
+    llvm::ArrayRef<ScheduleCandidate> candidates, llvm::StringRef chosen,
+    llvm::raw_ostream &os) {
+  os << "schedule              step-us     peak-bytes\n";
+  for (const ScheduleCandidate &candidate : candidates) {
+    if (!candidate.stepUs) {
+      // The refusal's first line: the rest is notes.
+      os << llvm::format("%-18s %10s  ", candidate.schedule.c_str(),
+                         static_cast<const char *>("-"))
+         << "refused: " << llvm::StringRef(candidate.refusal).split('\n').first
+         << "\n";
+      continue;
+    }
+    int64_t peak = 0;
+    for (int64_t bytes : candidate.peakBytes)
+      peak = std::max(peak, bytes);
+    os << llvm::format("%-18s %10.1f %14lld\n", candidate.schedule.c_str(),
+                       *candidate.stepUs, (long long)peak);
+  }
+  os << "chosen: " << chosen << " (the shortest simulated step)\n";
 }

@@ -75,7 +75,8 @@ Rule 9 (I frees what W does not read). Inside a session that I retains for W, I
   released when I returns: W runs the seeds and nodes off the input path only, and a
   node off the input path never leads back onto it (it would reach an input), so no W
   node reads them. What the seeds unpacked, and what I did not unpack at all (the
-  nodes below the seeds), stays for W. The session then holds, from I to W, what the
+  nodes below the seeds), stays for W, and so does everything of a checkpoint with a
+  ``context_fn`` (the selective policy). The session then holds, from I to W, what the
   planner prices as the region's ``replay_weight_bytes``. A released tensor read again
   raises CheckpointError, never replays silently.
 

@@ -167,9 +167,10 @@ def _checkpoint_and_replay(fn: Callable[..., Any], args: Sequence[Any], kwargs: 
 def _held_after_dx(args: Sequence[Any], kwargs: Dict[str, Any], weights: Sequence[torch.Tensor],
                    into: List[int]) -> Callable[[List[torch.Tensor], List[Any]], None]:
     """An ``after_replay`` that runs I on the outputs inside the session, as the runner's dx
-    does (retaining it for W), and appends to ``into`` the bytes the session still holds then,
-    but the tensors it holds that the replay did not allocate (weights, the region's inputs):
-    ``replay_weight_bytes`` (Rule 9 of NOTE [ dx/dw split ])."""
+    does (retaining it for W), and appends to ``into`` the bytes I released from the session
+    (Rule 9 of NOTE [ dx/dw split ]): what it held before I and not after, counted by distinct
+    storage, but the weights and the region's inputs. The replay's bytes less these are
+    ``replay_weight_bytes``."""
     from torch.utils._pytree import tree_flatten
 
     leaves = [t for t in tree_flatten((list(args), kwargs))[0] if isinstance(t, torch.Tensor)]
@@ -177,13 +178,18 @@ def _held_after_dx(args: Sequence[Any], kwargs: Dict[str, Any], weights: Sequenc
     trained = [w for w in weights if w.requires_grad]
 
     def measure(outputs: List[torch.Tensor], handles: List[Any]) -> None:
+        own = {storage_of(t).data_ptr() for t in leaves + list(weights)}
+        frames = [f for f in (h.frame() for h in handles) if f is not None]
+
+        def held() -> int:
+            return _distinct_bytes(t for f in frames for t in f.retained() if storage_of(t).data_ptr() not in own)
+
+        before = held()
         outs = [o for o in outputs if o.requires_grad]
         if outs:
             with recompute_session_ctx(_SESSION, retain_on_unpack=True):
                 backward_input(outs, [torch.ones_like(o) for o in outs], inputs, trained)
-        own = {storage_of(t).data_ptr() for t in leaves + list(weights)}
-        frames = [f for f in (h.frame() for h in handles) if f is not None]
-        into.append(_distinct_bytes(t for f in frames for t in f.retained() if storage_of(t).data_ptr() not in own))
+        into.append(max(before - held(), 0))
 
     return measure
 
@@ -202,8 +208,8 @@ def _checkpoint_bytes(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[
     """At the allocator, for ``fn(*args, **kwargs)`` under each policy's checkpoint
     (CHECKPOINT_BYTES_KEYS): the bytes its forward holds besides its outputs (what the checkpoint
     keeps to replay: the RNG states, and a selective one's saved outputs, counted without the
-    states), and the bytes one replay allocates; for the full policy also what the session holds
-    after I (``_held_after_dx``, of ``weights``). The planner holds the first with the region's
+    states), and the bytes one replay allocates; for the full policy also what the session still
+    holds after I (``_held_after_dx``, of ``weights``; a selective checkpoint releases nothing). The planner holds the first with the region's
     input from forward to last backward, the second from recompute to clear, or to I where a W
     follows and the third from there (docs/models.md, "Cost model")."""
     measured: List[int] = []
@@ -216,7 +222,7 @@ def _checkpoint_bytes(fn: Callable[..., Any], args: Sequence[Any], kwargs: Dict[
         if measured:  # beyond the RNG states every policy's checkpoint holds
             held = max(held - measured[0], 0)
         replayed = max(replay.net or 0, 0)
-        measured += [held, replayed] + [min(b, replayed) for b in after_dx]
+        measured += [held, replayed] + [max(replayed - released, 0) for released in after_dx]
     return tuple(measured)
 
 

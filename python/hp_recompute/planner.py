@@ -48,13 +48,17 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
     Args:
         schedule: a schedule file (torch pipelining CSV or JSON); or
         schedule_gen: a built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, dualpipev)
-            sized by ``ranks`` (4), ``microbatches`` (8) and ``stages_per_rank`` (the schedule's own).
+            sized by ``ranks`` (4), ``microbatches`` (8) and ``stages_per_rank`` (the schedule's own);
+            or ``auto``: each of them but gpipe planned within ``memory_budget`` (a multiple is then
+            of 1F1B's checkpoint-all peak), the plan with the shortest simulated step returned; its
+            ``planner.schedule_candidates`` lists every one planned (docs/cli.md).
         model: a model file (``.pt2`` or model JSON; TorchScript ``.pt``/``.ir`` need LibTorch
             and are read by the CLI only); None plans the schedule alone (unit-cost stages).
         checkpoint: ``all`` (the default), ``model``, ``none``, ``auto`` (needs ``memory_budget``)
             or ``selective``; needs ``model``.
         prefetch: ``jit`` (the default), ``lookahead=K`` or ``bubble``.
-        memory_budget: the per-rank activation budget (what ``auto`` and ``bubble`` fit within):
+        memory_budget: the per-rank activation budget (what ``auto`` and ``bubble`` fit within, and
+            what a zero-bubble schedule's dw deferral is bounded to):
             bytes, as an int or as ``--memory-budget`` spells them (``"24GiB"``), or a multiple of
             the checkpoint-all peak (``"1.5x"``: of the most any rank needs with every
             checkpointable region checkpointed and replayed jit, i.e. torch's checkpoint).

@@ -422,10 +422,15 @@ def recording_unpacks() -> Iterator[Optional[Dict[Any, List[Any]]]]:
 def release_unread(record: Dict[Any, List[Any]], readers: Set[Any]) -> None:
     """Drops the session tensors of ``record`` that only nodes outside ``readers`` unpacked.
 
-    A tensor some node unpacked without being known (no current node) stays. A released
-    tensor read again raises CheckpointError naming Rule 9, never a silent replay.
+    A tensor some node unpacked without being known (no current node) stays, and so does
+    every tensor of a checkpoint with a ``context_fn`` (the selective policy: what its
+    forward saved and what its replay recomputed share the holders, and the planner prices
+    its replay whole). A released tensor read again raises CheckpointError naming Rule 9,
+    never a silent replay.
     """
     for holder, nodes in record.items():
+        if holder.frame.recompute_ctx is not None:
+            continue
         if all(node is not None and node not in readers for node in nodes):
             with holder.frame.lock:
                 holder.value = None

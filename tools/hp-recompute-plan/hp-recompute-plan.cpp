@@ -90,7 +90,8 @@ cl::opt<std::string> scheduleFile("schedule",
 cl::opt<std::string> scheduleGen(
     "schedule-gen",
     cl::desc("Built-in schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, "
-             "dualpipev"),
+             "dualpipev; or auto, the fastest of all but gpipe within "
+             "--memory-budget"),
     cl::cat(category));
 cl::opt<int64_t> ranks("ranks", cl::desc("Ranks of a generated schedule"),
                        cl::init(4), cl::cat(category));
@@ -400,6 +401,9 @@ int main(int argc, char **argv) {
   auto write = [&](raw_ostream &os) -> Error {
     switch (emit) {
     case EmitKind::Summary:
+      if (!planned->options.scheduleCandidates.empty())
+        mlir::hpr::printScheduleCandidates(planned->options.scheduleCandidates,
+                                           scheduleOp.getName(), os);
       os << "plan: model '" << mlir::hpr::getModel(module).getName()
          << "', schedule '" << scheduleOp.getName() << "' ("
          << scheduleOp.getNumRanks() << " ranks, " << scheduleOp.getNumStages()

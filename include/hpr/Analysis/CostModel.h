@@ -28,7 +28,7 @@
 //  - memory a recompute brings back: the checkpointed regions' replay bytes
 //    when measured, else their saved bytes; of that, a session read by dx
 //    and dw holds after dx only what dw reads, replay_weight_bytes when
-//    measured (else all of it; a selective region's replay counts whole);
+//    measured (else all of it; a selective region keeps all of it);
 //  - step memory beyond activations: the stage output (the next stage's
 //    first input_bytes) and its gradient, the weight gradients (param_bytes)
 //    and what I keeps for W (bwd_weight_input_bytes); a backward action

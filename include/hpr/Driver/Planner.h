@@ -28,6 +28,11 @@
 
 namespace mlir::hpr {
 
+/// What `--schedule-gen auto` plans, in the order ties go: every built-in
+/// family but GPipe (docs/cli.md).
+inline constexpr llvm::StringLiteral kAutoScheduleFamilies[] = {
+    "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"};
+
 /// Which regions to checkpoint (`--checkpoint`).
 enum class CheckpointPolicy { All, Model, None, Auto, Selective };
 
@@ -98,7 +103,10 @@ struct PlanRequest {
   std::optional<CheckpointPolicy> checkpoint;
 
   /// The schedule: a file (.csv, .json) or a generator with its sizes
-  /// (4 ranks, 8 microbatches, the schedule's own stages per rank).
+  /// (4 ranks, 8 microbatches, the schedule's own stages per rank); the
+  /// generator `auto` plans each of kAutoScheduleFamilies within the budget
+  /// and keeps the fastest plan (a budget multiple is then of 1F1B's
+  /// checkpoint-all peak).
   std::string scheduleFile;
   std::string scheduleGen;
   std::optional<int64_t> ranks, microbatches, stagesPerRank;
@@ -130,7 +138,8 @@ struct PlanRequest {
 struct PlannedModule {
   OwningOpRef<ModuleOp> module;
   PlanSummary summary;
-  /// The `planner` member of its plan JSON.
+  /// The `planner` member of its plan JSON (with `--schedule-gen auto`, the
+  /// schedules it planned).
   PlannerOptions options;
 };
 

@@ -16,8 +16,18 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mlir::hpr {
+
+/// A schedule `--schedule-gen auto` planned (docs/cli.md): its plan's
+/// simulated step and per-rank activation peaks, or why it has none.
+struct ScheduleCandidate {
+  std::string schedule;
+  std::optional<double> stepUs; ///< none: no plan
+  std::vector<int64_t> peakBytes;
+  std::string refusal; ///< the first error, when no plan
+};
 
 /// The options a plan was made with, recorded as the plan JSON's `planner`.
 struct PlannerOptions {
@@ -25,6 +35,9 @@ struct PlannerOptions {
   std::string checkpoint;              ///< all, model, none, auto or selective
   std::optional<int64_t> memoryBudget; ///< bytes; none when not given
   std::string tool = "hp-recompute-plan";
+  /// With `--schedule-gen auto`: every schedule planned, in the order ties
+  /// go (`schedule_candidates`); empty otherwise.
+  std::vector<ScheduleCandidate> scheduleCandidates;
 };
 
 /// Writes the plan JSON, version 2, to `os`, with `planner` as its

@@ -8,6 +8,7 @@
 #ifndef HPR_PLAN_SUMMARYTABLE_H
 #define HPR_PLAN_SUMMARYTABLE_H
 
+#include "hpr/Plan/PlanJson.h"
 #include "hpr/Plan/PlanSummary.h"
 
 #include "llvm/Support/raw_ostream.h"
@@ -15,6 +16,11 @@
 namespace mlir::hpr {
 
 void printSummaryTable(const PlanSummary &summary, llvm::raw_ostream &os);
+
+/// `--schedule-gen auto`: one row per schedule planned, its simulated step
+/// and its largest rank peak, or why it has none; then the one chosen.
+void printScheduleCandidates(llvm::ArrayRef<ScheduleCandidate> candidates,
+                             llvm::StringRef chosen, llvm::raw_ostream &os);
 
 } // namespace mlir::hpr
 

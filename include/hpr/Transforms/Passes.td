@@ -88,11 +88,15 @@ def HPRBoundWeightDeferral
 
     1. Memory is the activation model of docs/planning.md, priced as the
        model marks the regions or, with `least-memory` (hpr-select-checkpoints
-       follows), with every candidate region checkpointed; and with
-       `least-memory` a rank counts as over the budget only while the least
-       hpr-select-checkpoints reaches (every candidate full, microbatches
-       made plain where that lowers the peak) exceeds it, so the schedule
-       changes only where no checkpoint choice would fit.
+       follows), with every candidate region checkpointed. With
+       `least-memory` the schedule changes only where no checkpoint choice
+       fits: first hpr-select-checkpoints runs on a copy (diagnostics
+       dropped), and where it finds a choice the pass changes nothing; then
+       a rank counts as over the budget while the least
+       hpr-select-checkpoints starts from (every candidate full, microbatches
+       made plain where that lowers the peak) exceeds it, and once none
+       does, the rank that peaks highest while hpr-select-checkpoints on a
+       copy still finds no choice.
     2. While the rank that peaks highest exceeds the budget, at its first
        peak position (every candidate full): every dw pending there (its dx at or before the peak,
        the dw at or after it) offers two changes, (a) the dw runs right

@@ -248,14 +248,22 @@ def test_infeasible_budget_names_one_that_works(tmp_path: Path) -> None:
     assert proc.returncode == 1
 
 
-def test_memory_budget_stays_a_check_for_all_and_model() -> None:
+def test_memory_budget_bounds_dw_deferral_and_stays_a_check_for_all_and_model() -> None:
+    """With --checkpoint all or model the regions stay as marked: the budget bounds how far
+    dws are deferred (they run earlier, or fuse with their dx), and where no placement of
+    the dws fits, the plan is refused naming the rank and what it holds."""
     every = _plan(*SMALL)
-    budget = str(max(every["summary"]["peak_bytes"]) - 1)
+    below = max(every["summary"]["peak_bytes"]) - 1
+    bounded = _plan(*SMALL, "--memory-budget", str(below))
+    assert max(bounded["summary"]["peak_bytes"]) <= below
+    assert compute_order(bounded) != compute_order(every)  # dws moved or fused
+    check_lifecycles(bounded)
     for mode in ("all", "model"):
-        proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", mode, "--memory-budget", budget,
+        proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", mode, "--memory-budget", "1000",
                         check=False)
         assert proc.returncode == 1
-        assert "plan exceeds --memory-budget" in proc.stderr
+        assert ("hpr-bound-weight-deferral: no dw placement fits budget 1000 bytes: rank 0 holds "
+                in proc.stderr), proc.stderr
 
 
 def _checkpoint_all_peak() -> int:
@@ -277,18 +285,21 @@ def test_a_multiple_is_of_checkpointing_every_region_not_of_the_models_marks() -
     peak = _checkpoint_all_peak()
     proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", "model", "--memory-budget", "1x", check=False)
     assert proc.returncode == 1
-    assert (f"bytes of activations, budget {peak} (--memory-budget 1x is {peak} bytes, that multiple of the "
-            f"checkpoint-all peak)") in proc.stderr
+    assert f"no dw placement fits budget {peak} bytes" in proc.stderr
+    assert f"remark: --memory-budget 1x is {peak} bytes, that multiple of the checkpoint-all peak" in proc.stderr
 
 
 def test_an_infeasible_multiple_says_what_it_resolved_to(tmp_path: Path) -> None:
-    half = int(0.5 * _checkpoint_all_peak())
+    # A tenth of ZBV's checkpoint-all peak is below what 1F1B holds with every block
+    # checkpointed: no dw placement and no checkpoint choice reach it. (Half of it plans:
+    # dws run earlier.)
+    tenth = int(0.1 * _checkpoint_all_peak())
     out = tmp_path / "p.json"
-    proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", "auto", "--memory-budget", "0.5x",
+    proc = run_plan("--model", str(GPT), *SMALL, "--checkpoint", "auto", "--memory-budget", "0.1x",
                     "--emit", "json", "-o", str(out), check=False)
     assert proc.returncode == 1
-    assert f"no checkpoint choice fits budget {half} bytes" in proc.stderr
-    assert (f"remark: --memory-budget 0.5x is {half} bytes, that multiple of the checkpoint-all peak"
+    assert f"no checkpoint choice fits budget {tenth} bytes" in proc.stderr
+    assert (f"remark: --memory-budget 0.1x is {tenth} bytes, that multiple of the checkpoint-all peak"
             in proc.stderr)
     assert list(tmp_path.iterdir()) == []
 
@@ -325,3 +336,61 @@ def test_a_decimal_multiple_is_exact() -> None:
     for multiple, numerator, denominator in cases:
         plan = plan_json(*gen, "--prefetch", "bubble", "--memory-budget", multiple)
         assert plan["planner"]["memory_budget"] == peak * numerator // denominator, multiple
+
+
+ZERO_BUBBLE = ("zb-h1", "zbv", "dualpipev")
+
+
+def _one_f_one_b_checkpoint_all_peak(*gen: str) -> int:
+    return max(_plan("--schedule-gen", "1f1b", *gen, "--checkpoint", "all")["summary"]["peak_bytes"])
+
+
+@pytest.mark.parametrize("name", ZERO_BUBBLE)
+def test_zero_bubble_plans_within_checkpointing_memory(name: str) -> None:
+    """Bounded dw deferral: at 1.2x 1F1B's checkpoint-all peak every zero-bubble family plans,
+    where its own jit plan needs more, and keeps its compute actions and the session contract."""
+    sizes = ("--ranks", "4", "--microbatches", "8")
+    budget = int(1.2 * _one_f_one_b_checkpoint_all_peak(*sizes))
+    unbounded = _plan("--schedule-gen", name, *sizes, "--checkpoint", "all")
+    assert max(unbounded["summary"]["peak_bytes"]) > budget  # the bound has work to do
+    for flags in (("--checkpoint", "all"), ("--checkpoint", "auto", "--prefetch", "bubble")):
+        plan = _plan("--schedule-gen", name, *sizes, *flags, "--memory-budget", str(budget))
+        assert max(plan["summary"]["peak_bytes"]) <= budget
+        check_lifecycles(plan)
+        # Every (stage, microbatch) is forwarded and backpropagated once: a dx and a dw, or
+        # one backward where the planner fused them.
+        done = {}
+        for rank in plan["ranks"]:
+            for a in rank["actions"]:
+                if a["op"] in ("backward", "backward_input", "backward_weight"):
+                    done.setdefault((a["stage"], a["microbatch"]), []).append(a["op"])
+        assert len(done) == 8 * plan["schedule"]["num_stages"]
+        assert all(ops in (["backward"], ["backward_input", "backward_weight"]) for ops in done.values())
+
+
+def test_schedule_gen_auto_keeps_the_fastest_family() -> None:
+    """``--schedule-gen auto``: each family planned alone within the bytes auto resolved to, the
+    plan auto returns is the fastest of them (the first on a tie), and its candidates say so."""
+    sizes = ("--ranks", "4", "--microbatches", "8")
+    flags = ("--checkpoint", "auto", "--prefetch", "bubble")
+    auto = _plan("--schedule-gen", "auto", *sizes, *flags, "--memory-budget", "1.5x")
+    budget = auto["planner"]["memory_budget"]
+    assert budget == int(1.5 * _one_f_one_b_checkpoint_all_peak(*sizes))
+    steps = {}
+    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"):
+        alone = run_plan("--model", str(GPT), "--schedule-gen", name, *sizes, *flags, "--memory-budget",
+                         str(budget), "--emit", "json", check=False)
+        steps[name] = json.loads(alone.stdout)["summary"]["step_time_us"] if alone.returncode == 0 else None
+    fastest = min((s for s in steps.values() if s is not None))
+    assert auto["schedule"]["name"] == next(n for n, s in steps.items() if s == fastest)
+    assert auto["summary"]["step_time_us"] == pytest.approx(fastest, rel=1e-12)
+    listed = {c["schedule"]: c.get("step_time_us") for c in auto["planner"]["schedule_candidates"]}
+    assert listed == pytest.approx(steps, rel=1e-12)
+
+
+def test_schedule_gen_auto_with_no_plan_names_every_refusal() -> None:
+    done = run_plan("--model", str(GPT), "--schedule-gen", "auto", "--memory-budget", "100", check=False)
+    assert done.returncode == 1
+    assert "--schedule-gen auto: no schedule plans within --memory-budget 100 bytes:" in done.stderr
+    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"):
+        assert f"\n  {name}: hpr-bound-weight-deferral: no dw placement fits budget 100 bytes" in done.stderr

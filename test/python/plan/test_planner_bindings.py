@@ -112,7 +112,7 @@ def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: 
     (dict(schedule_gen="nosuch"), "nosuch: unknown schedule: expected one of gpipe"),
     (dict(schedule="/nonexistent/s.csv"), "/nonexistent/s.csv: cannot read schedule file"),
     (dict(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT, memory_budget=1000),
-     "plan exceeds --memory-budget: rank 0 needs"),
+     "hpr-bound-weight-deferral: no dw placement fits budget 1000 bytes: rank 0 holds"),
 ])
 def test_a_refused_request_names_what_is_wrong(kwargs: dict, line: str) -> None:
     with pytest.raises(hr.PlanError) as info:
