@@ -16,7 +16,7 @@ sizes=(--ranks 2 --microbatches 4)
   -o "$out/reference.json"
 budget=$("$py" -c "import json, sys; print(int(float(sys.argv[2]) * max(json.load(open(sys.argv[1]))['summary']['peak_bytes'])))" \
   "$out/reference.json" "$multiple")
-families=(1f1b interleaved-1f1b zb-h1 zbv dualpipev auto)
+families=(1f1b interleaved-1f1b zb-h1 interleaved-zb zbv dualpipev auto)
 for family in "${families[@]}"; do
   "$tool" --model "$out/gpt.costed.json" --schedule-gen "$family" "${sizes[@]}" --checkpoint auto \
     --prefetch bubble --memory-budget "$budget" --emit json -o "$out/$family.json"

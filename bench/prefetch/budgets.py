@@ -24,7 +24,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-FAMILIES = ["1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"]
+FAMILIES = ["1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zbv", "dualpipev"]
 ONE_F_ONE_B = ["1f1b", "interleaved-1f1b"]
 
 

@@ -20,8 +20,9 @@
 namespace mlir::hpr::sched {
 namespace {
 
-constexpr llvm::StringLiteral kNames[] = {"gpipe", "1f1b", "interleaved-1f1b",
-                                          "zb-h1", "zbv",  "dualpipev"};
+constexpr llvm::StringLiteral kNames[] = {
+    "gpipe",          "1f1b", "interleaved-1f1b", "zb-h1",
+    "interleaved-zb", "zbv",  "dualpipev"};
 
 llvm::Error refuse(llvm::StringRef name, const llvm::Twine &why) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(),
@@ -353,7 +354,8 @@ llvm::Expected<Schedule> generateSchedule(llvm::StringRef name,
                             llvm::Twine(p) + " ranks and " + llvm::Twine(m) +
                             " microbatches");
   bool twoPerRank = name == "zbv" || name == "dualpipev";
-  int defaultV = (twoPerRank || name == "interleaved-1f1b") ? 2 : 1;
+  bool looped = name == "interleaved-1f1b" || name == "interleaved-zb";
+  int defaultV = (twoPerRank || looped) ? 2 : 1;
   int v = options.stagesPerRank == 0 ? defaultV : options.stagesPerRank;
   if (v < 1)
     return refuse(name, "expected a positive number of stages per rank, got " +
@@ -383,7 +385,8 @@ llvm::Expected<Schedule> generateSchedule(llvm::StringRef name,
     return oneFOneB(p, m);
   if (name == "interleaved-1f1b")
     return interleaved(name, p, m, v, /*zeroBubble=*/false);
-  if (name == "zb-h1")
+  // interleaved-zb is zb-h1 looped over 2 stages per rank by default.
+  if (name == "zb-h1" || name == "interleaved-zb")
     return interleaved(name, p, m, v, /*zeroBubble=*/true);
   if (name == "zbv")
     return zbv(p, m);

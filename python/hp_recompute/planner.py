@@ -47,7 +47,8 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
 
     Args:
         schedule: a schedule file (torch pipelining CSV or JSON); or
-        schedule_gen: a built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, dualpipev)
+        schedule_gen: a built-in schedule (gpipe, 1f1b, interleaved-1f1b, zb-h1, interleaved-zb, zbv,
+            dualpipev)
             sized by ``ranks`` (4), ``microbatches`` (8) and ``stages_per_rank`` (the schedule's own);
             or ``auto``: each of them but gpipe planned within ``memory_budget`` (a multiple is then
             of 1F1B's checkpoint-all peak), the plan with the shortest simulated step returned; its

@@ -89,9 +89,9 @@ cl::opt<std::string> scheduleFile("schedule",
                                   cl::value_desc("file"), cl::cat(category));
 cl::opt<std::string> scheduleGen(
     "schedule-gen",
-    cl::desc("Built-in schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, "
-             "dualpipev; or auto, the fastest of all but gpipe within "
-             "--memory-budget"),
+    cl::desc("Built-in schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1, "
+             "interleaved-zb, zbv, dualpipev; or auto, the fastest of all but "
+             "gpipe within --memory-budget"),
     cl::cat(category));
 cl::opt<int64_t> ranks("ranks", cl::desc("Ranks of a generated schedule"),
                        cl::init(4), cl::cat(category));

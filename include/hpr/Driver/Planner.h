@@ -31,7 +31,7 @@ namespace mlir::hpr {
 /// What `--schedule-gen auto` plans, in the order ties go: every built-in
 /// family but GPipe (docs/cli.md).
 inline constexpr llvm::StringLiteral kAutoScheduleFamilies[] = {
-    "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"};
+    "1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zbv", "dualpipev"};
 
 /// Which regions to checkpoint (`--checkpoint`).
 enum class CheckpointPolicy { All, Model, None, Auto, Selective };

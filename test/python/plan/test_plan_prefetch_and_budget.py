@@ -338,7 +338,7 @@ def test_a_decimal_multiple_is_exact() -> None:
         assert plan["planner"]["memory_budget"] == peak * numerator // denominator, multiple
 
 
-ZERO_BUBBLE = ("zb-h1", "zbv", "dualpipev")
+ZERO_BUBBLE = ("zb-h1", "interleaved-zb", "zbv", "dualpipev")
 
 
 def _one_f_one_b_checkpoint_all_peak(*gen: str) -> int:
@@ -377,7 +377,7 @@ def test_schedule_gen_auto_keeps_the_fastest_family() -> None:
     budget = auto["planner"]["memory_budget"]
     assert budget == int(1.5 * _one_f_one_b_checkpoint_all_peak(*sizes))
     steps = {}
-    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"):
+    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zbv", "dualpipev"):
         alone = run_plan("--model", str(GPT), "--schedule-gen", name, *sizes, *flags, "--memory-budget",
                          str(budget), "--emit", "json", check=False)
         steps[name] = json.loads(alone.stdout)["summary"]["step_time_us"] if alone.returncode == 0 else None
@@ -392,5 +392,5 @@ def test_schedule_gen_auto_with_no_plan_names_every_refusal() -> None:
     done = run_plan("--model", str(GPT), "--schedule-gen", "auto", "--memory-budget", "100", check=False)
     assert done.returncode == 1
     assert "--schedule-gen auto: no schedule plans within --memory-budget 100 bytes:" in done.stderr
-    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"):
+    for name in ("1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zbv", "dualpipev"):
         assert f"\n  {name}: hpr-bound-weight-deferral: no dw placement fits budget 100 bytes" in done.stderr

@@ -55,9 +55,22 @@ TEST(Generators, Names) {
   std::vector<std::string> names;
   for (llvm::StringRef n : generatorNames())
     names.push_back(n.str());
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b",
-                                      "zb-h1", "zbv", "dualpipev"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
+                       "interleaved-zb", "zbv", "dualpipev"}));
+}
+
+TEST(Generators, InterleavedZbIsZbH1OnTwoStagesPerRank) {
+  // PyTorch's ScheduleInterleavedZeroBubble with its looped placement: the
+  // zb-h1 programs with v = 2, under their own name.
+  for (auto [p, m] : {std::pair{2, 4}, {4, 8}, {4, 12}}) {
+    auto looped = generateSchedule("interleaved-zb", {p, m, 0});
+    auto zbh1 = generateSchedule("zb-h1", {p, m, 2});
+    ASSERT_TRUE(looped && zbh1);
+    EXPECT_EQ(looped->name, "interleaved-zb");
+    EXPECT_EQ(looped->numStages, 2 * p);
+    EXPECT_EQ(looped->ranks, zbh1->ranks);
+  }
 }
 
 TEST(Generators, ZbvMatchesHandDerivedPyTorchSchedule) {
@@ -109,14 +122,14 @@ TEST(Generators, RefusesUnsupportedSizes) {
   expectRefusal("zb-h1", {0, 4, 0}, "expected at least 1 rank");
   expectRefusal("chimera", {2, 2, 0},
                 "chimera: unknown schedule: expected one of gpipe, 1f1b, "
-                "interleaved-1f1b, zb-h1, zbv, dualpipev");
+                "interleaved-1f1b, zb-h1, interleaved-zb, zbv, dualpipev");
 }
 
 /// Which sizes each generator is documented to support.
 bool supported(llvm::StringRef name, int p, int m, int v) {
   if (name == "dualpipev")
     return m >= 2 * p;
-  if (name == "interleaved-1f1b" || name == "zb-h1")
+  if (name == "interleaved-1f1b" || name == "zb-h1" || name == "interleaved-zb")
     return m % std::max(1, m / p) == 0;
   return true;
 }
@@ -124,8 +137,9 @@ bool supported(llvm::StringRef name, int p, int m, int v) {
 TEST(Generators, GridValidatesBeforeAndAfterLowering) {
   for (llvm::StringRef name : generatorNames()) {
     std::vector<int> vs = {0};
-    if (name == "interleaved-1f1b" || name == "zb-h1")
-      vs = {1, 2, 3, 4};
+    if (name == "interleaved-1f1b" || name == "zb-h1" ||
+        name == "interleaved-zb")
+      vs = {0, 1, 2, 3, 4};
     int accepted = 0;
     for (int v : vs)
       for (int p = 1; p <= 8; ++p)
@@ -141,11 +155,12 @@ TEST(Generators, GridValidatesBeforeAndAfterLowering) {
           }
           ASSERT_TRUE(static_cast<bool>(s)) << what << ": " << errorText(s);
           ++accepted;
-          int perRank = v ? v
-                        : (name == "zbv" || name == "dualpipev" ||
-                           name == "interleaved-1f1b")
-                            ? 2
-                            : 1;
+          int perRank =
+              v ? v
+              : (name == "zbv" || name == "dualpipev" ||
+                 name == "interleaved-1f1b" || name == "interleaved-zb")
+                  ? 2
+                  : 1;
           EXPECT_EQ(s->numRanks, p) << what;
           EXPECT_EQ(s->numStages, p * perRank) << what;
           EXPECT_EQ(s->numMicrobatches, m) << what;
