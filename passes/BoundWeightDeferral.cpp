@@ -14,6 +14,7 @@
 #include "LeastCheckpointMemory.h"
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"
+#include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -113,10 +114,15 @@ bool stageWeightBetween(const std::vector<Operation *> &ops, int64_t stage,
   return false;
 }
 
+/// Rank `rank`'s program of `module`.
+ProgramOp programOf(ModuleOp module, unsigned rank) {
+  return *std::next(getSchedule(module).getBody().getOps<ProgramOp>().begin(),
+                    rank);
+}
+
 /// Applies `change` to `module` (or a copy of it).
 void apply(ModuleOp module, const Change &change) {
-  ProgramOp program = llvm::to_vector(
-      getSchedule(module).getBody().getOps<ProgramOp>())[change.rank];
+  ProgramOp program = programOf(module, change.rank);
   SplitBackwards split = collectSplitBackwards(program);
   auto [inputPos, weightPos] =
       split.positions.lookup({change.stage, change.microbatch});
@@ -134,27 +140,6 @@ void apply(ModuleOp module, const Change &change) {
   weight->erase();
 }
 
-/// Rewrites `program`'s `compute_order` record, where it has one, to its
-/// compute actions as they now stand: this pass decides the schedule it
-/// changes, and hpr-verify then holds the later passes to that order.
-void recordComputeOrder(ProgramOp program) {
-  if (!program.getComputeOrder())
-    return;
-  llvm::SmallVector<int64_t> order;
-  for (Operation &op : program.getBody().getOps()) {
-    int64_t kind = isa<ForwardOp>(op)          ? 0
-                   : isa<BackwardInputOp>(op)  ? 1
-                   : isa<BackwardWeightOp>(op) ? 2
-                   : isa<BackwardOp>(op)       ? 3
-                                               : -1;
-    if (kind < 0)
-      continue;
-    auto action = cast<ActionOpInterface>(op);
-    order.append({kind, action.getStageIndex(), action.getMicrobatchIndex()});
-  }
-  program.setComputeOrder(order);
-}
-
 class BoundWeightDeferralPass
     : public mlir::hpr::impl::HPRBoundWeightDeferralBase<
           BoundWeightDeferralPass> {
@@ -167,6 +152,7 @@ private:
   /// checkpointed (`leastMemory`), else as the model marks them.
   std::vector<StageCost> costs;
 
+  int64_t peakOf(ProgramOp program) const;
   std::vector<int64_t> peaks(ModuleOp module) const;
   bool selectionFits(ModuleOp module);
   double stepUs(ModuleOp module) const;
@@ -174,12 +160,15 @@ private:
 };
 } // namespace
 
+int64_t BoundWeightDeferralPass::peakOf(ProgramOp program) const {
+  return computeActivationProfile(collectActivationLifetimes(program), costs)
+      .peak();
+}
+
 std::vector<int64_t> BoundWeightDeferralPass::peaks(ModuleOp module) const {
   std::vector<int64_t> result;
   for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
-    result.push_back(
-        computeActivationProfile(collectActivationLifetimes(program), costs)
-            .peak());
+    result.push_back(peakOf(program));
   return result;
 }
 
@@ -202,33 +191,26 @@ bool BoundWeightDeferralPass::selectionFits(ModuleOp module) {
   return succeeded(result);
 }
 
-/// The simulated step, each checkpointed (stage, microbatch)'s replay timed
-/// with its first reader (where jit places it).
+/// The simulated step with each checkpointed (stage, microbatch)'s replay
+/// where jit places it (withJitRecomputes).
 double BoundWeightDeferralPass::stepUs(ModuleOp module) const {
-  ModuleSchedule cells = extractSchedule(module, costs);
-  llvm::DenseSet<Key> plain;
-  module.walk([&](ForwardOp forward) {
-    if (!runsCheckpointed(forward, costs))
-      plain.insert({forward.getStageIndex(), forward.getMicrobatchIndex()});
-  });
-  for (std::vector<sched::Action> &program : cells.schedule.ranks)
-    for (sched::Action &cell : program) {
-      auto price = [&](sched::Action &action) {
-        using Kind = sched::ActionKind;
-        bool firstReader =
-            action.kind == Kind::Backward ||
-            (action.kind == Kind::BackwardInput && action.stage != 0) ||
-            (action.kind == Kind::BackwardWeight && action.stage == 0);
-        if (firstReader && !plain.contains({action.stage, action.microbatch}))
-          action.durationUs =
-              action.durationUs.value_or(0) + costs[action.stage].recomputeUs;
-      };
-      price(cell);
-      for (sched::Action &part : cell.parts)
-        price(part);
-    }
-  llvm::Expected<sched::SimulationResult> result =
-      simulateTimeline(cells.schedule);
+  std::vector<ProgramActivations> programs;
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>())
+    programs.push_back(collectActivationLifetimes(program));
+  sched::Schedule timeline =
+      withJitRecomputes(extractSchedule(module, costs), programs);
+  llvm::DenseSet<Key> checkpointed;
+  for (const ProgramActivations &program : programs)
+    for (const ActivationLifetime &lifetime : program.lifetimes)
+      if (runsCheckpointed(lifetime.forward, costs))
+        checkpointed.insert({lifetime.stage, lifetime.microbatch});
+  for (std::vector<sched::Action> &cells : timeline.ranks)
+    for (sched::Action &cell : cells)
+      if (cell.kind == sched::ActionKind::Recompute)
+        cell.durationUs = checkpointed.contains({cell.stage, cell.microbatch})
+                              ? costs[cell.stage].recomputeUs
+                              : 0.0;
+  llvm::Expected<sched::SimulationResult> result = simulateTimeline(timeline);
   if (!result) {
     llvm::consumeError(result.takeError());
     return std::numeric_limits<double>::infinity();
@@ -242,8 +224,7 @@ double BoundWeightDeferralPass::stepUs(ModuleOp module) const {
 /// left out.
 std::vector<Change>
 BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
-  ProgramOp program =
-      llvm::to_vector(getSchedule(module).getBody().getOps<ProgramOp>())[rank];
+  ProgramOp program = programOf(module, rank);
   ActivationProfile profile =
       computeActivationProfile(collectActivationLifetimes(program), costs);
   unsigned peakPos =
@@ -333,7 +314,7 @@ void BoundWeightDeferralPass::runOnOperation() {
     for (const Change &change : changesAtPeak(module, rank)) {
       OwningOpRef<ModuleOp> copy(module.clone());
       apply(*copy, change);
-      Priced priced{stepUs(*copy), peaks(*copy)[rank], change};
+      Priced priced{stepUs(*copy), peakOf(programOf(*copy, rank)), change};
       if (!best || std::tie(priced.stepUs, priced.peak) <
                        std::tie(best->stepUs, best->peak))
         best = priced;
@@ -352,8 +333,12 @@ void BoundWeightDeferralPass::runOnOperation() {
       return signalPassFailure();
     }
     apply(module, best->change);
-    recordComputeOrder(llvm::to_vector(
-        getSchedule(module).getBody().getOps<ProgramOp>())[rank]);
+    // This pass decides the schedule it changes: the program's record is
+    // rewritten, and hpr-verify holds the later passes to it.
+    ProgramOp program = programOf(module, rank);
+    if (program.getComputeOrder())
+      program.setComputeOrder(sched::computeOrderRecord(
+          extractSchedule(module).schedule.ranks[rank]));
     ++(best->change.fuse ? numFusedBackwards : numMovedWeights);
   }
 }

@@ -99,7 +99,8 @@ public:
       }
     for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
       programs.push_back(collectActivationLifetimes(program));
-    buildTimelineTemplate();
+    // One simulation of it prices any choice.
+    timeline = withJitRecomputes(this->cells, programs);
   }
 
   llvm::SmallVector<RegionOp> candidates;
@@ -183,43 +184,6 @@ public:
   }
 
 private:
-  /// The programs as cells with a recompute before each checkpointable
-  /// (stage, microbatch)'s first consumer (where jit puts it), so that one
-  /// simulation prices any choice.
-  void buildTimelineTemplate() {
-    timeline = cells.schedule;
-    for (auto [rank, program] : llvm::enumerate(programs)) {
-      // The cell of each op position.
-      std::vector<size_t> cellAt;
-      size_t cell = 0;
-      const std::vector<Operation *> &firsts = cells.cellOps[rank];
-      if (firsts.empty())
-        continue; // a rank without actions holds nothing to price
-      for (Operation &each : *firsts.front()->getBlock()) {
-        if (cell + 1 < firsts.size() && &each == firsts[cell + 1])
-          ++cell;
-        cellAt.push_back(cell);
-      }
-      std::vector<std::vector<sched::Action>> before(firsts.size());
-      for (const ActivationLifetime &lifetime : program.lifetimes) {
-        if (!lifetime.hasConsumers)
-          continue;
-        sched::Action recompute;
-        recompute.kind = sched::ActionKind::Recompute;
-        recompute.stage = static_cast<int>(lifetime.stage);
-        recompute.microbatch = static_cast<int>(lifetime.microbatch);
-        before[cellAt[lifetime.firstConsumerPos]].push_back(recompute);
-      }
-      std::vector<sched::Action> withRecomputes;
-      for (size_t k = 0; k < firsts.size(); ++k) {
-        for (sched::Action &recompute : before[k])
-          withRecomputes.push_back(std::move(recompute));
-        withRecomputes.push_back(std::move(timeline.ranks[rank][k]));
-      }
-      timeline.ranks[rank] = std::move(withRecomputes);
-    }
-  }
-
   ModelOp model;
   ModuleSchedule cells;
   sched::Schedule timeline;

@@ -122,6 +122,43 @@ ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module,
   return result;
 }
 
+sched::Schedule
+mlir::hpr::withJitRecomputes(const ModuleSchedule &cells,
+                             llvm::ArrayRef<ProgramActivations> programs) {
+  sched::Schedule timeline = cells.schedule;
+  for (auto [rank, program] : llvm::enumerate(programs)) {
+    const std::vector<Operation *> &firsts = cells.cellOps[rank];
+    if (firsts.empty())
+      continue; // a rank without actions replays nothing
+    // The cell of each op position.
+    std::vector<size_t> cellAt;
+    size_t cell = 0;
+    for (Operation &each : *firsts.front()->getBlock()) {
+      if (cell + 1 < firsts.size() && &each == firsts[cell + 1])
+        ++cell;
+      cellAt.push_back(cell);
+    }
+    std::vector<std::vector<sched::Action>> before(firsts.size());
+    for (const ActivationLifetime &lifetime : program.lifetimes) {
+      if (!lifetime.hasConsumers)
+        continue;
+      sched::Action recompute;
+      recompute.kind = sched::ActionKind::Recompute;
+      recompute.stage = static_cast<int>(lifetime.stage);
+      recompute.microbatch = static_cast<int>(lifetime.microbatch);
+      before[cellAt[lifetime.firstConsumerPos]].push_back(recompute);
+    }
+    std::vector<sched::Action> withRecomputes;
+    for (size_t k = 0; k < firsts.size(); ++k) {
+      for (sched::Action &recompute : before[k])
+        withRecomputes.push_back(std::move(recompute));
+      withRecomputes.push_back(std::move(timeline.ranks[rank][k]));
+    }
+    timeline.ranks[rank] = std::move(withRecomputes);
+  }
+  return timeline;
+}
+
 ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module) {
   return extractSchedule(module, computeStageCosts(getModel(module)));
 }

@@ -9,8 +9,6 @@
 #include "llvm/ADT/StringMap.h"
 #include "llvm/Support/FormatVariadic.h"
 
-#include <functional>
-
 using namespace mlir;
 using namespace mlir::hpr;
 
@@ -284,40 +282,6 @@ llvm::Error ProgramBuilder::build(int rank) {
   return llvm::Error::success();
 }
 
-/// The compute actions of rank `rank` of the schedule, for the program's
-/// `compute_order` record: (kind, stage, microbatch) per F, I, W or B,
-/// composites' parts in order.
-static llvm::SmallVector<int64_t>
-computeOrderOf(const sched::Schedule &schedule, int rank) {
-  llvm::SmallVector<int64_t> order;
-  std::function<void(const sched::Action &)> add =
-      [&](const sched::Action &action) {
-        int64_t kind = -1;
-        switch (action.kind) {
-        case sched::ActionKind::Forward:
-          kind = 0;
-          break;
-        case sched::ActionKind::BackwardInput:
-          kind = 1;
-          break;
-        case sched::ActionKind::BackwardWeight:
-          kind = 2;
-          break;
-        case sched::ActionKind::Backward:
-          kind = 3;
-          break;
-        default:
-          for (const sched::Action &part : action.parts)
-            add(part);
-          return;
-        }
-        order.append({kind, action.stage, action.microbatch});
-      };
-  for (const sched::Action &action : schedule.ranks[rank])
-    add(action);
-  return order;
-}
-
 llvm::Expected<OwningOpRef<ModuleOp>> mlir::hpr::buildPlanModule(
     MLIRContext &context, const model::StagedModel &staged,
     const sched::Schedule &schedule, llvm::StringRef scheduleFile,
@@ -343,7 +307,8 @@ llvm::Expected<OwningOpRef<ModuleOp>> mlir::hpr::buildPlanModule(
   for (int rank = 0; rank < schedule.numRanks; ++rank) {
     auto program = builder.create<ProgramOp>(
         loc, rank,
-        builder.getDenseI64ArrayAttr(computeOrderOf(schedule, rank)));
+        builder.getDenseI64ArrayAttr(
+            sched::computeOrderRecord(schedule.ranks[rank])));
     OpBuilder::InsertionGuard guard(builder);
     builder.setInsertionPointToStart(&program.getBody().emplaceBlock());
     if (llvm::Error error = programs.build(rank))

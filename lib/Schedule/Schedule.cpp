@@ -117,4 +117,19 @@ int neighbourStage(const Action &transfer) {
   return transfer.stage + (towardsNext ? 1 : -1);
 }
 
+llvm::SmallVector<int64_t> computeOrderRecord(llvm::ArrayRef<Action> program) {
+  llvm::SmallVector<int64_t> order;
+  for (const Action &action : program)
+    forEachPrimitive(action, [&](const Action &part) {
+      int64_t kind = part.kind == ActionKind::Forward          ? 0
+                     : part.kind == ActionKind::BackwardInput  ? 1
+                     : part.kind == ActionKind::BackwardWeight ? 2
+                     : part.kind == ActionKind::Backward       ? 3
+                                                               : -1;
+      if (kind >= 0)
+        order.append({kind, part.stage, part.microbatch});
+    });
+  return order;
+}
+
 } // namespace mlir::hpr::sched

@@ -729,7 +729,9 @@ def unpack_saved(holder: Holder) -> torch.Tensor:
 
     A frame bound to a session returns its recomputed tensor reading only
     ``holder.value``, ``frame.pending`` and ``session.mode`` (and, for a session without
-    a context of its own, ``REGISTRY.contexts``): no context variable, no call, no lock.
+    a context of its own, ``REGISTRY.contexts``; for a retaining one, ``session.unpacks``,
+    which only a dx recording its reads sets, Rule 9 of NOTE [ dx/dw split ]): no context
+    variable, no call, no lock.
     A frame whose side-stream replay no consumer has waited for yet (Rule 10) goes to
     the slow path once. A
     session-less frame while no session context is open follows Rule 3: on torch

@@ -11,6 +11,7 @@
 #ifndef HPR_ANALYSIS_TIMELINE_H
 #define HPR_ANALYSIS_TIMELINE_H
 
+#include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/CostModel.h"
 #include "hpr/Schedule/Schedule.h"
 #include "hpr/Schedule/Simulate.h"
@@ -41,6 +42,15 @@ ModuleSchedule extractSchedule(ModuleOp module,
                                const std::vector<StageCost> &costs);
 /// The same under the costs of the module's own model.
 ModuleSchedule extractSchedule(ModuleOp module);
+
+/// `cells` (extractSchedule of a module whose programs have no hpr.recompute
+/// yet) with a Recompute action, of its (stage, microbatch) and without a
+/// duration, before the cell of each lifetime's first activation reader in
+/// `programs` (collectActivationLifetimes of each rank): where jit places the
+/// replay. The caller prices them; one such timeline prices any checkpoint
+/// choice.
+sched::Schedule withJitRecomputes(const ModuleSchedule &cells,
+                                  llvm::ArrayRef<ProgramActivations> programs);
 
 /// Simulates a schedule from extractSchedule with its actions' durations.
 llvm::Expected<sched::SimulationResult>

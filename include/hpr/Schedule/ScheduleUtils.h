@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
 
 namespace mlir::hpr::sched {
@@ -49,6 +51,11 @@ std::optional<ActionKind> kindFromJsonName(llvm::StringRef name);
 /// stage + 1 for SEND_F and RECV_B, stage - 1 for RECV_F and SEND_B. It may
 /// lie outside the schedule; callers check.
 int neighbourStage(const Action &transfer);
+
+/// A program's `compute_order` record (hpr.program, HPROps.td): kind (0
+/// forward, 1 dx, 2 dw, 3 full backward), stage and microbatch of each F, I,
+/// W and B, composites' parts in order.
+llvm::SmallVector<int64_t> computeOrderRecord(llvm::ArrayRef<Action> program);
 
 /// Calls `fn(part)` for every primitive action in `action`: the action itself,
 /// or each part of a composite. Idle actions are skipped.

@@ -288,11 +288,10 @@ class PlannedSchedule(PipelineScheduleMulti):
                 if region_checkpoint(r) != "none" and policy in (None, region_checkpoint(r))]
 
     def _releases_after_dx(self, stage: int) -> bool:
-        """Whether the plan prices ``stage``'s sessions as released after I (a full region with
-        ``replay_weight_bytes`` below its replay): only hp_recompute's I releases (Rule 7)."""
-        return any(region_checkpoint(r) == "full"
-                   and 0 < r.get("replay_weight_bytes", 0) < r.get("replay_bytes", r.get("saved_bytes", 0))
-                   for r in self.plan.stages[stage])
+        """Whether the plan prices ``stage``'s sessions with what I leaves for W: a fully
+        checkpointed region of it carries ``replay_weight_bytes``. Only hp_recompute's I
+        releases the rest (Rule 7)."""
+        return any(region_checkpoint(r) == "full" and "replay_weight_bytes" in r for r in self.plan.stages[stage])
 
     def _check_stages(self, n_microbatches: int) -> None:
         """Rule 1: the stages given are the ones the plan puts on this rank."""

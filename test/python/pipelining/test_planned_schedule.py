@@ -542,3 +542,24 @@ def test_a_damaged_sidecar_is_refused_naming_the_entry(tmp_path: Path, damage, m
     side_path.write_text(json.dumps(side))
     with pytest.raises(RunError, match="hp_recompute: .*" + re.escape(message)):
         load_torch_csv(str(csv_path))
+
+
+def test_a_split_stage_without_torchs_stage_caches_is_ours_only_where_the_plan_counts_on_the_release() -> None:
+    """Rule 7: on torch 2.13 every split stage runs hp_recompute's split (its I releases what W
+    does not read, as the plan prices it); where torch lacks the stage caches that split reads,
+    a plain stage runs torch's I, and a plan that counts on the release is refused, not run
+    above its planned memory."""
+    from types import SimpleNamespace
+
+    from hp_recompute.errors import RunError
+    from hp_recompute.pipelining.schedule import split_stages
+    from hp_recompute.plan.reader import Action
+
+    program = [Action("forward", 1, 0), Action("backward_input", 1, 0), Action("backward_weight", 1, 0)]
+    cached = SimpleNamespace(stage_index=1, submod=torch.nn.Linear(2, 2), _stage_meta=object())
+    bare = SimpleNamespace(stage_index=1, submod=torch.nn.Linear(2, 2))
+    assert split_stages([cached], program) == {1}
+    assert split_stages([bare], program) == set()
+    with pytest.raises(RunError, match=r"stage 1 has sessions the plan prices as released after dx "
+                                       r"\(replay_weight_bytes\) and the plan splits its backward"):
+        split_stages([bare], program, releases=lambda stage: True)
