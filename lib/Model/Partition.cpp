@@ -1,6 +1,7 @@
 //===- Partition.cpp - Split a model's regions into pipeline stages -------===//
 //
-// Explicit specs are validated against the region list; balanced mode is a
+// Explicit specs (region index ranges, or module paths per stage) are
+// validated against the region list; balanced mode is a
 // dynamic program over (stages used, regions covered) minimizing the most
 // expensive stage, O(stages * regions^2).
 //
@@ -9,12 +10,14 @@
 #include "hpr/Model/Partition.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 
 using namespace mlir::hpr::model;
 
@@ -94,9 +97,134 @@ StagedModel build(const ModelGraph &graph, const std::vector<int> &stageOf,
   return staged;
 }
 
-llvm::Expected<StagedModel> partitionExplicit(const ModelGraph &graph,
-                                              int numStages,
-                                              llvm::StringRef specText) {
+/// Whether a spec names modules (`0:tok_embeddings,layers.0;1:layers.1`)
+/// rather than region indices (`0:0-1,1:2-3`): stages separated by ';', or a
+/// first stage's list that starts with a name.
+bool namesModules(llvm::StringRef spec) {
+  if (spec.contains(';'))
+    return true;
+  llvm::StringRef first = spec.split(',').first;
+  llvm::StringRef rest = first.split(':').second.ltrim();
+  return first.contains(':') && !rest.empty() && !llvm::isDigit(rest.front());
+}
+
+/// How specifically module path \p name names region part \p part (a
+/// module path): its length when the part is that module or inside it, else
+/// 0.
+size_t specificity(llvm::StringRef name, llvm::StringRef part) {
+  bool inside = part == name || (part.starts_with(name) &&
+                                 part.drop_front(name.size()).starts_with("."));
+  return inside && !name.empty() ? name.size() : 0;
+}
+
+/// The stage of every region under a module-name spec: `STAGE:NAME,...`
+/// items separated by ';', each NAME a module path (torchtitan's split lists
+/// module FQNs per stage). A region goes to the stage of the most specific
+/// name it is in (`model.layers.3` before `model`); a segment of code between
+/// modules, named by its modules joined with '+' ("norm+output"), to the
+/// stage all its modules go to, or to the stage naming it whole. Every name
+/// must name a region, and every region be in a stage.
+llvm::Expected<std::vector<int>>
+stagesByName(const ModelGraph &graph, llvm::StringRef spec, int &numStages) {
+  struct Name {
+    std::string text;
+    int stage;
+    std::string where;
+  };
+  std::vector<Name> names;
+  std::set<int> listed;
+  size_t column = 1;
+  llvm::SmallVector<llvm::StringRef> items;
+  spec.split(items, ';', -1, /*KeepEmpty=*/true);
+  for (llvm::StringRef item : items) {
+    std::string where = llvm::formatv("stage spec:1:{0}: '{1}'", column, item);
+    auto [stageText, namesText] = item.split(':');
+    std::optional<int> stage = parseIndex(stageText);
+    if (!item.contains(':') || !stage || namesText.trim().empty())
+      return makeError(where + ": expected 'STAGE:MODULE[,MODULE...]' "
+                               "(stages separated by ';')");
+    if (!listed.insert(*stage).second)
+      return makeError(
+          llvm::formatv("{0}: stage {1} is listed twice", where, *stage));
+    llvm::SmallVector<llvm::StringRef> parts;
+    namesText.split(parts, ',', -1, /*KeepEmpty=*/true);
+    for (llvm::StringRef name : parts) {
+      if (name.trim().empty())
+        return makeError(where + ": an empty module path");
+      names.push_back({name.trim().str(), *stage, where});
+    }
+    column += item.size() + 1;
+  }
+  int n = static_cast<int>(graph.regions.size());
+  auto partsOf = [](llvm::StringRef region) {
+    llvm::SmallVector<llvm::StringRef> parts;
+    region.split(parts, '+');
+    return parts;
+  };
+  for (const Name &name : names) {
+    bool named = llvm::any_of(graph.regions, [&](const Region &region) {
+      return name.text == region.name ||
+             llvm::any_of(partsOf(region.name), [&](llvm::StringRef part) {
+               return specificity(name.text, part) > 0;
+             });
+    });
+    if (!named)
+      return makeError(llvm::formatv(
+          "{0}: '{1}' names no region of model '{2}' (module paths such as "
+          "'{3}')",
+          name.where, name.text, graph.name,
+          n ? graph.regions[n - 1].name : std::string("layers.0")));
+  }
+  std::vector<int> stageOf(n, -1);
+  for (int i = 0; i < n; ++i) {
+    llvm::StringRef region = graph.regions[i].name;
+    auto whole = llvm::find_if(
+        names, [&](const Name &name) { return name.text == region; });
+    if (whole != names.end()) {
+      stageOf[i] = whole->stage;
+      continue;
+    }
+    const Name *chosen = nullptr;
+    for (llvm::StringRef part : partsOf(region)) {
+      const Name *best = nullptr;
+      for (const Name &name : names)
+        if (size_t depth = specificity(name.text, part))
+          if (!best || depth > best->text.size())
+            best = &name;
+      if (!best)
+        continue;
+      if (chosen && chosen->stage != best->stage)
+        return makeError(llvm::formatv(
+            "stage spec: region {0} ('{1}') is code between modules that "
+            "'{2}' puts in stage {3} and '{4}' in stage {5}; name the region "
+            "itself in one stage ('{6}:{1}')",
+            i, region, chosen->text, chosen->stage, best->text, best->stage,
+            chosen->stage));
+      chosen = best;
+    }
+    if (chosen)
+      stageOf[i] = chosen->stage;
+  }
+  int specStages = listed.empty() ? 0 : *listed.rbegin() + 1;
+  if (numStages <= 0)
+    numStages = specStages;
+  for (int stage : listed)
+    if (stage >= numStages)
+      return makeError(llvm::formatv("stage spec: stage {0} is out of range "
+                                     "(the pipeline has {1} stages)",
+                                     stage, numStages));
+  for (int i = 0; i < n; ++i)
+    if (stageOf[i] < 0)
+      return makeError(llvm::formatv("stage spec: region {0} ('{1}') is in "
+                                     "no stage",
+                                     i, graph.regions[i].name));
+  return stageOf;
+}
+
+/// The stage of every region under an index spec (`STAGE:FIRST-LAST`).
+llvm::Expected<std::vector<int>> stagesByIndex(const ModelGraph &graph,
+                                               llvm::StringRef specText,
+                                               int &numStages) {
   auto items = parseSpec(specText);
   if (!items)
     return items.takeError();
@@ -133,8 +261,21 @@ llvm::Expected<StagedModel> partitionExplicit(const ModelGraph &graph,
             item.column, item.text, i, graph.regions[i].name, stageOf[i]));
       stageOf[i] = item.stage;
     }
+  return stageOf;
+}
+
+llvm::Expected<StagedModel> partitionExplicit(const ModelGraph &graph,
+                                              int numStages,
+                                              llvm::StringRef specText) {
+  llvm::Expected<std::vector<int>> assigned =
+      namesModules(specText) ? stagesByName(graph, specText, numStages)
+                             : stagesByIndex(graph, specText, numStages);
+  if (!assigned)
+    return assigned.takeError();
+  const std::vector<int> &stageOf = *assigned;
+  int n = static_cast<int>(graph.regions.size());
   for (int s = 0; s < numStages; ++s)
-    if (!byStage.count(s))
+    if (!llvm::is_contained(stageOf, s))
       return makeError(
           llvm::formatv("stage spec: stage {0} has no regions", s));
   for (int i = 0; i < n; ++i)

@@ -35,30 +35,32 @@ namespace {
 /// Views and metadata: no FLOPs, nothing saved, and outside regions they do
 /// not open a region of their own.
 const llvm::StringSet<> kViews = {
-    "aten::view",          "aten::_unsafe_view",
-    "aten::reshape",       "aten::t",
-    "aten::transpose",     "aten::permute",
-    "aten::expand",        "aten::expand_as",
-    "aten::slice",         "aten::select",
-    "aten::split",         "aten::split_with_sizes",
-    "aten::chunk",         "aten::unsqueeze",
-    "aten::squeeze",       "aten::detach",
-    "aten::alias",         "aten::as_strided",
-    "aten::flatten",       "aten::unbind",
-    "aten::view_as",       "aten::reshape_as",
-    "aten::size",          "aten::dim",
-    "aten::numel",         "aten::Int",
-    "aten::Float",         "aten::ScalarImplicit",
-    "aten::__getitem__",   "aten::len",
-    "aten::format",        "aten::warn",
-    "aten::__is__",        "aten::__isnot__",
-    "aten::device",        "aten::is_floating_point",
-    "aten::_reshape_alias"};
+    "aten::view",           "aten::_unsafe_view",
+    "aten::reshape",        "aten::t",
+    "aten::transpose",      "aten::permute",
+    "aten::expand",         "aten::expand_as",
+    "aten::slice",          "aten::select",
+    "aten::split",          "aten::split_with_sizes",
+    "aten::chunk",          "aten::unsqueeze",
+    "aten::squeeze",        "aten::detach",
+    "aten::alias",          "aten::as_strided",
+    "aten::flatten",        "aten::unbind",
+    "aten::view_as",        "aten::reshape_as",
+    "aten::size",           "aten::dim",
+    "aten::numel",          "aten::Int",
+    "aten::Float",          "aten::ScalarImplicit",
+    "aten::__getitem__",    "aten::len",
+    "aten::format",         "aten::warn",
+    "aten::__is__",         "aten::__isnot__",
+    "aten::device",         "aten::is_floating_point",
+    "aten::_reshape_alias", "aten::view_as_complex",
+    "aten::view_as_real",   "aten::_assert_tensor_metadata"};
 
 /// Data movement and creation: no FLOPs, nothing saved. No arithmetic on
 /// data: filling with a constant (`full_like`, as `full`) or with random
-/// numbers (`bernoulli_`: the mask CPU's dropout draws, see kDropouts), and a
-/// dtype change (`to`, `type_as`, `_to_copy`).
+/// numbers (`bernoulli_`: the mask CPU's dropout draws, see kDropouts), a
+/// dtype change (`to`, `type_as`, `_to_copy`), and reading one element
+/// (`_local_scalar_dense`: `.item()`).
 const llvm::StringSet<> kZeroFlop = {"aten::clone",
                                      "aten::contiguous",
                                      "aten::copy_",
@@ -103,7 +105,8 @@ const llvm::StringSet<> kZeroFlop = {"aten::clone",
                                      "aten::rand",
                                      "aten::randn",
                                      "aten::rand_like",
-                                     "aten::randn_like"};
+                                     "aten::randn_like",
+                                     "aten::_local_scalar_dense"};
 
 /// Dropout in training: one multiply by the mask and one by the scale
 /// 1 / (1 - p) per element, 2 FLOPs (docs/models.md). CPU runs it as
@@ -113,13 +116,18 @@ const llvm::StringSet<> kDropouts = {"aten::dropout", "aten::feature_dropout"};
 
 /// Reductions: one FLOP per input element.
 const llvm::StringSet<> kReductions = {
-    "aten::sum",         "aten::mean",       "aten::amax",    "aten::amin",
-    "aten::max",         "aten::min",        "aten::norm",    "aten::var",
-    "aten::std",         "aten::logsumexp",  "aten::prod",    "aten::nll_loss",
-    "aten::nll_loss_nd", "aten::nll_loss2d", "aten::mse_loss"};
+    "aten::sum",         "aten::mean",       "aten::amax",     "aten::amin",
+    "aten::max",         "aten::min",        "aten::norm",     "aten::var",
+    "aten::std",         "aten::logsumexp",  "aten::prod",     "aten::nll_loss",
+    "aten::nll_loss_nd", "aten::nll_loss2d", "aten::mse_loss", "aten::all",
+    "aten::any"};
 
-/// Element-wise and normalization ops: one FLOP per output element.
-const llvm::StringSet<> kElementwise = {"aten::add",
+/// Element-wise and normalization ops, and scans (`cumsum`: one add per
+/// element; Hugging Face's causal masks run it): one FLOP per output element.
+const llvm::StringSet<> kElementwise = {"aten::polar",
+                                        "aten::cumsum",
+                                        "aten::cumprod",
+                                        "aten::add",
                                         "aten::add_",
                                         "aten::sub",
                                         "aten::sub_",

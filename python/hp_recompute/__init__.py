@@ -27,7 +27,7 @@ from .sessions import (
     stats,
 )
 from .selective import selective_context_fn
-from .wrapper import checkpoint_wrapper
+from .wrapper import checkpoint_wrapper, convert_checkpoint_wrappers
 
 __all__ = [
     "DEFAULT_SCOPE",
@@ -41,6 +41,7 @@ __all__ = [
     "checkpoint_wrapper",
     "clear_recompute_session",
     "compile_backend",
+    "convert_checkpoint_wrappers",
     "fsdp",
     "live_sessions",
     "make_plan",

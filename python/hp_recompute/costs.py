@@ -81,7 +81,8 @@ from .plan.reader import read_json, region_checkpoint
 from .sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
 from .storage import storage_of
 
-__all__ = ["measure_region_times", "measure_module_times", "measure_concurrently", "times_from_run", "main"]
+__all__ = ["ModuleMeasurement", "RunnerMeasurement", "measure_region_times", "measure_module_times", "measure_concurrently",
+           "times_from_run", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
 BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")
@@ -288,14 +289,62 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
     return out
 
 
-def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, repeats: int, warmup: int,
-                      threads: int) -> None:
+@dataclass
+class RunnerMeasurement:
+    """``measure_region_times`` of the runner model ``spec`` on the microbatch of ``seed``."""
+
+    spec: Optional[str]
+    seed: int
+    repeats: int
+    warmup: int
+
+    def prepare(self) -> Callable[[], Dict[str, Dict[str, float]]]:
+        """Builds the model and its batch; returns the measurement to run."""
+        model = load_model(self.spec)
+        batch = model.make_batch(torch.Generator().manual_seed(self.seed))
+        return lambda: measure_region_times(model, batch, self.repeats, self.warmup)
+
+
+@dataclass
+class ModuleMeasurement:
+    """``measure_module_times`` of the plain module ``FILE.py:FACTORY`` (``--module``) on its
+    example inputs, its regions found as ``measure_regions`` finds them."""
+
+    spec: str
+    shapes: List[List[int]]
+    dtypes: List[torch.dtype]
+    seed: int
+    region_depth: int
+    regions: Optional[str]
+    model_output: Optional[str]
+    repeats: int
+    warmup: int
+
+    def build(self) -> Tuple[torch.nn.Module, Tuple[torch.Tensor, ...], List[Any], str]:
+        """The module in training mode (its forward returning ``model_output``: ``SelectedOutput``),
+        its example inputs, its segments, and what ``SelectedOutput`` chose (or "")."""
+        from .export.inputs import SelectedOutput, load_factory, make_inputs
+        from .export.measure import measure_regions, resolve_regions
+
+        model = load_factory(self.spec)
+        regions = resolve_regions(model, self.regions) if self.regions is not None else None
+        inputs = make_inputs(self.shapes, self.dtypes, seed=self.seed)
+        model.train()
+        selected = SelectedOutput(model, self.model_output).apply()  # the tool's own model, to the end
+        segments = measure_regions(model, inputs, self.region_depth, name=self.spec, regions=regions)
+        return model, inputs, segments, selected.note
+
+    def prepare(self) -> Callable[[], Dict[str, Dict[str, float]]]:
+        model, inputs, segments, _ = self.build()
+        return lambda: measure_module_times(model, inputs, segments, self.repeats, self.warmup)
+
+
+def _measure_in_child(queue: Any, start: Any, measurement: Any, threads: int) -> None:
     try:
         torch.set_num_threads(threads)
-        model = load_model(spec)
-        batch = model.make_batch(torch.Generator().manual_seed(seed))
+        measure = measurement.prepare()
         start.wait()  # every process measures at the same time
-        queue.put(("ok", measure_region_times(model, batch, repeats, warmup)))
+        queue.put(("ok", measure()))
     except threading.BrokenBarrierError:  # another process failed first and says why
         queue.put(("aborted", None))
     except BaseException as e:  # noqa: BLE001 - reported by the parent
@@ -303,14 +352,14 @@ def _measure_in_child(queue: Any, start: Any, spec: Optional[str], seed: int, re
         queue.put(("error", str(e) if isinstance(e, RunError) else raised_at(e)))
 
 
-def measure_concurrently(spec: Optional[str], seed: int, repeats: int, warmup: int, threads: int,
-                         processes: int) -> Dict[str, Dict[str, float]]:
-    """``measure_region_times`` in ``processes`` processes at once; the median over them."""
+def measure_concurrently(measurement: Any, threads: int, processes: int) -> Dict[str, Dict[str, float]]:
+    """A measurement (``RunnerMeasurement`` or ``ModuleMeasurement``) in ``processes``
+    processes at once; the median over them."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     queue, start = ctx.Queue(), ctx.Barrier(processes)
-    procs = [ctx.Process(target=_measure_in_child, args=(queue, start, spec, seed, repeats, warmup, threads))
+    procs = [ctx.Process(target=_measure_in_child, args=(queue, start, measurement, threads))
              for _ in range(processes)]
     for proc in procs:
         proc.start()
@@ -446,6 +495,15 @@ def times_from_run(names: Sequence[str], report_path: str,
 #      measured.
 #   4. Which segment a call or gap is comes from the segments ``measure_regions`` returned
 #      (the planner's ``segmentOps``); the calls must come in their order, once each.
+#   5. A region is called several times on the same arguments (plain, checkpointed,
+#      replayed, at the allocator), so its forward must leave nothing behind but its
+#      outputs. One that keeps tensors between calls (a KV cache it is handed and appends
+#      to: Hugging Face's models with ``use_cache=True``) would make every byte measured
+#      after the first call grow by it, silently (or fail: a sliding-window cache). So in
+#      the first forward, before any other call repeats it, each region runs twice more
+#      without grad at the allocator; if both calls keep bytes beyond their outputs, or a
+#      call fails, the measurement stops, naming the region, the non-tensor arguments it
+#      was given and, for a model whose config has ``use_cache``, the fix.
 
 
 @dataclass
@@ -480,14 +538,16 @@ def _needs_grad(t: Any) -> bool:
 
 
 def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
-                 checkpointed: bool, held: Optional[Dict[str, Tuple[int, ...]]] = None
+                 checkpointed: bool, held: Optional[Dict[str, Tuple[int, ...]]] = None, first: bool = False
                  ) -> Tuple[List[_Call], List[torch.Tensor], float, float]:
     """Runs ``model(*inputs)`` with the calls of the modules ``names`` cut (Rule 1).
 
     Returns (the calls in order, the module's outputs that need grad, start, end). With
     ``checkpointed``, each region also runs under ``hp_recompute.checkpoint`` and replays once
     right after its plain call, outside the times of the code around it. With ``held``, each
-    region's checkpoint bytes (``_checkpoint_bytes``) are measured into it, also outside those times."""
+    region's checkpoint bytes (``_checkpoint_bytes``) are measured into it, also outside those
+    times. ``first``: the measurement's first forward, where each region is checked to keep
+    no state between calls (Rule 5) before any other call repeats it."""
     from torch.utils._pytree import tree_flatten, tree_map
 
     modules = dict(model.named_modules())
@@ -510,6 +570,8 @@ def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: 
             t0 = time.perf_counter()
             out = forward(*args, **kwargs)
             fwd_s = time.perf_counter() - t0
+            if first:
+                _refuse_kept_state(model, name, forward, args, kwargs)
             ckpt = _checkpointed_times(forward, *args, **kwargs) if checkpointed else None
             if held is not None:
                 held[name] = _checkpoint_bytes(forward, args, kwargs, list(modules[name].parameters()))
@@ -545,6 +607,39 @@ def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: 
             else:
                 del module.forward
     return calls, [t for t in tree_flatten(out)[0] if _needs_grad(t)], start, end
+
+
+def _refuse_kept_state(model: torch.nn.Module, name: str, forward: Callable[..., Any], args: Sequence[Any],
+                       kwargs: Dict[str, Any]) -> None:
+    """Rule 5: ``RunError`` if each of two calls of region ``name`` without grad keeps bytes
+    beyond its outputs."""
+    from torch.utils._pytree import tree_flatten
+
+    kept: List[int] = []
+    failed = ""
+    for _ in range(2):
+        meter = AllocatorPeak()
+        try:
+            with torch.no_grad(), meter:
+                out = forward(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the same call failing the second time: state it kept
+            failed = raised_at(e)
+            break
+        kept.append((meter.net or 0) - _distinct_bytes(t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)))
+        del out
+    if not failed and min(kept) <= 0:
+        return
+    given = [f"{k}={type(v).__name__}" for k, v in kwargs.items()
+             if v is not None and not isinstance(v, (torch.Tensor, bool, int, float, str, tuple, list, dict))]
+    config = getattr(model, "config", None)
+    fix = ("build the model with use_cache=False (its config has use_cache=True; Hugging Face turns caches off "
+           "under gradient checkpointing, so training grows none)" if getattr(config, "use_cache", None) is True
+           else "make the forward leave nothing behind between calls while it is measured")
+    what = (f"fails when called again on the same arguments ({failed})" if failed
+            else f"keeps {min(kept)} bytes beyond its outputs after each call (two calls without grad)")
+    raise RunError(f"hp_recompute.costs: region '{name}' {what}" + (f", given {', '.join(given)}" if given else "")
+                   + f": its forward keeps state between calls, so what is measured on a repeated call is not what "
+                   f"one call does; {fix}")
 
 
 def _pieces(segments: Sequence[Any], calls: List[_Call], outputs: List[torch.Tensor], start: float, end: float,
@@ -640,7 +735,7 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
         s.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if s.checkpointable else ())} for s in segments}
     kept: Dict[str, int] = {}
     workspace: Dict[str, int] = {}
-    calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False)
+    calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False, first=True)
     _backward_pieces(_pieces(segments, calls, outputs, start, end, weights_of), outputs, False, None, kept,
                      workspace)  # once, under the allocator meter: not timed
     for round_ in range(repeats):
@@ -718,8 +813,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for flag, value in (("--model", args.model), ("--from-run", args.from_run)):
             if value is not None:
                 p.error(f"{flag} goes with --model-json (the runner's regions); --module measures the module itself")
-        if args.processes != 1:
-            p.error("--processes goes with --model-json; --module measures in this process")
         if args.regions == "":
             p.error("--regions: an empty value")
         if args.regions is not None and args.region_depth != 1:
@@ -801,23 +894,26 @@ def _write(args: argparse.Namespace, graph: Dict[str, Any], times: Dict[str, Dic
 def _main_module(args: argparse.Namespace) -> int:
     """``--module``: measure a plain ``nn.Module`` (NOTE [ Cut forward ]) and write its model JSON."""
     from .export.graph import model_graph
-    from .export.inputs import ExportError, describe_inputs, load_factory, make_inputs, module_inputs
-    from .export.measure import RegionError, measure_regions, resolve_regions
+    from .export.inputs import ExportError, describe_inputs, module_inputs
+    from .export.measure import RegionError
 
     torch.set_num_threads(args.threads)
     try:
         shapes, dtypes = module_inputs(args)
         check_outputs([("-o", args.output)], [("--module", args.module.rpartition(":")[0])])
-        model = load_factory(args.module)
-        regions = resolve_regions(model, args.regions) if args.regions is not None else None
-        inputs = make_inputs(shapes, dtypes, seed=args.seed)
-        model.train()
-        name = type(model).__name__
+        measurement = ModuleMeasurement(args.module, shapes, dtypes, args.seed, args.region_depth, args.regions,
+                                        args.model_output, args.repeats, args.warmup)
         try:
-            segments = measure_regions(model, inputs, args.region_depth, name=args.module, regions=regions)
-            graph = model_graph(name, segments)
-            times = measure_module_times(model, inputs, segments, args.repeats, args.warmup)
-        except (RegionError, RunError):
+            model, inputs, segments, note = measurement.build()
+            if note:
+                print(note, file=sys.stderr)
+            graph = model_graph(type(model).__name__, segments)
+            if args.processes > 1:
+                del model, inputs
+                times = measure_concurrently(measurement, args.threads, args.processes)
+            else:
+                times = measure_module_times(model, inputs, segments, args.repeats, args.warmup)
+        except (ExportError, RegionError, RunError):
             raise
         except BaseException as e:  # noqa: BLE001 - the model's own failure, located; SystemExit included
             raise RunError(f"hp_recompute.costs: measuring {args.module} on inputs {describe_inputs(shapes, dtypes)} "
@@ -840,7 +936,9 @@ def _main_module(args: argparse.Namespace) -> int:
         return 1
     source = (f"python -m hp_recompute.costs --module {args.module} --input-shape {args.input_shape} --input-dtype "
               f"{args.input_dtype}" + (f" --regions {args.regions}" if args.regions is not None else "")
-              + f", torch {torch.__version__}, {args.threads} thread(s), median of {args.repeats - args.warmup}")
+              + (f" --model-output {args.model_output}" if args.model_output is not None else "")
+              + f", torch {torch.__version__}, {args.threads} thread(s) x {args.processes} process(es), median of "
+              f"{args.repeats - args.warmup}")
     return _write(args, graph, times, source)
 
 
@@ -854,7 +952,8 @@ def _measure(args: argparse.Namespace, regions: List[Dict[str, Any]]) -> Dict[st
                        f"[{', '.join(str(r['name']) for r in regions)}] are not model '{model.name}''s regions "
                        f"[{', '.join(names)}]")
     if args.processes > 1:
-        return measure_concurrently(args.model, args.seed, args.repeats, args.warmup, args.threads, args.processes)
+        return measure_concurrently(RunnerMeasurement(args.model, args.seed, args.repeats, args.warmup),
+                                    args.threads, args.processes)
     batch = model.make_batch(torch.Generator().manual_seed(args.seed))
     try:
         return measure_region_times(model, batch, args.repeats, args.warmup)

@@ -63,7 +63,8 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
             bytes, as an int or as ``--memory-budget`` spells them (``"24GiB"``), or a multiple of
             the checkpoint-all peak (``"1.5x"``: of the most any rank needs with every
             checkpointable region checkpointed and replayed jit, i.e. torch's checkpoint).
-        stages: an explicit stage split such as ``0:0-3,1:4-7``; needs ``model``.
+        stages: an explicit stage split such as ``0:0-3,1:4-7`` (region indices), or module
+            paths per stage, ``0:tok_embeddings,layers.0;1:layers.1,norm,output``; needs ``model``.
         dp_shard, dp_replicate: the data-parallel layout (``--dp-shard``, ``--dp-replicate``;
             docs/fsdp.md): FSDP2 over ``dp_shard`` ranks, HSDP over ``dp_replicate`` groups of
             them. None keeps the model JSON's ``data_parallel`` (1 without it).

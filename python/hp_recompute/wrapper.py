@@ -9,7 +9,7 @@ as its ``checkpoint_fn``, so wrapped modules take part in collectors and session
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -19,7 +19,7 @@ from .errors import CheckpointError, error_text
 from .fsdp import ReplayFunction
 from .selective import DISPATCHES_EACH_OP
 
-__all__ = ["checkpoint_wrapper"]
+__all__ = ["checkpoint_wrapper", "convert_checkpoint_wrappers"]
 
 if torch.distributed.is_available():
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
@@ -64,6 +64,47 @@ if torch.distributed.is_available():
             inner = self._checkpoint_wrapped_module
             inner.compile(**split_compile_kwargs(kwargs))
             setattr(inner, DISPATCHES_EACH_OP, dispatches_each_op(backend))
+
+
+def convert_checkpoint_wrappers(module: torch.nn.Module) -> List[str]:
+    """Makes each of torch's own checkpoint wrappers in ``module`` (torchtitan's full or
+    selective AC: ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``) one of
+    ours, in place: the same module, names and options (``context_fn``,
+    ``preserve_rng_state``, ``determinism_check``, ``debug``, ``early_stop``), checkpointing
+    through ``hp_recompute.checkpoint``, so ``PlannedSchedule`` can run it as its plan says.
+    Call it where torchtitan's AC was applied, before ``fully_shard`` and ``.compile()``.
+    Returns the FQNs converted (ours are left as they are).
+
+    Raises ``CheckpointError`` naming the module, before converting any, for a wrapper that
+    is reentrant (``CheckpointImpl.REENTRANT``: other semantics), checkpoints through another
+    function, or is sharded or compiled already.
+    """
+    if not torch.distributed.is_available():
+        raise CheckpointError(error_text("convert_checkpoint_wrappers needs a torch built with torch.distributed"))
+    found: List[Tuple[str, torch.nn.Module, Dict[str, Any]]] = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, _TorchWrapper) or isinstance(sub, CheckpointWrapper):
+            continue
+        fn = sub.checkpoint_fn
+        where = f"convert_checkpoint_wrappers: module '{name}'"
+        if not isinstance(fn, functools.partial) or fn.func is not torch.utils.checkpoint.checkpoint:
+            raise CheckpointError(error_text(f"{where} checkpoints through {getattr(fn, 'func', fn)!r}, not torch's "
+                                             f"checkpoint; wrap its block with hp_recompute.checkpoint_wrapper"))
+        if fn.keywords.get("use_reentrant") is not False:
+            raise CheckpointError(error_text(f"{where} is torch's reentrant checkpoint (CheckpointImpl.REENTRANT), "
+                                             f"whose semantics hp_recompute.checkpoint does not have; wrap with "
+                                             f"CheckpointImpl.NO_REENTRANT (torch's default)"))
+        if type(sub) is not _TorchWrapper:
+            raise CheckpointError(error_text(f"{where} is a {type(sub).__name__} (sharded by fully_shard, or another "
+                                             f"subclass); convert before fully_shard, right after the AC is applied"))
+        if getattr(sub, "_compiled_call_impl", None) is not None:
+            raise CheckpointError(error_text(f"{where} is compiled around its checkpoint already; convert before "
+                                             f".compile()"))
+        found.append((name, sub, {k: v for k, v in fn.keywords.items() if k != "use_reentrant"}))
+    for _, sub, options in found:  # every check passed
+        sub.__class__ = CheckpointWrapper  # a subclass with torch's layout: the same attributes
+        sub.checkpoint_fn = functools.partial(checkpoint, **options)
+    return [name for name, _, _ in found]
 
 
 def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> torch.nn.Module:

@@ -64,7 +64,9 @@ cl::opt<bool> profile("profile", cl::desc("Measure each region's forward time"),
                       cl::cat(category));
 cl::opt<std::string>
     stageSpec("stages",
-              cl::desc("Explicit stage split, e.g. 0:0-3,1:4-7 (default: "
+              cl::desc("Explicit stage split: region index ranges, e.g. "
+                       "0:0-3,1:4-7, or module paths per stage, e.g. "
+                       "0:embed,layers.0;1:layers.1,norm (default: "
                        "balanced)"),
               cl::cat(category));
 

@@ -25,9 +25,11 @@ std::vector<double> partitionCosts(const ModelGraph &graph);
 
 /// Splits \p graph into \p numStages contiguous, non-empty stages.
 ///
-/// \p explicitSpec is "" (balanced mode) or a comma-separated list of
+/// \p explicitSpec is "" (balanced mode), a comma-separated list of
 /// `STAGE:FIRST-LAST` (or `STAGE:INDEX`) region index ranges that must cover
-/// every region exactly once, in order; with a spec, \p numStages <= 0 means
+/// every region exactly once, in order, or `STAGE:MODULE,...` items separated
+/// by ';' (module paths; a region goes to the stage of the most specific path
+/// it is in; docs/models.md); with a spec, \p numStages <= 0 means
 /// "as many as the spec names". In balanced mode the split minimizes the
 /// maximum stage cost (see partitionCosts) and respects Region::stage where it
 /// is set (>= 0). Errors: fewer regions than stages, a malformed spec (the

@@ -33,8 +33,8 @@ import torch.nn as nn
 from ..factory import raised_at
 from ..output_files import OutputError, check_outputs, text_writer, write_outputs
 from .graph import model_graph, segment_json
-from .inputs import (ExportError, add_module_arguments, check_input_size, check_module_arguments, describe_inputs,
-                     load_factory, make_inputs, module_inputs)
+from .inputs import (ExportError, SelectedOutput, add_module_arguments, check_input_size, check_module_arguments,
+                     describe_inputs, load_factory, make_inputs, module_inputs)
 from .ir import module_to_ir
 from .measure import RegionError, measure_regions
 
@@ -64,13 +64,14 @@ def sidecar_of(out: str) -> str:
 def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype],
            out: str, region_depth: int = 1, ir: Optional[str] = None,
            model_json: Optional[str] = None, name: Optional[str] = None,
-           source: str = "") -> dict:
+           source: str = "", model_output: Optional[str] = None) -> dict:
     """Traces ``model`` and writes ``out`` (.pt, or .pt2 on torch 2.x) plus its sidecar.
 
     Returns the sidecar dict. A ``.pt2`` is ``torch.export.export`` of the model in
     training mode (dropout and batch statistics stay in the program), saved with
     ``torch.export.save``. ``source`` is the ``FILE.py:FACTORY`` the model came from (its
-    file is an input no output may be).
+    file is an input no output may be). ``model_output`` chooses what of the model's output is
+    traced and measured (``SelectedOutput``).
     """
     as_program = out.endswith(".pt2")
     if as_program and not hasattr(torch, "export"):
@@ -81,18 +82,29 @@ def export(model: nn.Module, shapes: Sequence[Sequence[int]], dtypes: Sequence[t
     check_input_size(shapes)
     model.train()
     described = describe_inputs(shapes, dtypes)
-    try:
-        inputs = make_inputs(shapes, dtypes)
-        traced = torch.jit.trace(model, inputs, check_trace=False) if ir is not None or not as_program else None
-        program = torch.export.export(model, tuple(inputs)) if as_program else None
-        segments = measure_regions(model, inputs, region_depth, name=source or out)
-    except ExportError:
-        raise
-    except RegionError as e:  # the planner's segmentation: repeated region call, no regions
-        raise ExportError(f"hp_recompute: {e}") from None
-    except BaseException as e:  # noqa: BLE001 - the model's own error for these inputs, SystemExit included
-        raise ExportError(f"hp_recompute: the model fails on inputs {described} (--input-shape, "
-                          f"--input-dtype): {raised_at(e)}") from None
+    with SelectedOutput(model, model_output) as selected:
+        try:  # eagerly first: an error here is the model's, on these inputs
+            inputs = make_inputs(shapes, dtypes)
+            segments = measure_regions(model, inputs, region_depth, name=source or out)
+        except ExportError:
+            raise
+        except RegionError as e:  # the planner's segmentation: repeated region call, no regions
+            raise ExportError(f"hp_recompute: {e}") from None
+        except BaseException as e:  # noqa: BLE001 - the model's own error for these inputs, SystemExit included
+            raise ExportError(f"hp_recompute: the model fails on inputs {described} (--input-shape, "
+                              f"--input-dtype): {raised_at(e)}") from None
+        if selected.note:
+            print(selected.note, file=sys.stderr)
+        try:
+            tracer = "torch.jit.trace"
+            traced = torch.jit.trace(model, inputs, check_trace=False) if ir is not None or not as_program else None
+            tracer = "torch.export.export"
+            program = torch.export.export(model, tuple(inputs)) if as_program else None
+        except ExportError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the tracer's error; the model itself ran above
+            raise ExportError(f"hp_recompute: {tracer} could not capture the model, which runs eagerly on inputs "
+                              f"{described}: {raised_at(e)}") from None
     name = name or os.path.splitext(os.path.basename(out))[0]
     sidecar = {
         "format": SIDECAR_FORMAT,
@@ -150,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_files(args.output, args.ir, args.model_json, args.module)  # before the factory runs
         model = load_factory(args.module)
         export(model, shapes, dtypes, args.output, args.region_depth, args.ir,
-               args.model_json, args.name, source=args.module)
+               args.model_json, args.name, source=args.module, model_output=args.model_output)
     except ExportError as e:
         print(e, file=sys.stderr)
         return 2 if e.usage else 1

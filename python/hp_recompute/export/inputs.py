@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -19,7 +19,7 @@ from ..errors import HPRecomputeError, RunError
 from ..factory import call_factory
 from ..native import planner_extension
 
-__all__ = ["ExportError", "MAX_REGION_DEPTH", "add_module_arguments", "check_input_size", "check_module_arguments",
+__all__ = ["ExportError", "MAX_REGION_DEPTH", "SelectedOutput", "add_module_arguments", "check_input_size", "check_module_arguments",
            "describe_inputs", "load_factory", "make_inputs", "module_inputs", "parse_dtypes", "parse_shapes"]
 
 
@@ -107,7 +107,7 @@ def describe_inputs(shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtyp
 # ---------------------------------------------------------------------------
 
 def add_module_arguments(parser: argparse.ArgumentParser, required: bool) -> None:
-    """Adds ``--module``, ``--input-shape``, ``--input-dtype`` and ``--region-depth``.
+    """Adds ``--module``, ``--input-shape``, ``--input-dtype``, ``--region-depth`` and ``--model-output``.
 
     Args:
         required: ``--module`` is required (the exporter); otherwise it selects a mode and
@@ -119,6 +119,92 @@ def add_module_arguments(parser: argparse.ArgumentParser, required: bool) -> Non
     parser.add_argument("--input-dtype", default="float32", help="one dtype or one per input")
     parser.add_argument("--region-depth", type=int, default=1,
                         help=f"module nesting of the regions, 1 to {MAX_REGION_DEPTH} (default 1)")
+    parser.add_argument("--model-output", default=None, metavar="FIELD",
+                        help="the model's output to trace and measure when it returns several: a key of a "
+                             "ModelOutput or dict (logits) or a tuple index (default: all of them when they are "
+                             "tensors, else the first tensor)")
+
+
+def _first_tensor(output: Any) -> Tuple[str, Optional[torch.Tensor]]:
+    """The first tensor of a model's output and where it is (``'logits'``, ``[0]``)."""
+    from torch.utils._pytree import tree_flatten
+
+    if isinstance(output, Mapping):  # a ModelOutput or dict: by key, in order
+        for key, value in output.items():
+            if isinstance(value, torch.Tensor):
+                return f"'{key}'", value
+        return "", None
+    for index, value in enumerate(output if isinstance(output, (tuple, list)) else ()):
+        if isinstance(value, torch.Tensor):
+            return f"[{index}]", value
+    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+    return ("its first tensor", leaves[0]) if leaves else ("", None)
+
+
+def _only_tensors(output: Any) -> bool:
+    """A tensor, or tuples and lists of only tensors: what tracing and export take as is."""
+    if isinstance(output, torch.Tensor):
+        return True
+    return type(output) in (tuple, list) and all(_only_tensors(o) for o in output)
+
+
+def _field(output: Any, field: str) -> Optional[torch.Tensor]:
+    """The tensor ``field`` names in ``output``: a key of a ModelOutput or dict, an index of a tuple."""
+    if isinstance(output, Mapping):
+        value = output.get(field)
+    elif isinstance(output, (tuple, list)) and field.lstrip("-").isdigit() and -len(output) <= int(field) < len(output):
+        value = output[int(field)]
+    else:
+        value = getattr(output, field, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+class SelectedOutput:
+    """``model``'s forward returning one tensor of its output while the context is open
+    (``--model-output``): ``field`` (a key of a ModelOutput or dict, a tuple index), or, given
+    None, the output as it is when it is only tensors and else its first tensor (a Hugging
+    Face ``CausalLMOutputWithPast``: its ``logits``; its cache is no tensor). ``note``
+    says what was chosen where it was not the output as it is."""
+
+    def __init__(self, model: nn.Module, field: Optional[str]) -> None:
+        self.model, self.field, self.note = model, field, ""
+
+    def _select(self, output: Any) -> Any:
+        if self.field is not None:
+            value = _field(output, self.field)
+            if value is None:
+                raise ExportError(f"hp_recompute: --model-output {self.field}: the model's output "
+                                  f"({type(output).__name__}) has no tensor '{self.field}'"
+                                  + (f"; its tensors: {', '.join(k for k, v in output.items() if isinstance(v, torch.Tensor))}"
+                                     if isinstance(output, Mapping) else ""))
+            return value
+        if _only_tensors(output):
+            return output
+        where, value = _first_tensor(output)
+        if value is None:
+            raise ExportError(f"hp_recompute: the model's output ({type(output).__name__}) holds no tensor; return "
+                              f"one, or choose one with --model-output")
+        if not self.note:
+            self.note = (f"hp_recompute: the model returns {type(output).__name__}; using its "
+                         f"tensor {where} (--model-output chooses another)")
+        return value
+
+    def apply(self) -> "SelectedOutput":
+        """Patches the forward (for a model the caller owns to the end: the tools' own)."""
+        forward = self.model.forward
+        self._had = "forward" in self.model.__dict__
+        self._forward = self.model.__dict__.get("forward")
+        self.model.forward = lambda *args, **kwargs: self._select(forward(*args, **kwargs))  # type: ignore[method-assign]
+        return self
+
+    def __enter__(self) -> "SelectedOutput":
+        return self.apply()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._had:
+            self.model.forward = self._forward  # type: ignore[method-assign]
+        else:
+            del self.model.forward
 
 
 def check_module_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

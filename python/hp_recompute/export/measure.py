@@ -190,10 +190,11 @@ class _Tracker:
                     seg.inputs[ptr] = nbytes
             for ptr in op.writes:
                 producer.setdefault(ptr, index)
-        for kind, first in self.unpriced.items():
-            warnings.warn(f"hp_recompute: no FLOP rule for '{kind}' (in region "
-                          f"'{segments[segment_of[first]].name}'); counted as 0 FLOPs, as "
-                          f"hp-recompute-plan counts it", stacklevel=3)
+        if self.unpriced:  # one warning for all of them, each op named once
+            ops = ", ".join(f"'{kind}' (first in region '{segments[segment_of[first]].name}')"
+                            for kind, first in self.unpriced.items())
+            warnings.warn(f"hp_recompute: no FLOP rule for {ops}; counted as 0 FLOPs, as hp-recompute-plan "
+                          f"counts them", stacklevel=3)
         return segments
 
 

@@ -50,7 +50,7 @@ from ..plan.interpreter import forwards_are_plain
 from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from ..selective import hidden_compiled_modules, selective_context_fn
 
-__all__ = ["check_regions", "checkpoint_regions", "patch_regions", "unplanned_blocks"]
+__all__ = ["check_regions", "checkpoint_regions", "hf_checkpointing_on", "patch_regions", "unplanned_blocks"]
 
 
 class _PlannedForward:
@@ -109,6 +109,12 @@ def _patch(module: torch.nn.Module) -> Any:
     return forward if isinstance(forward, (_PlannedForward, _WrappedForward, _UnplannedForward)) else None
 
 
+def hf_checkpointing_on(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a transformers layer whose own gradient checkpointing is on (its
+    ``forward`` then checkpoints itself through ``_gradient_checkpointing_func``)."""
+    return getattr(module, "gradient_checkpointing", False) is True and hasattr(module, "_gradient_checkpointing_func")
+
+
 def _is_wrapper(module: torch.nn.Module) -> bool:
     return hasattr(module, "checkpoint_fn") or hasattr(module, "_checkpoint_wrapped_module")
 
@@ -144,11 +150,16 @@ def check_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
     (else ``RunError``); nothing is patched."""
     regions = [_admitted_region(module, fqn, stage, fqn in selective) for fqn in fqns]
     for name, sub in module.named_modules():
+        if hf_checkpointing_on(sub):
+            raise RunError(f"hp_recompute.pipelining: stage {stage}: module '{name}' has Hugging Face's gradient "
+                           f"checkpointing on, which checkpoints its forward again inside the plan's (or where the "
+                           f"plan placed no replay); call model.gradient_checkpointing_disable() before building "
+                           f"the stages: the plan checkpoints the layers")
         if name not in fqns and _is_wrapper(sub) and not _is_our_wrapper(sub):
             raise RunError(f"hp_recompute.pipelining: stage {stage}: module '{name}' is wrapped by torch's "
                            f"checkpoint, but the plan does not checkpoint it, so it would replay where the plan "
-                           f"placed no replay; unwrap it, or wrap it with hp_recompute.checkpoint_wrapper (which "
-                           f"runs it as the plan says)")
+                           f"placed no replay; unwrap it, or convert it with hp_recompute.convert_checkpoint_"
+                           f"wrappers(model) (ours run as the plan says)")
     return regions
 
 
@@ -241,7 +252,8 @@ def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: b
     if _is_wrapper(region) and not _is_our_wrapper(region):
         raise RunError(f"hp_recompute.pipelining: stage {stage}: region '{fqn}' is already wrapped by torch's "
                        f"checkpoint, which replays once per backward call; unwrap it (the plan checkpoints it) "
-                       f"or wrap it with hp_recompute.checkpoint_wrapper")
+                       f"or convert it with hp_recompute.convert_checkpoint_wrappers(model) (torchtitan's AC: "
+                       f"right after it is applied)")
     if _is_our_wrapper(region) and selective and _wrapper_context_fn(region) is None:
         raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
                        f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "

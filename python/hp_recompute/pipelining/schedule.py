@@ -16,7 +16,9 @@ Rule 1 (what is checked). At construction, before any module is patched or any s
   outside the plan's reads), every region the plan checkpoints exists in its stage's
   module and may be checkpointed as planned (``regions.check_regions``), and no stage
   module holds a block the plan does not place there (``regions.unplanned_blocks``: a plan
-  for another model or split). The plan itself is admitted by the planner's reader and
+  for another model or split), and with ``scale_grads`` no parameter is in two of this
+  rank's stages (tied weights on a V-shaped schedule: each stage's ``reduce_grad`` would
+  divide it, the first time before all of its gradient is in). The plan itself is admitted by the planner's reader and
   verifier (``plan.verify.admit_plan``: every rank's program, not only ours). The ranks
   then exchange their verdicts (one all-gather over the stages' group): a refusal on one
   rank is raised on every rank, so none waits for a peer that stopped.
@@ -125,6 +127,12 @@ Rule 9 (the plan's regions, each step). The plan's regions are checkpointed in p
   replays, whichever schedule was built or stepped last. A region's keywords reach the
   region, and its replays leave its buffers as its forward left them (BatchNorm's
   statistics are updated once per microbatch, as in the plain model).
+
+Rule 10 (microbatched steps). ``step`` also takes the microbatches already split
+  (``arg_mbs``, ``kwarg_mbs``, ``target_mbs``: torch's newer call, torchtitan 0.3's
+  ``step`` and ``eval``), each list one entry per microbatch; torch's checks, per-step
+  stage state and output merging run as for a whole batch, and its split is skipped.
+  Whole-batch inputs beside them are refused (which should win is not said).
 """
 
 from __future__ import annotations
@@ -149,13 +157,14 @@ from ..sessions import SessionScope
 from .regions import check_regions, patch_regions, unplanned_blocks
 from .torch_csv import load_torch_csv
 
-__all__ = ["PlannedSchedule"]
+__all__ = ["PlannedSchedule", "admitted_plan"]
 
 PlanSource = Union[str, os.PathLike, Dict[str, Any], Plan]
 
 
-def _admitted(plan: PlanSource) -> Plan:
-    """Rule 1: the plan, admitted by the planner's verifier (every rank's program, not only ours)."""
+def admitted_plan(plan: PlanSource) -> Plan:
+    """Rule 1: the plan (a path, a torch CSV, a plan dict or a ``Plan``), admitted by the
+    planner's verifier (every rank's program, not only ours); else ``RunError``."""
     if isinstance(plan, Plan):
         return admit_plan(plan.raw, plan.path)
     if isinstance(plan, dict):
@@ -238,9 +247,10 @@ class PlannedSchedule(PipelineScheduleMulti):
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
         refusal: Optional[Exception] = None
         self._regions: Dict[int, Dict[str, torch.nn.Module]] = {}  # stage -> its planned regions (Rule 9)
+        self._given_microbatches: Optional[Tuple[Any, Any, Any]] = None  # Rule 10, during one step
         try:  # Rule 1 (torch's own checks of the stages too: a rank stopping alone would hang the others)
             super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
-            self.plan = _admitted(plan)
+            self.plan = admitted_plan(plan)
             self._check_stages(n_microbatches)
             for stage in self._stages:
                 fqns = self.checkpointed_regions(stage.stage_index)
@@ -314,6 +324,18 @@ class PlannedSchedule(PipelineScheduleMulti):
                 raise RunError(f"{where}: stage {stage.stage_index}'s module holds {', '.join(extra)}, which the "
                                f"plan does not place in that stage (its regions: {', '.join(regions)}), so their "
                                f"memory and replays are not the plan's: plan this model and split")
+        if getattr(self, "scale_grads", False):
+            owners: Dict[int, Tuple[int, str]] = {}
+            for stage in self._stages:
+                for name, param in stage.submod.named_parameters():
+                    first = owners.setdefault(id(param), (stage.stage_index, name))
+                    if first[0] != stage.stage_index:
+                        raise RunError(f"{where}: '{name}' of stage {stage.stage_index} is '{first[1]}' of stage "
+                                       f"{first[0]} (one parameter in two stages of rank {self.rank}, tied weights): "
+                                       f"each stage's reduce_grad divides its gradients by the microbatch count "
+                                       f"(scale_grads), so this one would be divided twice, once before all of its "
+                                       f"gradient is in; build the schedule with scale_grads=False and divide the "
+                                       f"loss by the microbatch count instead")
         split = planned_splits(plan.ranks[self.rank])
         for stage in self._stages:
             if getattr(stage, "dw_builder", None) is not None and stage.stage_index in split:
@@ -325,9 +347,33 @@ class PlannedSchedule(PipelineScheduleMulti):
 
     # -- one step ------------------------------------------------------------------------
 
+    def step(self, *args: Any, target: Any = None, losses: Optional[list] = None, arg_mbs: Optional[list] = None,
+             kwarg_mbs: Optional[list] = None, target_mbs: Optional[list] = None, **kwargs: Any) -> Any:
+        """torch's ``step`` (whole-batch ``args``, ``kwargs`` and ``target``, split into
+        microbatches), or torch's newer microbatched call that torchtitan 0.3 makes:
+        ``arg_mbs`` (one tuple of positional inputs per microbatch; None past the first
+        stage), ``kwarg_mbs`` (one dict per microbatch) and ``target_mbs`` (one target per
+        microbatch; None before the last stage), already split. ``return_outputs`` and
+        ``loss_kwargs`` go to torch's ``step`` either way; ``eval`` takes the same."""
+        if arg_mbs is None and kwarg_mbs is None and target_mbs is None:
+            return super().step(*args, target=target, losses=losses, **kwargs)
+        model_kwargs = [k for k in kwargs if k not in ("return_outputs", "loss_kwargs")]
+        if args or target is not None or model_kwargs:
+            given = ["positional inputs"] * bool(args) + ["target"] * (target is not None) + model_kwargs
+            raise RunError(f"hp_recompute.pipelining: step got microbatches (arg_mbs, kwarg_mbs, target_mbs) and "
+                           f"whole-batch inputs ({', '.join(given)}); give one of the two")
+        self._given_microbatches = (arg_mbs, kwarg_mbs, target_mbs)
+        try:  # torch's step: its checks, per-step stage state and merged outputs; no split (Rule 10)
+            return super().step(losses=losses, **kwargs)
+        finally:
+            self._given_microbatches = None
+
     def _step_microbatches(self, arg_mbs: Optional[list] = None, kwarg_mbs: Optional[list] = None,
                            target_mbs: Optional[list] = None, losses: Optional[list] = None,
                            return_outputs: bool = True, loss_kwargs: Optional[Dict[str, Any]] = None) -> None:
+        given = self._given_microbatches
+        if given is not None:  # Rule 10: step's microbatches, not torch's split of no inputs
+            arg_mbs, kwarg_mbs, target_mbs = given
         arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
         self._apply_regions()  # Rule 9: another schedule over these stages may have applied its plan since
         first_target = target_mbs[0] if target_mbs is not None else None

@@ -155,21 +155,49 @@ def test_bundled_model_json_matches_schema(name):
         jsonschema.validate(bad, schema)
 
 
-class _Cumsum(torch.nn.Module):
+class _Scan(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(x, -1) * 2
+        return torch.logcumsumexp(x, -1) * 2
 
 
-def test_an_op_without_a_flop_rule_counts_0_with_one_warning():
+class _Flip(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flip(x, [-1]) * 2
+
+
+def test_ops_without_a_flop_rule_count_0_with_one_warning():
     """The exporter prices ops by the planner's table (hp_recompute._planner.op_flops) and, as
-    the importers do, counts an op without a rule as 0 FLOPs and says so once per op."""
+    the importers do, counts an op without a rule as 0 FLOPs and says so in one warning, each
+    op once with the region it first ran in."""
     from hp_recompute.export.measure import measure_regions
 
-    model = torch.nn.Sequential(_Cumsum(), _Cumsum())
-    with pytest.warns(UserWarning, match=r"no FLOP rule for 'aten::cumsum' \(in region '0'\)") as caught:
+    model = torch.nn.Sequential(_Scan(), _Flip(), _Scan())
+    with pytest.warns(UserWarning, match=r"no FLOP rule for 'aten::logcumsumexp' \(first in region '0'\), "
+                                         r"'aten::flip' \(first in region '1'\); counted as 0 FLOPs") as caught:
         segments = measure_regions(model, (torch.randn(4, 8, requires_grad=True),))
     assert len([w for w in caught if "no FLOP rule" in str(w.message)]) == 1
-    assert [(s.name, s.flops) for s in segments] == [("0", 32.0), ("1", 32.0)]  # the mul only
+    assert [(s.name, s.flops) for s in segments] == [("0", 32.0), ("1", 32.0), ("2", 32.0)]  # the mul only
+
+
+class _ComplexRope(torch.nn.Module):
+    """torchtitan's rotary embedding: a complex view of the pairs times the complex frequencies."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pairs = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        freqs = torch.polar(torch.ones(pairs.shape[-1]), torch.arange(pairs.shape[-1], dtype=torch.float32))
+        return torch.view_as_real(pairs * freqs).flatten(-2)
+
+
+def test_complex_rope_views_are_priced():
+    """view_as_complex / view_as_real are views (0 FLOPs, no warning); the product is priced."""
+    import warnings
+
+    from hp_recompute.export.measure import measure_regions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        segments = measure_regions(torch.nn.Sequential(_ComplexRope()), (torch.randn(4, 8, requires_grad=True),))
+    assert segments[0].flops > 0
 
 
 # Regions are the planner's (hp_recompute._planner.segment_ops, the importers' segmentOps): the

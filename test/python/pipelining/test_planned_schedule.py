@@ -276,6 +276,53 @@ def test_blocks_wrapped_where_the_plan_does_not_checkpoint_run_plainly(tmp_path:
             (rank, res["plan_calls"])
 
 
+@needs_selective
+def test_torchtitans_ac_converted_runs_as_the_plan_says() -> None:
+    """torchtitan applies torch's checkpoint_wrapper (full, or selective with a context_fn);
+    ``convert_checkpoint_wrappers`` makes each one ours in place (same names, same options),
+    after which the plan's regions accept it and a wrapper the plan does not checkpoint
+    runs plainly; what cannot be converted is refused, naming the module, converting none."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
+
+    import hp_recompute as hr
+    from hp_recompute.pipelining.regions import checkpoint_regions
+    from hp_recompute.wrapper import CheckpointWrapper
+
+    def policy():
+        return torch.utils.checkpoint.create_selective_checkpoint_contexts(
+            lambda ctx, op, *a, **k: torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE)
+
+    module = torch.nn.Module()
+    module.layers = torch.nn.ModuleDict({"0": torch_wrapper(torch.nn.Linear(4, 4), preserve_rng_state=False),
+                                         "1": torch_wrapper(torch.nn.Linear(4, 4), context_fn=policy),
+                                         "2": hr.checkpoint_wrapper(torch.nn.Linear(4, 4))})
+    names = [n for n, _ in module.named_parameters()]
+    assert hr.convert_checkpoint_wrappers(module) == ["layers.0", "layers.1"]
+    assert [n for n, _ in module.named_parameters()] == names
+    for key, options in (("0", {"preserve_rng_state": False}), ("1", {"context_fn": policy})):
+        wrapper = module.layers[key]
+        assert type(wrapper) is CheckpointWrapper
+        assert wrapper.checkpoint_fn.func is hr.checkpoint and wrapper.checkpoint_fn.keywords == options
+    x = torch.randn(2, 4, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        module.layers["0"](x)
+    assert len(handles) == 1  # our checkpoint: a handle the plan replays
+    assert checkpoint_regions(module, ["layers.1"], 0, selective=["layers.1"]) == ["layers.1"]
+    assert "forward" in module.layers["0"].__dict__  # not planned: runs its Linear plainly
+
+    reentrant = torch.nn.Sequential(torch.nn.Linear(4, 4), torch_wrapper(torch.nn.Linear(4, 4),
+                                                                         checkpoint_impl=CheckpointImpl.REENTRANT))
+    with pytest.raises(hr.CheckpointError, match=r"module '1' is torch's reentrant checkpoint"):
+        hr.convert_checkpoint_wrappers(reentrant)
+    if hasattr(torch, "compile"):
+        compiled = torch.nn.Sequential(torch_wrapper(torch.nn.Linear(4, 4)), torch_wrapper(torch.nn.Linear(4, 4)))
+        compiled[1].compile()
+        with pytest.raises(hr.CheckpointError, match=r"module '1' is compiled around its checkpoint already"):
+            hr.convert_checkpoint_wrappers(compiled)
+        assert type(compiled[0]) is not CheckpointWrapper  # nothing converted
+
+
 def test_wrappers_must_agree_with_the_plan() -> None:
     """torch's wrapper where the plan places no replay is refused; a module an earlier plan
     checkpointed gets its own forward back under a plan that does not."""
@@ -290,8 +337,8 @@ def test_wrappers_must_agree_with_the_plan() -> None:
         checkpoint_regions(module, ["layers.0"], 2)
     assert str(error.value) == (
         "hp_recompute.pipelining: stage 2: module 'layers.1' is wrapped by torch's checkpoint, but the plan does not "
-        "checkpoint it, so it would replay where the plan placed no replay; unwrap it, or wrap it with "
-        "hp_recompute.checkpoint_wrapper (which runs it as the plan says)")
+        "checkpoint it, so it would replay where the plan placed no replay; unwrap it, or convert it with "
+        "hp_recompute.convert_checkpoint_wrappers(model) (ours run as the plan says)")
     module.layers["1"] = torch.nn.Linear(4, 4)
     assert checkpoint_regions(module, ["layers.0"], 2) == ["layers.0"]
     assert "forward" in module.layers["0"].__dict__

@@ -256,6 +256,58 @@ def test_regions_choose_modules_that_the_depth_rule_does_not(tmp_path: Path) -> 
     assert [(r["name"], r["checkpointable"]) for r in graph["regions"]] == [("a", True), ("top", False), ("b", True)]
 
 
+def test_processes_measure_the_module_in_as_many_processes(tmp_path: Path) -> None:
+    """--processes with --module: the same regions and bytes as one process, the times taken
+    in two processes at once (the source says so)."""
+    m = _model_file(tmp_path, FLAT)
+    graphs = []
+    for processes in ("1", "2"):
+        out = tmp_path / f"out{processes}.json"
+        proc = _costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "--processes", processes,
+                      "-o", str(out), *QUICK)
+        assert proc.returncode == 0, proc.stderr
+        graphs.append(json.loads(out.read_text()))
+    assert "1 thread(s) x 2 process(es)" in graphs[1]["source"]
+    for one, two in zip(graphs[0]["regions"], graphs[1]["regions"]):
+        assert one["name"] == two["name"]
+        assert {k: v for k, v in one.items() if k.endswith("_bytes")} == \
+            {k: v for k, v in two.items() if k.endswith("_bytes")}
+        assert two["fwd_time_us"] > 0
+
+
+KEEPS_STATE = """
+class Cached(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.kept = []
+        self.lin = nn.Linear(4, 4)
+    def forward(self, x):
+        y = self.lin(x)
+        self.kept.append(y.detach().clone())  # state kept between calls, as a KV cache
+        return y
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Cached()
+        self.b = nn.Linear(4, 4)
+    def forward(self, x):
+        return self.b(self.a(x))
+def build():
+    return Model()
+"""
+
+
+def test_a_region_keeping_state_between_calls_is_refused(tmp_path: Path) -> None:
+    """NOTE [ Cut forward ] Rule 5: its bytes would grow with every measured call (a Hugging Face
+    model with use_cache=True is tested in test/python/hf, where the message names use_cache)."""
+    m = _model_file(tmp_path, KEEPS_STATE)
+    out = tmp_path / "out.json"
+    proc = _costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "-o", str(out), *QUICK)
+    _refused(proc, 1, "hp_recompute.costs: region 'a' keeps 64 bytes beyond its outputs after each call (two calls "
+                      "without grad): its forward keeps state between calls", out)
+    assert "make the forward leave nothing behind" in proc.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     ([], "give either --module FILE.py:FACTORY"),
     (["--module", f"{GPT}:build"], "--module needs --input-shape"),
@@ -263,7 +315,6 @@ def test_regions_choose_modules_that_the_depth_rule_does_not(tmp_path: Path) -> 
      "give either --module"),
     (["--model-json", str(GPT_MODEL_JSON), "--regions", "blocks"], "--regions, --input-shape, --input-dtype and "
                                                                    "--region-depth go with --module"),
-    (["--module", f"{GPT}:build", "--input-shape", "4x40", "--processes", "2"], "--processes goes with --model-json"),
     (["--module", f"{GPT}:build", "--input-shape", "4x40", "--from-run", "r.json"],
      "--from-run goes with --model-json"),
     (["--module", f"{GPT}:build", "--input-shape", "4x40", "--region-depth", "0"], "--region-depth must be in [1, 64]"),

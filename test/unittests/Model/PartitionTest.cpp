@@ -267,4 +267,86 @@ TEST(Partition, Errors) {
       << err;
 }
 
+/// A Hugging Face causal LM's regions as `costs --module` names them: the
+/// code before the layers, the layers, the code after (final norm and head).
+ModelGraph causalLm() {
+  ModelGraph graph;
+  graph.name = "LlamaForCausalLM";
+  for (const char *name :
+       {"model", "model.layers.0", "model.layers.1", "model.layers.2",
+        "model.layers.3", "model+lm_head"}) {
+    Region region;
+    region.name = name;
+    region.fwdFlops = 1;
+    graph.regions.push_back(region);
+  }
+  return graph;
+}
+
+std::vector<std::vector<std::string>> namesOf(const StagedModel &staged) {
+  std::vector<std::vector<std::string>> names;
+  for (const Stage &stage : staged.stages) {
+    names.emplace_back();
+    for (const Region &region : stage.regions)
+      names.back().push_back(region.name);
+  }
+  return names;
+}
+
+TEST(Partition, ModulePathsPerStage) {
+  // torchtitan's split lists module FQNs per stage; the most specific path a
+  // region is in decides, and a segment between modules is named whole or
+  // by modules that all go to one stage.
+  ModelGraph graph = causalLm();
+  auto staged = partitionModel(
+      graph, 0,
+      "0:model,model.layers.0;1:model.layers.1,model.layers.2;2:model.layers."
+      "3,model+lm_head");
+  ASSERT_TRUE(static_cast<bool>(staged)) << llvm::toString(staged.takeError());
+  std::vector<std::vector<std::string>> want = {
+      {"model", "model.layers.0"},
+      {"model.layers.1", "model.layers.2"},
+      {"model.layers.3", "model+lm_head"}};
+  EXPECT_EQ(namesOf(*staged), want);
+  // torchtitan's layout: the head segment by its modules.
+  ModelGraph titan = chain({1, 1, 1, 1});
+  titan.regions[0].name = "tok_embeddings";
+  titan.regions[1].name = "layers.0";
+  titan.regions[2].name = "layers.1";
+  titan.regions[3].name = "norm+output";
+  staged = partitionModel(titan, 2,
+                          "0:tok_embeddings,layers.0;1:layers.1,norm,output");
+  ASSERT_TRUE(static_cast<bool>(staged)) << llvm::toString(staged.takeError());
+  want = {{"tok_embeddings", "layers.0"}, {"layers.1", "norm+output"}};
+  EXPECT_EQ(namesOf(*staged), want);
+}
+
+TEST(Partition, ModulePathErrors) {
+  ModelGraph graph = causalLm();
+  std::string err = errorOf(graph, 0, "0:model;1:lm_head,nothing");
+  EXPECT_NE(err.find("stage spec:1:9: '1:lm_head,nothing': 'nothing' names no "
+                     "region of model 'LlamaForCausalLM'"),
+            std::string::npos)
+      << err;
+  err = errorOf(graph, 0, "0:model.layers;1:lm_head");
+  EXPECT_NE(err.find("region 0 ('model') is in no stage"), std::string::npos)
+      << err;
+  err = errorOf(graph, 0, "0:model;1:lm_head");
+  EXPECT_NE(err.find("region 5 ('model+lm_head') is code between modules "
+                     "that 'model' puts in stage 0 and 'lm_head' in stage 1"),
+            std::string::npos)
+      << err;
+  err = errorOf(graph, 0,
+                "0:model,model.layers.2;1:model.layers.1,model+lm_head");
+  EXPECT_NE(err.find("stages must take regions in order"), std::string::npos)
+      << err;
+  err = errorOf(graph, 0, "0:model;0:lm_head");
+  EXPECT_NE(err.find("stage 0 is listed twice"), std::string::npos) << err;
+  err = errorOf(graph, 0, "0:model;1:");
+  EXPECT_NE(err.find("expected 'STAGE:MODULE[,MODULE...]'"), std::string::npos)
+      << err;
+  err = errorOf(graph, 3, "0:model;1:model+lm_head");
+  EXPECT_NE(err.find("stage 2 has no regions"), std::string::npos) << err;
+}
+
 } // namespace
