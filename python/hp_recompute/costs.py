@@ -81,8 +81,8 @@ from .plan.reader import read_json, region_checkpoint
 from .sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
 from .storage import storage_of
 
-__all__ = ["ModuleMeasurement", "RunnerMeasurement", "measure_region_times", "measure_module_times", "measure_concurrently",
-           "times_from_run", "main"]
+__all__ = ["ModuleMeasurement", "RunnerMeasurement", "measure_region_times", "measure_module_times",
+           "measure_concurrently", "times_from_run", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
 BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")

@@ -19,8 +19,9 @@ from ..errors import HPRecomputeError, RunError
 from ..factory import call_factory
 from ..native import planner_extension
 
-__all__ = ["ExportError", "MAX_REGION_DEPTH", "SelectedOutput", "add_module_arguments", "check_input_size", "check_module_arguments",
-           "describe_inputs", "load_factory", "make_inputs", "module_inputs", "parse_dtypes", "parse_shapes"]
+__all__ = ["ExportError", "MAX_REGION_DEPTH", "SelectedOutput", "add_module_arguments", "check_input_size",
+           "check_module_arguments", "describe_inputs", "load_factory", "make_inputs", "module_inputs",
+           "parse_dtypes", "parse_shapes"]
 
 
 class ExportError(RuntimeError, HPRecomputeError):
@@ -168,15 +169,17 @@ class SelectedOutput:
 
     def __init__(self, model: nn.Module, field: Optional[str]) -> None:
         self.model, self.field, self.note = model, field, ""
+        self._had, self._forward = False, None  # the instance's own forward, restored on exit
 
     def _select(self, output: Any) -> Any:
         if self.field is not None:
             value = _field(output, self.field)
             if value is None:
+                tensors = [k for k, v in output.items() if isinstance(v, torch.Tensor)] \
+                    if isinstance(output, Mapping) else []
                 raise ExportError(f"hp_recompute: --model-output {self.field}: the model's output "
                                   f"({type(output).__name__}) has no tensor '{self.field}'"
-                                  + (f"; its tensors: {', '.join(k for k, v in output.items() if isinstance(v, torch.Tensor))}"
-                                     if isinstance(output, Mapping) else ""))
+                                  + (f"; its tensors: {', '.join(tensors)}" if tensors else ""))
             return value
         if _only_tensors(output):
             return output
@@ -194,7 +197,11 @@ class SelectedOutput:
         forward = self.model.forward
         self._had = "forward" in self.model.__dict__
         self._forward = self.model.__dict__.get("forward")
-        self.model.forward = lambda *args, **kwargs: self._select(forward(*args, **kwargs))  # type: ignore[method-assign]
+
+        def selected(*args: Any, **kwargs: Any) -> Any:
+            return self._select(forward(*args, **kwargs))
+
+        self.model.forward = selected  # type: ignore[method-assign]
         return self
 
     def __enter__(self) -> "SelectedOutput":

@@ -18,8 +18,9 @@ Rule 1 (what is checked). At construction, before any module is patched or any s
   module holds a block the plan does not place there (``regions.unplanned_blocks``: a plan
   for another model or split), and with ``scale_grads`` no parameter is in two of this
   rank's stages (tied weights on a V-shaped schedule: each stage's ``reduce_grad`` would
-  divide it, the first time before all of its gradient is in). The plan itself is admitted by the planner's reader and
-  verifier (``plan.verify.admit_plan``: every rank's program, not only ours). The ranks
+  divide it, the first time before all of its gradient is in). The plan itself is
+  admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
+  rank's program, not only ours). The ranks
   then exchange their verdicts (one all-gather over the stages' group): a refusal on one
   rank is raised on every rank, so none waits for a peer that stopped.
 

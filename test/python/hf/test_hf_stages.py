@@ -84,8 +84,8 @@ def test_hf_checkpointing_left_on_is_refused(tmp_path: Path) -> None:
 def test_other_families_and_wrong_plans_are_refused(tmp_path: Path) -> None:
     with pytest.raises(RunError, match=r"Linear \(model_type None\) is not a causal LM of a supported family"):
         hf.stage_module(torch.nn.Linear(2, 2), layer_plan(tmp_path, "llama"), 0)
-    with pytest.raises(RunError, match=r"<plan dict>: stage 2's region 'model.layers.4' is no decoder layer of this model "
-                                       r"\(4 layers under 'model.layers'\)"):
+    with pytest.raises(RunError, match=r"<plan dict>: stage 2's region 'model.layers.4' is no decoder layer of "
+                                       r"this model \(4 layers under 'model.layers'\)"):
         hf.stage_module(hf_models.build("llama"), layer_plan(tmp_path, "llama", layers=6), 0)
     with pytest.raises(RunError, match=r"stage must be in \[0, 4\)"):
         hf.stage_module(hf_models.build("llama"), layer_plan(tmp_path, "llama"), 4)
