@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as llama  # noqa: E402
 
 from hp_recompute import hf  # noqa: E402
-from hp_recompute.pipelining import PlannedSchedule  # noqa: E402
-from hp_recompute.pipelining.schedule import admitted_plan  # noqa: E402
+from hp_recompute.pipelining import PlannedSchedule, admitted_plan  # noqa: E402
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

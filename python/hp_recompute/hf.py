@@ -31,6 +31,7 @@ from .checkpoint import checkpoint
 from .errors import RunError
 from .pipelining.regions import hf_checkpointing_on
 from .pipelining.schedule import admitted_plan
+from .plan.reader import Plan
 
 __all__ = ["LAYOUTS", "DecoderLayout", "DecoderStage", "enable_checkpointing", "stage_module"]
 
@@ -96,7 +97,8 @@ class DecoderLayout:
 
     ``base``: the base model's attribute on the causal LM (``model``); ``layers``: the
     ``ModuleList`` of decoder layers in it; ``head``: the LM head on the causal LM;
-    ``embedding``: the token embedding in the base model; ``input_side``: the base model's
+    ``embedding``: the token embedding in the base model; ``final_norm``: the base model's
+    norm after its layers (the last stage's only); ``input_side``: the base model's
     modules its forward applies to the embeddings before the layers even when given
     ``inputs_embeds`` (GPT-2's position embedding and dropout), which a stage past the first
     replaces, since its input has been through them already."""
@@ -104,11 +106,12 @@ class DecoderLayout:
     base: str
     layers: str
     embedding: str
+    final_norm: str
     head: str = "lm_head"
     input_side: Tuple[str, ...] = field(default_factory=tuple)
 
 
-_MODEL_LAYERS = DecoderLayout(base="model", layers="layers", embedding="embed_tokens")
+_MODEL_LAYERS = DecoderLayout(base="model", layers="layers", embedding="embed_tokens", final_norm="norm")
 
 #: transformers ``model_type`` -> layout (``stage_module`` refuses other families).
 LAYOUTS: Dict[str, DecoderLayout] = {
@@ -117,7 +120,8 @@ LAYOUTS: Dict[str, DecoderLayout] = {
     "qwen2": _MODEL_LAYERS,
     "qwen3": _MODEL_LAYERS,
     "phi3": _MODEL_LAYERS,
-    "gpt2": DecoderLayout(base="transformer", layers="h", embedding="wte", input_side=("wpe", "drop")),
+    "gpt2": DecoderLayout(base="transformer", layers="h", embedding="wte", final_norm="ln_f",
+                          input_side=("wpe", "drop")),
 }
 
 
@@ -163,7 +167,6 @@ class DecoderStage(nn.Module):
         kept = nn.ModuleList()
         for i in layers:  # the full model's indices, so the names stay ``layers.5``
             kept.add_module(str(i), blocks[i])
-        final = self._final_norm(base, layout)
         children: Dict[str, Optional[nn.Module]] = {}
         for name, child in base.named_children():
             if name == layout.layers:
@@ -172,7 +175,7 @@ class DecoderStage(nn.Module):
                 children[name] = child if first else None
             elif name in layout.input_side and not first:
                 children[name] = _NoPositions() if isinstance(child, nn.Embedding) else nn.Identity()
-            elif name == final and not last:
+            elif name == layout.final_norm and not last:
                 children[name] = nn.Identity()
             else:
                 children[name] = child
@@ -181,15 +184,6 @@ class DecoderStage(nn.Module):
         self.add_module(layout.base, shell)
         if last:
             self.add_module(layout.head, getattr(model, layout.head))
-
-    @staticmethod
-    def _final_norm(base: nn.Module, layout: DecoderLayout) -> str:
-        """The base model's child applied after its layers: the last child with parameters
-        registered after the layer list (``norm``, ``ln_f``)."""
-        names = [n for n, _ in base.named_children()]
-        after = [n for n in names[names.index(layout.layers) + 1:]
-                 if any(True for _ in getattr(base, n).parameters())]
-        return after[-1] if after else ""
 
     def forward(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         if kwargs:  # the stage carries one tensor between stages: nothing would reach the later ones
@@ -244,9 +238,7 @@ def _check_tied(stages: List[DecoderStage], plan: Any) -> None:
                                f"{first[0]} (tied weights), on ranks {plan.stage_to_rank[first[0]]} and "
                                f"{plan.stage_to_rank[index]}, so each rank would train its own copy with part of "
                                f"the gradient; untie them (config.tie_word_embeddings=False) or plan a V-shaped "
-                               f"schedule (zbv, dualpipev), which puts the first and the last stage on one rank "
-                               f"(then build PlannedSchedule with scale_grads=False and divide the loss by the "
-                               f"microbatch count: the tied weight is in two stages)")
+                               f"schedule (zbv, dualpipev), which puts the first and the last stage on one rank")
 
 
 def stage_module(model: nn.Module, plan: Any, stage: int) -> DecoderStage:
@@ -255,7 +247,8 @@ def stage_module(model: nn.Module, plan: Any, stage: int) -> DecoderStage:
     Args:
         model: a ``*ForCausalLM`` of a family in ``LAYOUTS``, whole (every rank builds it
             alike, e.g. from one seed or checkpoint); the stage shares its parameters.
-        plan: the plan (a path, plan dict or ``Plan``, as ``PlannedSchedule`` takes it) whose
+        plan: the plan (a path or plan dict, admitted here; or a ``Plan``, read as it is: load
+            it once with ``admitted_plan`` when building several stages) whose
             regions name the model's decoder layers (``python -m hp_recompute.costs --module``
             on this model, then ``hp-recompute-plan``).
         stage: the stage index.
@@ -273,7 +266,8 @@ def stage_module(model: nn.Module, plan: Any, stage: int) -> DecoderStage:
                        f"'{on[0]}'{f' and {len(on) - 1} more' if len(on) > 1 else ''}; the plan checkpoints the "
                        f"layers itself (the two would nest): call model.gradient_checkpointing_disable() before "
                        f"building the stages")
-    plan = admitted_plan(plan)
+    if not isinstance(plan, Plan):  # a Plan comes from the reader, admitted; don't verify it again per stage
+        plan = admitted_plan(plan)
     if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < plan.num_stages:
         raise RunError(f"hp_recompute.hf.stage_module: stage must be in [0, {plan.num_stages}) for {plan.path}, "
                        f"got {stage!r}")

@@ -14,7 +14,7 @@ except ImportError as _error:  # torch 1.13 has none
                       f"{torch.__version__}") from _error
 
 from .regions import checkpoint_regions  # noqa: E402
-from .schedule import PlannedSchedule  # noqa: E402
+from .schedule import PlannedSchedule, admitted_plan  # noqa: E402
 from .torch_csv import load_torch_csv  # noqa: E402
 
-__all__ = ["PlannedSchedule", "checkpoint_regions", "load_torch_csv"]
+__all__ = ["PlannedSchedule", "admitted_plan", "checkpoint_regions", "load_torch_csv"]

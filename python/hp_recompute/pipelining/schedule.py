@@ -16,9 +16,8 @@ Rule 1 (what is checked). At construction, before any module is patched or any s
   outside the plan's reads), every region the plan checkpoints exists in its stage's
   module and may be checkpointed as planned (``regions.check_regions``), and no stage
   module holds a block the plan does not place there (``regions.unplanned_blocks``: a plan
-  for another model or split), and with ``scale_grads`` no parameter is in two of this
-  rank's stages (tied weights on a V-shaped schedule: each stage's ``reduce_grad`` would
-  divide it, the first time before all of its gradient is in). The plan itself is
+  for another model or split), and no parameter in two of this rank's stages belongs to a
+  stage holding FSDP modules (Rule 11). The plan itself is
   admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
   rank's program, not only ours). The ranks
   then exchange their verdicts (one all-gather over the stages' group): a refusal on one
@@ -134,6 +133,12 @@ Rule 10 (microbatched steps). ``step`` also takes the microbatches already split
   ``step`` and ``eval``), each list one entry per microbatch; torch's checks, per-step
   stage state and output merging run as for a whole batch, and its split is skipped.
   Whole-batch inputs beside them are refused (which should win is not said).
+
+Rule 11 (tied weights on one rank). A parameter two of this rank's stages hold (GPT-2's
+  embedding and head on a V-shaped schedule's first rank) gets both stages' gradients in
+  one ``.grad``; torch's per-stage ``scale_grads`` would divide it at each stage's
+  ``reduce_grad``, the first time before all of it is in (silently wrong, torch's own ZBV
+  too). Here it is divided once, at the last ``reduce_grad`` of this rank that covers it.
 """
 
 from __future__ import annotations
@@ -269,6 +274,7 @@ class PlannedSchedule(PipelineScheduleMulti):
             stage.stage_index_to_group_rank = mapping
         self._apply_regions()
         self.program: List[Action] = self.plan.ranks[self.rank]
+        self.scaled_later = self._scaled_later()  # Rule 11
         self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
 
     @staticmethod
@@ -325,18 +331,16 @@ class PlannedSchedule(PipelineScheduleMulti):
                 raise RunError(f"{where}: stage {stage.stage_index}'s module holds {', '.join(extra)}, which the "
                                f"plan does not place in that stage (its regions: {', '.join(regions)}), so their "
                                f"memory and replays are not the plan's: plan this model and split")
-        if getattr(self, "scale_grads", False):
-            owners: Dict[int, Tuple[int, str]] = {}
-            for stage in self._stages:
-                for name, param in stage.submod.named_parameters():
-                    first = owners.setdefault(id(param), (stage.stage_index, name))
-                    if first[0] != stage.stage_index:
-                        raise RunError(f"{where}: '{name}' of stage {stage.stage_index} is '{first[1]}' of stage "
-                                       f"{first[0]} (one parameter in two stages of rank {self.rank}, tied weights): "
-                                       f"each stage's reduce_grad divides its gradients by the microbatch count "
-                                       f"(scale_grads), so this one would be divided twice, once before all of its "
-                                       f"gradient is in; build the schedule with scale_grads=False and divide the "
-                                       f"loss by the microbatch count instead")
+        owners: Dict[int, Tuple[int, str]] = {}
+        for stage in self._stages:
+            for name, param in stage.submod.named_parameters():
+                first = owners.setdefault(id(param), (stage.stage_index, name))
+                sharded = [s for s in (first[0], stage.stage_index) if self._fsdp_stage(s)]
+                if first[0] != stage.stage_index and sharded:
+                    raise RunError(f"{where}: '{name}' of stage {stage.stage_index} is '{first[1]}' of stage "
+                                   f"{first[0]} (one parameter in two stages of rank {self.rank}, tied weights), "
+                                   f"and stage {sharded[0]} holds FSDP modules, whose gradients FSDP reduces per "
+                                   f"module: untie the weights")
         split = planned_splits(plan.ranks[self.rank])
         for stage in self._stages:
             if getattr(stage, "dw_builder", None) is not None and stage.stage_index in split:
@@ -345,6 +349,22 @@ class PlannedSchedule(PipelineScheduleMulti):
                                f"plan splits that backward into I and W, each reading its session where it is "
                                f"placed (the first stage's in W alone), so its replays would run outside the plan: "
                                f"build the stage without dw_builder (PlannedSchedule splits I and W itself)")
+
+    def _fsdp_stage(self, stage_index: int) -> bool:
+        stage = next(s for s in self._stages if s.stage_index == stage_index)
+        return any(is_fsdp_module(m) for m in stage.submod.modules())
+
+    def _scaled_later(self) -> Dict[int, Set[int]]:
+        """Rule 11: stage -> ids of its parameters that a later ``reduce_grad`` of this rank
+        (another stage holding them too) scales instead."""
+        last: Dict[int, int] = {}
+        by_index = {s.stage_index: s for s in self._stages}
+        for action in self.program:
+            if action.op == "reduce_grad":
+                for param in by_index[action.stage].submod.parameters():
+                    last[id(param)] = action.stage
+        return {s.stage_index: {id(p) for p in s.submod.parameters() if last.get(id(p), s.stage_index)
+                                != s.stage_index} for s in self._stages}
 
     # -- one step ------------------------------------------------------------------------
 
@@ -585,4 +605,11 @@ class _TorchStages(StageBackend):
             if scale != 1:
                 stage.scale_grads(scale)
             return
-        stage.perform_reduce_grad(scale)
+        later = self.schedule.scaled_later[a.stage]
+        if not later:
+            stage.perform_reduce_grad(scale)
+            return
+        # Rule 11: as torch's scale_grads, but a tied parameter a later reduce_grad covers waits for it
+        for param in stage.submod.parameters():
+            if param.grad is not None and id(param) not in later and scale != 1:
+                param.grad.div_(scale)

@@ -29,8 +29,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
     from torch.distributed.pipelining import PipelineStage
 
     from hp_recompute import hf
-    from hp_recompute.pipelining import PlannedSchedule
-    from hp_recompute.pipelining.schedule import admitted_plan
+    from hp_recompute.pipelining import PlannedSchedule, admitted_plan
 
     dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank, world_size=cfg["ranks"])
     torch.set_num_threads(1)
@@ -40,15 +39,9 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         model = hf_models.build(cfg["family"], tie=tie)
         plan = admitted_plan(cfg["plan"])
         mine = [s for s, r in enumerate(plan.stage_to_rank) if r == rank]
-        modules = [hf.stage_module(model, cfg["plan"], s) for s in mine]
+        modules = [hf.stage_module(model, plan, s) for s in mine]
         stages = [PipelineStage(m, s, plan.num_stages, torch.device("cpu")) for m, s in zip(modules, mine)]
-        refused = ""
-        if tie:  # the tied weight is in two stages of rank 0: torch's per-stage scaling would divide it twice
-            try:
-                PlannedSchedule(stages, mbs, loss_fn=loss_fn, plan=cfg["plan"])
-            except RuntimeError as e:
-                refused = str(e)
-        schedule = PlannedSchedule(stages, mbs, loss_fn=loss_fn, plan=cfg["plan"], scale_grads=not tie)
+        schedule = PlannedSchedule(stages, mbs, loss_fn=loss_fn, plan=cfg["plan"])
         g = torch.Generator().manual_seed(7)
         x = torch.randint(0, hf_models.VOCAB, (2 * mbs, hf_models.SEQ), generator=g)
         y = torch.randint(0, hf_models.VOCAB, (2 * mbs, hf_models.SEQ), generator=g)
@@ -78,13 +71,13 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         ref_losses = []
         for xm, ym in zip(x.chunk(mbs), y.chunk(mbs)):
             loss = loss_fn(reference(xm).logits, ym)
-            (loss if tie else loss / mbs).backward()  # as the schedule scales the gradients (scale_grads)
+            (loss / mbs).backward()  # torch's schedules scale the gradients by 1 / microbatches
             ref_losses.append(loss.detach())
         names = set(n for m in modules for n, _ in m.named_parameters())
         ref_grads = {n: p.grad for n, p in reference.named_parameters(remove_duplicate=False) if n in names}
         torch.save({"grads_whole": grads_whole, "grads_mbs": grads_mbs, "ref_grads": ref_grads,
                     "losses_whole": losses_whole, "losses_mbs": losses_mbs, "ref_losses": ref_losses if last else [],
-                    "calls": calls, "layers": layer_names, "params": sorted(names), "refused": refused},
+                    "calls": calls, "layers": layer_names, "params": sorted(names)},
                    os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
