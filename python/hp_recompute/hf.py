@@ -33,7 +33,8 @@ from .pipelining.regions import hf_checkpointing_on
 from .pipelining.schedule import admitted_plan
 from .plan.reader import Plan
 
-__all__ = ["LAYOUTS", "DecoderLayout", "DecoderStage", "enable_checkpointing", "stage_module"]
+__all__ = ["LAYOUTS", "DecoderLayout", "DecoderStage", "CausalLMRegion", "causal_lm_regions", "enable_checkpointing",
+           "layout_of", "stage_module"]
 
 
 def _is_pretrained(model: Any) -> bool:
@@ -197,12 +198,21 @@ class DecoderStage(nn.Module):
         return getattr(self, self.layout.head)(hidden) if self.is_last else hidden
 
 
-def _layout_of(model: nn.Module) -> DecoderLayout:
+def layout_of(model: Any) -> Optional[DecoderLayout]:
+    """The layout of ``model``, a transformers causal LM of a family in ``LAYOUTS``; else None."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     layout = LAYOUTS.get(model_type) if isinstance(model_type, str) else None
     if layout is None or not isinstance(getattr(model, layout.base, None), nn.Module) \
             or not isinstance(getattr(model, layout.head, None), nn.Module):
-        raise RunError(f"hp_recompute.hf.stage_module: {type(model).__name__} (model_type {model_type!r}) is not a "
+        return None
+    return layout
+
+
+def _layout_of(model: nn.Module, who: str) -> DecoderLayout:
+    layout = layout_of(model)
+    if layout is None:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        raise RunError(f"{who}: {type(model).__name__} (model_type {model_type!r}) is not a "
                        f"causal LM of a supported family ({', '.join(sorted(LAYOUTS))}: their *ForCausalLM "
                        f"classes); build the stage modules by hand (docs/pipelining.md)")
     return layout
@@ -241,6 +251,67 @@ def _check_tied(stages: List[DecoderStage], plan: Any) -> None:
                                f"schedule (zbv, dualpipev), which puts the first and the last stage on one rank")
 
 
+def _refuse_hf_checkpointing(model: nn.Module, who: str, fix: str) -> None:
+    """Refuses ``model`` when a module in it has HF's own gradient checkpointing on: the plan
+    checkpoints the layers itself, and the two would nest."""
+    on = [name for name, m in model.named_modules() if hf_checkpointing_on(m)]
+    if on:
+        raise RunError(f"{who}: Hugging Face's gradient checkpointing is on in '{on[0]}'"
+                       f"{f' and {len(on) - 1} more' if len(on) > 1 else ''}; the plan checkpoints the layers itself "
+                       f"(the two would nest): {fix}")
+
+
+@dataclass
+class CausalLMRegion:
+    """A region of a causal LM as ``python -m hp_recompute.costs --module`` names it (its
+    default ``--region-depth 1``): ``module(x)`` maps the region's input to its output."""
+
+    name: str
+    module: DecoderStage
+    params: List[str]
+
+
+def causal_lm_regions(model: nn.Module, who: str) -> List[CausalLMRegion]:
+    """The regions of the transformers causal LM ``model`` in order, as the costs tool names
+    them: ``model`` (input ids to embeddings), ``model.layers.N`` (one decoder layer each),
+    ``model+lm_head`` (the final norm and the head, to logits); GPT-2's ``transformer``,
+    ``transformer.h.N``, ``transformer+lm_head``. Each is a stage module of that part
+    (``DecoderStage``), so positions, rotary embeddings and the causal mask are the model's
+    own. ``who`` starts the messages.
+
+    Raises ``RunError`` for a model of another family, one with HF's own checkpointing on,
+    and tied weights (``tie_word_embeddings``: the embedding and the head in two regions,
+    which the runner may place on two ranks)."""
+    layout = _layout_of(model, who)
+    _refuse_hf_checkpointing(model, who, "build the model without it (no activation_checkpointing_enable() or gradient_checkpointing_enable())")
+    base = getattr(model, layout.base)
+    count = len(getattr(base, layout.layers))
+    named = dict(model.named_parameters())
+    shared = [name for name, _ in model.named_parameters(remove_duplicate=False) if name not in named]
+    if shared:
+        raise RunError(f"{who}: '{shared[0]}' is another parameter's too (tied weights, tie_word_embeddings): "
+                       f"each region's parameters are its own; build the model with "
+                       f"config.tie_word_embeddings=False")
+
+    def under(*prefixes: str) -> List[str]:
+        return [n for n in named if any(n.startswith(p + ".") for p in prefixes)]
+
+    prefix = f"{layout.base}.{layout.layers}"
+    first_parts = [f"{layout.base}.{part}" for part in (layout.embedding, *layout.input_side)]
+    regions = [CausalLMRegion(layout.base, DecoderStage(model, layout, [], True, False), under(*first_parts))]
+    regions += [CausalLMRegion(f"{prefix}.{i}", DecoderStage(model, layout, [i], False, False), under(f"{prefix}.{i}"))
+                for i in range(count)]
+    regions.append(CausalLMRegion(f"{layout.base}+{layout.head}", DecoderStage(model, layout, [], False, True),
+                                  under(f"{layout.base}.{layout.final_norm}", layout.head)))
+    covered = [n for r in regions for n in r.params]
+    missing = [n for n in named if n not in covered]
+    if missing:  # a part of the base model outside the layout (a family variant): its gradient would be lost
+        raise RunError(f"{who}: parameter '{missing[0]}' of {type(model).__name__} is in none of the regions "
+                       f"{layout.base}, {prefix}.N, {layout.base}+{layout.head}; build the pipeline model by hand "
+                       f"(docs/runner.md)")
+    return regions
+
+
 def stage_module(model: nn.Module, plan: Any, stage: int) -> DecoderStage:
     """Stage ``stage`` of the transformers causal LM ``model`` as ``plan`` splits it.
 
@@ -258,14 +329,10 @@ def stage_module(model: nn.Module, plan: Any, stage: int) -> DecoderStage:
     checkpoints would nest), the plan's layers are not every layer once in order over its
     stages, or tied weights sit on stages of different ranks.
     """
-    layout = _layout_of(model)
+    layout = _layout_of(model, "hp_recompute.hf.stage_module")
     base = getattr(model, layout.base)
-    on = [name for name, m in model.named_modules() if hf_checkpointing_on(m)]
-    if on:
-        raise RunError(f"hp_recompute.hf.stage_module: Hugging Face's gradient checkpointing is on in "
-                       f"'{on[0]}'{f' and {len(on) - 1} more' if len(on) > 1 else ''}; the plan checkpoints the "
-                       f"layers itself (the two would nest): call model.gradient_checkpointing_disable() before "
-                       f"building the stages")
+    _refuse_hf_checkpointing(model, "hp_recompute.hf.stage_module",
+                             "call model.gradient_checkpointing_disable() before building the stages")
     if not isinstance(plan, Plan):  # a Plan comes from the reader, admitted; don't verify it again per stage
         plan = admitted_plan(plan)
     if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < plan.num_stages:

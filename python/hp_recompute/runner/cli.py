@@ -64,6 +64,8 @@ MAX_WORLD_SIZE = 4096
 #: Seeds in [0, MAX_SEED): every microbatch seed derived from one (``reference.microbatch_seeds``)
 #: stays below 2^63, which ``torch.Generator.manual_seed`` takes.
 MAX_SEED = 2**40
+#: Largest side of ``--input-shape``.
+MAX_INPUT_SIDE = 1 << 20
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -71,6 +73,8 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                 description="Execute an hp-recompute plan and check it against a plain step.")
     p.add_argument("--plan", required=True, help="plan JSON (hp-recompute-plan --emit json)")
     p.add_argument("--model", default=None, help="FILE.py:FACTORY (default: the bundled GPT example)")
+    p.add_argument("--input-shape", default=None, metavar="BxS",
+                   help="a Hugging Face causal LM's microbatch of input ids (default 2x64, at most its positions)")
     p.add_argument("--world-size", type=int, default=None, help="processes; must equal the plan's ranks")
     p.add_argument("--report", default=None, help="write the JSON report here (- for stdout)")
     p.add_argument("--steps", type=int, default=1, help="training steps (SGD between steps), default 1")
@@ -98,6 +102,12 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     for flag, value in (("--plan", args.plan), ("--model", args.model)):
         if value == "":
             p.error(f"{flag}: an empty value")
+    if args.input_shape is not None:
+        parts = args.input_shape.split("x")
+        if len(parts) != 2 or not all(part.isdigit() and 1 <= int(part) <= MAX_INPUT_SIDE for part in parts):
+            p.error(f"--input-shape: expected BATCHxSEQUENCE, two integers in [1, {MAX_INPUT_SIDE}] (e.g. 2x64), "
+                    f"got '{args.input_shape}'")
+        args.input_shape = tuple(int(part) for part in parts)
     try:
         device = torch.device(args.device)
     except (RuntimeError, ValueError):
@@ -132,8 +142,8 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     """All ranks in this process: a ready-queue over ranks, transfers as in-memory handoffs."""
     torch.set_num_threads(args.threads)
     device = _device(args)
-    model = load_model(args.model, device)
-    ref = load_model(args.model, device)
+    model = load_model(args.model, device, args.input_shape)
+    ref = load_model(args.model, device, args.input_shape)
     ref.module.load_state_dict(model.module.state_dict())
     specs = split_stages(plan, model)
     ref_specs = split_stages(plan, ref)

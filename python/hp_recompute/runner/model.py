@@ -9,7 +9,7 @@ runner has no partition rule of its own, so a plan of the CLI's uniform model is
 
 A model is a ``PipelineModel``. ``--model FILE.py:FACTORY`` may return one directly (any
 architecture), or an ``nn.Module`` that one of the adapters below recognises (the bundled
-GPT and MLP examples). The first region receives the microbatch as ``x``; the last one
+GPT and MLP examples, a transformers causal LM of a family ``hp_recompute.hf`` supports). The first region receives the microbatch as ``x``; the last one
 returns the scalar loss. ``load_model(spec, device)`` puts the module and every batch on
 ``device`` (``--device``, single-process runs).
 """
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..errors import RunError
 from ..factory import call_factory
+from ..hf import causal_lm_regions, layout_of
 from ..plan.reader import Plan, region_checkpoint
 from ..replay_state import device_module
 from ..selective import hidden_compiled_modules, selective_context_fn
@@ -131,10 +132,53 @@ def _adapt_mlp(m: nn.Module) -> PipelineModel:
     return PipelineModel("mlp", m, regions, make_batch, lambda b: F.cross_entropy(m(b[0]), b[1]))
 
 
-def adapt(obj: Any) -> PipelineModel:
-    """Returns ``obj`` as a ``PipelineModel`` (itself, or through a structural adapter)."""
+#: The microbatch of input ids a Hugging Face causal LM trains on by default: 2 sequences of
+#: 64 tokens (at most the model's positions). ``--input-shape`` chooses another.
+HF_INPUT_SHAPE = (2, 64)
+
+
+def _lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy of ``logits`` on ``ids``, in float32 (as transformers' own)."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+
+def _adapt_hf(m: nn.Module, input_shape: Optional[Sequence[int]]) -> PipelineModel:
+    """A transformers causal LM of a family in ``hp_recompute.hf.LAYOUTS``: its regions as
+    ``python -m hp_recompute.costs --module`` names them (``hf.causal_lm_regions``), random
+    input ids of ``input_shape``, and the next-token loss of its logits."""
+    regions = causal_lm_regions(m, "hp_recompute.run: --model")
+    config = m.config
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    shape = tuple(input_shape) if input_shape else (HF_INPUT_SHAPE[0], min(HF_INPUT_SHAPE[1], positions or 64))
+    if len(shape) != 2 or (positions and shape[1] > positions):
+        raise RunError(f"hp_recompute.run: --input-shape: {type(m).__name__} takes input ids of shape "
+                       f"BATCHxSEQUENCE, SEQUENCE at most {positions}; got {'x'.join(map(str, shape))}")
+    vocab = config.vocab_size
+
+    def run(region: Any) -> RegionFn:
+        return lambda x, batch: region.module(x)
+
+    def head(region: Any) -> RegionFn:
+        return lambda x, ids: _lm_loss(region.module(x), ids)
+
+    fns = [run(r) for r in regions[:-1]] + [head(regions[-1])]
+    pipeline = [Region(r.name, fn, r.params, 0 < i < len(regions) - 1) for i, (r, fn) in enumerate(zip(regions, fns))]
+    return PipelineModel(type(m).__name__, m, pipeline, lambda g: torch.randint(0, vocab, shape, generator=g),
+                         lambda ids: _lm_loss(m(input_ids=ids, use_cache=False).logits, ids))
+
+
+def adapt(obj: Any, input_shape: Optional[Sequence[int]] = None) -> PipelineModel:
+    """Returns ``obj`` as a ``PipelineModel`` (itself, or through a structural adapter).
+
+    ``input_shape`` (``--input-shape``): the microbatch of a Hugging Face causal LM; refused
+    for another model, whose adapter or factory draws its own batches."""
+    if input_shape is not None and layout_of(obj) is None:
+        raise RunError(f"hp_recompute.run: --input-shape: only a Hugging Face causal LM's input ids take a shape "
+                       f"from the command line; {type(obj).__name__}'s batches are its adapter's (make_batch)")
     if isinstance(obj, PipelineModel):
         return obj
+    if layout_of(obj) is not None:
+        return _adapt_hf(obj, input_shape)
     if isinstance(obj, nn.Module):
         if all(hasattr(obj, a) for a in ("tok_emb", "pos_emb", "blocks", "ln_f", "head")):
             return _adapt_gpt(obj)
@@ -155,15 +199,17 @@ def _on(device: torch.device, value: Any) -> Any:
     return value
 
 
-def load_model(spec: Optional[str], device: Optional[torch.device] = None) -> PipelineModel:
-    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``).
+def load_model(spec: Optional[str], device: Optional[torch.device] = None,
+               input_shape: Optional[Sequence[int]] = None) -> PipelineModel:
+    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``);
+    ``input_shape`` as ``adapt`` takes it.
 
     With ``device`` (not the CPU), the module is moved there and ``make_batch`` puts each
     microbatch there; batches are still drawn from a CPU generator, so they are the same
     on every device.
     """
     spec = spec or os.path.normpath(DEFAULT_MODEL) + ":build"
-    model = adapt(call_factory(spec, "hp_recompute.run: --model", RunError))
+    model = adapt(call_factory(spec, "hp_recompute.run: --model", RunError), input_shape)
     if device is not None and torch.device(device).type != "cpu":
         target = torch.device(device)
         model.module.to(target)

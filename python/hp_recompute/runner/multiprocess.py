@@ -210,7 +210,7 @@ def _worker(rank: int, cfg: Dict[str, Any]) -> None:
                                 world_size=cfg["world"], timeout=timeout)
         with open(os.path.join(cfg["dir"], "plan.json"), encoding="utf-8") as f:
             plan = build_plan(json.load(f), cfg["plan"])  # the parent admitted it
-        model = load_model(cfg["model"])
+        model = load_model(cfg["model"], input_shape=cfg["input_shape"])
         model.module.load_state_dict(torch.load(os.path.join(cfg["dir"], "init.pt")))
         steps = run_rank_steps(rank, plan, model, cfg, sessions)
         dist.barrier()
@@ -313,7 +313,7 @@ def _sessions_left(result: Optional[Dict[str, Any]]) -> Optional[int]:
 
 def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     """Spawns ``plan.num_ranks`` processes, runs, and compares with the reference step."""
-    model = load_model(args.model)
+    model = load_model(args.model, input_shape=args.input_shape)
     specs = split_stages(plan, model)
     check_regions(model, make_batches(model, args.seed, 0, 1)[0])
     with tempfile.TemporaryDirectory(prefix="hpr-run-") as folder:
@@ -324,7 +324,7 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
         store = dist.TCPStore("127.0.0.1", 0, plan.num_ranks + 1, True, datetime.timedelta(seconds=args.timeout),
                               wait_for_workers=False)
         cfg = {"dir": folder, "port": store.port, "world": plan.num_ranks, "plan": os.path.abspath(plan.path),
-               "model": args.model, "seed": args.seed, "steps": args.steps, "timeout": args.timeout,
+               "model": args.model, "input_shape": args.input_shape, "seed": args.seed, "steps": args.steps, "timeout": args.timeout,
                "mode": args.checkpoint_mode, "threads": args.threads}
         ctx = tmp.start_processes(_worker, args=(cfg,), nprocs=plan.num_ranks, join=False, start_method="spawn")
         try:

@@ -110,7 +110,7 @@ def run_torchrun(plan: Plan, args: argparse.Namespace) -> Optional[Dict[str, Any
     torch.set_num_threads(args.threads)
     _join_group(rank, world, args.timeout)
     try:
-        model = load_model(args.model)
+        model = load_model(args.model, input_shape=args.input_shape)
         with torch.no_grad():
             for tensor in model.module.state_dict().values():
                 dist.broadcast(tensor, src=0)
@@ -122,7 +122,8 @@ def run_torchrun(plan: Plan, args: argparse.Namespace) -> Optional[Dict[str, Any
         if rank != 0:
             return None
         results = {g["rank"]: g for g in gathered}  # type: ignore[union-attr]
-        reference = load_model(args.model)  # a fresh model: adapters' units close over their module
+        # a fresh model: adapters' units close over their module
+        reference = load_model(args.model, input_shape=args.input_shape)
         reference.module.load_state_dict(initial)
         specs = split_stages(plan, reference)
         compared = compare_steps(plan, reference, specs, results, args)

@@ -47,3 +47,18 @@ def qwen2_sliding() -> torch.nn.Module:
     """A Qwen2 whose every layer attends in a sliding window, as HF builds it (``use_cache``
     on): its cache keeps the window, so a layer called again on the same arguments fails."""
     return build("qwen2", use_cache=True, full_layers=0)
+
+
+def gpt2() -> torch.nn.Module:
+    return build("gpt2")
+
+
+def gpt2_tied() -> torch.nn.Module:
+    return build("gpt2", tie=True)
+
+
+def llama_checkpointed() -> torch.nn.Module:
+    """A Llama with Hugging Face's own gradient checkpointing on."""
+    model = build("llama")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
