@@ -1,6 +1,6 @@
 //===- ExportedProgramFuzzer.cpp - hpr-fuzz-pt2, hpr-fuzz-pt2-program -----===//
 //
-// torch.export input: with HPR_FUZZ_ARCHIVE a whole `.pt2` (libzip, then the
+// torch.export input: with HPR_FUZZ_ARCHIVE a whole `.pt2` (minizip, then the
 // program reader), else the serialized program JSON alone; then a balanced
 // partition into 1..4 stages of what imports.
 //

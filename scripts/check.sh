@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: gtest (through ctest), lit + FileCheck,
 # pytest twice (on every core): under the venv's torch 2.x (.venv, the primary target) and under
-# Debian's python3-torch (.venv-system, a venv over /usr/bin/python3), and the
-# sanitizer leg (ctest and lit again under ASan + UBSan in build-asan/, then bounded
-# libFuzzer runs: scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
+# Debian's python3-torch (.venv-system, a venv over /usr/bin/python3), the wheel
+# (scripts/check_wheel.sh: packed from build/, installed into a fresh venv, run with
+# /usr/lib/llvm-19 hidden), and the sanitizer leg (ctest and lit again under ASan + UBSan
+# in build-asan/, then bounded libFuzzer runs: scripts/sanitize.sh). Each runner prints its own summary; the script fails if any did.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --system-torch || exit 1
+bash scripts/setup.sh --system-torch --wheel build/dist || exit 1
 bash scripts/build.sh || exit 1
 
 status=0
@@ -20,6 +21,8 @@ for python in .venv/bin/python .venv-system/bin/python; do
   echo "=== pytest (python/) on $("$python" -c 'import torch; print("torch", torch.__version__)') ($python)"
   "$python" -m pytest -q -p no:cacheprovider -n "$(nproc)" test/python || status=1
 done
+echo "=== the wheel, installed anywhere (scripts/check_wheel.sh)"
+bash scripts/check_wheel.sh build/dist/hp_recompute-*.whl || status=1
 echo "=== sanitizers and fuzzing (scripts/sanitize.sh)"
 bash scripts/sanitize.sh || status=1
 exit $status

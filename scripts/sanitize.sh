@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 jobs="${HPR_JOBS:-$(nproc)}"
 [ -f build-asan/build.ninja ] || cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_COMPILER=clang++-19 -DHPR_FUZZ=ON \
-  -DHPR_WHEEL_LIBTORCH=OFF || exit 1
+  -DHPR_WHEEL_LIBTORCH=OFF -DHPR_STATIC_LLVM=OFF || exit 1
 ninja -C build-asan -j "$jobs" || exit 1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-19/bin/llvm-symbolizer UBSAN_SYMBOLIZER_PATH=/usr/lib/llvm-19/bin/llvm-symbolizer

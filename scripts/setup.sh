@@ -4,16 +4,23 @@
 # pinned in requirements.txt, and the project itself into it (pip install -e .). With
 # --system-torch (scripts/check.sh) also .venv-system, a venv over Debian's Python whose
 # own python3-torch (1.13 on Debian 12, 2.6 on Debian 13) is the second torch the Python
-# suite runs on. Safe to rerun: it installs no package that is already present (the
-# project's editable install rebuilds incrementally).
+# suite runs on. With --wheel DIR (scripts/check_wheel.sh) it then also writes the
+# self-contained wheel (docs/install.md) into DIR, from the same build. Safe to rerun: it
+# installs no package that is already present (the project's editable install rebuilds
+# incrementally).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 system_torch=false
-case "${1:-}" in
-  "") ;;
-  --system-torch) system_torch=true ;;
-  *) echo "usage: scripts/setup.sh [--system-torch]" >&2; exit 2 ;;
-esac
+wheel_dir=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --system-torch) system_torch=true ;;
+    --wheel) [ $# -ge 2 ] || { echo "setup: --wheel needs a folder" >&2; exit 2; }
+             wheel_dir=$2; shift ;;
+    *) echo "usage: scripts/setup.sh [--system-torch] [--wheel DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
 
 packages=(
   cmake ninja-build g++ git
@@ -22,7 +29,7 @@ packages=(
   clang-19 libclang-rt-19-dev  # the sanitizer and libFuzzer build (build-asan, fuzz/)
   libtorch-dev python3-torch
   python3-dev  # the Python extension hp_recompute._planner (nanobind)
-  nlohmann-json3-dev libzip-dev pkgconf
+  nlohmann-json3-dev libminizip-dev zlib1g-dev
   googletest libgtest-dev
   python3-pytest python3-pytest-xdist python3-jsonschema python3-hypothesis python3-venv
   librsvg2-bin python3-pil  # render --emit svg to PNG and check its pixels (lit)
@@ -76,21 +83,33 @@ fi
 # the planner, incrementally): hp-recompute-plan, hp-recompute-opt, hp_recompute and its
 # extension then work from either venv with no PYTHONPATH. No build isolation: the build
 # tools are pinned, and the TorchScript importer links the venv's own LibTorch.
-# The planner is compiled once: .venv's install builds into build/ with the tests (so
-# scripts/build.sh finds it done), and .venv-system's into build-venv-system/ through
-# ccache, whose cache (build-ccache/, paths relative to the checkout) holds build/'s
-# objects: only the TorchScript importer, which includes the other LibTorch, and the
-# extension, which includes the other venv's nanobind, compile again.
+# The planner is compiled once: .venv's install builds into build/ (the tools and the
+# extension; the tests too once scripts/build.sh has turned them on there, so that a
+# rerun keeps them), and .venv-system's into build-venv-system/ through ccache, whose
+# cache (build-ccache/, paths relative to the checkout) holds build/'s objects: only the
+# TorchScript importer, which includes the other LibTorch, and the extension, which
+# includes the other venv's nanobind, compile again. The wheel (--wheel) is packed from
+# build/ with the same settings, so nothing compiles for it.
 launcher="/usr/bin/env;CCACHE_DIR=$PWD/build-ccache;CCACHE_BASEDIR=$PWD;ccache"
-install_editable() {  # venv, build folder, whether it builds the tests too
-  echo "setup: installing hp-recompute into $1 (pip install -e ., built in $2/)"
-  "$1/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps \
-    --config-settings=build-dir="$2" --config-settings=cmake.define.HPR_BUILD_TESTS="$3" \
+tests=OFF
+grep -qx 'HPR_BUILD_TESTS:BOOL=ON' build/CMakeCache.txt 2>/dev/null && tests=ON
+pip_build() {  # venv, build folder, whether it builds the tests too, then pip's command
+  local venv=$1 dir=$2 with_tests=$3
+  shift 3
+  "$venv/bin/python" -m pip "$@" -q --disable-pip-version-check --no-build-isolation --no-deps \
+    --config-settings=build-dir="$dir" --config-settings=cmake.define.HPR_BUILD_TESTS="$with_tests" \
     --config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER="$launcher" \
     --config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER="$launcher" \
-    -e . > "$1/pip-install.log" 2>&1 || { cat "$1/pip-install.log"; exit 1; }
+    > "$venv/pip-build.log" 2>&1 || { cat "$venv/pip-build.log"; exit 1; }
 }
-install_editable .venv build ON
+echo "setup: installing hp-recompute into .venv (pip install -e ., built in build/)"
+pip_build .venv build "$tests" install -e .
 if $system_torch; then
-  install_editable .venv-system build-venv-system OFF
+  echo "setup: installing hp-recompute into .venv-system (pip install -e ., built in build-venv-system/)"
+  pip_build .venv-system build-venv-system OFF install -e .
+fi
+if [ -n "$wheel_dir" ]; then
+  echo "setup: writing the wheel into $wheel_dir (pip wheel ., from build/)"
+  rm -rf "$wheel_dir"
+  pip_build .venv build "$tests" wheel -w "$wheel_dir" .
 fi

@@ -17,6 +17,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,27 +42,62 @@ static std::string torchScriptLibrary() {
   return std::string(library);
 }
 
+// LibTorch at run time. The importer is compiled against LibTorch but linked
+// against none of it (lib/Model/CMakeLists.txt): it names no libtorch_cpu.so
+// or libc10.so, libraries outside every manylinux policy, so the wheel passes
+// auditwheel. Its loader makes the LibTorch it was built with global first:
+// the torch package installed beside hp_recompute (site-packages/torch/lib,
+// two folders up from the importer), else the one the build linked
+// (HPR_LIBTORCH_CPU). libtorch_cpu.so brings libc10.so, its own dependency.
+static llvm::Error loadLibTorch(llvm::StringRef importer) {
+  llvm::SmallString<256> installed(llvm::sys::path::parent_path(
+      llvm::sys::path::parent_path(llvm::sys::path::parent_path(importer))));
+  llvm::sys::path::append(installed, "torch", "lib",
+                          llvm::sys::path::filename(HPR_LIBTORCH_CPU));
+  std::string errors;
+  for (llvm::StringRef candidate :
+       {llvm::StringRef(installed), llvm::StringRef(HPR_LIBTORCH_CPU)}) {
+    if (!llvm::sys::fs::exists(candidate))
+      continue;
+    std::string loadError;
+    if (llvm::sys::DynamicLibrary::getPermanentLibrary(candidate.str().c_str(),
+                                                       &loadError)
+            .isValid())
+      return llvm::Error::success();
+    errors += "; " + loadError;
+  }
+  return llvm::createStringError(
+      llvm::inconvertibleErrorCode(),
+      llvm::Twine("it needs the LibTorch of torch (the torch package), found "
+                  "neither at ") +
+          installed + " nor at " + HPR_LIBTORCH_CPU + errors +
+          ": install the torch version hp-recompute was built with");
+}
+
 /// Imports through libHPRTorchScript.so, loaded on first use: LibTorch takes
 /// about 0.4 s to load, which planning from a JSON model or from a schedule
-/// alone should not pay.
+/// alone should not pay. Loaded with every symbol bound (RTLD_NOW), so that a
+/// LibTorch of another version fails here, naming the symbol it lacks.
 static llvm::Expected<ModelGraph>
 importTorchScriptOnDemand(llvm::StringRef path,
                           const TorchScriptOptions &options,
                           std::vector<std::string> *warnings) {
   std::string library = torchScriptLibrary();
-  std::string loadError;
-  auto handle = llvm::sys::DynamicLibrary::getPermanentLibrary(library.c_str(),
-                                                               &loadError);
-  void *symbol = handle.isValid()
-                     ? handle.getAddressOfSymbol("hprImportTorchScript")
-                     : nullptr;
+  auto fail = [&](const llvm::Twine &why) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   path +
+                                       ": cannot load the TorchScript "
+                                       "importer " +
+                                       library + ": " + why);
+  };
+  if (llvm::Error err = loadLibTorch(library))
+    return fail(llvm::toString(std::move(err)));
+  void *handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle)
+    return fail(::dlerror());
+  void *symbol = ::dlsym(handle, "hprImportTorchScript");
   if (!symbol)
-    return llvm::createStringError(
-        llvm::inconvertibleErrorCode(),
-        "%s: cannot load the TorchScript importer %s: %s", path.str().c_str(),
-        library.c_str(),
-        loadError.empty() ? "no hprImportTorchScript symbol"
-                          : loadError.c_str());
+    return fail("no hprImportTorchScript symbol");
   auto importFn = reinterpret_cast<ImportTorchScriptFn>(symbol);
   ModelGraph graph;
   std::string error;

@@ -1,9 +1,11 @@
 //===- ZipArchive.h - Read entries of a zip archive -------------*- C++ -*-===//
 //
 // PyTorch's archives (torch.jit.save `.pt`, torch.export.save `.pt2`) are zip
-// files. libzip reads them: it checks the central directory against the
-// local headers on open and each entry's CRC on read, so a truncated or
-// damaged archive is an error here, never undefined behaviour downstream.
+// files. minizip (zlib's zip library) reads them: an archive without a
+// readable central directory does not open, names listed twice are refused,
+// each entry's local header is checked against the directory when it is
+// opened and its CRC once it is read, so a truncated or damaged archive is
+// an error here, never undefined behaviour downstream.
 //
 // What a read inflates is bounded (docs/models.md, "torch.export import"), so
 // that a small archive cannot make the reader allocate gigabytes: entries

@@ -18,8 +18,8 @@
 
 #include "gtest/gtest.h"
 
+#include <minizip/zip.h>
 #include <nlohmann/json.hpp>
-#include <zip.h>
 
 #include <sys/resource.h>
 
@@ -356,23 +356,25 @@ void writeAll(const std::string &path, llvm::StringRef bytes) {
   os << bytes;
 }
 
-/// A new zip file of \p entries, written by libzip.
+/// A new zip file of \p entries, written by minizip.
 std::string writeZip(const std::vector<Entry> &entries) {
   llvm::SmallString<128> path;
   EXPECT_FALSE(llvm::sys::fs::createTemporaryFile("ep", "pt2", path));
-  int error = 0;
-  zip_t *archive = zip_open(path.c_str(), ZIP_CREATE | ZIP_TRUNCATE, &error);
-  EXPECT_NE(archive, nullptr) << error;
+  zipFile archive = zipOpen64(path.c_str(), APPEND_STATUS_CREATE);
+  EXPECT_NE(archive, nullptr) << path.str().str();
   for (const Entry &entry : entries) {
-    zip_source_t *source =
-        zip_source_buffer(archive, entry.bytes.data(), entry.bytes.size(), 0);
-    zip_int64_t index =
-        zip_file_add(archive, entry.name.c_str(), source, ZIP_FL_ENC_UTF_8);
-    EXPECT_GE(index, 0) << zip_strerror(archive);
-    zip_set_file_compression(archive, index,
-                             entry.deflate ? ZIP_CM_DEFLATE : ZIP_CM_STORE, 0);
+    zip_fileinfo info = {};
+    EXPECT_EQ(zipOpenNewFileInZip64(
+                  archive, entry.name.c_str(), &info, nullptr, 0, nullptr, 0,
+                  nullptr, entry.deflate ? Z_DEFLATED : 0,
+                  entry.deflate ? Z_DEFAULT_COMPRESSION : 0, /*zip64=*/0),
+              ZIP_OK);
+    EXPECT_EQ(zipWriteInFileInZip(archive, entry.bytes.data(),
+                                  unsigned(entry.bytes.size())),
+              ZIP_OK);
+    EXPECT_EQ(zipCloseFileInZip(archive), ZIP_OK);
   }
-  EXPECT_EQ(zip_close(archive), 0);
+  EXPECT_EQ(zipClose(archive, nullptr), ZIP_OK);
   return path.str().str();
 }
 
