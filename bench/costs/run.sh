@@ -21,8 +21,8 @@ export PYTHONPATH="$repo/python"
 ex="$repo/examples"
 # name | --module | input flags | runner --model | even split in 2 stages | in 4 (ZBV: 2 per rank)
 models=(
-  "gpt|$ex/gpt/model.py:build|--input-shape 4x40 --input-dtype int64|$ex/gpt/model.py:build|0:0-4,1:5-9|0:0-2,1:3-4,2:5-6,3:7-9"
-  "mlp|$ex/mlp/model.py:build|--input-shape 8x32|$ex/mlp/model.py:build|0:0-8,1:9-17|0:0-4,1:5-8,2:9-12,3:13-17"
+  "gpt|$ex/gpt/model.py:build|--input-shape 4x40 --input-dtype int64|$ex/gpt/model.py:pipeline|0:0-4,1:5-9|0:0-2,1:3-4,2:5-6,3:7-9"
+  "mlp|$ex/mlp/model.py:build|--input-shape 8x32|$ex/mlp/model.py:pipeline|0:0-8,1:9-17|0:0-4,1:5-8,2:9-12,3:13-17"
   "llama|$ex/llama/model.py:build|--input-shape 2x64 --input-dtype int64|$ex/llama/model.py:pipeline|0:0-2,1:3-5|0:0-1,1:2-2,2:3-3,3:4-5"
 )
 has_sdpa=$("$py" -c 'import torch.nn.functional as F; print(int(hasattr(F, "scaled_dot_product_attention")))')

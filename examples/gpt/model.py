@@ -4,19 +4,24 @@
 ``build_sdpa()`` is the same model with ``F.scaled_dot_product_attention``, as
 torch 2.x models write it (gpt-sdpa.pt2 is its torch.export program).
 
-Why it exists: the CLI plans it by default (gpt.model.json) and runtimes build
-stage modules from ``build()``, so the factory is importable on its own and
-deterministic (fixed seed). Dimensions are tiny so CPU tests stay fast.
+``pipeline()`` is ``build()``'s model as the runner's ``PipelineModel``: the
+regions ``tok_emb``, ``blocks.N`` and ``ln_f+head`` (the names the CLI's
+gpt.model.json plans), batches of BATCH sequences of token ids.
+
+Why it exists: the CLI plans it by default (gpt.model.json) and the runner
+runs it by default (``pipeline``), so the factories are importable on their own
+and deterministic (fixed seed). Dimensions are tiny so CPU tests stay fast.
 """
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["VOCAB", "DIM", "HEADS", "LAYERS", "SEQ", "BATCH", "Block", "GPT", "build",
-           "build_sdpa"]
+           "build_sdpa", "pipeline"]
 
 VOCAB = 64
 DIM = 48
@@ -115,3 +120,26 @@ def build_sdpa() -> GPT:
     """The bundled GPT with SDPA attention (torch 2.x), deterministic weights (seed 0)."""
     torch.manual_seed(0)
     return GPT(sdpa=True)
+
+
+def pipeline(m: Optional[GPT] = None):
+    """``m`` (default ``build()``) as ``hp_recompute.runner.PipelineModel`` (module doc)."""
+    from hp_recompute.runner.model import PipelineModel, Region, parameters_under
+
+    m = build() if m is None else m
+
+    def emb(idx: torch.Tensor, batch) -> torch.Tensor:
+        return m.tok_emb(idx) + m.pos_emb[: idx.shape[1]]
+
+    def block(i: int):
+        return lambda x, batch: m.blocks[i](x)
+
+    def head(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        logits = m.head(m.ln_f(x))
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+
+    regions = [Region("tok_emb", emb, parameters_under(m, "tok_emb", "pos_emb"), False)]
+    regions += [Region(f"blocks.{i}", block(i), parameters_under(m, f"blocks.{i}")) for i in range(len(m.blocks))]
+    regions.append(Region("ln_f+head", head, parameters_under(m, "ln_f", "head"), False))
+    return PipelineModel("gpt", m, regions, lambda g: torch.randint(0, m.tok_emb.num_embeddings, (BATCH, m.pos_emb.shape[0]), generator=g),
+                         lambda idx: m(idx))

@@ -198,12 +198,12 @@ def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def pipeline():
     """The same model as the runner's ``PipelineModel`` (module doc)."""
-    from hp_recompute.runner.model import PipelineModel, Region
+    from hp_recompute.runner.model import PipelineModel, Region, parameters_under
 
     m = build()
 
     def params(*prefixes: str):
-        return [n for n, _ in m.named_parameters() if any(n == p or n.startswith(p + ".") for p in prefixes)]
+        return parameters_under(m, *prefixes)
 
     def layer(key: str):
         return lambda x, batch: m.layers[key](x, m.freqs_cis)

@@ -283,7 +283,8 @@ def causal_lm_regions(model: nn.Module, who: str) -> List[CausalLMRegion]:
     and tied weights (``tie_word_embeddings``: the embedding and the head in two regions,
     which the runner may place on two ranks)."""
     layout = _layout_of(model, who)
-    _refuse_hf_checkpointing(model, who, "build the model without it (no activation_checkpointing_enable() or gradient_checkpointing_enable())")
+    _refuse_hf_checkpointing(model, who, "build the model without it (no activation_checkpointing_enable() or "
+                                         "gradient_checkpointing_enable())")
     base = getattr(model, layout.base)
     count = len(getattr(base, layout.layers))
     named = dict(model.named_parameters())

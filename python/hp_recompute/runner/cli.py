@@ -1,7 +1,7 @@
 """Execute a plan for real: ``python3 -m hp_recompute.run --plan PLAN.json --world-size N``.
 
 Why: a plan is only worth what it does on a real model. This runner builds the model
-(default: the bundled GPT, ``examples/gpt/model.py:build``), splits it into the plan's
+(default: the bundled GPT, ``examples/gpt/model.py:pipeline``), splits it into the plan's
 stages by region name, executes every rank's action list with the eager session API
 (``executor``), and checks the result against a plain step (``reference``):
 
@@ -354,9 +354,9 @@ def run(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     layout = plan.raw["model"].get("data_parallel")
     if layout is not None:
         raise RunError(f"hp_recompute.run: {plan.path}: /model/data_parallel: the plan is made for FSDP2 stages "
-                       f"(shard {layout.get('shard', 1)}, replicate {layout.get('replicate', 1)}), and the runner has no data "
-                       f"parallelism: its stages would run unsharded, outside the plan's step time and memory; run "
-                       f"the plan with PlannedSchedule on fully_shard-ed stages (docs/fsdp.md), or plan without "
+                       f"(shard {layout.get('shard', 1)}, replicate {layout.get('replicate', 1)}), and the runner has "
+                       f"no data parallelism: its stages would run unsharded, outside the plan's step time and memory; "
+                       f"run the plan with PlannedSchedule on fully_shard-ed stages (docs/fsdp.md), or plan without "
                        f"--dp-shard / --dp-replicate")
     if not plan.tagged and not args.single_process:
         raise RunError(f"hp_recompute.run: {plan.path}: the runner's processes match messages by tag, and this "

@@ -7,11 +7,12 @@ parameters it owns, so that a stage is "its regions in order" and each plan regi
 runs is the planner's choice (the plan's ``model.stages``, docs/models.md "Partition"); the
 runner has no partition rule of its own, so a plan of the CLI's uniform model is refused.
 
-A model is a ``PipelineModel``. ``--model FILE.py:FACTORY`` may return one directly (any
-architecture), or an ``nn.Module`` that one of the adapters below recognises (the bundled
-GPT and MLP examples, a transformers causal LM of a family ``hp_recompute.hf`` supports). The first region receives the microbatch as ``x``; the last one
-returns the scalar loss. ``load_model(spec, device)`` puts the module and every batch on
-``device`` (``--device``, single-process runs).
+A model is a ``PipelineModel``. ``--model FILE.py:FACTORY`` returns one (any architecture;
+the bundled examples' ``model.py:pipeline``), or a transformers causal LM of a family
+``hp_recompute.hf`` supports, whose regions the adapter below names as the costs tool does.
+The first region receives the microbatch as ``x``; the last one returns the scalar loss.
+``load_model(spec, device)`` puts the module and every batch on ``device`` (``--device``,
+single-process runs).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..replay_state import device_module
 from ..selective import hidden_compiled_modules, selective_context_fn
 
 __all__ = ["Region", "PipelineModel", "Unit", "StageSpec", "load_model", "adapt", "split_stages",
-           "DEFAULT_MODEL", "region_seed"]
+           "parameters_under", "DEFAULT_MODEL", "DEFAULT_FACTORY", "region_seed"]
 
 
 def _examples_dir() -> str:
@@ -47,6 +48,8 @@ def _examples_dir() -> str:
 
 
 DEFAULT_MODEL = os.path.join(_examples_dir(), "gpt", "model.py")
+#: The factory ``--model`` defaults to, in DEFAULT_MODEL.
+DEFAULT_FACTORY = "pipeline"
 
 RegionFn = Callable[[Any, Any], Any]
 
@@ -82,54 +85,11 @@ class PipelineModel:
     reference_loss: Callable[[Any], torch.Tensor]
 
 
-def _params_under(module: nn.Module, *prefixes: str) -> List[str]:
+def parameters_under(module: nn.Module, *prefixes: str) -> List[str]:
+    """The names of ``module``'s parameters at or under the module paths ``prefixes`` (a
+    region's ``params``)."""
     names = [n for n, _ in module.named_parameters()]
     return [n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes)]
-
-
-def _adapt_gpt(m: nn.Module) -> PipelineModel:
-    """The bundled GPT (examples/gpt/model.py): tok_emb, blocks.N, ln_f+head (loss inside)."""
-    vocab, seq = m.tok_emb.num_embeddings, m.pos_emb.shape[0]
-    batch_size = 4
-
-    def emb(idx: torch.Tensor, batch: Any) -> torch.Tensor:
-        return m.tok_emb(idx) + m.pos_emb[: idx.shape[1]]
-
-    def block(i: int) -> RegionFn:
-        return lambda x, batch: m.blocks[i](x)
-
-    def head(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        logits = m.head(m.ln_f(x))
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
-
-    regions = [Region("tok_emb", emb, _params_under(m, "tok_emb", "pos_emb"), False)]
-    regions += [Region(f"blocks.{i}", block(i), _params_under(m, f"blocks.{i}")) for i in range(len(m.blocks))]
-    regions.append(Region("ln_f+head", head, _params_under(m, "ln_f", "head"), False))
-    return PipelineModel("gpt", m, regions,
-                         lambda g: torch.randint(0, vocab, (batch_size, seq), generator=g),
-                         lambda idx: m(idx))
-
-
-def _adapt_mlp(m: nn.Module) -> PipelineModel:
-    """The bundled residual MLP (examples/mlp/model.py): inp, layers.N, head (+ cross-entropy)."""
-    width_in, classes, batch_size = m.inp.in_features, m.head.out_features, 8
-
-    def inp(batch: Any, _: Any) -> torch.Tensor:
-        return torch.relu(m.inp(batch[0]))
-
-    def layer(i: int) -> RegionFn:
-        return lambda x, batch: m.layers[i](x)
-
-    def head(x: torch.Tensor, batch: Any) -> torch.Tensor:
-        return F.cross_entropy(m.head(x), batch[1])
-
-    def make_batch(g: torch.Generator) -> Any:
-        return (torch.randn(batch_size, width_in, generator=g), torch.randint(0, classes, (batch_size,), generator=g))
-
-    regions = [Region("inp", inp, _params_under(m, "inp"), False)]
-    regions += [Region(f"layers.{i}", layer(i), _params_under(m, f"layers.{i}")) for i in range(len(m.layers))]
-    regions.append(Region("head", head, _params_under(m, "head"), False))
-    return PipelineModel("mlp", m, regions, make_batch, lambda b: F.cross_entropy(m(b[0]), b[1]))
 
 
 #: The microbatch of input ids a Hugging Face causal LM trains on by default: 2 sequences of
@@ -179,13 +139,9 @@ def adapt(obj: Any, input_shape: Optional[Sequence[int]] = None) -> PipelineMode
         return obj
     if layout_of(obj) is not None:
         return _adapt_hf(obj, input_shape)
-    if isinstance(obj, nn.Module):
-        if all(hasattr(obj, a) for a in ("tok_emb", "pos_emb", "blocks", "ln_f", "head")):
-            return _adapt_gpt(obj)
-        if all(hasattr(obj, a) for a in ("inp", "layers", "head")):
-            return _adapt_mlp(obj)
     raise RunError(f"hp_recompute.run: --model: no pipeline adapter for {type(obj).__name__}; return a "
-                   f"hp_recompute.runner.model.PipelineModel from the factory (docs/runner.md)")
+                   f"hp_recompute.runner.model.PipelineModel from the factory, as the bundled examples' "
+                   f"model.py:pipeline do (docs/runner.md)")
 
 
 def _on(device: torch.device, value: Any) -> Any:
@@ -201,14 +157,14 @@ def _on(device: torch.device, value: Any) -> Any:
 
 def load_model(spec: Optional[str], device: Optional[torch.device] = None,
                input_shape: Optional[Sequence[int]] = None) -> PipelineModel:
-    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``build``);
+    """Builds the model of ``FILE.py:FACTORY`` (default: the bundled GPT's ``pipeline``);
     ``input_shape`` as ``adapt`` takes it.
 
     With ``device`` (not the CPU), the module is moved there and ``make_batch`` puts each
     microbatch there; batches are still drawn from a CPU generator, so they are the same
     on every device.
     """
-    spec = spec or os.path.normpath(DEFAULT_MODEL) + ":build"
+    spec = spec or os.path.normpath(DEFAULT_MODEL) + ":" + DEFAULT_FACTORY
     model = adapt(call_factory(spec, "hp_recompute.run: --model", RunError), input_shape)
     if device is not None and torch.device(device).type != "cpu":
         target = torch.device(device)

@@ -324,7 +324,8 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
         store = dist.TCPStore("127.0.0.1", 0, plan.num_ranks + 1, True, datetime.timedelta(seconds=args.timeout),
                               wait_for_workers=False)
         cfg = {"dir": folder, "port": store.port, "world": plan.num_ranks, "plan": os.path.abspath(plan.path),
-               "model": args.model, "input_shape": args.input_shape, "seed": args.seed, "steps": args.steps, "timeout": args.timeout,
+               "model": args.model, "input_shape": args.input_shape, "seed": args.seed, "steps": args.steps,
+               "timeout": args.timeout,
                "mode": args.checkpoint_mode, "threads": args.threads}
         ctx = tmp.start_processes(_worker, args=(cfg,), nprocs=plan.num_ranks, join=False, start_method="spawn")
         try:

@@ -18,7 +18,8 @@ def build(family: str, use_cache: bool = False, tie: bool = False, full_layers: 
     torch.manual_seed(0)
     if family == "gpt2":
         config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=4, n_head=4, n_positions=64,
-                                         bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=use_cache,
+                                         bos_token_id=0, eos_token_id=1, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0, use_cache=use_cache,
                                          tie_word_embeddings=tie)
         return transformers.GPT2LMHeadModel(config)
     configs = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,

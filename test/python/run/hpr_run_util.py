@@ -100,7 +100,7 @@ def model_json(tmp: Path, name: str, regions: Sequence[str], plain: Sequence[str
 
 
 def mlp_regions(layers: int) -> List[str]:
-    """The regions the runner's MLP adapter gives a module with ``layers`` layers."""
+    """The regions of an MLP pipeline model with ``layers`` layers (examples/mlp/model.py:pipeline's)."""
     return ["inp", *(f"layers.{i}" for i in range(layers)), "head"]
 
 
@@ -158,9 +158,20 @@ def device_node(tmp_path: Path, name: str, minor: int) -> Path:
     return node
 
 
+#: Lines that load the bundled MLP example as ``mlp_example``, whose ``pipeline(net)`` is the
+#: runner's PipelineModel of a module laid out like it (``inp``, ``layers``, ``head``): for the
+#: model files tests write.
+MLP_EXAMPLE = (
+    "import importlib.util\n"
+    f"_spec = importlib.util.spec_from_file_location('mlp_example', {str(REPO / 'examples/mlp/model.py')!r})\n"
+    "mlp_example = importlib.util.module_from_spec(_spec)\n"
+    "_spec.loader.exec_module(mlp_example)\n")
+
+
 def gpt_factory(tmp: Path, change: str, imports: str = "") -> str:
-    """A ``FILE.py:build`` spec: the bundled GPT with one statement ``change`` applied to
-    ``model`` (e.g. ``"model.blocks[1].compile()"``), for runner tests of what a model holds."""
+    """A ``FILE.py:build`` spec: the bundled GPT's pipeline model, with one statement ``change``
+    applied to its module ``model`` (e.g. ``"model.blocks[1].compile()"``), for runner tests of
+    what a model holds."""
     factory = tmp / "changed_gpt.py"
     factory.write_text(
         f"import importlib.util\n{imports}"
@@ -168,7 +179,8 @@ def gpt_factory(tmp: Path, change: str, imports: str = "") -> str:
         "gpt = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(gpt)\n\n\n"
         "def build():\n"
-        "    model = gpt.build()\n"
+        "    pipeline = gpt.pipeline()\n"
+        "    model = pipeline.module\n"
         f"    {change}\n"
-        "    return model\n")
+        "    return pipeline\n")
     return f"{factory}:build"

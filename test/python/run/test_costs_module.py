@@ -34,7 +34,7 @@ needs_sdpa = pytest.mark.skipif(not HAS_SDPA, reason=f"the Llama uses F.scaled_d
 #: times, which vary from run to run).
 MODELS = {
     "gpt": (f"{GPT}:build", ["--input-shape", "4x40", "--input-dtype", "int64"], None, "0:0-4,1:5-9"),
-    "mlp": (f"{MLP}:build", ["--input-shape", "8x32"], f"{MLP}:build", "0:0-8,1:9-17"),
+    "mlp": (f"{MLP}:build", ["--input-shape", "8x32"], f"{MLP}:pipeline", "0:0-8,1:9-17"),
     "llama": (f"{LLAMA}:build", ["--input-shape", "2x64", "--input-dtype", "int64"], f"{LLAMA}:pipeline",
               "0:0-2,1:3-5"),
 }

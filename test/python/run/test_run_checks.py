@@ -16,14 +16,16 @@ from typing import Dict, List
 import pytest
 import torch
 
-from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan, mlp_regions,
-                          model_json, pieces_plan, run_cli, run_inproc)
+from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan,
+                          mlp_regions, model_json, pieces_plan, run_cli, run_inproc)
 from hp_recompute.replay_buffers import BufferKeepingFunction
 from hp_recompute.runner.memory import AllocatorPeak
 
-# The bundled MLP adapter (inp, layers.N, head) with dropout and BatchNorm in every layer.
+# A module laid out as the bundled MLP (inp, layers.N, head), run as its pipeline model, with
+# dropout and BatchNorm in every layer.
 NOISY_MLP = '''
 import torch, torch.nn as nn
+''' + MLP_EXAMPLE + '''
 
 class Layer(nn.Module):
     def __init__(self, width, p, batchnorm):
@@ -50,11 +52,11 @@ class Net(nn.Module):
 
 def dropout():
     torch.manual_seed(0)
-    return Net(0.3, False)
+    return mlp_example.pipeline(Net(0.3, False))
 
 def batchnorm():
     torch.manual_seed(0)
-    return Net(0.0, True)
+    return mlp_example.pipeline(Net(0.0, True))
 
 class Scale(nn.Module):
     def forward(self, x):
@@ -64,12 +66,12 @@ def saves_nothing():
     torch.manual_seed(0)
     net = Net(0.0, False)
     net.layers[1] = Scale()
-    return net
+    return mlp_example.pipeline(net)
 '''
 
 
 def _noisy_json(tmp: Path) -> Path:
-    """NOISY_MLP's model JSON graph (the MLP adapter's regions of its 4 layers), to plan it with."""
+    """NOISY_MLP's model JSON graph (its pipeline model's regions, 4 layers), to plan it with."""
     return model_json(tmp, "mlp", mlp_regions(4), plain=("inp", "head"))
 
 
@@ -165,15 +167,15 @@ def test_batchnorm_statistics_are_updated_once_per_microbatch(tmp_path: Path, mo
 def test_regions_that_do_not_compute_the_module_are_refused(tmp_path: Path) -> None:
     (tmp_path / "noisy.py").write_text(NOISY_MLP + '''
 def skips_a_layer():
-    net = dropout()
-    forward = net.forward
+    torch.manual_seed(0)
+    net = Net(0.3, False)
     def forward_without_layer_2(x):
         h = torch.relu(net.inp(x))
         for i, layer in enumerate(net.layers):
             h = h if i == 2 else layer(h)
         return net.head(h)
     net.forward = forward_without_layer_2
-    return net
+    return mlp_example.pipeline(net)
 ''')
     plan = make_plan(tmp_path, "--model", str(_noisy_json(tmp_path)), *flags(("1f1b", 2, 4)))
     code, report = run_inproc("--plan", str(plan), "--single-process", "--model",
@@ -195,7 +197,7 @@ def test_allocator_peak_sees_a_transient_allocation() -> None:
 MLP_MODEL_JSON = GPT_MODEL_JSON.parent.parent / "mlp" / "mlp.model.json"
 #: The runner's bundled models: model JSON, and the factory (None: the default GPT).
 BUNDLED = {"gpt": (GPT_MODEL_JSON, None),
-           "mlp": (MLP_MODEL_JSON, str(MLP_MODEL_JSON.parent / "model.py") + ":build")}
+           "mlp": (MLP_MODEL_JSON, str(MLP_MODEL_JSON.parent / "model.py") + ":pipeline")}
 #: Even stage splits of the bundled models, by number of stages. The memory test fixes the
 #: split: balanced by measured times, it would move from run to run with the machine's noise,
 #: and so would the predicted peak, which depends on bytes only.

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, REPO, device_node, edit_plan, flags, make_plan, mlp_regions,
-                          model_json, processes_left, processes_with, run_cli)
+from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, PYTHON_DIR, REPO, device_node, edit_plan, flags, make_plan,
+                          mlp_regions, model_json, processes_left, processes_with, run_cli)
 
-# The bundled MLP adapter (inp, layers.N, head); HOW says what layers.1's forward does.
-MLP = '''
+# A module laid out as the bundled MLP (inp, layers.N, head), run as its pipeline model.
+MLP = f'''
 import sys, torch, torch.nn as nn
-
+{MLP_EXAMPLE}
 class Net(nn.Module):
     def __init__(self, fail=None):
         super().__init__()
@@ -41,6 +41,9 @@ class Net(nn.Module):
             h = layer(h)
         return self.head(h)
 
+def net():
+    return mlp_example.pipeline(Net())
+
 def _failing(exc):
     net = Net()
     layer = net.layers[1]
@@ -50,7 +53,7 @@ def _failing(exc):
             raise exc
         return nn.Linear.forward(layer, x)
     layer.forward = forward
-    return net
+    return mlp_example.pipeline(net)
 
 def exits():
     return _failing(SystemExit(0))
@@ -67,7 +70,7 @@ def exits_in_factory():
 
 
 def _mlp_json(tmp: Path) -> Path:
-    """MLP's model JSON graph (the adapter's regions of its 4 layers), to plan it with."""
+    """MLP's model JSON graph (its pipeline model's regions, 4 layers), to plan it with."""
     return model_json(tmp, "mlp", mlp_regions(4), plain=("inp", "head"))
 
 
@@ -160,7 +163,7 @@ def test_a_report_onto_the_plan_is_refused_before_the_run(tmp_path: Path, via: s
 
 def test_a_report_onto_the_model_file_is_refused(tmp_path: Path, mlp: str) -> None:
     plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)))
-    proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process", "--report", mlp)
+    proc = _runner("--plan", str(plan), "--model", f"{mlp}:net", "--single-process", "--report", mlp)
     assert proc.returncode == 2
     assert f"--report {mlp} is the same file as the input --model {mlp}" in proc.stderr
     assert Path(mlp).read_text() == MLP
@@ -294,7 +297,7 @@ def test_a_plan_of_the_uniform_model_is_refused_naming_the_model_json(tmp_path: 
 def test_a_uniform_plan_for_the_bundled_mlp_names_its_json(tmp_path: Path) -> None:
     """The bundled JSON is found by the model's name and regions; outside the checkout, by its full path."""
     plan = make_plan(tmp_path, *flags(("1f1b", 2, 4)))
-    proc = run_cli("--plan", str(plan), "--model", f"{REPO}/examples/mlp/model.py:build", "--single-process",
+    proc = run_cli("--plan", str(plan), "--model", f"{REPO}/examples/mlp/model.py:pipeline", "--single-process",
                    cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert (f"region 'stage0' {UNIFORM} 'mlp''s regions each stage runs; plan the model: hp-recompute-plan "
@@ -304,14 +307,14 @@ def test_a_uniform_plan_for_the_bundled_mlp_names_its_json(tmp_path: Path) -> No
 
 def test_a_uniform_plan_for_a_model_of_ones_own_says_what_its_json_holds(tmp_path: Path, mlp: str) -> None:
     plan = make_plan(tmp_path, *flags(("zbv", 2, 4)))
-    proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process")
+    proc = _runner("--plan", str(plan), "--model", f"{mlp}:net", "--single-process")
     assert proc.returncode == 1
     assert (f"region 'stage0' {UNIFORM} 'mlp''s regions each stage runs; plan the model: hp-recompute-plan "
             f"--model MODEL.json and this plan's schedule flags, MODEL.json being model 'mlp''s JSON graph with its "
             f"regions [inp, layers.0, layers.1, layers.2, layers.3, head] (docs/models.md") in proc.stderr
     # Planned with that JSON, the same model runs.
     plan = make_plan(tmp_path, "--model", str(_mlp_json(tmp_path)), *flags(("zbv", 2, 4)), name="m.json")
-    proc = _runner("--plan", str(plan), "--model", f"{mlp}:Net", "--single-process")
+    proc = _runner("--plan", str(plan), "--model", f"{mlp}:net", "--single-process")
     assert proc.returncode == 0, proc.stderr
 
 
