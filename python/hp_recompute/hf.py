@@ -29,17 +29,21 @@ import torch.nn as nn
 
 from .checkpoint import checkpoint
 from .errors import RunError
-from .pipelining.regions import hf_checkpointing_on
-from .pipelining.schedule import admitted_plan
 from .plan.reader import Plan
 
 __all__ = ["LAYOUTS", "DecoderLayout", "DecoderStage", "CausalLMRegion", "causal_lm_regions", "enable_checkpointing",
-           "layout_of", "stage_module"]
+           "hf_checkpointing_on", "layout_of", "stage_module"]
 
 
 def _is_pretrained(model: Any) -> bool:
     return any(cls.__name__ == "PreTrainedModel" and cls.__module__.startswith("transformers")
                for cls in type(model).__mro__)
+
+
+def hf_checkpointing_on(module: nn.Module) -> bool:
+    """Whether ``module`` is a transformers layer whose own gradient checkpointing is on (its
+    ``forward`` then checkpoints itself through ``_gradient_checkpointing_func``)."""
+    return getattr(module, "gradient_checkpointing", False) is True and hasattr(module, "_gradient_checkpointing_func")
 
 
 def enable_checkpointing(model: nn.Module, every_n_layers: int = 1) -> nn.Module:
@@ -335,6 +339,10 @@ def stage_module(model: nn.Module, plan: Any, stage: int) -> DecoderStage:
     _refuse_hf_checkpointing(model, "hp_recompute.hf.stage_module",
                              "call model.gradient_checkpointing_disable() before building the stages")
     if not isinstance(plan, Plan):  # a Plan comes from the reader, admitted; don't verify it again per stage
+        # Here, not at the top: the runner's regions (causal_lm_regions) run on torch 1.13 too,
+        # which has no torch.distributed.pipelining for a stage module.
+        from .pipelining.schedule import admitted_plan
+
         plan = admitted_plan(plan)
     if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage < plan.num_stages:
         raise RunError(f"hp_recompute.hf.stage_module: stage must be in [0, {plan.num_stages}) for {plan.path}, "

@@ -81,5 +81,5 @@ def test_cycles_are_found() -> None:
 def test_the_package_imports_form_no_cycle() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert "hp_recompute.pipelining.schedule" in graph["hp_recompute.hf"]  # the reader sees the imports
+    assert "hp_recompute.hf" in graph["hp_recompute.pipelining.regions"]  # the reader sees the imports
     assert _cycles(graph) == []

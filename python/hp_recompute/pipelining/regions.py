@@ -46,11 +46,12 @@ import torch
 from ..checkpoint import checkpoint as hpr_checkpoint, checkpoint_call
 from ..errors import RunError
 from ..fsdp import ReplayFunction, is_fsdp_module
+from ..hf import hf_checkpointing_on
 from ..plan.interpreter import forwards_are_plain
 from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from ..selective import hidden_compiled_modules, selective_context_fn
 
-__all__ = ["check_regions", "checkpoint_regions", "hf_checkpointing_on", "patch_regions", "unplanned_blocks"]
+__all__ = ["check_regions", "checkpoint_regions", "patch_regions", "unplanned_blocks"]
 
 
 class _PlannedForward:
@@ -107,12 +108,6 @@ def _patch(module: torch.nn.Module) -> Any:
     """The forward ``checkpoint_regions`` put on ``module``'s instance, if any."""
     forward = module.__dict__.get("forward")
     return forward if isinstance(forward, (_PlannedForward, _WrappedForward, _UnplannedForward)) else None
-
-
-def hf_checkpointing_on(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a transformers layer whose own gradient checkpointing is on (its
-    ``forward`` then checkpoints itself through ``_gradient_checkpointing_func``)."""
-    return getattr(module, "gradient_checkpointing", False) is True and hasattr(module, "_gradient_checkpointing_func")
 
 
 def _is_wrapper(module: torch.nn.Module) -> bool:
