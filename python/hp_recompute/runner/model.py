@@ -133,8 +133,9 @@ def adapt(obj: Any, input_shape: Optional[Sequence[int]] = None) -> PipelineMode
     ``input_shape`` (``--input-shape``): the microbatch of a Hugging Face causal LM; refused
     for another model, whose adapter or factory draws its own batches."""
     if input_shape is not None and layout_of(obj) is None:
+        what = f"model '{obj.name}'" if isinstance(obj, PipelineModel) else type(obj).__name__
         raise RunError(f"hp_recompute.run: --input-shape: only a Hugging Face causal LM's input ids take a shape "
-                       f"from the command line; {type(obj).__name__}'s batches are its adapter's (make_batch)")
+                       f"from the command line; {what} draws its own batches (make_batch)")
     if isinstance(obj, PipelineModel):
         return obj
     if layout_of(obj) is not None:

@@ -94,4 +94,4 @@ def test_input_shape_is_refused_for_a_model_that_draws_its_own_batches(tmp_path:
     proc = _tool("hp_recompute.run", "--plan", str(plan), "--input-shape", "2x8", "--single-process")
     assert proc.returncode == 1, proc.stderr
     assert ("hp_recompute.run: --input-shape: only a Hugging Face causal LM's input ids take a shape from the "
-            "command line; GPT's batches are its adapter's (make_batch)") in proc.stderr
+            "command line; model 'gpt' draws its own batches (make_batch)") in proc.stderr
