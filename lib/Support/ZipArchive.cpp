@@ -79,14 +79,17 @@ static std::string statusText(int status) {
   }
 }
 
-/// The current entry's directory record and name.
+/// The current entry's directory record and name: the record first, for the
+/// name's length (an archive lists hundreds of entries; no 64 KiB buffer each).
 static int currentEntry(unzFile archive, unz_file_info64 &info,
                         std::string &name) {
-  name.assign(0xFFFF, '\0'); // the largest name a zip can record
-  int status = unzGetCurrentFileInfo64(archive, &info, name.data(), name.size(),
-                                       nullptr, 0, nullptr, 0);
-  name.resize(std::min<uint64_t>(info.size_filename, name.size()));
-  return status;
+  int status = unzGetCurrentFileInfo64(archive, &info, nullptr, 0, nullptr, 0,
+                                       nullptr, 0);
+  if (status != UNZ_OK)
+    return status;
+  name.assign(info.size_filename, '\0');
+  return unzGetCurrentFileInfo64(archive, &info, name.data(), name.size(),
+                                 nullptr, 0, nullptr, 0);
 }
 
 ZipArchive::ZipArchive(std::unique_ptr<Impl> impl,
