@@ -332,10 +332,11 @@ class PlannedSchedule(PipelineScheduleMulti):
                                f"plan does not place in that stage (its regions: {', '.join(regions)}), so their "
                                f"memory and replays are not the plan's: plan this model and split")
         owners: Dict[int, Tuple[int, str]] = {}
+        fsdp = {s.stage_index: any(is_fsdp_module(m) for m in s.submod.modules()) for s in self._stages}
         for stage in self._stages:
             for name, param in stage.submod.named_parameters():
                 first = owners.setdefault(id(param), (stage.stage_index, name))
-                sharded = [s for s in (first[0], stage.stage_index) if self._fsdp_stage(s)]
+                sharded = [s for s in (first[0], stage.stage_index) if fsdp[s]]
                 if first[0] != stage.stage_index and sharded:
                     raise RunError(f"{where}: '{name}' of stage {stage.stage_index} is '{first[1]}' of stage "
                                    f"{first[0]} (one parameter in two stages of rank {self.rank}, tied weights), "
@@ -349,10 +350,6 @@ class PlannedSchedule(PipelineScheduleMulti):
                                f"plan splits that backward into I and W, each reading its session where it is "
                                f"placed (the first stage's in W alone), so its replays would run outside the plan: "
                                f"build the stage without dw_builder (PlannedSchedule splits I and W itself)")
-
-    def _fsdp_stage(self, stage_index: int) -> bool:
-        stage = next(s for s in self._stages if s.stage_index == stage_index)
-        return any(is_fsdp_module(m) for m in stage.submod.modules())
 
     def _scaled_later(self) -> Dict[int, Set[int]]:
         """Rule 11: stage -> ids of its parameters that a later ``reduce_grad`` of this rank
