@@ -61,17 +61,17 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
   OpPassManager &programs = nestOnPrograms(pm);
   programs.addPass(createHPRAssignSessions());
   programs.addPass(createHPRInsertRecompute(recompute));
+  // Before placement, around the jit replays: bubble placement then prices
+  // the gathers in its timeline and keeps each replay inside its stage's
+  // window, so moving a replay adds no all-gather and no gathered bytes.
+  programs.addPass(createHPRInsertUnshard());
   if (options.policy == RecomputePolicy::Bubble) {
     HPRPrefetchIntoBubblesOptions bubbles;
     bubbles.budget = options.budget;
     bubbles.placement = options.placement;
     pm.addPass(createHPRPrefetchIntoBubbles(bubbles));
   }
-  OpPassManager &placed = nestOnPrograms(pm);
-  placed.addPass(createHPRInsertClear());
-  // After placement: a replay moved early finds its stage's parameters
-  // gathered.
-  placed.addPass(createHPRInsertUnshard());
+  nestOnPrograms(pm).addPass(createHPRInsertClear());
 }
 
 void mlir::hpr::buildRecomputePipeline(

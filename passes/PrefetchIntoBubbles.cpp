@@ -80,17 +80,23 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
   // activation model's frame (positions before any recompute moves).
   size_t numCells = cellOps.size();
   std::vector<double> room(numCells);
-  for (size_t k = 0; k < numCells; ++k)
-    room[k] = timeline[k].start - (k ? timeline[k - 1].end : 0.0);
+  double free = 0; // When the rank is done with the cells before k.
+  for (size_t k = 0; k < numCells; ++k) {
+    room[k] = std::max(0.0, timeline[k].start - free);
+    // An unshard's gather runs beside the rank's compute (Simulate.h).
+    free = isa<UnshardOp>(cellOps[k]) ? timeline[k].start : timeline[k].end;
+  }
   struct Replay {
     RecomputeOp op;
     size_t cell;      ///< its own cell
     size_t firstCell; ///< the earliest it may move before: after its session
+                      ///< and its stage's unshard
     unsigned pos;
   };
   std::vector<unsigned> cellPos(numCells);
   std::vector<Replay> replays;
   llvm::DenseMap<Operation *, size_t> sessionCell;
+  llvm::DenseMap<int64_t, size_t> gatheredFrom; // stage -> its unshard's cell
   size_t cell = 0, next = 0;
   unsigned pos = 0;
   for (Operation &op : program.getBody().getOps()) {
@@ -100,10 +106,17 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     }
     if (isa<SessionOp>(op))
       sessionCell[&op] = cell;
-    else if (auto recompute = dyn_cast<RecomputeOp>(op))
-      replays.push_back({recompute, cell,
-                         sessionCell.lookup(recompute.getSessionOp()) + 1,
-                         pos});
+    else if (auto unshard = dyn_cast<UnshardOp>(op))
+      gatheredFrom[unshard.getStageIndex()] = cell;
+    else if (auto recompute = dyn_cast<RecomputeOp>(op)) {
+      size_t first = sessionCell.lookup(recompute.getSessionOp()) + 1;
+      // Within the window hpr-insert-unshard opened for the jit replay: a
+      // replay moved before it would read sharded parameters.
+      auto window = gatheredFrom.find(recompute.getStageIndex());
+      if (window != gatheredFrom.end())
+        first = std::max(first, window->second + 1);
+      replays.push_back({recompute, cell, first, pos});
+    }
     ++pos;
   }
   ProgramActivations activations = collectActivationLifetimes(program);

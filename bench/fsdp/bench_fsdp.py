@@ -7,7 +7,10 @@ tests (test/python/pipelining/pp_worker.py: residual MLP blocks ``layers.N`` and
 ``--dim`` wide and ``--layers`` deep), MSE on random targets. ``--model decoder``: the
 held-out torchtitan-layout decoder of examples/pipelining/model.py (``tok_embeddings``,
 blocks ``layers.N`` of causal self-attention and MLP, ``norm`` and ``output``; its own
-sizes), cross-entropy on the next token, as examples/pipelining/train.py trains it. Per
+sizes), cross-entropy on the next token, as examples/pipelining/train.py trains it.
+``--model llama``: the Llama example in torchtitan's layout (examples/llama/model.py: RMSNorm,
+rotary embeddings, grouped-query attention, SwiGLU; 4 blocks, one per stage), its own
+stage modules and next-token loss. Per
 ``reshard_after_forward`` setting, side by side in one run and repeated:
 
 * none: PlannedSchedule with a ZBV plan that checkpoints nothing;
@@ -18,13 +21,13 @@ sizes), cross-entropy on the next token, as examples/pipelining/train.py trains 
   and a ZBV plan that checkpoints every block, replays placed just in time or in bubbles;
 * ours bubble, planned layout: the same, planned on the model's measured costs
   (``python -m hp_recompute.costs --module bench/fsdp/net.py:build``, or
-  ``examples/pipelining/model.py:build`` for the decoder) with
+  ``examples/pipelining/model.py:build`` for the decoder, ``examples/llama/model.py:build``) with
   ``dp_shard=2``, so the plan unshards and reshards each stage and predicts each rank's
   peak with the gathered parameters (``peak_memory_bytes``), printed beside the measured.
 
 The plans without a layout are made on a model JSON of made-up costs: uniform blocks
 (``test_planned_schedule.model_json``) for net, ``examples/pipelining/decoder.model.json``
-for the decoder. Every plan and torch's schedules split the model the same way: the blocks
+for the decoder; the Llama's are its measured costs without the layout. Every plan and torch's schedules split the model the same way: the blocks
 evenly over the 4 stages, what precedes them on the first, what follows on the last.
 
 Each run: a warm-up step (torch infers stage metadata; profiled too, so that the measured
@@ -34,8 +37,8 @@ issues in it counted at ``torch.distributed``, summed over the ranks), then ``--
 timed steps (median; a barrier before each). The gradients of the measured step are
 compared with the unsharded model's (mean over the dp ranks).
 
-Usage: python bench/fsdp/bench_fsdp.py [--model {net,decoder}] [--steps 5] [--repeats 2] [--batch 256]
-    [--dim 256] [--layers 8]  (--dim and --layers: net only; the decoder's are examples/pipelining/model.py's)
+Usage: python bench/fsdp/bench_fsdp.py [--model {net,decoder,llama}] [--steps 5] [--repeats 2] [--batch 256]
+    [--dim 256] [--layers 8]  (--dim and --layers: net only; the others' are their examples')
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ sys.path.insert(0, str(HERE.parent))
 from harness import machine_line, median_step_ms, spawn, training_step  # noqa: E402
 TESTS = REPO / "test" / "python" / "pipelining"
 DECODER = REPO / "examples" / "pipelining" / "model.py"
+LLAMA = REPO / "examples" / "llama" / "model.py"
 MICROBATCHES, STAGES, PP, DP = 4, 4, 2, 2
 BASELINE = "torch interleaved 1F1B + checkpoint"
 VARIANTS = ["none", BASELINE, "torch ZBV + checkpoint", "ours jit", "ours bubble", "ours bubble, planned layout"]
@@ -112,14 +116,19 @@ def _net_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
             {"HPR_BENCH_NET": f"{cfg['dim']},{cfg['layers']}"})
 
 
-def _decoder_module() -> Any:
-    """examples/pipelining/model.py, imported once under its own name (``model`` is too common)."""
-    if "hpr_pipelining_decoder" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("hpr_pipelining_decoder", DECODER)
+def _example_module(name: str, path: Path) -> Any:
+    """An example's model.py, imported once under ``name`` (``model`` is too common)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-    return sys.modules["hpr_pipelining_decoder"]
+    return sys.modules[name]
+
+
+def _decoder_module() -> Any:
+    """examples/pipelining/model.py."""
+    return _example_module("hpr_pipelining_decoder", DECODER)
 
 
 def _count_call(name: str, module: torch.nn.Module, args: Any) -> None:
@@ -159,6 +168,52 @@ def _decoder_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
              "--input-dtype", "int64"], {})
 
 
+def _llama_module() -> Any:
+    """examples/llama/model.py, imported once under its own name."""
+    return _example_module("hpr_llama_example", LLAMA)
+
+
+def _llama(cfg: Dict[str, Any]) -> torch.nn.Module:
+    model = _llama_module().build()  # seeded
+    for name, block in model.layers.items():
+        block.register_forward_pre_hook(functools.partial(_count_call, f"layers.{name}"))
+    return model
+
+
+def _llama_stage(full: torch.nn.Module, regions: List[str]) -> torch.nn.Module:
+    """The example's own stage module (torchtitan's): the stage is the one that owns these blocks."""
+    blocks = [int(r.split(".")[1]) for r in regions if r.startswith("layers.")]
+    return _llama_module().stage_module(full, blocks[0] // (len(full.layers) // STAGES), STAGES)
+
+
+def _llama_batch(cfg: Dict[str, Any], dp_rank: int) -> List[torch.Tensor]:
+    m = _llama_module()
+    g = torch.Generator().manual_seed(7 + dp_rank)
+    tokens = torch.randint(0, m.ModelArgs().vocab_size, (cfg["batch"], m.SEQ), generator=g)
+    return [tokens, tokens]  # the example's loss predicts each next token of its input
+
+
+def _llama_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return _llama_module()._loss(logits, tokens)
+
+
+def _llama_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
+    return (["--module", f"{LLAMA}:build", "--input-shape", f"{cfg['batch'] // MICROBATCHES}x{_llama_module().SEQ}",
+             "--input-dtype", "int64"], {})
+
+
+def _llama_model_json(path: Path, cfg: Dict[str, Any]) -> None:
+    """No made-up costs for the Llama: its plans without a layout use its measured costs too."""
+    _measure(MODELS["llama"], cfg, path)
+
+
+def _describe_llama(cfg: Dict[str, Any]) -> str:
+    m = _llama_module()
+    a = m.ModelArgs()
+    return (f"the Llama of examples/llama/model.py ({a.n_layers} blocks of width {a.dim}, {a.n_heads} heads, "
+            f"{a.n_kv_heads} kv heads, vocabulary {a.vocab_size}), sequences of {m.SEQ} tokens")
+
+
 def _describe_net(cfg: Dict[str, Any]) -> str:
     return f"{cfg['layers']} blocks of width {cfg['dim']}"
 
@@ -171,7 +226,9 @@ def _describe_decoder(cfg: Dict[str, Any]) -> str:
 
 MODELS = {"net": Model(_net, _net_stage, _net_batch, _mse, _net_model_json, _net_costs, _describe_net),
           "decoder": Model(_decoder, _decoder_stage, _decoder_batch, _cross_entropy, _decoder_model_json,
-                           _decoder_costs, _describe_decoder)}
+                           _decoder_costs, _describe_decoder),
+          "llama": Model(_llama, _llama_stage, _llama_batch, _llama_loss, _llama_model_json, _llama_costs,
+                         _describe_llama)}
 
 
 def stage_spec(names: List[str]) -> str:
@@ -258,14 +315,19 @@ def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {"rows": rows}
 
 
+def _measure(model: Model, cfg: Dict[str, Any], out: Path) -> None:
+    """The model JSON of ``model``'s measured costs (``python -m hp_recompute.costs --module``)."""
+    arguments, env = model.costs(cfg)
+    subprocess.run([sys.executable, "-m", "hp_recompute.costs", *arguments, "-o", str(out)],
+                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
+
+
 def _plans(model: Model, cfg: Dict[str, Any], work: Path) -> Tuple[Dict[str, str], List[int], Dict[int, List[str]]]:
     """The four plans (paths), the planned-layout plan's peaks per rank, and the stages' regions."""
     from hp_recompute import make_plan
 
     model.model_json(work / "model.json", cfg)
-    arguments, env = model.costs(cfg)
-    subprocess.run([sys.executable, "-m", "hp_recompute.costs", *arguments, "-o", str(work / "costed.json")],
-                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, **env})
+    _measure(model, cfg, work / "costed.json")
     names = [[r["name"] for r in json.loads((work / f).read_text())["regions"]] for f in ("model.json", "costed.json")]
     if names[0] != names[1]:
         sys.exit(f"the measured model's regions {names[1]} are not the model JSON's {names[0]}")
@@ -288,15 +350,16 @@ def _plans(model: Model, cfg: Dict[str, Any], work: Path) -> Tuple[Dict[str, str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="net",
-                        help="net: pp_worker's residual MLP (default); decoder: examples/pipelining/model.py")
+                        help="net: pp_worker's residual MLP (default); decoder: examples/pipelining/model.py; "
+                        "llama: examples/llama/model.py")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dim", type=int, default=None, help="net's width (default 256)")
     parser.add_argument("--layers", type=int, default=None, help="net's blocks (default 8)")
     parser.add_argument("--batch", type=int, default=256, help="samples (decoder: sequences) per dp rank and step")
     args = parser.parse_args()
-    if args.model == "decoder" and (args.dim, args.layers) != (None, None):
-        parser.error("--dim and --layers size net; the decoder's are examples/pipelining/model.py's (its build())")
+    if args.model != "net" and (args.dim, args.layers) != (None, None):
+        parser.error(f"--dim and --layers size net; the {args.model}'s are its example's (its build())")
     sys.path[:0] = [str(REPO / "python"), str(TESTS)]
     model = MODELS[args.model]
     cfg = {"model": args.model, "steps": args.steps, "repeats": args.repeats, "dim": args.dim or 256,

@@ -14,6 +14,7 @@
 
 #include "ActionTable.h"
 
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/Twine.h"
 
@@ -64,6 +65,21 @@ double actionDuration(const Action &action, const SimulationCosts &costs) {
 }
 
 namespace {
+
+/// Whether an action of this kind reads its stage's parameters (and so waits
+/// for their all-gather).
+bool readsParameters(ActionKind kind) {
+  switch (kind) {
+  case ActionKind::Forward:
+  case ActionKind::BackwardInput:
+  case ActionKind::BackwardWeight:
+  case ActionKind::Backward:
+  case ActionKind::Recompute:
+    return true;
+  default:
+    return false;
+  }
+}
 
 /// One dependency: the slot/stage/microbatch of the producer.
 struct Dep {
@@ -175,6 +191,11 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
 
   std::vector<int> pc(numRanks, 0);
   std::vector<double> rankFree(numRanks, 0.0);
+  // Per rank, the latest all-gather (UNSHARD) of each stage (its action id),
+  // and when the rank's gathers, one after another, are done.
+  std::vector<llvm::DenseMap<int, int64_t>> gathers(numRanks);
+  std::vector<double> gathersFree(numRanks, 0.0);
+  std::vector<int64_t> lastGather(numRanks, -1);
   std::vector<int64_t> waitingFor(numRanks, -1);
   std::vector<Dep> waitingDep(numRanks);
   std::vector<char> queued(numRanks, 1);
@@ -225,13 +246,35 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
         producers.resize(producersEnd.empty() ? 0 : producersEnd.back());
         break;
       }
-      order.push_back(numbering.id(r, pc[r]));
-      producersEnd.push_back(static_cast<int64_t>(producers.size()));
+      // A stage's compute waits for the gather of its parameters.
+      forEachPrimitive(action, [&](const Action &p) {
+        if (!readsParameters(p.kind))
+          return;
+        auto gather = gathers[r].find(p.stage);
+        if (gather == gathers[r].end())
+          return;
+        int idx = static_cast<int>(gather->second - numbering.offset[r]);
+        ready = std::max(ready, result.timelines[r][idx].end);
+        producers.push_back(gather->second);
+      });
+      int64_t id = numbering.id(r, pc[r]);
+      order.push_back(id);
       double start = std::max(rankFree[r], ready);
       double duration = actionDuration(action, costs);
       result.timelines[r][pc[r]] = {ready, start, start + duration};
-      result.busy[r] += duration;
-      rankFree[r] = start + duration;
+      if (action.kind == ActionKind::Unshard) {
+        // Beside the compute, after the rank's earlier gathers: the rank
+        // goes on at once.
+        if (gathersFree[r] > start)
+          producers.push_back(lastGather[r]); // For the slack: queued.
+        double end = std::max(start, gathersFree[r]) + duration;
+        result.timelines[r][pc[r]].end = gathersFree[r] = end;
+        gathers[r][action.stage] = lastGather[r] = id;
+      } else {
+        result.busy[r] += duration;
+        rankFree[r] = start + duration;
+      }
+      producersEnd.push_back(static_cast<int64_t>(producers.size()));
       ++pc[r];
     }
     if (pc[r] == n)
@@ -301,9 +344,21 @@ llvm::Expected<SimulationResult> simulateSchedule(const Schedule &schedule,
     ActionTiming &timing = result.timelines[r][k];
     double latest = latestEnd[order[i]];
     timing.slack = latest - timing.end;
-    double latestStart = latest - (timing.end - timing.start);
-    if (k > 0)
-      latestEnd[order[i] - 1] = std::min(latestEnd[order[i] - 1], latestStart);
+    // A gather may have queued behind the rank's earlier ones (its producer
+    // then): its own time is its duration.
+    const Action &action = schedule.ranks[r][k];
+    bool gather = action.kind == ActionKind::Unshard;
+    double latestStart = latest - (gather ? actionDuration(action, costs)
+                                          : timing.end - timing.start);
+    if (k > 0) {
+      // The rank issues an UNSHARD and goes on: the next action bounds when
+      // the gather starts, not when it ends.
+      const Action &prev = schedule.ranks[r][k - 1];
+      double prevEnd = latestStart;
+      if (prev.kind == ActionKind::Unshard)
+        prevEnd += actionDuration(prev, costs);
+      latestEnd[order[i] - 1] = std::min(latestEnd[order[i] - 1], prevEnd);
+    }
     for (int64_t j = i ? producersEnd[i - 1] : 0; j < producersEnd[i]; ++j)
       latestEnd[producers[j]] = std::min(latestEnd[producers[j]], latestStart);
   }

@@ -210,3 +210,55 @@ hpr.schedule "off_the_critical_path" ranks 2 stages 2 microbatches 1 stage_to_ra
 // ROOMY-NEXT:  hpr.recv_b stage 0 mb 0
 // ROOMY-NEXT:  hpr.recompute %s0.mb0 {in_backward}
 // ROOMY-NEXT:  hpr.backward stage 0 mb 0
+
+// -----
+
+// FSDP: the GPipe programs above with stage 0's parameters resharded after
+// its forwards and gathered again after the gradient of mb 0 arrives. The
+// replay of mb 0 would fill the wait before that receive, but there it
+// would read sharded parameters: it stays inside the window, and with no
+// idle time there, inside its backward.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+  hpr.stage 1 {
+    hpr.region "l1" checkpoint flops 0.0 time_us 10.0 saved 100 input 1 params 0
+  }
+}
+// PEAK-LABEL: hpr.schedule "gpipe_window"
+// PEAK:      hpr.reshard stage 0
+// PEAK-NEXT: hpr.recv_b stage 0 mb 0
+// PEAK-NEXT: hpr.unshard stage 0
+// PEAK-NEXT: hpr.recompute %s0.mb0 {in_backward}
+// PEAK-NEXT: hpr.backward stage 0 mb 0
+hpr.schedule "gpipe_window" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
+  hpr.program rank 0 {
+    hpr.unshard stage 0
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.send_f stage 0 mb 0 peer 1
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.send_f stage 0 mb 1 peer 1
+    hpr.reshard stage 0
+    hpr.recv_b stage 0 mb 0 peer 1
+    hpr.unshard stage 0
+    hpr.backward stage 0 mb 0 session(%s0)
+    hpr.recv_b stage 0 mb 1 peer 1
+    hpr.backward stage 0 mb 1 session(%s1)
+    hpr.reshard stage 0
+  }
+  hpr.program rank 1 {
+    hpr.recv_f stage 1 mb 0 peer 0
+    %h2 = hpr.forward stage 1 mb 0
+    %s2 = hpr.session %h2 as "s1.mb0"
+    hpr.recv_f stage 1 mb 1 peer 0
+    %h3 = hpr.forward stage 1 mb 1
+    %s3 = hpr.session %h3 as "s1.mb1"
+    hpr.backward stage 1 mb 0 session(%s2)
+    hpr.send_b stage 1 mb 0 peer 0
+    hpr.backward stage 1 mb 1 session(%s3)
+    hpr.send_b stage 1 mb 1 peer 0
+  }
+}

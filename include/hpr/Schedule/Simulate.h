@@ -13,6 +13,11 @@
 //    SEND_F(s-1,m); RECV_B(s,m) needs SEND_B(s+1,m); SEND_F(s,m) needs
 //    F(s,m); SEND_B(s,m) needs the dx of (s,m); RECOMPUTE(s,m) needs F(s,m).
 //  - Sends never block (they are buffered), receives block until the send.
+//  - An UNSHARD is issued and its all-gather runs beside the rank's compute,
+//    as torch's runtime issues it (async_op=True), after the rank's earlier
+//    gathers: the rank goes on at once, and its next forward, backward or
+//    recompute of that stage starts no earlier than the gather's end (the
+//    UNSHARD's timing ends there).
 //  - Idle cells take no time (they are no-ops, as in PyTorch's runtime).
 //
 //===----------------------------------------------------------------------===//

@@ -266,7 +266,11 @@ def HPRPrefetchIntoBubbles
     where it is, and moved would only hold its tensors longer), latest
     consumer first, into the latest idle gap between its forward and
     its first consumer (the wait before an action whose inputs are not
-    ready) that still has room for the whole replay, provided the replayed
+    ready), and after the `hpr.unshard` of its stage that
+    `hpr-insert-unshard` placed for it (FSDP: the gathers are in the
+    timeline, issued beside the compute, and a moved replay neither opens
+    a window nor gathers again), that still has room for the whole replay,
+    provided the replayed
     tensors, held from there until the consumer, keep the rank's activation
     peak within `budget` (0: the rank's peak as the recomputes stand). A gap
     with only receives between it and the recompute takes it even when the
@@ -347,8 +351,9 @@ def HPRInsertUnshard : Pass<"hpr-insert-unshard", "::mlir::hpr::ProgramOp"> {
     torch.distributed.pipelining's `_add_unshard_reshard` puts them, with
     every action that reads a stage's parameters counted as a user: its
     forward, backward_input, backward_weight, backward and every
-    `hpr.recompute` where placement left it (a prefetched replay included).
-    Runs after placement, so a replay moved early finds its stage gathered.
+    `hpr.recompute` as `hpr-insert-recompute` placed it. Runs before
+    bubble placement, which prices the gathers and keeps each replay after
+    its stage's unshard.
 
     The rule, per user (an overlapped F/B pair is one user of both stages):
     the next `max-active` distinct stages with a user from here on stay

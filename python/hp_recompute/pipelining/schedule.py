@@ -112,9 +112,10 @@ Rule 8 (the plan owns the gathers). On a stage holding FSDP modules a training s
   ``scale_grads``, whichever runtime ran its backwards (Rule 7's or torch's). A plan made for
   FSDP (``hp-recompute-plan --dp-shard N``) bounds the window: an ``unshard`` of each stage
   before the first action that reads its parameters (a prefetched replay included) and
-  a ``reshard`` after the last, FSDP2's public ``unshard()`` and ``reshard()`` of every
-  FSDP module in the stage, as torch's runtime lowers its UNSHARD / RESHARD actions,
-  except that the all-gather is waited for at once. A plan without them gets one window
+  a ``reshard`` after the last, FSDP2's public ``unshard(async_op=True)`` and ``reshard()``
+  of every FSDP module in the stage, as torch's runtime lowers its UNSHARD / RESHARD
+  actions: the gathers run beside the compute the plan put between an ``unshard`` and the
+  stage's next reader, which waits for them (interpreter Rule 8). A plan without them gets one window
   per stage per step, from FSDP's first gather to ``reduce_grad`` (which reshards as the
   modules were configured): what such a plan prices, every parameter resident for the
   step. No parameter stays gathered past its ``reshard`` or the step, and a failed step
@@ -460,6 +461,7 @@ class _TorchStages(StageBackend):
         self.first_stage_pending: Dict[Tuple[int, int], Tuple[Any, Any, Any]] = {}  # (stage, mb) -> what its W reads
         self.whole_at_w: Dict[Tuple[int, int], Tuple[Dict[str, Any], Any]] = {}  # (stage, mb) -> W's (Rule 7a)
         self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
+        self.pending: Dict[int, list] = {}  # stage -> its gathers' handles, until a reader waits (Rule 8)
 
     def post_recv(self, a: Action) -> None:
         stage = self.stages[a.stage]
@@ -576,10 +578,14 @@ class _TorchStages(StageBackend):
         return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]
 
     def unshard(self, a: Action) -> None:
-        """Rule 8: FSDP2's all-gather of every FSDP module of the stage, waited for."""
-        for module in self.fsdp_modules(a.stage):
-            module.unshard()
+        """Rule 8: FSDP2's all-gather of every FSDP module of the stage, issued (``async_op=True``)."""
+        self.pending[a.stage] = [module.unshard(async_op=True) for module in self.fsdp_modules(a.stage)]
         self.gathered.add(a.stage)
+
+    def wait_unshard(self, stage: int) -> None:
+        """Rule 8: the stage's parameters gathered before an action reads or frees them."""
+        for handle in self.pending.pop(stage, ()):
+            handle.wait()
 
     def reshard(self, a: Action) -> None:
         """Rule 8: frees the stage's gathered parameters."""
@@ -588,8 +594,9 @@ class _TorchStages(StageBackend):
         self.gathered.discard(a.stage)
 
     def reshard_all(self) -> None:
-        """Rule 8, after a failed step: nothing the plan gathered stays gathered."""
+        """Rule 8, after a failed step: nothing the plan gathered stays gathered or in flight."""
         for stage in sorted(self.gathered):
+            self.wait_unshard(stage)
             for module in self.fsdp_modules(stage):
                 module.reshard()
         self.gathered.clear()

@@ -73,7 +73,11 @@ Rule 7 (receives). A ``recv_*`` action posts the receives its ``posts`` lists, i
   waited for it) is an error at the end of the step.
 
 Rule 8 (sends, reduce_grad, unshard, reshard). Each is one backend call at its place;
-  sends are asynchronous and waited for by ``finish``.
+  sends are asynchronous and waited for by ``finish``. An ``unshard`` issues its stage's
+  all-gather and returns (the plan placed it ahead of its readers so that the gather
+  overlaps their compute, as torch's runtime issues UNSHARD); the next action that reads
+  the stage's parameters (``PARAMETER_OPS``: a forward, a replay, any backward) or
+  releases them (``reshard``) first waits for it (``backend.wait_unshard``).
 
 Rule 9 (end of step). ``finish`` waits for the sends and clears the sessions still
   open, returning their ids: the plan promised a clear for each, so a runtime reports
@@ -120,6 +124,8 @@ __all__ = ["StageBackend", "PlanInterpreter", "plain_forwards", "forwards_are_pl
 
 #: Actions whose time is the rank's busy time (receives wait, sends are async).
 TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
+#: Actions that read their stage's parameters, so wait for its gather (Rule 8).
+PARAMETER_OPS = COMPUTE_OPS + ("recompute",)
 #: What a step without backward runs (Rule 13).
 FORWARD_OPS = ("forward", "recv_f", "send_f", "unshard", "reshard")
 
@@ -186,7 +192,10 @@ class StageBackend:
         """The stage's gradient reduction (data parallelism, gradient scaling)."""
 
     def unshard(self, a: Action) -> None:
-        """Gathers the stage's sharded parameters."""
+        """Issues the all-gather of the stage's sharded parameters (Rule 8); may return before it ends."""
+
+    def wait_unshard(self, stage: int) -> None:
+        """Waits for the stage's gather the last ``unshard`` issued, if it is still pending (Rule 8)."""
 
     def reshard(self, a: Action) -> None:
         """Frees the stage's gathered parameters."""
@@ -280,6 +289,8 @@ class PlanInterpreter:
         op, key = a.op, (a.stage, a.microbatch)
         for j in a.waits:  # Rule 7
             self.backend.wait_recv(self.posted.pop(j))
+        if op in PARAMETER_OPS or op == "reshard":  # Rule 8
+            self.backend.wait_unshard(a.stage)
         if op == "forward":  # Rule 2
             with recompute_handle_collector_ctx() as handles, (plain_forwards() if a.plain
                                                                else contextlib.nullcontext()):

@@ -64,6 +64,15 @@ class Recorder(StageBackend):
     def reduce_grad(self, a: Action) -> None:
         self._note("reduce_grad", a)
 
+    def unshard(self, a: Action) -> None:
+        self._note("unshard", a)
+
+    def wait_unshard(self, stage: int) -> None:
+        self.calls.append(("wait_unshard", stage))
+
+    def reshard(self, a: Action) -> None:
+        self._note("reshard", a)
+
 
 def _run(raw: Dict[str, Any], rank: int, backend: Recorder) -> PlanInterpreter:
     run = PlanInterpreter("test", build_plan(raw, "hand.json"), rank, backend, hr.SessionScope("test"),
@@ -75,6 +84,32 @@ def _run(raw: Dict[str, Any], rank: int, backend: Recorder) -> PlanInterpreter:
 
 def _compute_and_transfers(calls: List[Tuple[Any, ...]]) -> List[Tuple[Any, ...]]:
     return [c for c in calls if c[0] in ("post", "wait", "forward", "backward", "send", "reduce_grad")]
+
+
+def _insert(actions: List[Dict[str, Any]], at: int, action: Dict[str, Any]) -> None:
+    """Inserts ``action`` at index ``at`` of a rank's actions, renumbering posts and waits."""
+    for other in actions:
+        for key in ("posts", "waits"):
+            if key in other:
+                other[key] = [j + 1 if j >= at else j for j in other[key]]
+    actions.insert(at, action)
+
+
+def test_an_unshard_is_issued_ahead_and_waited_for_by_the_stages_next_reader():
+    raw = hand_plan()
+    actions = raw["ranks"][1]["actions"]
+    _insert(actions, 0, {"op": "unshard", "stage": 1})
+    _insert(actions, len(actions) - 1, {"op": "reshard", "stage": 1})
+    backend = Recorder()
+    _run(raw, 1, backend)
+    calls = [c[:2] if c[0] != "wait_unshard" else c for c in backend.calls]
+    # The gather is issued before the receive and waited for after it, right before the
+    # first forward; every later reader and the reshard ask again (a no-op once waited).
+    assert calls[:5] == [("unshard", "unshard"), ("post", "recv_f"), ("wait", "recv_f"), ("wait_unshard", 1),
+                         ("forward", "forward")]
+    readers = [i for i, c in enumerate(calls) if c[0] in ("forward", "backward", "reshard")]
+    assert all(calls[i - 1] == ("wait_unshard", 1) for i in readers), calls
+    assert [c for c in calls if c[0] == "wait_unshard"] == [("wait_unshard", 1)] * len(readers)
 
 
 def test_a_receive_posts_and_its_reader_waits():

@@ -101,6 +101,41 @@ TEST(Simulate, ActionDurationsAndComposites) {
   EXPECT_EQ(simulate(*s, noDurations).timelines[0][1].start, 1.0);
 }
 
+TEST(Simulate, GathersRunBesideTheCompute) {
+  // One rank, two stages: stage 1's gather is issued before stage 0's
+  // forward and overlaps it; stage 1's forward waits for it.
+  auto s = parseScheduleCsv("1UNSHARD,0F0,1F0\n", "t.csv", CsvDialect::Current);
+  ASSERT_TRUE(static_cast<bool>(s)) << errorText(s);
+  s->ranks[0][0].durationUs = 3.0;
+  s->ranks[0][1].durationUs = 2.0;
+  SimulationResult r = simulate(*s);
+  EXPECT_EQ(r.timelines[0][0].end, 3.0);   // the gather
+  EXPECT_EQ(r.timelines[0][1].start, 0.0); // beside it
+  EXPECT_EQ(r.timelines[0][2].start, 3.0); // waits for it
+  EXPECT_EQ(r.makespan, 4.0);
+  EXPECT_EQ(r.busy[0], 3.0); // a gather is no compute
+  // 0F0 could end at 3; the gather is on the critical path.
+  EXPECT_EQ(r.timelines[0][1].slack, 1.0);
+  EXPECT_EQ(r.timelines[0][0].slack, 0.0);
+  EXPECT_EQ(r.timelines[0][2].slack, 0.0);
+}
+
+TEST(Simulate, GathersOfARankQueue) {
+  auto s = parseScheduleCsv("0UNSHARD,1UNSHARD,0F0,1F0\n", "t.csv",
+                            CsvDialect::Current);
+  ASSERT_TRUE(static_cast<bool>(s)) << errorText(s);
+  s->ranks[0][0].durationUs = s->ranks[0][1].durationUs = 2.0;
+  SimulationResult r = simulate(*s);
+  EXPECT_EQ(r.timelines[0][1].end, 4.0); // after the first gather
+  EXPECT_EQ(r.timelines[0][2].start, 2.0);
+  EXPECT_EQ(r.timelines[0][3].start, 4.0);
+  EXPECT_EQ(r.makespan, 5.0);
+  // Both gathers and 1F0 are critical; 0F0 could end at 4.
+  EXPECT_EQ(r.timelines[0][0].slack, 0.0);
+  EXPECT_EQ(r.timelines[0][1].slack, 0.0);
+  EXPECT_EQ(r.timelines[0][2].slack, 1.0);
+}
+
 TEST(Simulate, MissingProducer) {
   auto s = parseScheduleCsv("0F0\n1F0,1F1\n", "t.csv", CsvDialect::Current);
   ASSERT_TRUE(static_cast<bool>(s));
