@@ -10,10 +10,10 @@
 # Run from the repository root of a git checkout (ctest rule-ids-in-table).
 set -eu
 table=include/hpr/Support/Rules.def
-ids=$(grep -oE '^ *[A-Za-z]+, "hpr\.[a-z0-9-]+\.[a-z0-9-]+"' "$table" |
+# The HPR_RULE rows' ids (Enum, "hpr.<area>.<name>", ...), and their areas.
+ids=$(grep -oE '[A-Za-z0-9_]+, *"hpr\.[a-z0-9-]+\.[a-z0-9-]+"' "$table" |
   grep -oE 'hpr\.[a-z0-9.-]+' | sort)
-areas=$(grep -oE '^ *"hpr\.[a-z0-9-]+", "' "$table" |
-  grep -oE 'hpr\.[a-z0-9-]+' | sed 's/^hpr\.//' | paste -sd'|' -)
+areas=$(printf '%s\n' "$ids" | cut -d. -f2 | sort -u | paste -sd'|' -)
 if [ -z "$ids" ] || [ -z "$areas" ]; then
   echo "no rules read from $table" >&2
   exit 1

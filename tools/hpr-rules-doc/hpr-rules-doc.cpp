@@ -22,10 +22,10 @@ int main() {
         "the message ends with it in brackets (`... each receive is waited "
         "for once "
      << ruleTag(Rule::PlanWaits)
-     << "`), so a failure can be looked up here and an id never changes "
-        "meaning. The ids are listed once, in "
-        "`include/hpr/Support/Rules.def`, which the diagnostics and this "
-        "page are generated from.\n";
+     << "`), so that a failure can be looked up here; unlike a number, an "
+        "id is not reused by another file. The ids are listed once, in "
+        "`include/hpr/Support/Rules.def`, from which the diagnostics take "
+        "their tags and this page is generated.\n";
   for (const RuleArea &area : kRuleAreas) {
     os << "\n## " << area.title << " (`" << area.prefix << ".*`)\n\n"
        << area.doc << "\n";
