@@ -499,19 +499,18 @@ void Validator::checkPosts() {
           continue;
         }
         if (postedBy[j] >= 0) {
-          reportAt(locs[i], "posts " + where(locs[j]) + " again (" +
-                                where(locs[postedBy[j]]) +
-                                " posts it first); each receive is posted "
-                                "once " +
-                                cite);
+          reportAt(locs[i],
+                   "posts " + where(locs[j]) + " again (" +
+                       where(locs[postedBy[j]]) +
+                       " posts it first); each receive is posted once " + cite);
           continue;
         }
         postedBy[j] = i;
         if (j < i)
           reportAt(locs[i],
                    "posts " + where(locs[j]) +
-                       ", which comes before it; a receive is posted no "
-                       "later than its own place " +
+                       ", which comes before it; a receive is posted no later "
+                       "than its own place " +
                        cite);
         const Action &recv = primitiveAt(locs[j]);
         if (peerOf(recv) >= 0)
@@ -520,10 +519,10 @@ void Validator::checkPosts() {
     }
     for (int j = 0, n = static_cast<int>(locs.size()); j < n; ++j)
       if (postedBy[j] < 0 && isRecv(primitiveAt(locs[j])))
-        reportAt(locs[j], "never posted: no receive lists it in posts; a plan "
-                          "posts each receive once, no later than its own "
-                          "place " +
-                              cite);
+        reportAt(locs[j],
+                 "never posted: no receive lists it in posts; a plan "
+                 "posts each receive once, no later than its own place " +
+                     cite);
     // Against the peer's send order, over the messages both sides name (a
     // transfer without its other end is Validate.h's rule 5).
     for (auto &[peer, list] : posted) {
