@@ -117,7 +117,8 @@ void InsertUnshardPass::runOnOperation() {
     return;
   if (!program.getBody().getOps<UnshardOp>().empty() ||
       !program.getBody().getOps<ReshardOp>().empty())
-    return; // The schedule placed them; hpr-verify checks them (rule 13).
+    return; // The schedule placed them; hpr-verify checks them
+            // ([hpr.verify.gathered]).
 
   std::vector<User> users = collectUsers(program);
   std::vector<llvm::SmallVector<int64_t, 4>> next =

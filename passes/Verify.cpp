@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Dialect/HPR/HPROps.h"
+#include "hpr/Support/Rules.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -66,8 +67,8 @@ static SessionOp sessionOf(Value value) {
   return value ? value.getDefiningOp<SessionOp>() : SessionOp();
 }
 
-/// Rule 10: a replay inside its backward has one reader, a whole backward (B,
-/// or the first stage's W, whose I reads nothing: HPROps.td), and
+/// A replay inside its backward (`in_backward`) has one reader, a whole
+/// backward (B, or the first stage's W, whose I reads nothing: HPROps.td), and
 /// no compute action of its own between them (the forward of the reader's
 /// overlapped pair aside): it replays region by region as that backward reads
 /// them, so nothing else may read it, and it must run where it is priced.
@@ -86,7 +87,7 @@ verifyInBackward(RecomputeOp recompute, SessionOp session,
     return 1;
   }
   if (!recompute->isBeforeInBlock(reader))
-    return 0; // Rule 2 reports it.
+    return 0; // verifySession reports a read before the recompute.
   for (Operation *op = recompute->getNextNode(); op != reader;
        op = op->getNextNode()) {
     Operation *next = op->getNextNode();
@@ -107,9 +108,10 @@ verifyInBackward(RecomputeOp recompute, SessionOp session,
   return 0;
 }
 
-/// Rule 11: a replay in pieces (`regions`) is pieces only, whose regions are
-/// disjoint and, where the model says how many the stage checkpoints, cover
-/// them all; a piece replayed inside the backward is the last piece.
+/// [hpr.verify.pieces]: a replay in pieces (`regions`) is pieces only, whose
+/// regions are disjoint and, where the model says how many the stage
+/// checkpoints, cover them all; a piece replayed inside the backward is the
+/// last piece.
 static unsigned verifyPieces(SessionOp session, ArrayRef<RecomputeOp> pieces,
                              std::optional<int64_t> numRegions) {
   unsigned violations = 0;
@@ -117,41 +119,43 @@ static unsigned verifyPieces(SessionOp session, ArrayRef<RecomputeOp> pieces,
     ++violations;
     return at->emitError() << describeAction(at) << ": " << quote(session);
   };
+  StringRef cite = ruleTag(Rule::VerifyPieces);
   llvm::DenseMap<int64_t, RecomputeOp> replayedBy;
   for (auto [index, constPiece] : llvm::enumerate(pieces)) {
     RecomputeOp piece = constPiece;
     if (!piece.getRegions()) {
       report(piece) << " is replayed in pieces (regions) and whole here; "
-                       "each piece lists its regions (rule 11)";
+                       "each piece lists its regions "
+                    << cite;
       continue;
     }
     if (piece.getInBackward() && index + 1 != pieces.size())
       report(piece) << " replays a piece inside its backward (in_backward) "
                        "before "
                     << describeAction(pieces.back())
-                    << "; the piece inside the backward is the last (rule 11)";
+                    << "; the piece inside the backward is the last " << cite;
     ArrayRef<int64_t> regions = *piece.getRegions();
     for (int64_t region : regions) {
       if (numRegions && region >= *numRegions) {
         report(piece) << " replays region " << region << ", but stage "
                       << piece.getStageIndex() << " checkpoints " << *numRegions
-                      << " regions (0.." << *numRegions - 1 << ") (rule 11)";
+                      << " regions (0.." << *numRegions - 1 << ") " << cite;
         continue;
       }
       auto [it, inserted] = replayedBy.insert({region, piece});
       if (!inserted)
         report(piece) << " replays region " << region
                       << " a second time (first at "
-                      << describeAction(it->second) << ") (rule 11)";
+                      << describeAction(it->second) << ") " << cite;
     }
   }
   if (numRegions && !violations)
     for (int64_t region = 0; region < *numRegions; ++region)
       if (!replayedBy.count(region))
-        report(pieces.back()) << " is replayed in pieces, but no piece "
-                              << "replays region " << region
-                              << "; a backward would replay it on its own "
-                                 "(rule 11)";
+        report(pieces.back())
+            << " is replayed in pieces, but no piece "
+            << "replays region " << region
+            << "; a backward would replay it on its own " << cite;
   return violations;
 }
 
@@ -172,8 +176,8 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses,
                  << "(first at " << describeAction(ops.front()) << ")";
     return ops.front();
   };
-  // A replay in pieces (rule 11) counts as one; its first piece must come
-  // before every reader, its last before the clear.
+  // A replay in pieces ([hpr.verify.pieces]) counts as one; its first piece
+  // must come before every reader, its last before the clear.
   bool inPieces = llvm::any_of(uses.recomputes, [](RecomputeOp recompute) {
     return recompute.getRegions().has_value();
   });
@@ -224,7 +228,7 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses,
   return violations;
 }
 
-/// Rule 8: the program's forward/backward actions, in order, are the ones the
+/// The program's forward/backward actions, in order, are the ones the
 /// importer recorded from the schedule (`compute_order`).
 unsigned VerifyPass::verifyComputeOrder(ProgramOp program,
                                         ArrayRef<int64_t> recorded) {
@@ -270,7 +274,7 @@ unsigned VerifyPass::verifyComputeOrder(ProgramOp program,
   return 0;
 }
 
-/// Rule 13 (docs/schedules.md): on a rank that unshards a stage, every action
+/// [hpr.verify.gathered]: on a rank that unshards a stage, every action
 /// reading the stage's parameters runs while they are gathered, between an
 /// unshard and the reshard after it.
 unsigned VerifyPass::verifyGathered(ProgramOp program) {
@@ -279,6 +283,7 @@ unsigned VerifyPass::verifyGathered(ProgramOp program) {
     unsharded.insert(unshard.getStageIndex());
   if (unsharded.empty())
     return 0;
+  StringRef cite = ruleTag(Rule::VerifyGathered);
   unsigned violations = 0;
   auto report = [&](Operation *at) -> InFlightDiagnostic {
     ++violations;
@@ -295,24 +300,26 @@ unsigned VerifyPass::verifyGathered(ProgramOp program) {
       if (!inserted)
         report(&op) << "unshards stage " << stage << ", already unsharded at "
                     << describeAction(it->second)
-                    << " with no reshard in between (rule 13)";
+                    << " with no reshard in between " << cite;
     } else if (isa<ReshardOp>(op)) {
       if (!gathered.erase(stage))
         report(&op) << "reshards stage " << stage
-                    << ", whose parameters are not unsharded here (rule 13)";
+                    << ", whose parameters are not unsharded here " << cite;
     } else if (isa<ForwardOp, BackwardInputOp, BackwardWeightOp, BackwardOp,
                    RecomputeOp>(op) &&
                unsharded.contains(stage) && !gathered.contains(stage)) {
       report(&op) << "reads the parameters of stage " << stage
                   << " while they are sharded: every forward, backward and "
                      "recompute of a stage its rank unshards lies between an "
-                     "unshard of the stage and the reshard after it (rule 13)";
+                     "unshard of the stage and the reshard after it "
+                  << cite;
     }
   }
   for (auto [stage, unshard] : gathered)
     report(unshard) << "stage " << stage
                     << " is never resharded after this unshard: its gathered "
-                       "parameters outlive the step (rule 13)";
+                       "parameters outlive the step "
+                    << cite;
   return violations;
 }
 
@@ -393,8 +400,9 @@ unsigned VerifyPass::verifyProgram(ProgramOp program,
 void VerifyPass::runOnOperation() {
   ProgramOp program = getOperation();
   // The checkpointed stages, read off the enclosing module's model (no
-  // program pass changes it); without a model, rule 7 cannot be checked but
-  // the rest still can.
+  // program pass changes it); without a model, which consumers must read a
+  // session and whether pieces cover every region cannot be checked, but the
+  // rest still can.
   std::optional<CheckpointedRegions> checkpointed;
   auto module = program->getParentOfType<ModuleOp>();
   if (module && llvm::hasSingleElement(module.getOps<ModelOp>())) {

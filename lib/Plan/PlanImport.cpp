@@ -16,6 +16,7 @@
 #include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/Json.h"
+#include "hpr/Support/Rules.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -349,17 +350,19 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
       return err;
   }
   if (receive) {
-    // Which receives are posted where is rule 9's (hpr-verify-comm); here
-    // only that the member is a list of this rank's action indices.
+    // Which receives are posted where is hpr-verify-comm's to judge
+    // ([hpr.schedule.posts]); here only that the member is a list of this
+    // rank's action indices.
     std::optional<std::vector<int64_t>> posts;
     if (auto err = readActionIndices(obj, path, "posts", rank, posts))
       return err;
     if (posts)
       action.posts.emplace(posts->begin(), posts->end());
   }
-  // Which receives an action reads (rule 11), the stage it hands its result
-  // to (rule 12) and the last W or B of a stage (rule 10) are judged by
-  // verifyImportedPlan; here only their types and ranges.
+  // Which receives an action reads ([hpr.plan.waits]), the stage it hands its
+  // result to ([hpr.plan.hands-to]) and the last W or B of a stage
+  // ([hpr.plan.last-backward]) are judged by verifyImportedPlan; here only
+  // their types and ranges.
   if (auto err =
           readActionIndices(obj, path, "waits", rank, judgedMembers.waits))
     return err;
@@ -403,7 +406,8 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
     if (*kind == Kind::Recompute) {
       if (auto err = readBool(obj, path, "in_backward", planned.inBackward))
         return err;
-      // Which exist and that the pieces cover them: hpr-verify (rule 11).
+      // Which exist and that the pieces cover them: hpr-verify
+      // ([hpr.verify.pieces]).
       if (auto err = readIndices(
               obj, path, "regions", "an array of checkpointed region indices",
               "a region index in [0, 1048576)", kMaxCount, planned.regions))
@@ -628,7 +632,8 @@ private:
     return cast<ActionOpInterface>(op).getStageIndex();
   }
 
-  /// Rule 10: `last_backward` on each stage's last W or B, and only there.
+  /// [hpr.plan.last-backward]: `last_backward` on each stage's last W or B,
+  /// and only there.
   void checkLastBackward() {
     std::map<int64_t, Operation *> last;
     for (Operation *op : actions)
@@ -643,18 +648,20 @@ private:
         error(op) << "last_backward, but the last backward_weight or "
                      "backward of stage "
                   << stageOf(op) << " is " << describeAction(it->second)
-                  << "; last_backward marks that one only (rule 10)";
+                  << "; last_backward marks that one only "
+                  << ruleTag(Rule::PlanLastBackward);
       else if (!marked && isLast)
         error(op) << "no last_backward on the last backward_weight or "
                      "backward of stage "
                   << stageOf(op)
                   << "; a plan marks it, where the stage's gradients are "
-                     "complete (rule 10)";
+                     "complete "
+                  << ruleTag(Rule::PlanLastBackward);
     }
   }
 
-  /// Rule 11: every receive is waited for by the action that reads its data
-  /// (plan_json::receiveReaders), and by no other.
+  /// [hpr.plan.waits]: every receive is waited for by the action that reads its
+  /// data (plan_json::receiveReaders), and by no other.
   void checkWaits() {
     llvm::DenseMap<int64_t, Operation *> readerOfReceive;
     for (Operation *op : actions)
@@ -672,19 +679,22 @@ private:
       for (int64_t j : given) {
         if (j < 0 || static_cast<size_t>(j) >= actions.size()) {
           error(op) << "waits for action " << j << ", past rank "
-                    << program.getRank() << "'s actions (rule 11)";
+                    << program.getRank() << "'s actions "
+                    << ruleTag(Rule::PlanWaits);
           continue;
         }
         Operation *receive = actions[j];
         if (!isa<RecvFOp, RecvBOp>(receive)) {
           error(op) << "waits for " << describeAction(receive)
                     << ", which is not a receive; waits lists the receives "
-                       "whose data an action reads (rule 11)";
+                       "whose data an action reads "
+                    << ruleTag(Rule::PlanWaits);
           continue;
         }
         if (!seen.insert(j).second) {
           error(op) << "waits for " << describeAction(receive)
-                    << " twice; each receive is waited for once (rule 11)";
+                    << " twice; each receive is waited for once "
+                    << ruleTag(Rule::PlanWaits);
           continue;
         }
         if (readerOfReceive.lookup(j) != op) {
@@ -695,19 +705,21 @@ private:
           else
             diag << "no action of rank " << program.getRank() << " reads";
           diag << "; an action waits for the receives it reads, and only "
-                  "those (rule 11)";
+                  "those "
+               << ruleTag(Rule::PlanWaits);
         }
       }
       for (int64_t j : wanted)
         if (!seen.contains(j))
           error(op) << "reads the data of " << describeAction(actions[j])
                     << " but does not list it in waits; an action waits for "
-                       "each receive it reads (rule 11)";
+                       "each receive it reads "
+                    << ruleTag(Rule::PlanWaits);
     }
   }
 
-  /// Rule 12: `hands_to` names the stage a forward's output (an I's or B's
-  /// input gradient) goes to when that stage runs on this rank
+  /// [hpr.plan.hands-to]: `hands_to` names the stage a forward's output (an I's
+  /// or B's input gradient) goes to when that stage runs on this rank
   /// (plan_json::handoffs): no transfer carries it, the runtime hands it over
   /// in memory.
   void checkHandsTo() {
@@ -727,17 +739,19 @@ private:
           diag << "stage " << target;
         else
           diag << "no stage";
-        diag << " (rule 12)";
+        diag << " " << ruleTag(Rule::PlanHandsTo);
       } else if (given && !here) {
         error(op) << "hands_to " << target << ", but stage " << target
                   << " runs on rank " << schedule.getRankOf(target)
                   << "; a transfer carries its " << what
-                  << ", hands_to names a stage on the same rank (rule 12)";
+                  << ", hands_to names a stage on the same rank "
+                  << ruleTag(Rule::PlanHandsTo);
       } else if (!given && here) {
         error(op) << "no hands_to, but stage " << target << ", which takes its "
                   << what
                   << ", runs on this rank too; a plan names the stage an "
-                     "action hands its result to in memory (rule 12)";
+                     "action hands its result to in memory "
+                  << ruleTag(Rule::PlanHandsTo);
       }
     }
   }

@@ -11,6 +11,7 @@
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Schedule/Simulate.h"
+#include "hpr/Support/Rules.h"
 
 #include "ActionTable.h"
 
@@ -421,11 +422,11 @@ void Validator::checkReduceGrad() {
       reportAt(lastGradient[s],
                "no REDUCE_GRAD of stage " + std::to_string(s) +
                    " after this, its last W or B; a plan reduces each "
-                   "stage's gradients exactly once, after its last W and B "
-                   "(rule 8)");
+                   "stage's gradients exactly once, after its last W and B " +
+                   ruleTag(Rule::ScheduleReduceGrad).str());
 }
 
-/// Rule 9: the posting order a plan gives its receives. torch's
+/// [hpr.schedule.posts]: the posting order a plan gives its receives. torch's
 /// point-to-point ops carry no tag, so two ranks match messages in posting
 /// order; each receive must be posted once, no later than its own place, and
 /// a rank posts its receives from one peer in the order the peer sends them.
@@ -435,6 +436,7 @@ void Validator::checkPosts() {
       [&](const Action &a, const Loc &) { given |= a.posts.has_value(); });
   if (!given)
     return;
+  const std::string cite = ruleTag(Rule::SchedulePosts).str();
   const auto &owner = schedule.stageToRank;
   const int S = schedule.numStages;
   auto isRecv = [](const Action &a) {
@@ -484,7 +486,7 @@ void Validator::checkPosts() {
       if (!a.posts)
         continue;
       if (!isRecv(a)) {
-        reportAt(locs[i], "only a receive posts receives (rule 9)");
+        reportAt(locs[i], "only a receive posts receives " + cite);
         continue;
       }
       for (int j : *a.posts) {
@@ -493,22 +495,23 @@ void Validator::checkPosts() {
                    "posts " + std::to_string(j) +
                        ", which is not a receive of rank " + std::to_string(r) +
                        (j >= 0 && j < n ? " (" + where(locs[j]) + ")" : "") +
-                       "; posts lists the indices of receives (rule 9)");
+                       "; posts lists the indices of receives " + cite);
           continue;
         }
         if (postedBy[j] >= 0) {
-          reportAt(locs[i], "posts " + where(locs[j]) + " again (" +
-                                where(locs[postedBy[j]]) +
-                                " posts it first); each receive is posted "
-                                "once (rule 9)");
+          reportAt(locs[i],
+                   "posts " + where(locs[j]) + " again (" +
+                       where(locs[postedBy[j]]) +
+                       " posts it first); each receive is posted once " + cite);
           continue;
         }
         postedBy[j] = i;
         if (j < i)
           reportAt(locs[i],
                    "posts " + where(locs[j]) +
-                       ", which comes before it; a receive is posted no "
-                       "later than its own place (rule 9)");
+                       ", which comes before it; a receive is posted no later "
+                       "than its own place " +
+                       cite);
         const Action &recv = primitiveAt(locs[j]);
         if (peerOf(recv) >= 0)
           posted[peerOf(recv)].push_back({messageOf(recv), locs[j], locs[i]});
@@ -516,11 +519,12 @@ void Validator::checkPosts() {
     }
     for (int j = 0, n = static_cast<int>(locs.size()); j < n; ++j)
       if (postedBy[j] < 0 && isRecv(primitiveAt(locs[j])))
-        reportAt(locs[j], "never posted: no receive lists it in posts; a plan "
-                          "posts each receive once, no later than its own "
-                          "place (rule 9)");
+        reportAt(locs[j],
+                 "never posted: no receive lists it in posts; a plan "
+                 "posts each receive once, no later than its own place " +
+                     cite);
     // Against the peer's send order, over the messages both sides name (a
-    // transfer without its other end is rule 5's).
+    // transfer without its other end is Validate.h's rule 5).
     for (auto &[peer, list] : posted) {
       auto sends = sent.find({peer, r});
       if (sends == sent.end())
@@ -541,7 +545,8 @@ void Validator::checkPosts() {
                        std::to_string(peer) +
                        " sends its message first; receives from one peer "
                        "are posted in the order it sends, since untagged "
-                       "messages match in posting order (rule 9)");
+                       "messages match in posting order " +
+                       cite);
           break;
         }
         previous = it->second;

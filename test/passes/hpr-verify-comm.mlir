@@ -495,8 +495,8 @@ hpr.schedule "posts_a_forward" ranks 2 stages 2 microbatches 2 stage_to_rank [0,
     hpr.backward stage 0 mb 1
   }
   hpr.program rank 1 {
-    // expected-error @+2 {{rank 1, action 0 (1RECV_F0): posts 1, which is not a receive of rank 1 (rank 1, action 1 (1F0)); posts lists the indices of receives (rule 9)}}
-    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): never posted: no receive lists it in posts; a plan posts each receive once, no later than its own place (rule 9)}}
+    // expected-error @+2 {{rank 1, action 0 (1RECV_F0): posts 1, which is not a receive of rank 1 (rank 1, action 1 (1F0)); posts lists the indices of receives [hpr.schedule.posts]}}
+    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): never posted: no receive lists it in posts; a plan posts each receive once, no later than its own place [hpr.schedule.posts]}}
     hpr.recv_f stage 1 mb 0 peer 0 posts [1]
     %h0 = hpr.forward stage 1 mb 0
     hpr.backward stage 1 mb 0
@@ -534,7 +534,7 @@ hpr.schedule "posted_twice" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1]
     %h0 = hpr.forward stage 1 mb 0
     hpr.backward stage 1 mb 0
     hpr.send_b stage 1 mb 0 peer 0
-    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): posts rank 1, action 4 (1RECV_F1) again (rank 1, action 0 (1RECV_F0) posts it first); each receive is posted once (rule 9)}}
+    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): posts rank 1, action 4 (1RECV_F1) again (rank 1, action 0 (1RECV_F0) posts it first); each receive is posted once [hpr.schedule.posts]}}
     hpr.recv_f stage 1 mb 1 peer 0 posts [4]
     %h1 = hpr.forward stage 1 mb 1
     hpr.backward stage 1 mb 1
@@ -568,7 +568,7 @@ hpr.schedule "posted_after_its_place" ranks 2 stages 2 microbatches 2 stage_to_r
     %h0 = hpr.forward stage 1 mb 0
     hpr.backward stage 1 mb 0
     hpr.send_b stage 1 mb 0 peer 0
-    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): posts rank 1, action 0 (1RECV_F0), which comes before it; a receive is posted no later than its own place (rule 9)}}
+    // expected-error @+1 {{rank 1, action 4 (1RECV_F1): posts rank 1, action 0 (1RECV_F0), which comes before it; a receive is posted no later than its own place [hpr.schedule.posts]}}
     hpr.recv_f stage 1 mb 1 peer 0 posts [0, 4]
     %h1 = hpr.forward stage 1 mb 1
     hpr.backward stage 1 mb 1
@@ -598,7 +598,7 @@ hpr.schedule "posted_out_of_the_peers_send_order" ranks 2 stages 2 microbatches 
     hpr.backward stage 0 mb 1
   }
   hpr.program rank 1 {
-    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): posts rank 1, action 0 (1RECV_F0) after rank 1, action 4 (1RECV_F1), but rank 0 sends its message first; receives from one peer are posted in the order it sends, since untagged messages match in posting order (rule 9)}}
+    // expected-error @+1 {{rank 1, action 0 (1RECV_F0): posts rank 1, action 0 (1RECV_F0) after rank 1, action 4 (1RECV_F1), but rank 0 sends its message first; receives from one peer are posted in the order it sends, since untagged messages match in posting order [hpr.schedule.posts]}}
     hpr.recv_f stage 1 mb 0 peer 0 posts [4, 0]
     %h0 = hpr.forward stage 1 mb 0
     hpr.backward stage 1 mb 0

@@ -239,7 +239,7 @@ hpr.schedule "replay_after_reshard" ranks 1 stages 1 microbatches 1 stage_to_ran
     %h = hpr.forward stage 0 mb 0
     %s = hpr.session %h as "s0.mb0"
     hpr.reshard stage 0
-    // expected-error @+1 {{rank 0, action 3 (recompute stage 0 mb 0): reads the parameters of stage 0 while they are sharded: every forward, backward and recompute of a stage its rank unshards lies between an unshard of the stage and the reshard after it (rule 13)}}
+    // expected-error @+1 {{rank 0, action 3 (recompute stage 0 mb 0): reads the parameters of stage 0 while they are sharded: every forward, backward and recompute of a stage its rank unshards lies between an unshard of the stage and the reshard after it [hpr.verify.gathered]}}
     hpr.recompute %s
     hpr.unshard stage 0
     hpr.backward stage 0 mb 0 session(%s)
@@ -252,9 +252,9 @@ hpr.schedule "replay_after_reshard" ranks 1 stages 1 microbatches 1 stage_to_ran
 
 hpr.schedule "unshard_twice_reshard_unsharded_never_resharded" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
   hpr.program rank 0 {
-    // expected-error @+1 {{rank 0, action 0 (unshard stage 0): stage 0 is never resharded after this unshard: its gathered parameters outlive the step (rule 13)}}
+    // expected-error @+1 {{rank 0, action 0 (unshard stage 0): stage 0 is never resharded after this unshard: its gathered parameters outlive the step [hpr.verify.gathered]}}
     hpr.unshard stage 0
-    // expected-error @+1 {{rank 0, action 1 (unshard stage 0): unshards stage 0, already unsharded at rank 0, action 0 (unshard stage 0) with no reshard in between (rule 13)}}
+    // expected-error @+1 {{rank 0, action 1 (unshard stage 0): unshards stage 0, already unsharded at rank 0, action 0 (unshard stage 0) with no reshard in between [hpr.verify.gathered]}}
     hpr.unshard stage 0
     %h = hpr.forward stage 0 mb 0
     hpr.backward stage 0 mb 0
@@ -268,9 +268,9 @@ hpr.schedule "reshard_while_sharded" ranks 1 stages 1 microbatches 1 stage_to_ra
     hpr.unshard stage 0
     %h = hpr.forward stage 0 mb 0
     hpr.reshard stage 0
-    // expected-error @+1 {{rank 0, action 3 (reshard stage 0): reshards stage 0, whose parameters are not unsharded here (rule 13)}}
+    // expected-error @+1 {{rank 0, action 3 (reshard stage 0): reshards stage 0, whose parameters are not unsharded here [hpr.verify.gathered]}}
     hpr.reshard stage 0
-    // expected-error @+1 {{rank 0, action 4 (backward stage 0 mb 0): reads the parameters of stage 0 while they are sharded: every forward, backward and recompute of a stage its rank unshards lies between an unshard of the stage and the reshard after it (rule 13)}}
+    // expected-error @+1 {{rank 0, action 4 (backward stage 0 mb 0): reads the parameters of stage 0 while they are sharded: every forward, backward and recompute of a stage its rank unshards lies between an unshard of the stage and the reshard after it [hpr.verify.gathered]}}
     hpr.backward stage 0 mb 0
   }
 }
@@ -374,29 +374,29 @@ hpr.schedule "pieces_broken" ranks 1 stages 1 microbatches 4 stage_to_rank [0] {
     %h0 = hpr.forward stage 0 mb 0
     %s0 = hpr.session %h0 as "s0.mb0"
     hpr.recompute %s0 {regions = array<i64: 1>}
-    // expected-error @+1 {{rank 0, action 2 (recompute stage 0 mb 0): session "s0.mb0" is replayed in pieces (regions) and whole here; each piece lists its regions (rule 11)}}
+    // expected-error @+1 {{rank 0, action 2 (recompute stage 0 mb 0): session "s0.mb0" is replayed in pieces (regions) and whole here; each piece lists its regions [hpr.verify.pieces]}}
     hpr.recompute %s0
     hpr.backward stage 0 mb 0 session(%s0)
     hpr.clear %s0
     %h1 = hpr.forward stage 0 mb 1
     %s1 = hpr.session %h1 as "s0.mb1"
     hpr.recompute %s1 {regions = array<i64: 0, 1>}
-    // expected-error @+1 {{rank 0, action 7 (recompute stage 0 mb 1): session "s0.mb1" replays region 1 a second time (first at rank 0, action 6 (recompute stage 0 mb 1)) (rule 11)}}
+    // expected-error @+1 {{rank 0, action 7 (recompute stage 0 mb 1): session "s0.mb1" replays region 1 a second time (first at rank 0, action 6 (recompute stage 0 mb 1)) [hpr.verify.pieces]}}
     hpr.recompute %s1 {regions = array<i64: 1>}
     hpr.backward stage 0 mb 1 session(%s1)
     hpr.clear %s1
     %h2 = hpr.forward stage 0 mb 2
     %s2 = hpr.session %h2 as "s0.mb2"
-    // expected-error @+1 {{rank 0, action 11 (recompute stage 0 mb 2): session "s0.mb2" replays region 2, but stage 0 checkpoints 2 regions (0..1) (rule 11)}}
+    // expected-error @+1 {{rank 0, action 11 (recompute stage 0 mb 2): session "s0.mb2" replays region 2, but stage 0 checkpoints 2 regions (0..1) [hpr.verify.pieces]}}
     hpr.recompute %s2 {regions = array<i64: 2>}
-    // expected-error @+1 {{rank 0, action 12 (recompute stage 0 mb 2): session "s0.mb2" replays a piece inside its backward (in_backward) before rank 0, action 13 (recompute stage 0 mb 2); the piece inside the backward is the last (rule 11)}}
+    // expected-error @+1 {{rank 0, action 12 (recompute stage 0 mb 2): session "s0.mb2" replays a piece inside its backward (in_backward) before rank 0, action 13 (recompute stage 0 mb 2); the piece inside the backward is the last [hpr.verify.pieces]}}
     hpr.recompute %s2 {in_backward, regions = array<i64: 0>}
     hpr.recompute %s2 {regions = array<i64: 1>}
     hpr.backward stage 0 mb 2 session(%s2)
     hpr.clear %s2
     %h3 = hpr.forward stage 0 mb 3
     %s3 = hpr.session %h3 as "s0.mb3"
-    // expected-error @+1 {{rank 0, action 17 (recompute stage 0 mb 3): session "s0.mb3" is replayed in pieces, but no piece replays region 0; a backward would replay it on its own (rule 11)}}
+    // expected-error @+1 {{rank 0, action 17 (recompute stage 0 mb 3): session "s0.mb3" is replayed in pieces, but no piece replays region 0; a backward would replay it on its own [hpr.verify.pieces]}}
     hpr.recompute %s3 {in_backward, regions = array<i64: 1>}
     hpr.backward stage 0 mb 3 session(%s3)
     hpr.clear %s3

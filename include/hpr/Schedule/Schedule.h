@@ -69,8 +69,8 @@ struct Action {
   /// A receive of a finished plan read back: the receives to post when it is
   /// reached, in posting order, as indices into its rank's program counted
   /// primitive by primitive (each part of a composite and each idle slot
-  /// counts one: the plan JSON's action index). Validate.h rule 9. Not part
-  /// of ==.
+  /// counts one: the plan JSON's action index). [hpr.schedule.posts]
+  /// (Validate.h). Not part of ==.
   std::optional<std::vector<int>> posts;
 
   bool operator==(const Action &other) const;

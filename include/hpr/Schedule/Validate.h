@@ -40,24 +40,27 @@ namespace mlir::hpr::sched {
 ///     one peer (and its receives from one peer) all have different tags —
 ///     a runtime matches a receive to the first message from its source with
 ///     its tag;
-///  8. REDUCE_GRAD at most once per stage, after the stage's last W and B: an
-///     earlier one reduces gradients that later Ws still add to, a second one
-///     scales them twice; in a finished plan exactly once per stage that has
-///     a W or B;
-///  9. receive posting, where receives carry `posts` (a plan read back; in a
-///     finished plan every receive): each receive is posted exactly once, by
-///     itself or by a receive before it, and a rank posts its receives from
-///     one peer in the order that peer sends the messages (torch's
-///     point-to-point ops carry no tag and match in posting order). Its
-///     violations do not hold up rule 6 (posting early never blocks).
+///  8. [hpr.schedule.reduce-grad] REDUCE_GRAD at most once per stage, after
+///     the stage's last W and B: an earlier one reduces gradients that later
+///     Ws still add to, a second one scales them twice; in a finished plan
+///     exactly once per stage that has a W or B;
+///  9. [hpr.schedule.posts] receive posting, where receives carry `posts` (a
+///     plan read back; in a finished plan every receive): each receive is
+///     posted exactly once, by itself or by a receive before it, and a rank
+///     posts its receives from one peer in the order that peer sends the
+///     messages (torch's point-to-point ops carry no tag and match in posting
+///     order). Its violations do not hold up rule 6 (posting early never
+///     blocks).
+/// A message that names its rule ends with the rule's tag
+/// (hpr/Support/Rules.h).
 llvm::Error validateSchedule(const Schedule &schedule,
                              llvm::StringRef fileName);
 
 /// What the schedule is checked as.
 struct ValidateOptions {
   /// A finished plan (a plan JSON read back), not a schedule to plan: every
-  /// stage with a W or B has its REDUCE_GRAD (rule 8) and every receive is
-  /// posted (rule 9).
+  /// stage with a W or B has its REDUCE_GRAD ([hpr.schedule.reduce-grad]) and
+  /// every receive is posted ([hpr.schedule.posts]).
   bool finishedPlan = false;
 };
 

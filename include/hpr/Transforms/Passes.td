@@ -159,14 +159,16 @@ def HPRVerifyComm : Pass<"hpr-verify-comm", "::mlir::ModuleOp"> {
        other waiting op.
     7. message tags, where transfers carry them (`tag`): both ends agree, and
        a rank's tags towards one peer in one direction are distinct;
-    8. at most one `hpr.reduce_grad` per stage, after its last dw and
-       backward; with `plan`, exactly one per stage that has either;
-    9. receive posting, where receives carry `posts` (with `plan`, every
-       receive): each receive is posted once, by itself or by a receive
-       before it, and the receives from one peer in the order the peer sends
-       (untagged messages match in posting order).
+    8. `[hpr.schedule.reduce-grad]`: at most one `hpr.reduce_grad` per
+       stage, after its last dw and backward; with `plan`, exactly one per
+       stage that has either;
+    9. `[hpr.schedule.posts]`: receive posting, where receives carry `posts`
+       (with `plan`, every receive): each receive is posted once, by itself
+       or by a receive before it, and the receives from one peer in the order
+       the peer sends (untagged messages match in posting order).
     Each violation is an error at its op (rank, action index and action in
-    the message); the pass fails. It runs first in `hpr-recompute-pipeline`.
+    the message; a message that names its rule ends with the rule's id,
+    docs/rules.md); the pass fails. It runs first in `hpr-recompute-pipeline`.
     The checks are those of `mlir::hpr::sched::findViolations`, applied to the
     programs read back from the IR. `plan` checks a finished plan (what
     `verifyPlan` admits for the runtimes) rather than a schedule to plan.
@@ -365,7 +367,7 @@ def HPRInsertUnshard : Pass<"hpr-insert-unshard", "::mlir::hpr::ProgramOp"> {
     its first user and resharded after its last; a rank with more than
     `max-active` stages may gather a stage more than once. `hpr-verify`
     checks that every user lies between an unshard and the reshard after it
-    (rule 13 of docs/schedules.md).
+    (`[hpr.verify.gathered]`, docs/rules.md).
 
     Does nothing without data parallelism or with `dp_shard` 1 (HSDP's
     replicate-only layout gathers nothing), and leaves alone a program
@@ -395,7 +397,7 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
     written by hand or by other tools. For every session, in its rank's
     program order:
     1. exactly one `hpr.recompute`, on the owning rank, after the forward,
-       or pieces (rule 11);
+       or pieces (check 11);
     2. the recompute (every piece) precedes every consumer;
     3. exactly one `hpr.clear`, after the last consumer;
     4. no consumer and no recompute after the clear;
@@ -411,10 +413,9 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        forward/backward actions, compared one by one with the program's
        `compute_order` record written at import (when present); the first
        op that differs is reported with what the schedule has there;
-    9. (rule 13 of docs/schedules.md, which messages cite) on a rank whose
-       program has an `hpr.unshard` of a stage, every
-       forward, backward_input, backward_weight, backward and recompute of
-       that stage lies between an `hpr.unshard` of it and the
+    9. `[hpr.verify.gathered]`: on a rank whose program has an
+       `hpr.unshard` of a stage, every forward, backward_input,
+       backward_weight, backward and recompute of that stage lies between an `hpr.unshard` of it and the
        `hpr.reshard` after it; a stage is not unsharded twice without a
        reshard in between, nor resharded while not unsharded;
     10. a recompute marked `in_backward` (replayed inside its backward,
@@ -422,15 +423,16 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        `hpr.backward`, or the first stage's `hpr.backward_weight`), and no
        forward or backward between them but the forward of that backward's
        overlapped pair;
-    11. a replay in pieces (`regions` on its `hpr.recompute`s) is pieces
-       only, each region replayed by one piece, every checkpointed region of
-       the stage by some piece (when the module's `hpr.model` says how many),
-       and a piece marked `in_backward` is the session's last; it is then
-       the one rule 10 checks.
+    11. `[hpr.verify.pieces]`: a replay in pieces (`regions` on its
+       `hpr.recompute`s) is pieces only, each region replayed by one piece,
+       every checkpointed region of the stage by some piece (when the
+       module's `hpr.model` says how many), and a piece marked `in_backward`
+       is the session's last; it is then the one check 10 covers.
     Each violation is reported on the offending op with the rank, the index
-    of the action in its program and the action, and the pass fails. Each
-    program on its own; rules 7 and 11 read the enclosing module's
-    `hpr.model` (without one, rule 7 and the coverage of rule 11 are
+    of the action in its program and the action (messages of checks 9 and
+    11 end with the rule's id, docs/rules.md), and the pass fails.
+    Each program on its own; checks 7 and 11 read the enclosing module's
+    `hpr.model` (without one, check 7 and the coverage of check 11 are
     skipped).
   }];
   let dependentDialects = ["::mlir::hpr::HPRDialect"];

@@ -38,7 +38,7 @@ Rule 3 (recompute). ``recompute`` replays every handle of its forward into the p
   session (``scope.recompute_handle``). One marked ``in_backward`` replays nothing here:
   its session's one reader, a whole backward (a ``backward``, or the first stage's
   ``backward_weight``: that stage's ``backward_input`` reads nothing and names no
-  session; the next compute action, verifier rule 10), runs in the session's context
+  session; the next compute action, hpr-verify's in_backward check), runs in the session's context
   with ``retain_on_unpack=False``, where each checkpoint replays into the session when
   the backward first reads it and each tensor is dropped as it is read, so one region's
   replayed tensors are live at a time, as under torch's checkpoint. Its time is that

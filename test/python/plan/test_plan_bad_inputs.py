@@ -242,9 +242,9 @@ def test_a_huge_or_binary_cell_is_quoted_short_and_escaped(tmp_path: Path) -> No
     ("x", "/regions", "expected an array of checkpointed region indices, got '\"x\"'"),
     ([-1], "/regions/0", "expected a region index in [0, 1048576), got '-1'"),
     ([1, 0], "", "'hpr.recompute' op regions: expected ascending indices >= 0, each once, got 0 at position 1"),
-    ([7], "", "replays region 7, but stage 0 checkpoints 4 regions (0..3) (rule 11)"),
+    ([7], "", "replays region 7, but stage 0 checkpoints 4 regions (0..3) [hpr.verify.pieces]"),
     ([0, 3], "", "replays region 0 a second time (first at rank 0, action {piece} (recompute stage 0 mb 3)) "
-                 "(rule 11)"),
+                 "[hpr.verify.pieces]"),
 ], ids=["not-a-list", "negative", "unsorted", "out-of-range", "twice"])
 def test_a_bad_piece_is_refused_where_it_stands(tmp_path, regions, where, message):
     """A replay in pieces (recompute ``regions``) edited by hand: each bad piece is an error at

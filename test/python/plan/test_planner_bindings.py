@@ -88,7 +88,7 @@ def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: 
     first = next(i for i, a in enumerate(actions) if a["op"] == "reshard")
     actions.insert(0, actions.pop(first))
     problems = _refused_alike(plan, tmp_path / "p.json")
-    assert any("whose parameters are not unsharded here (rule 13)" in p for p in problems)
+    assert any("whose parameters are not unsharded here [hpr.verify.gathered]" in p for p in problems)
 
 
 @pytest.mark.parametrize("kwargs,line", [

@@ -214,7 +214,8 @@ FOUND_MISSING = {
     "retain on the last consumer": (_retain_on_the_last_consumer, "but sets retain_on_unpack"),
     "release before the last consumer": (_release_before_the_last_consumer, "does not set retain_on_unpack"),
     "no reduce_grad": (_no_reduce_grad, "no REDUCE_GRAD of stage 0 after this, its last W or B; a plan reduces each "
-                                        "stage's gradients exactly once, after its last W and B (rule 8)"),
+                                        "stage's gradients exactly once, after its last W and B "
+                                        "[hpr.schedule.reduce-grad]"),
 }
 def _no_last_backward(p: Plan) -> None:
     acts = p["ranks"][0]["actions"]
@@ -253,24 +254,27 @@ def _hands_to_another_rank(p: Plan) -> None:
 
 FOUND_MISSING.update({
     "no last_backward": (_no_last_backward, "no last_backward on the last backward_weight or backward of stage 0; a "
-                                            "plan marks it, where the stage's gradients are complete (rule 10)"),
+                                            "plan marks it, where the stage's gradients are complete "
+                                            "[hpr.plan.last-backward]"),
     "last_backward on an earlier backward": (_last_backward_on_an_earlier_backward,
-                                             "last_backward marks that one only (rule 10)"),
+                                             "last_backward marks that one only [hpr.plan.last-backward]"),
     "a reader that does not wait": (_reader_does_not_wait, "but does not list it in waits; an action waits for each "
-                                                           "receive it reads (rule 11)"),
+                                                           "receive it reads [hpr.plan.waits]"),
     "a reader waiting for another's receive": (_reader_waits_for_anothers_receive,
-                                               "an action waits for the receives it reads, and only those (rule 11)"),
+                                               "an action waits for the receives it reads, and only those "
+                                               "[hpr.plan.waits]"),
     "hands_to another rank": (_hands_to_another_rank, "hands_to 1, but stage 1 runs on rank 1; a transfer carries its "
-                                                      "output, hands_to names a stage on the same rank (rule 12)"),
+                                                      "output, hands_to names a stage on the same rank "
+                                                      "[hpr.plan.hands-to]"),
 })
 # Edits that move, add or drop actions keep the receives' posts pointing at the same receives.
 CATALOGUE = {case: (_keeping_posts(edit), message) for case, (edit, message) in CATALOGUE.items()}
 FOUND_MISSING = {case: (_keeping_posts(edit), message) for case, (edit, message) in FOUND_MISSING.items()}
 FOUND_MISSING.update({
-    "a receive posted twice": (_posted_twice, "posts it first); each receive is posted once (rule 9)"),
+    "a receive posted twice": (_posted_twice, "posts it first); each receive is posted once [hpr.schedule.posts]"),
     "receives posted out of the peer's order": (_posted_out_of_order, "but rank 0 sends its message first; receives "
                                                 "from one peer are posted in the order it sends, since untagged "
-                                                "messages match in posting order (rule 9)"),
+                                                "messages match in posting order [hpr.schedule.posts]"),
 })
 SOURCES = ["hand"] + (["zbv"] if PLAN_TOOL.exists() else [])
 
@@ -293,10 +297,10 @@ def _no_hands_to(p: Plan) -> None:
     del acts[_first(p, 1, lambda a: "hands_to" in a)]["hands_to"]
 
 
-#: The in-memory handoff between co-located stages (rule 12): only a V-shaped plan has one.
+#: The in-memory handoff between co-located stages ([hpr.plan.hands-to]): only a V-shaped plan has one.
 CO_LOCATED = {
     "no hands_to": (_no_hands_to, "no hands_to, but stage 2, which takes its output, runs on this rank too; a plan "
-                                  "names the stage an action hands its result to in memory (rule 12)"),
+                                  "names the stage an action hands its result to in memory [hpr.plan.hands-to]"),
 }
 
 

@@ -328,7 +328,7 @@ TEST(Validate, FinishedPlanNeedsReduceGradOncePerStage) {
   EXPECT_EQ(validatePlan(s),
             "rank 0, action 9 (0W1): no REDUCE_GRAD of stage 0 after this, its "
             "last W or B; a plan reduces each stage's gradients exactly once, "
-            "after its last W and B (rule 8)\n");
+            "after its last W and B [hpr.schedule.reduce-grad]\n");
   // A schedule to plan may leave it to the planner.
   EXPECT_EQ(validate(s), "");
 }
@@ -348,28 +348,29 @@ TEST(Validate, PostsEachReceiveOnceInThePeersOrder) {
             "rank 1, action 0 (1RECV_F0): posts rank 1, action 0 (1RECV_F0) "
             "after rank 1, action 5 (1RECV_F1), but rank 0 sends its message "
             "first; receives from one peer are posted in the order it sends, "
-            "since untagged messages match in posting order (rule 9)\n");
+            "since untagged messages match in posting order "
+            "[hpr.schedule.posts]\n");
   // Twice, and later than its place.
   s.ranks[1][0].posts = std::vector<int>{0};
   s.ranks[1][5].posts = std::vector<int>{0, 5};
   EXPECT_EQ(validatePlan(s),
             "rank 1, action 5 (1RECV_F1): posts rank 1, action 0 (1RECV_F0) "
             "again (rank 1, action 0 (1RECV_F0) posts it first); each receive "
-            "is posted once (rule 9)\n");
+            "is posted once [hpr.schedule.posts]\n");
   s.ranks[1][0].posts = std::vector<int>{};
   EXPECT_EQ(validatePlan(s),
             "rank 1, action 5 (1RECV_F1): posts rank 1, action 0 (1RECV_F0), "
             "which comes before it; a receive is posted no later than its own "
-            "place (rule 9)\n");
+            "place [hpr.schedule.posts]\n");
   // Never, and an index that is not a receive.
   s.ranks[1][5].posts = std::vector<int>{1, 5};
   EXPECT_EQ(validatePlan(s),
             "rank 1, action 5 (1RECV_F1): posts 1, which is not a receive of "
             "rank 1 (rank 1, action 1 (1F0)); posts lists the indices of "
-            "receives (rule 9)\n"
+            "receives [hpr.schedule.posts]\n"
             "rank 1, action 0 (1RECV_F0): never posted: no receive lists it in "
             "posts; a plan posts each receive once, no later than its own "
-            "place (rule 9)\n");
+            "place [hpr.schedule.posts]\n");
   // A finished plan posts every receive; a schedule without posts is not
   // checked for them.
   s = plannedGood();

@@ -285,7 +285,7 @@ class HPR_CommOp<string mnemonic, dag recvArgs = (ins), string recvFormat = "">
 /// it is reached (docs/plan-format.md): the indices of its program's actions
 /// (sessions not counted) that are receives, in posting order. Planned
 /// modules leave it out and the plan JSON derives it (`hpr-verify-comm`
-/// checks it, rule 9).
+/// checks it, [hpr.schedule.posts]).
 class HPR_RecvOp<string mnemonic>
     : HPR_CommOp<mnemonic, (ins OptionalAttr<DenseI64ArrayAttr>:$posts),
                  [{ (`posts` $posts^)? }]>;
