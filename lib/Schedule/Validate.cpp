@@ -405,13 +405,15 @@ void Validator::checkReduceGrad() {
       reportAt(loc, "second REDUCE_GRAD of stage " + std::to_string(a.stage) +
                         " (first at " + where(first) +
                         "); gradients are reduced once per stage, or they "
-                        "are scaled twice");
+                        "are scaled twice " +
+                        ruleTag(Rule::ScheduleReduceGrad).str());
     else if (last.valid() && last.rank == loc.rank && loc.before(last))
       reportAt(loc, "REDUCE_GRAD before " + where(last) +
                         ", the last W or B of stage " +
                         std::to_string(a.stage) +
                         "; gradients are reduced once per stage, after its "
-                        "last W and B");
+                        "last W and B " +
+                        ruleTag(Rule::ScheduleReduceGrad).str());
     if (!first.valid())
       first = loc;
   });

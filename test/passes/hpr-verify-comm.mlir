@@ -395,7 +395,7 @@ hpr.schedule "reduce_grad_twice" ranks 2 stages 2 microbatches 1 stage_to_rank [
     hpr.recv_b stage 0 mb 0 peer 1
     hpr.backward stage 0 mb 0
     hpr.reduce_grad stage 0
-    // expected-error @+1 {{rank 0, action 5 (0REDUCE_GRAD): second REDUCE_GRAD of stage 0 (first at rank 0, action 4 (0REDUCE_GRAD)); gradients are reduced once per stage, or they are scaled twice}}
+    // expected-error @+1 {{rank 0, action 5 (0REDUCE_GRAD): second REDUCE_GRAD of stage 0 (first at rank 0, action 4 (0REDUCE_GRAD)); gradients are reduced once per stage, or they are scaled twice [hpr.schedule.reduce-grad]}}
     hpr.reduce_grad stage 0
   }
   hpr.program rank 1 {
