@@ -32,7 +32,7 @@ evenly over the 4 stages, what precedes them on the first, what follows on the l
 
 Each run: a warm-up step (torch infers stage metadata; profiled too, so that the measured
 step's frees of its blocks are seen: runner/memory.py), one step under the profiler's
-allocator events (peak bytes above the step's start, per rank; the collectives FSDP
+allocator events (peak bytes above the step's start, gradients zeroed before it, per rank; the collectives FSDP
 issues in it counted at ``torch.distributed``, summed over the ranks), then ``--steps``
 timed steps (median; a barrier before each). The gradients of the measured step are
 compared with the unsharded model's (mean over the dp ranks).
@@ -282,6 +282,8 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
     with AllocatorPeak():  # warm-up (torch infers the stages' metadata), profiled so that the measured
         step()  # step's frees of its blocks are seen (runner/memory.py: a block allocated unprofiled)
     CALLS.clear()
+    for st in stages:  # as the plan counts: from a step that holds no gradients (the step's own zero_grad
+        st.submod.zero_grad(set_to_none=True)  # would free the last step's sharded ones under the meter)
     with AllocatorPeak() as meter, counted_collectives() as collectives:
         step()
     calls = max(CALLS.values()) / MICROBATCHES if CALLS else 0.0

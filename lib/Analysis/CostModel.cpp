@@ -188,8 +188,16 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       add(cost.backwardUs, Kind::Backward, true);
       cost.paramBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
-      cost.workspaceBytes = std::max<int64_t>(
-          cost.workspaceBytes, region.getBwdWorkspaceBytes().value_or(0));
+      // A backward action's transient bytes: its largest region's, per kind
+      // (an I or W measured alone, else as a full backward's).
+      int64_t whole = region.getBwdWorkspaceBytes().value_or(0);
+      cost.workspaceBytes = std::max(cost.workspaceBytes, whole);
+      cost.inputWorkspaceBytes =
+          std::max<int64_t>(cost.inputWorkspaceBytes,
+                            region.getBwdInputWorkspaceBytes().value_or(whole));
+      cost.weightWorkspaceBytes = std::max<int64_t>(
+          cost.weightWorkspaceBytes,
+          region.getBwdWeightWorkspaceBytes().value_or(whole));
       cost.plainKeptBytes += region.getSavedBytes();
       if (checkpoint != RegionCheckpoint::None) {
         cost.checkpointed = true;

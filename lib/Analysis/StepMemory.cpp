@@ -34,14 +34,13 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     if (!action)
       continue; // A session allocates nothing.
     int64_t stage = action.getStageIndex();
-    // FSDP: gathered parameters beyond the shard the rank always holds, from
-    // UNSHARD to RESHARD; after REDUCE_GRAD the rank keeps its gradients'
-    // shard only (the reduce-scatter writes it beside the full gradients).
-    if (isa<UnshardOp, ReshardOp>(op)) {
-      int64_t gathered =
-          costs[stage].paramBytes - costs[stage].shardedParamBytes();
-      other += isa<UnshardOp>(op) ? gathered : -gathered;
-    }
+    // FSDP: the gathered parameters, from UNSHARD to RESHARD: FSDP2 copies
+    // the all-gather into full-size parameters beside the shard the rank
+    // always holds; after REDUCE_GRAD the rank keeps its gradients' shard
+    // only (the reduce-scatter writes it beside the full gradients).
+    if (isa<UnshardOp, ReshardOp>(op))
+      other += isa<UnshardOp>(op) ? costs[stage].paramBytes
+                                  : -costs[stage].paramBytes;
     if (isa<ReduceGradOp>(op) && costs[stage].dpShard > 1 &&
         gradsAllocated.contains(stage)) {
       int64_t shard = costs[stage].shardedParamBytes();
@@ -64,7 +63,15 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     peak = std::max(peak, live + other);
     if (!isa<ConsumerOpInterface>(op))
       continue;
-    peak = std::max(peak, live + other + costs[stage].workspaceBytes);
+    // The action's own transient bytes: a W that is the whole backward (the
+    // first stage's) is a B.
+    const StageCost &cost = costs[stage];
+    int64_t workspace = cost.workspaceBytes;
+    if (isa<BackwardInputOp>(op))
+      workspace = cost.inputWorkspaceBytes;
+    else if (isa<BackwardWeightOp>(op) && !cost.weightIsWholeBackward)
+      workspace = cost.weightWorkspaceBytes;
+    peak = std::max(peak, live + other + workspace);
     // What the backward frees as it goes: I's state (W), and on the last
     // consumer the microbatch's activations and replayed tensors (read
     // without retaining), its output and the output's gradient.

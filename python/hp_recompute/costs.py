@@ -10,8 +10,10 @@ the runner calls them, on this torch and with the runner's thread count. Each of
 rounds are dropped and the median of the rest is written into a copy of the model JSON
 (``fwd_time_us``, ``bwd_input_time_us``, ``bwd_weight_time_us``, one full backward
 ``bwd_time_us`` (a single call: no split analysis, one graph task), and the bytes of the
-gradients I keeps for W, ``bwd_weight_input_bytes``, and the transient bytes of its
-backward, ``bwd_workspace_bytes``, measured once at the allocator). Checkpointable regions
+gradients I keeps for W, ``bwd_weight_input_bytes`` (its input gradient aside: the caller
+holds that), and the transient bytes of its backward, ``bwd_input_workspace_bytes``,
+``bwd_weight_workspace_bytes`` and ``bwd_workspace_bytes`` for I, W and one full backward,
+measured once at the allocator). Checkpointable regions
 are also run as the runner runs them when checkpointed: the forward under
 ``hp_recompute.checkpoint`` (``checkpoint_fwd_time_us``: its saved tensors go to holders)
 and one replay through ``recompute_handle`` (``replay_time_us``); and, once at the
@@ -85,7 +87,8 @@ __all__ = ["ModuleMeasurement", "RunnerMeasurement", "measure_region_times", "me
            "measure_concurrently", "times_from_run", "main"]
 
 TIME_KEYS = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us", "bwd_time_us")
-BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_workspace_bytes")
+BYTES_KEYS = ("bwd_weight_input_bytes", "bwd_input_workspace_bytes", "bwd_weight_workspace_bytes",
+              "bwd_workspace_bytes")
 #: Per checkpoint policy: the forward and replay times, then the bytes held (besides the
 #: input) and replayed.
 FULL_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
@@ -106,20 +109,28 @@ def _leaf(x: Any) -> Any:
     return x
 
 
-def _distinct_bytes(tensors: Any) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (None entries skipped)."""
+def _distinct_bytes(tensors: Any, besides: Sequence[Optional[torch.Tensor]] = ()) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (None entries skipped) but those of ``besides``."""
+    other = {storage_of(t).data_ptr() for t in besides if t is not None}
     seen: Dict[int, int] = {}
     for t in tensors:
         if t is not None:
             storage = storage_of(t)
-            seen[storage.data_ptr()] = storage.nbytes()
+            if storage.data_ptr() not in other:
+                seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 
+def _weight_state_bytes(state: Any, dxs: Sequence[Optional[torch.Tensor]]) -> int:
+    """What I keeps for W: the gradients it recorded, but the input gradients it returned (their
+    storage is the caller's, which sends or hands them on: the planner counts them there)."""
+    return _distinct_bytes((g for grads in state.recorded.values() for g in grads), dxs)
+
+
 def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[torch.Tensor],
-                        weights: List[torch.Tensor], keep_graph: bool = False) -> int:
-    """Transient bytes of a region's backward: the allocator peak above what it leaves behind,
-    the largest of I, W and one full backward (B, which frees the graph unless ``keep_graph``)."""
+                        weights: List[torch.Tensor], keep_graph: bool = False) -> Tuple[int, int, int]:
+    """Transient bytes of a region's I, W and one full backward (B, which frees the graph unless
+    ``keep_graph``): each one's allocator peak above what it leaves behind."""
     meters = [AllocatorPeak() for _ in range(3)]
     with meters[0]:
         _, state = backward_input(outs, grads_out, inputs, weights, retain_graph=True)
@@ -128,7 +139,8 @@ def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[t
     if inputs or weights:
         with meters[2]:
             torch.autograd.grad(outs, inputs + weights, grads_out, allow_unused=True, retain_graph=keep_graph)
-    return max((m.peak or 0) - max(m.net or 0, 0) for m in meters)
+    i, w, b = ((m.peak or 0) - max(m.net or 0, 0) for m in meters)
+    return i, w, b
 
 
 @contextlib.contextmanager
@@ -231,7 +243,7 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
     """Median times of every region, in microseconds (TIME_KEYS; CHECKPOINT_KEYS if checkpointable)."""
     params = dict(model.module.named_parameters())
     state_bytes: Dict[str, int] = {}
-    workspace: Dict[str, int] = {}
+    workspace: Dict[str, Tuple[int, int, int]] = {}
     held: Dict[str, Tuple[int, ...]] = {}
     samples: Dict[str, Dict[str, List[float]]] = {
         r.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if r.checkpointable else ())} for r in model.regions}
@@ -258,7 +270,7 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
             t0 = time.perf_counter()
             dxs, state = backward_input([out], grads_out, inputs, weights)
             t1 = time.perf_counter()
-            kept = _distinct_bytes(g for grads in state.recorded.values() for g in grads)
+            kept = _weight_state_bytes(state, dxs)
             backward_weight(state)
             t2 = time.perf_counter()
             again = region.fn(inp, batch)  # B is one call: time it on a fresh graph
@@ -283,8 +295,7 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():
         out[name] = {k: statistics.median(v) for k, v in keys.items()}
-        out[name][BYTES_KEYS[0]] = state_bytes[name]
-        out[name][BYTES_KEYS[1]] = workspace[name]
+        out[name].update(zip(BYTES_KEYS, (state_bytes[name], *workspace[name])))
         out[name].update(zip(CHECKPOINT_BYTES_KEYS, held.get(name, ())))
     return out
 
@@ -681,7 +692,7 @@ def _pieces(segments: Sequence[Any], calls: List[_Call], outputs: List[torch.Ten
 
 def _backward_pieces(pieces: List[_Piece], outputs: List[torch.Tensor], split: bool,
                      samples: Optional[Dict[str, Dict[str, List[float]]]], kept: Dict[str, int],
-                     workspace: Optional[Dict[str, int]] = None) -> None:
+                     workspace: Optional[Dict[str, Tuple[int, int, int]]] = None) -> None:
     """Backward of a cut forward, piece by piece in reverse (Rule 3): I then W (``split``), or B.
     Adds the times to ``samples`` (when given), the bytes I keeps for W to ``kept``; with
     ``workspace``, measures each piece's transient bytes first (untimed round)."""
@@ -699,7 +710,7 @@ def _backward_pieces(pieces: List[_Piece], outputs: List[torch.Tensor], split: b
             dxs, state = backward_input(outs, grads_out, ins, piece.weights)
             t1 = time.perf_counter()
             if piece.name is not None:
-                kept[piece.name] = _distinct_bytes(g for gs in state.recorded.values() for g in gs)
+                kept[piece.name] = _weight_state_bytes(state, dxs)
             backward_weight(state)
             t2 = time.perf_counter()
             times = {"bwd_input_time_us": t1 - t0, "bwd_weight_time_us": t2 - t1}
@@ -734,7 +745,7 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
     samples: Dict[str, Dict[str, List[float]]] = {
         s.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if s.checkpointable else ())} for s in segments}
     kept: Dict[str, int] = {}
-    workspace: Dict[str, int] = {}
+    workspace: Dict[str, Tuple[int, int, int]] = {}
     calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False, first=True)
     _backward_pieces(_pieces(segments, calls, outputs, start, end, weights_of), outputs, False, None, kept,
                      workspace)  # once, under the allocator meter: not timed
@@ -761,8 +772,7 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
     out: Dict[str, Dict[str, float]] = {}
     for name, keys in samples.items():
         out[name] = {k: statistics.median(v) if v else 0.0 for k, v in keys.items()}
-        out[name][BYTES_KEYS[0]] = kept.get(name, 0)
-        out[name][BYTES_KEYS[1]] = workspace.get(name, 0)
+        out[name].update(zip(BYTES_KEYS, (kept.get(name, 0), *workspace.get(name, (0, 0, 0)))))
         out[name].update(zip(CHECKPOINT_BYTES_KEYS, held.get(name, ())))
     return out
 

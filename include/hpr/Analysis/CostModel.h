@@ -32,7 +32,9 @@
 //  - step memory beyond activations: the stage output (the next stage's
 //    first input_bytes) and its gradient, the weight gradients (param_bytes)
 //    and what I keeps for W (bwd_weight_input_bytes); a backward action
-//    transiently needs its largest region's bwd_workspace_bytes on top;
+//    transiently needs its largest region's workspace on top (that of its
+//    kind: bwd_input_workspace_bytes, bwd_weight_workspace_bytes, else
+//    bwd_workspace_bytes, the full backward's);
 //  - data parallelism (the model's dp_shard N and dp_replicate M): UNSHARD
 //    all-gathers the stage's param_bytes over N ranks, REDUCE_GRAD
 //    reduce-scatters its gradients over N and, with M > 1, all-reduces the
@@ -175,10 +177,12 @@ struct StageCost {
   /// W is one autograd call from the stage output, as B is (the first
   /// stage: its input needs no gradient, so I records nothing to split at).
   bool weightIsWholeBackward = false;
-  int64_t workspaceBytes = 0; ///< transient bytes of a backward action
-  int64_t dpShard = 1;        ///< ranks the parameters are sharded over
-  double unshardUs = 0;       ///< UNSHARD: all-gather over dpShard
-  double reduceGradUs = 0;    ///< REDUCE_GRAD: reduce-scatter, all-reduce
+  int64_t workspaceBytes = 0;      ///< transient bytes of a backward action (B)
+  int64_t inputWorkspaceBytes = 0; ///< ... of a backward_input
+  int64_t weightWorkspaceBytes = 0; ///< ... of a backward_weight
+  int64_t dpShard = 1;              ///< ranks the parameters are sharded over
+  double unshardUs = 0;             ///< UNSHARD: all-gather over dpShard
+  double reduceGradUs = 0;          ///< REDUCE_GRAD: reduce-scatter, all-reduce
 
   /// Parameter bytes one rank holds while the stage is sharded.
   int64_t shardedParamBytes() const { return paramBytes / dpShard; }

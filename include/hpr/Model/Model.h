@@ -47,8 +47,11 @@ struct Region {
   int64_t paramBytes = 0;
   /// The parameters it shares with other regions (part of paramBytes).
   std::vector<TiedParam> tiedParams;
-  int64_t bwdWeightInputBytes = 0;  ///< gradients I keeps for W; 0 = unknown
-  int64_t bwdWorkspaceBytes = 0;    ///< transient bytes of its backward
+  int64_t bwdWeightInputBytes = 0; ///< gradients I keeps for W; 0 = unknown
+  int64_t bwdWorkspaceBytes = 0;   ///< transient bytes of its backward (B)
+  /// Transient bytes of its dx (I) and of its dw (W); 0 = bwdWorkspaceBytes.
+  int64_t bwdInputWorkspaceBytes = 0;
+  int64_t bwdWeightWorkspaceBytes = 0;
   int64_t checkpointStateBytes = 0; ///< held by a checkpointed forward besides
                                     ///< its input (RNG states); 0 = unknown
   int64_t replayBytes = 0;          ///< one replay allocates; 0 = savedBytes
@@ -87,6 +90,8 @@ inline constexpr MeasuredTime kMeasuredTimes[] = {
 inline constexpr MeasuredBytes kMeasuredBytes[] = {
     {"bwd_weight_input_bytes", &Region::bwdWeightInputBytes},
     {"bwd_workspace_bytes", &Region::bwdWorkspaceBytes},
+    {"bwd_input_workspace_bytes", &Region::bwdInputWorkspaceBytes},
+    {"bwd_weight_workspace_bytes", &Region::bwdWeightWorkspaceBytes},
     {"checkpoint_state_bytes", &Region::checkpointStateBytes},
     {"replay_bytes", &Region::replayBytes},
     {"replay_weight_bytes", &Region::replayWeightBytes},

@@ -36,8 +36,10 @@ Rule 3 (actions). The plan's actions are interpreted by ``PlanInterpreter`` (NOT
   ``backward_one_chunk(full_backward=True)``; the transfers are ``get_*_send_ops`` /
   ``get_*_recv_ops`` batched as torch's runtime does them; ``reduce_grad`` is
   ``perform_reduce_grad`` (the gradient scaling of ``scale_grads``; FSDP stages: Rule 8).
-  A forward's loss is computed by microbatch, so any forward order works. Stages of
-  Rule 7 are the exception.
+  A forward's loss is computed by microbatch, so any forward order works; after the
+  microbatch's last backward (the plan's ``frees_graph``) it is detached, so its graph,
+  the loss's activations among it, is freed there and not at the end of the step (torch's
+  runtime keeps every loss's graph until then). Stages of Rule 7 are the exception.
 
 Rule 4 (sessions). A schedule owns its sessions: they live in its own ``SessionScope``,
   so two schedules (two models) in one process never share a session, even where their
@@ -486,6 +488,11 @@ class _TorchStages(StageBackend):
         if stage.is_last and self.schedule._loss_fn is not None:
             self.losses[mb] = self.schedule._compute_loss(out, self.target_mbs[mb], self.loss_kwargs)
         return out
+
+    def release(self, stage: int, mb: int) -> None:
+        """Rule 3: the last stage's loss of ``mb`` is only returned from its last backward on."""
+        if mb in self.losses and self.stages[stage].is_last:
+            self.losses[mb] = self.losses[mb].detach()
 
     def pass_forward(self, a: Action, output: Any) -> None:
         self.stages[a.hands_to].set_local_fwd_input(output, a.microbatch)

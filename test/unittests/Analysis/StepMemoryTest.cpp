@@ -64,11 +64,13 @@ TEST(StepMemory, WithoutShardingOnlyGradientsAdd) {
   EXPECT_EQ(stepPeak(1), 1000);
 }
 
-// Over 4: UNSHARD adds the 750 bytes beyond the rank's shard (F: 300 + 750),
-// B its 1000 gradient bytes (750 + 1000), and REDUCE_GRAD's 250-byte shard
-// meets them all before the full gradients go (2000); RESHARD frees the 750.
+// Over 4: UNSHARD adds the full 1000 parameter bytes beside the rank's
+// shard (FSDP2 copies the all-gather into full-size parameters; F: 300 +
+// 1000), B its 1000 gradient bytes (1000 + 1000), and REDUCE_GRAD's 250-byte
+// shard meets them all before the full gradients go (2250); RESHARD frees
+// the 1000.
 TEST(StepMemory, GatheredParametersAndTheReducedShardCount) {
-  EXPECT_EQ(stepPeak(4), 2000);
+  EXPECT_EQ(stepPeak(4), 2250);
 }
 
 /// The step peak of `rank` in GPipe over two ranks and two microbatches:
@@ -116,3 +118,43 @@ TEST(StepMemory, SentInputGradientsLiveToTheEndOfTheStep) {
 }
 
 } // namespace
+
+/// The step peak of rank 1 in ZB-H1 over two ranks and one microbatch:
+/// stage 1 takes 10-byte inputs, saves 50 bytes and has 1000 parameter
+/// bytes; its full backward's transient is 5000 bytes, its I's and W's those
+/// given (0: not measured).
+int64_t splitPeak(int64_t inputWorkspace, int64_t weightWorkspace) {
+  MLIRContext context;
+  context.loadDialect<HPRDialect>();
+  model::StagedModel staged;
+  model::Region first, second;
+  first.name = "layers.0";
+  first.fwdTimeUs = second.fwdTimeUs = 1;
+  first.savedBytes = 100;
+  second.name = "layers.1";
+  second.savedBytes = 50;
+  second.inputBytes = 10;
+  second.paramBytes = 1000;
+  second.bwdWorkspaceBytes = 5000;
+  second.bwdInputWorkspaceBytes = inputWorkspace;
+  second.bwdWeightWorkspaceBytes = weightWorkspace;
+  staged.stages.push_back({0, {first}});
+  staged.stages.push_back({1, {second}});
+  auto schedule = sched::generateSchedule("zb-h1", {2, 1, 0});
+  EXPECT_TRUE(static_cast<bool>(schedule));
+  sched::lowerCommunication(*schedule);
+  auto module = buildPlanModule(context, staged, *schedule, "test");
+  EXPECT_TRUE(static_cast<bool>(module));
+  return programPeak(**module, 1);
+}
+
+// I and W each add their own transient, measured alone; unmeasured, the
+// full backward's. Rank 1: I meets the 50 activations, W the activations and
+// the 10-byte input gradient I sent (held to the end of the step); then W's
+// 1000 gradient bytes meet the sent gradient (1010).
+TEST(StepMemory, EachBackwardKindAddsItsOwnWorkspace) {
+  EXPECT_EQ(splitPeak(0, 0), 60 + 5000);
+  EXPECT_EQ(splitPeak(3000, 300), 50 + 3000);
+  EXPECT_EQ(splitPeak(200, 300), 1010);
+  EXPECT_EQ(splitPeak(200, 0), 60 + 5000);
+}

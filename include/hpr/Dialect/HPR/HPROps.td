@@ -70,7 +70,9 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     `bwd_weight_time_us`, `bwd_time_us`), the forward under checkpoint
     (`checkpoint_fwd_time_us`), one replay (`replay_time_us`), the bytes of
     the gradients dx keeps for dw (`bwd_weight_input_bytes`), the
-    transient bytes of the backward (`bwd_workspace_bytes`) and what a
+    transient bytes of one full backward (`bwd_workspace_bytes`), of dx
+    (`bwd_input_workspace_bytes`) and of dw (`bwd_weight_workspace_bytes`;
+    each absent: the full backward's) and what a
     checkpointed forward holds besides its input, the RNG states its replay
     restores (`checkpoint_state_bytes`), and what one replay allocates
     (`replay_bytes`; absent: `saved`, which may count the kept input again)
@@ -93,6 +95,8 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        OptionalAttr<F64Attr>:$replay_time_us,
                        OptionalAttr<I64Attr>:$bwd_weight_input_bytes,
                        OptionalAttr<I64Attr>:$bwd_workspace_bytes,
+                       OptionalAttr<I64Attr>:$bwd_input_workspace_bytes,
+                       OptionalAttr<I64Attr>:$bwd_weight_workspace_bytes,
                        OptionalAttr<I64Attr>:$checkpoint_state_bytes,
                        OptionalAttr<I64Attr>:$replay_bytes,
                        OptionalAttr<I64Attr>:$replay_weight_bytes,
