@@ -6,12 +6,18 @@
 
 #include "llvm/ADT/TypeSwitch.h"
 
-#include <set>
-
 using namespace mlir;
 using namespace mlir::hpr;
 
 using Message = SendOrder::Message;
+
+/// The key of a message: forward or backward, the receiving stage, the
+/// microbatch (stages and microbatches are far below 2^31; a stage one past
+/// either end, of a transfer to no stage, still gets a key of its own).
+static Message messageKey(bool forward, int64_t stage, int64_t microbatch) {
+  return (static_cast<uint64_t>(stage + 1) << 33) |
+         (static_cast<uint64_t>(microbatch) << 1) | (forward ? 1 : 0);
+}
 
 /// The message `op` sends or receives, by its receiving end.
 static Message messageOf(Operation *op) {
@@ -22,7 +28,7 @@ static Message messageOf(Operation *op) {
     ++stage;
   if (isa<SendBOp>(op))
     --stage;
-  return {forward, stage, action.getMicrobatchIndex()};
+  return messageKey(forward, stage, action.getMicrobatchIndex());
 }
 
 static int64_t peerOf(Operation *op) {
@@ -45,7 +51,7 @@ ActionIndexLists mlir::hpr::receivePosts(ProgramOp program,
                                          const SendOrder &sends) {
   ActionIndexLists result;
   // The program's receives by message, and each receive's index.
-  std::map<Message, int64_t> receiveOf;
+  llvm::DenseMap<Message, int64_t> receiveOf;
   llvm::SmallVector<std::pair<Operation *, int64_t>> receives;
   int64_t index = 0;
   for (Operation &op : program.getBody().getOps()) {
@@ -79,7 +85,7 @@ ActionIndexLists mlir::hpr::receivePosts(ProgramOp program,
 ActionIndexLists mlir::hpr::receiveReaders(ProgramOp program) {
   ActionIndexLists result;
   // The message a receive brings, by its receiving end, and its index.
-  std::map<Message, llvm::SmallVector<int64_t>> receives;
+  llvm::DenseMap<Message, llvm::SmallVector<int64_t, 1>> receives;
   int64_t index = 0;
   for (Operation &op : program.getBody().getOps()) {
     if (!isa<ActionOpInterface>(op))
@@ -89,16 +95,16 @@ ActionIndexLists mlir::hpr::receiveReaders(ProgramOp program) {
     ++index;
   }
   // The forward reads its input; the first I or B its output gradient.
-  std::set<Message> read;
+  llvm::DenseSet<Message> read;
   for (Operation &op : program.getBody().getOps()) {
     if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
       continue;
     auto action = cast<ActionOpInterface>(op);
-    Message message{isa<ForwardOp>(op), action.getStageIndex(),
-                    action.getMicrobatchIndex()};
+    Message message = messageKey(isa<ForwardOp>(op), action.getStageIndex(),
+                                 action.getMicrobatchIndex());
     auto it = receives.find(message);
     if (it != receives.end() && read.insert(message).second)
-      result[&op] = it->second;
+      result[&op].assign(it->second.begin(), it->second.end());
   }
   return result;
 }

@@ -21,8 +21,8 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SmallVector.h"
 
+#include <cstdint>
 #include <map>
-#include <tuple>
 #include <vector>
 
 namespace mlir::hpr {
@@ -35,8 +35,8 @@ using ActionIndexLists =
 /// receivePosts matches a rank's receives against.
 struct SendOrder {
   /// One message, seen from either end: forward or backward, the receiving
-  /// stage, the microbatch.
-  using Message = std::tuple<bool, int64_t, int64_t>;
+  /// stage, the microbatch, packed into one key (RuntimeLowering.cpp).
+  using Message = uint64_t;
   /// (sender, receiver) -> the sender's messages to the receiver, in order.
   std::map<std::pair<int64_t, int64_t>, std::vector<Message>> sent;
 };
