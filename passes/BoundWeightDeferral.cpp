@@ -135,7 +135,9 @@ void apply(ModuleOp module, const Change &change) {
   OpBuilder builder(input);
   builder.create<BackwardOp>(input->getLoc(), change.stage, change.microbatch,
                              Value(), /*retain_on_unpack=*/false,
-                             /*overlap=*/false);
+                             /*overlap=*/false, /*frees_graph=*/false,
+                             /*last_backward=*/false, /*waits=*/nullptr,
+                             /*hands_to=*/nullptr);
   input->erase();
   weight->erase();
 }

@@ -72,6 +72,9 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
     pm.addPass(createHPRPrefetchIntoBubbles(bubbles));
   }
   nestOnPrograms(pm).addPass(createHPRInsertClear());
+  // Last: posts and waits name action positions.
+  if (options.lowerRuntime)
+    pm.addPass(createHPRLowerRuntime());
 }
 
 void mlir::hpr::buildRecomputePipeline(
@@ -107,7 +110,7 @@ void mlir::hpr::registerRecomputePipeline() {
       "hpr-recompute-pipeline",
       "Plan recomputation: check the schedule, (select checkpoints,) assign "
       "sessions, insert recompute (and prefetch into bubbles) and clear, "
-      "verify",
+      "lower what runtimes read, verify",
       [](OpPassManager &pm, StringRef text,
          function_ref<LogicalResult(const Twine &)> errorHandler) {
         RecomputePipelineOptions options;

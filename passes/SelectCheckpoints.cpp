@@ -520,6 +520,7 @@ SelectCheckpointsPass::bubbleStepTime(ModuleOp module, const Problem &problem,
   options.policy = RecomputePolicy::Bubble;
   options.budget = budget;
   options.checkSchedule = false;
+  options.lowerRuntime = false; // only simulated
   OpPassManager pm(ModuleOp::getOperationName());
   buildPlanningPasses(pm, options);
   FailureOr<std::optional<double>> step = failure();

@@ -57,10 +57,15 @@ static sched::Action toAction(Operation *op,
   auto actionOp = cast<ActionOpInterface>(op);
   action.stage = static_cast<int>(actionOp.getStageIndex());
   action.microbatch = static_cast<int>(actionOp.getMicrobatchIndex());
-  if (auto tag = op->getAttrOfType<IntegerAttr>("tag"))
-    action.tag = tag.getInt();
-  if (auto posts = op->getAttrOfType<DenseI64ArrayAttr>("posts"))
-    action.posts.emplace(posts.asArrayRef().begin(), posts.asArrayRef().end());
+  llvm::TypeSwitch<Operation *>(op).Case<SendFOp, RecvFOp, SendBOp, RecvBOp>(
+      [&](auto comm) {
+        if (std::optional<uint64_t> tag = comm.getTag())
+          action.tag = static_cast<int64_t>(*tag);
+      });
+  llvm::TypeSwitch<Operation *>(op).Case<RecvFOp, RecvBOp>([&](auto recv) {
+    if (std::optional<ArrayRef<int64_t>> posts = recv.getPosts())
+      action.posts.emplace(posts->begin(), posts->end());
+  });
   if (action.stage < 0)
     return action;
   auto forward = dyn_cast<ForwardOp>(op);

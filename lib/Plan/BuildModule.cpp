@@ -178,21 +178,28 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
   case Kind::Forward: {
     auto forward = builder.create<ForwardOp>(
         loc, builder.getType<HandleType>(), stage, mb, flag(grouped),
-        /*no_checkpoint=*/flag(current && current->plain));
+        /*no_checkpoint=*/flag(current && current->plain),
+        /*waits=*/DenseI64ArrayAttr(), /*hands_to=*/IntegerAttr());
     if (current && !current->binds.empty())
       unbound.push_back({current->binds, forward});
     return llvm::Error::success();
   }
   case Kind::BackwardInput:
     builder.create<BackwardInputOp>(loc, stage, mb, *session, retain,
-                                    flag(grouped));
+                                    flag(grouped), /*frees_graph=*/UnitAttr(),
+                                    /*waits=*/DenseI64ArrayAttr(),
+                                    /*hands_to=*/IntegerAttr());
     return llvm::Error::success();
   case Kind::BackwardWeight:
     builder.create<BackwardWeightOp>(loc, stage, mb, *session, retain,
                                      flag(grouped));
     return llvm::Error::success();
   case Kind::Backward:
-    builder.create<BackwardOp>(loc, stage, mb, *session, retain, flag(grouped));
+    builder.create<BackwardOp>(loc, stage, mb, *session, retain, flag(grouped),
+                               /*frees_graph=*/UnitAttr(),
+                               /*last_backward=*/UnitAttr(),
+                               /*waits=*/DenseI64ArrayAttr(),
+                               /*hands_to=*/IntegerAttr());
     return llvm::Error::success();
   case Kind::SendF:
   case Kind::RecvF:

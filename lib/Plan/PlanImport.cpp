@@ -9,8 +9,7 @@
 
 #include "hpr/Plan/PlanImport.h"
 
-#include "PlanJsonParts.h"
-
+#include "hpr/Analysis/RuntimeLowering.h"
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/ModelJson.h"
 #include "hpr/Plan/BuildModule.h"
@@ -20,6 +19,7 @@
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include <map>
@@ -34,15 +34,10 @@ using Kind = sched::ActionKind;
 namespace {
 /// The largest sizes a plan may declare; real plans are far below.
 constexpr int64_t kMaxCount = 1 << 20;
-/// The plan JSON members kept on an imported op until verifyImportedPlan.
-constexpr llvm::StringLiteral kFreesGraph = "frees_graph";
-constexpr llvm::StringLiteral kLastBackward = "last_backward";
-constexpr llvm::StringLiteral kWaits = "waits";
-constexpr llvm::StringLiteral kHandsTo = "hands_to";
-
 /// What an action's JSON says that only verifyImportedPlan judges: the
-/// members the planner derives from the program (frees_graph) or lowers into
-/// it (last_backward, waits, hands_to).
+/// members hpr-lower-runtime writes into a planned module (frees_graph,
+/// last_backward, waits, hands_to). The importer sets them on their ops as
+/// the file gives them.
 struct JudgedMembers {
   bool freesGraph = false;
   bool lastBackward = false;
@@ -567,8 +562,10 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
                                 fileName, &reader.facts);
   if (!module)
     return module.takeError();
-  // The members are kept on their ops for verifyImportedPlan, which judges
-  // them once the plan is otherwise sound.
+  // The plan carries what a planned module's hpr-lower-runtime writes (the
+  // posts and tags were built in); verifyImportedPlan judges the members
+  // once the plan is otherwise sound. The reader took each member on the
+  // kinds of action that carry it only.
   Builder builder(&context);
   for (ProgramOp program :
        getSchedule(**module).getBody().getOps<ProgramOp>()) {
@@ -577,14 +574,22 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
       if (!isa<ActionOpInterface>(op))
         continue;
       const JudgedMembers &members = reader.judged[program.getRank()][index++];
-      if (members.freesGraph)
-        op.setAttr(kFreesGraph, builder.getUnitAttr());
-      if (members.lastBackward)
-        op.setAttr(kLastBackward, builder.getUnitAttr());
-      if (members.waits)
-        op.setAttr(kWaits, builder.getDenseI64ArrayAttr(*members.waits));
-      if (members.handsTo)
-        op.setAttr(kHandsTo, builder.getI64IntegerAttr(*members.handsTo));
+      llvm::TypeSwitch<Operation *>(&op)
+          .Case<ForwardOp, BackwardInputOp, BackwardOp>([&](auto action) {
+            if (members.waits)
+              action.setWaitsAttr(builder.getDenseI64ArrayAttr(*members.waits));
+            if (members.handsTo)
+              action.setHandsTo(*members.handsTo);
+          });
+      llvm::TypeSwitch<Operation *>(&op).Case<BackwardWeightOp, BackwardOp>(
+          [&](auto backward) {
+            backward.setLastBackward(members.lastBackward);
+          });
+      llvm::TypeSwitch<Operation *>(&op)
+          .Case<BackwardInputOp, BackwardWeightOp, BackwardOp>(
+              [&](auto backward) {
+                backward.setFreesGraph(members.freesGraph);
+              });
     }
   }
   return module;
@@ -596,15 +601,15 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
 
 namespace {
 /// Checks one program's `last_backward`, `waits` and `hands_to` against what
-/// the planner lowers into it (plan_json::lowerActionMembers, the writer's
-/// own rules). Runs on a plan verifyPlan admitted: every (stage, mb) has its
-/// forward and its dx, and every receive comes before the action that reads
-/// it.
+/// hpr-lower-runtime would write into it (hpr/Analysis/RuntimeLowering.h).
+/// Runs on a plan verifyPlan admitted: every (stage, mb) has its forward and
+/// its dx, and every receive comes before the action that reads it.
 class LoweredMemberCheck {
 public:
-  LoweredMemberCheck(ScheduleOp schedule, ProgramOp program,
-                     const plan_json::LoweredMembers &lowered)
-      : schedule(schedule), program(program), lowered(lowered) {
+  LoweredMemberCheck(ScheduleOp schedule, ProgramOp program)
+      : schedule(schedule), program(program),
+        lastBackward(lastBackwards(program)), waits(receiveReaders(program)),
+        handsTo(handoffs(program)) {
     for (Operation &op : program.getBody().getOps())
       if (isa<ActionOpInterface>(op))
         actions.push_back(&op);
@@ -620,7 +625,10 @@ public:
 private:
   ScheduleOp schedule;
   ProgramOp program;
-  const plan_json::LoweredMembers &lowered;
+  /// What the analysis says.
+  llvm::DenseSet<Operation *> lastBackward;
+  ActionIndexLists waits;
+  llvm::DenseMap<Operation *, int64_t> handsTo;
   std::vector<Operation *> actions;
   bool sound = true;
 
@@ -637,11 +645,11 @@ private:
   void checkLastBackward() {
     std::map<int64_t, Operation *> last;
     for (Operation *op : actions)
-      if (lowered.lastBackwards.contains(op))
+      if (lastBackward.contains(op))
         last[stageOf(op)] = op;
     for (Operation *op : actions) {
-      bool marked = op->hasAttr(kLastBackward);
-      bool isLast = lowered.lastBackwards.contains(op);
+      bool marked = isLastBackward(op);
+      bool isLast = lastBackward.contains(op);
       auto it =
           last.find(isa<BackwardWeightOp, BackwardOp>(op) ? stageOf(op) : -1);
       if (marked && !isLast && it != last.end())
@@ -661,19 +669,18 @@ private:
   }
 
   /// [hpr.plan.waits]: every receive is waited for by the action that reads its
-  /// data (plan_json::receiveReaders), and by no other.
+  /// data (receiveReaders), and by no other.
   void checkWaits() {
     llvm::DenseMap<int64_t, Operation *> readerOfReceive;
     for (Operation *op : actions)
-      if (auto it = lowered.waits.find(op); it != lowered.waits.end())
+      if (auto it = waits.find(op); it != waits.end())
         for (int64_t j : it->second)
           readerOfReceive[j] = op;
     for (Operation *op : actions) {
-      llvm::ArrayRef<int64_t> given;
-      if (auto waits = op->getAttrOfType<DenseI64ArrayAttr>(kWaits))
-        given = waits.asArrayRef();
+      llvm::ArrayRef<int64_t> given =
+          getWaits(op).value_or(ArrayRef<int64_t>());
       llvm::ArrayRef<int64_t> wanted;
-      if (auto it = lowered.waits.find(op); it != lowered.waits.end())
+      if (auto it = waits.find(op); it != waits.end())
         wanted = it->second;
       llvm::DenseSet<int64_t> seen;
       for (int64_t j : given) {
@@ -720,21 +727,19 @@ private:
 
   /// [hpr.plan.hands-to]: `hands_to` names the stage a forward's output (an I's
   /// or B's input gradient) goes to when that stage runs on this rank
-  /// (plan_json::handoffs): no transfer carries it, the runtime hands it over
-  /// in memory.
+  /// (handoffs): no transfer carries it, the runtime hands it over in memory.
   void checkHandsTo() {
     int64_t numStages = static_cast<int64_t>(schedule.getNumStages());
     for (Operation *op : actions) {
-      auto given = op->getAttrOfType<IntegerAttr>(kHandsTo);
+      std::optional<int64_t> given = getHandsTo(op);
       if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
         continue; // the importer takes hands_to on these only
-      int64_t target = plan_json::resultStage(op);
+      int64_t target = resultStage(op);
       const char *what = isa<ForwardOp>(op) ? "output" : "input gradient";
-      bool here = lowered.handsTo.contains(op);
-      if (given && given.getInt() != target) {
+      bool here = handsTo.contains(op);
+      if (given && *given != target) {
         InFlightDiagnostic diag = error(op);
-        diag << "hands_to " << given.getInt() << ", but its " << what
-             << " goes to ";
+        diag << "hands_to " << *given << ", but its " << what << " goes to ";
         if (target >= 0 && target < numStages)
           diag << "stage " << target;
         else
@@ -762,13 +767,12 @@ LogicalResult mlir::hpr::verifyImportedPlan(ModuleOp module) {
   if (failed(verifyPlan(module)))
     return failure();
   // `frees_graph` marks exactly the last backward of each (stage, mb): the
-  // one place that decides it is the exporter's lastConsumers.
+  // one place that decides it is the analysis hpr-lower-runtime writes.
   bool sound = true;
   for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>()) {
-    llvm::DenseSet<Operation *> last = plan_json::lastConsumers(program);
+    llvm::DenseSet<Operation *> last = lastConsumers(program);
     for (Operation &op : program.getBody().getOps())
-      if (isa<ActionOpInterface>(op) &&
-          op.hasAttr(kFreesGraph) != last.contains(&op)) {
+      if (isa<ActionOpInterface>(op) && freesGraph(&op) != last.contains(&op)) {
         op.emitError() << describeAction(&op)
                        << ": frees_graph must mark the last backward of a "
                           "stage and microbatch, and only it";
@@ -776,8 +780,7 @@ LogicalResult mlir::hpr::verifyImportedPlan(ModuleOp module) {
       }
   }
   ScheduleOp schedule = getSchedule(module);
-  plan_json::LoweredMembers lowered = plan_json::lowerActionMembers(schedule);
   for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
-    sound &= LoweredMemberCheck(schedule, program, lowered).run();
+    sound &= LoweredMemberCheck(schedule, program).run();
   return success(sound);
 }

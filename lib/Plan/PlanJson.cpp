@@ -5,18 +5,13 @@
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/Model.h"
-#include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/Json.h"
 
 #include "mlir/IR/Threading.h"
-#include "llvm/ADT/DenseMap.h"
-#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/JSON.h"
 
 #include <map>
-#include <set>
-#include <tuple>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -51,198 +46,10 @@ static json regionJson(RegionOp region) {
   return entry;
 }
 
-llvm::DenseSet<Operation *>
-mlir::hpr::plan_json::lastConsumers(ProgramOp program) {
-  llvm::DenseMap<std::pair<int64_t, int64_t>, Operation *> last;
-  for (Operation &op : program.getBody().getOps())
-    if (isa<ConsumerOpInterface>(op)) {
-      auto action = cast<ActionOpInterface>(op);
-      last[{action.getStageIndex(), action.getMicrobatchIndex()}] = &op;
-    }
-  llvm::DenseSet<Operation *> ops;
-  for (auto &entry : last)
-    ops.insert(entry.second);
-  return ops;
-}
-
-llvm::DenseSet<Operation *>
-mlir::hpr::plan_json::lastBackwards(ProgramOp program) {
-  llvm::DenseMap<int64_t, Operation *> last;
-  for (Operation &op : program.getBody().getOps())
-    if (isa<BackwardWeightOp, BackwardOp>(op))
-      last[cast<ActionOpInterface>(op).getStageIndex()] = &op;
-  llvm::DenseSet<Operation *> ops;
-  for (auto &entry : last)
-    ops.insert(entry.second);
-  return ops;
-}
-
-/// The message tag of a transfer: the one it was read with, else (sending
-/// stage, microbatch, direction), the same number at both ends.
-static int64_t messageTag(Operation *op, int64_t stage, int64_t microbatch) {
-  if (auto tag = op->getAttrOfType<IntegerAttr>("tag"))
-    return tag.getInt();
-  bool forward = isa<SendFOp, RecvFOp>(op);
-  int64_t sender = stage;
-  if (isa<RecvFOp>(op))
-    sender = stage - 1;
-  if (isa<RecvBOp>(op))
-    sender = stage + 1;
-  int64_t microbatches = op->getParentOfType<ScheduleOp>().getNumMicrobatches();
-  return (sender * microbatches + microbatch) * 2 + (forward ? 0 : 1);
-}
-
-namespace {
-/// One message, seen from either end: forward or backward, the receiving
-/// stage, the microbatch.
-using MessageKey = std::tuple<bool, int64_t, int64_t>;
-
-MessageKey messageOf(Operation *op) {
-  auto action = cast<ActionOpInterface>(op);
-  bool forward = isa<SendFOp, RecvFOp>(op);
-  int64_t stage = action.getStageIndex();
-  if (isa<SendFOp>(op))
-    ++stage;
-  if (isa<SendBOp>(op))
-    --stage;
-  return {forward, stage, action.getMicrobatchIndex()};
-}
-
-int64_t peerOf(Operation *op) {
-  return llvm::TypeSwitch<Operation *, int64_t>(op)
-      .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>(
-          [](auto comm) { return static_cast<int64_t>(comm.getPeer()); })
-      .Default([](Operation *) { return -1; });
-}
-} // namespace
-
-ReceivePosts mlir::hpr::plan_json::receivePosts(ScheduleOp schedule) {
-  ReceivePosts result;
-  auto programs = llvm::to_vector(schedule.getBody().getOps<ProgramOp>());
-  // (sender, receiver) -> the sender's messages to the receiver, in order.
-  std::map<std::pair<int64_t, int64_t>, std::vector<MessageKey>> sent;
-  bool given = false;
-  for (ProgramOp program : programs)
-    for (Operation &op : program.getBody().getOps()) {
-      if (isa<SendFOp, SendBOp>(op))
-        sent[{program.getRank(), peerOf(&op)}].push_back(messageOf(&op));
-      given |= isa<RecvFOp, RecvBOp>(op) && op.hasAttr("posts");
-    }
-  for (ProgramOp program : programs) {
-    // The program's receives by message, and each action's index.
-    std::map<MessageKey, int64_t> receiveOf;
-    llvm::SmallVector<Operation *> receives;
-    llvm::DenseMap<Operation *, int64_t> indexOf;
-    int64_t index = 0;
-    for (Operation &op : program.getBody().getOps()) {
-      if (!isa<ActionOpInterface>(op))
-        continue;
-      if (isa<RecvFOp, RecvBOp>(op)) {
-        receiveOf.insert({messageOf(&op), index});
-        receives.push_back(&op);
-        indexOf[&op] = index;
-      }
-      ++index;
-    }
-    if (given) {
-      for (Operation *op : receives)
-        if (auto posts = op->getAttrOfType<DenseI64ArrayAttr>("posts"))
-          result[op].assign(posts.asArrayRef().begin(),
-                            posts.asArrayRef().end());
-        else
-          result[op];
-      continue;
-    }
-    std::map<int64_t, size_t> nextFromPeer;
-    llvm::DenseSet<int64_t> posted;
-    for (Operation *op : receives) {
-      int64_t self = indexOf[op], peer = peerOf(op);
-      llvm::SmallVector<int64_t> &list = result[op];
-      auto sends = sent.find({peer, program.getRank()});
-      size_t &next = nextFromPeer[peer];
-      while (sends != sent.end() && !posted.contains(self) &&
-             next < sends->second.size()) {
-        auto recv = receiveOf.find(sends->second[next++]);
-        if (recv != receiveOf.end() && posted.insert(recv->second).second)
-          list.push_back(recv->second);
-      }
-      if (posted.insert(self).second)
-        list.push_back(self);
-    }
-  }
-  return result;
-}
-
-ReceiveReaders mlir::hpr::plan_json::receiveReaders(ScheduleOp schedule) {
-  ReceiveReaders result;
-  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>()) {
-    // The message a receive brings, by its receiving end, and its index.
-    std::map<MessageKey, llvm::SmallVector<int64_t>> receives;
-    int64_t index = 0;
-    for (Operation &op : program.getBody().getOps()) {
-      if (!isa<ActionOpInterface>(op))
-        continue;
-      if (isa<RecvFOp, RecvBOp>(op))
-        receives[messageOf(&op)].push_back(index);
-      ++index;
-    }
-    // The forward reads its input; the first I or B its output gradient.
-    std::set<MessageKey> read;
-    for (Operation &op : program.getBody().getOps()) {
-      if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
-        continue;
-      auto action = cast<ActionOpInterface>(op);
-      MessageKey message{isa<ForwardOp>(op), action.getStageIndex(),
-                         action.getMicrobatchIndex()};
-      auto it = receives.find(message);
-      if (it != receives.end() && read.insert(message).second)
-        result[&op] = it->second;
-    }
-  }
-  return result;
-}
-
-int64_t mlir::hpr::plan_json::resultStage(Operation *op) {
-  // Where the transfer of its result would go.
-  sched::Action transfer;
-  transfer.kind =
-      isa<ForwardOp>(op) ? sched::ActionKind::SendF : sched::ActionKind::SendB;
-  transfer.stage =
-      static_cast<int>(cast<ActionOpInterface>(op).getStageIndex());
-  return sched::neighbourStage(transfer);
-}
-
-Handoffs mlir::hpr::plan_json::handoffs(ScheduleOp schedule) {
-  Handoffs result;
-  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
-    for (Operation &op : program.getBody().getOps()) {
-      if (!isa<ForwardOp, BackwardInputOp, BackwardOp>(op))
-        continue;
-      int64_t neighbour = resultStage(&op);
-      if (neighbour >= 0 &&
-          neighbour < static_cast<int64_t>(schedule.getNumStages()) &&
-          schedule.getRankOf(neighbour) ==
-              static_cast<int64_t>(program.getRank()))
-        result[&op] = neighbour;
-    }
-  return result;
-}
-
-LoweredMembers mlir::hpr::plan_json::lowerActionMembers(ScheduleOp schedule) {
-  LoweredMembers lowered;
-  lowered.posts = receivePosts(schedule);
-  lowered.waits = receiveReaders(schedule);
-  for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
-    for (Operation *op : lastBackwards(program))
-      lowered.lastBackwards.insert(op);
-  lowered.handsTo = handoffs(schedule);
-  return lowered;
-}
-
 void mlir::hpr::plan_json::forEachActionMember(
-    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers,
+    Operation *op,
     llvm::function_ref<void(llvm::StringRef, const ActionMemberValue &)> member,
-    const LoweredMembers *lowered) {
+    bool schedule) {
   auto action = cast<ActionOpInterface>(op);
   member("op", action.getPlanName());
   if (action.getStageIndex() >= 0)
@@ -262,29 +69,31 @@ void mlir::hpr::plan_json::forEachActionMember(
       })
       .Case<SendFOp, RecvFOp, SendBOp, RecvBOp>([&](auto comm) {
         member("peer", static_cast<int64_t>(comm.getPeer()));
-        member("tag", messageTag(op, action.getStageIndex(),
-                                 action.getMicrobatchIndex()));
+        if (std::optional<uint64_t> tag = comm.getTag())
+          member("tag", static_cast<int64_t>(*tag));
         if (comm.getBatched())
           member("batched", true);
       });
-  if (lowered && isa<RecvFOp, RecvBOp>(op))
-    if (auto it = lowered->posts.find(op); it != lowered->posts.end())
-      member("posts", llvm::ArrayRef<int64_t>(it->second));
-  if (lowered)
-    if (auto it = lowered->waits.find(op); it != lowered->waits.end())
-      member("waits", llvm::ArrayRef<int64_t>(it->second));
+  if (schedule) {
+    llvm::TypeSwitch<Operation *>(op).Case<RecvFOp, RecvBOp>([&](auto recv) {
+      if (std::optional<ArrayRef<int64_t>> posts = recv.getPosts())
+        member("posts", *posts);
+    });
+    if (std::optional<ArrayRef<int64_t>> waits = getWaits(op))
+      member("waits", *waits);
+  }
   if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
     if (Value session = consumer.getSessionValue()) {
       member("session", session.getDefiningOp<SessionOp>().getSid());
       member("retain_on_unpack", consumer.getRetainOnUnpackFlag());
     }
-  if (lastConsumers.contains(op))
+  if (freesGraph(op))
     member("frees_graph", true);
-  if (lowered && lowered->lastBackwards.contains(op))
+  if (schedule && isLastBackward(op))
     member("last_backward", true);
-  if (lowered)
-    if (auto it = lowered->handsTo.find(op); it != lowered->handsTo.end())
-      member("hands_to", it->second);
+  if (schedule)
+    if (std::optional<int64_t> stage = getHandsTo(op))
+      member("hands_to", *stage);
   if (isOverlapped(op))
     member("overlap", true);
   if (auto forward = dyn_cast<ForwardOp>(op))
@@ -292,11 +101,10 @@ void mlir::hpr::plan_json::forEachActionMember(
       member("checkpoint", false);
 }
 
-ordered_json mlir::hpr::plan_json::actionJson(
-    Operation *op, const llvm::DenseSet<Operation *> &lastConsumers) {
+ordered_json mlir::hpr::plan_json::actionJson(Operation *op) {
   ordered_json entry = ordered_json::object();
   forEachActionMember(
-      op, lastConsumers,
+      op,
       [&](llvm::StringRef key, const ActionMemberValue &value) {
         std::visit(
             [&](auto v) {
@@ -309,35 +117,31 @@ ordered_json mlir::hpr::plan_json::actionJson(
                 entry[key.str()] = v;
             },
             value);
-      });
+      },
+      /*schedule=*/false);
   return entry;
 }
 
 /// Writes `op`'s action object compactly. LLVM's streaming JSON writer, as
 /// nlohmann/json has none: no object per action is built, which made up most
 /// of the export of a million actions.
-static void writeActionJson(llvm::raw_ostream &os, Operation *op,
-                            const llvm::DenseSet<Operation *> &lastConsumers,
-                            const LoweredMembers &lowered) {
+static void writeActionJson(llvm::raw_ostream &os, Operation *op) {
   llvm::json::OStream out(os);
   out.object([&] {
-    forEachActionMember(
-        op, lastConsumers,
-        [&](llvm::StringRef key, const ActionMemberValue &value) {
-          std::visit(
-              [&](auto v) {
-                if constexpr (std::is_same_v<decltype(v),
-                                             llvm::ArrayRef<int64_t>>)
-                  out.attributeArray(key, [&] {
-                    for (int64_t index : v)
-                      out.value(index);
-                  });
-                else
-                  out.attribute(key, v);
-              },
-              value);
-        },
-        &lowered);
+    forEachActionMember(op, [&](llvm::StringRef key,
+                                const ActionMemberValue &value) {
+      std::visit(
+          [&](auto v) {
+            if constexpr (std::is_same_v<decltype(v), llvm::ArrayRef<int64_t>>)
+              out.attributeArray(key, [&] {
+                for (int64_t index : v)
+                  out.value(index);
+              });
+            else
+              out.attribute(key, v);
+          },
+          value);
+    });
   });
 }
 
@@ -464,7 +268,6 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
   os << "\n ]";
   // Ranks are independent: serialize them on all threads, write in order.
   auto programList = llvm::to_vector(programs);
-  LoweredMembers lowered = lowerActionMembers(schedule);
   std::vector<std::string> rankTexts(programList.size());
   mlir::parallelFor(
       module.getContext(), 0, programList.size(), [&](size_t index) {
@@ -472,14 +275,13 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
         rankOs.SetBuffered(); // the JSON writer writes a few bytes at a time
         rankOs << "  {\"rank\": " << programList[index].getRank()
                << ", \"actions\": ";
-        llvm::DenseSet<Operation *> last = lastConsumers(programList[index]);
         rankOs << "[";
         bool first = true;
         for (Operation &op : programList[index].getBody().getOps()) {
           if (!isa<ActionOpInterface>(op))
             continue; // a session
           rankOs << (first ? "\n   " : ",\n   ");
-          writeActionJson(rankOs, &op, last, lowered);
+          writeActionJson(rankOs, &op);
           first = false;
         }
         rankOs << "\n  ]}";

@@ -10,10 +10,12 @@
 #include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/InputFile.h"
 #include "hpr/Support/Json.h"
+#include "hpr/Transforms/Passes.h"
 
-#include "llvm/ADT/DenseSet.h"
+#include "mlir/Pass/PassManager.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringSwitch.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/ConvertUTF.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
@@ -75,13 +77,13 @@ struct RankRow {
 
 /// Rank `program`'s row. torch's point-to-point ops carry no tag, so two
 /// ranks match messages in posting order: each RECV cell is written where the
-/// plan posts it (`posts`, receivePosts), since torch's RECV only posts and
-/// the action that reads the data waits. The planner lowered REDUCE_GRAD
-/// (after each stage's last W or B, where torch's `_add_reduce_grad` puts
-/// it), which torch's compute+comms format expects in the CSV.
-static RankRow collectRow(ProgramOp program, const ReceivePosts &posts) {
+/// plan posts it (the receives' `posts`, hpr-lower-runtime), since torch's
+/// RECV only posts and the action that reads the data waits. The planner
+/// lowered REDUCE_GRAD (after each stage's last W or B, where torch's
+/// `_add_reduce_grad` puts it), which torch's compute+comms format expects in
+/// the CSV.
+static RankRow collectRow(ProgramOp program) {
   RankRow row;
-  llvm::DenseSet<Operation *> last = lastConsumers(program);
   // The cell of each receive, by its index among the program's actions.
   std::map<int64_t, std::string> receiveCell;
   int64_t index = 0;
@@ -98,13 +100,13 @@ static RankRow collectRow(ProgramOp program, const ReceivePosts &posts) {
       continue;
     if (isa<RecomputeOp, ClearOp>(op)) {
       RowItem item;
-      item.insert = actionJson(&op, last);
+      item.insert = actionJson(&op);
       row.items.push_back(std::move(item));
       continue;
     }
     if (auto consumer = dyn_cast<ConsumerOpInterface>(op))
       if (consumer.getSessionValue()) {
-        ordered_json entry = actionJson(&op, last);
+        ordered_json entry = actionJson(&op);
         entry.erase("overlap");
         row.consumers.push_back(std::move(entry));
       }
@@ -127,10 +129,12 @@ static RankRow collectRow(ProgramOp program, const ReceivePosts &posts) {
       continue;
     }
     if (isa<RecvFOp, RecvBOp>(op)) {
-      if (auto it = posts.find(&op); it != posts.end())
-        for (int64_t posted : it->second)
-          if (auto cell = receiveCell.find(posted); cell != receiveCell.end())
-            row.items.push_back({cell->second, ordered_json()});
+      llvm::TypeSwitch<Operation *>(&op).Case<RecvFOp, RecvBOp>([&](auto recv) {
+        if (std::optional<ArrayRef<int64_t>> posts = recv.getPosts())
+          for (int64_t posted : *posts)
+            if (auto cell = receiveCell.find(posted); cell != receiveCell.end())
+              row.items.push_back({cell->second, ordered_json()});
+      });
       continue;
     }
     row.items.push_back({torchCell(action), ordered_json()});
@@ -168,12 +172,11 @@ void mlir::hpr::writeTorchCsv(ModuleOp module, StringRef csvName,
   CheckpointedRegions checkpointed;
   json model = modelJson(getModel(module), checkpointed);
   ordered_json sessions = ordered_json::array(), ranks = ordered_json::array();
-  ReceivePosts posts = receivePosts(schedule);
   int64_t rank = 0;
   for (ProgramOp program : schedule.getBody().getOps<ProgramOp>()) {
     for (SessionOp session : program.getBody().getOps<SessionOp>())
       sessions.push_back(sessionJson(session, checkpointed));
-    ranks.push_back(writeRow(rank++, collectRow(program, posts), csv));
+    ranks.push_back(writeRow(rank++, collectRow(program), csv));
   }
   ordered_json document = {{"format", "hp-recompute-torch-csv"},
                            {"version", 1},
@@ -572,10 +575,11 @@ TorchCsvReader::read(StringRef csvText, StringRef sidecarText, json &plan) {
 
 /// Adds to `plan`'s actions the members the planner lowers into every plan
 /// (which receives an action waits for, where a graph is freed, ...) that the
-/// pair does not carry: `plan` is read into IR and written again by the plan
-/// JSON's own writer, and each action takes the members it lacks, except
-/// `tag` (torch's point-to-point ops carry none). What the pair says stays:
-/// a member it has wrong is the admission check's to refuse. A plan the
+/// pair does not carry: `plan` is read into IR, lowered by hpr-lower-runtime
+/// (which keeps the RECV cells' posts) and written again by the plan JSON's
+/// own writer, and each action takes the members it lacks, except `tag`
+/// (torch's point-to-point ops carry none). What the pair says stays: a
+/// member it has wrong is the admission check's to refuse. A plan the
 /// importer refuses is left as it is, for the admission check to name.
 static void addLoweredMembers(MLIRContext &context, json &plan,
                               StringRef name) {
@@ -587,6 +591,11 @@ static void addLoweredMembers(MLIRContext &context, json &plan,
     llvm::consumeError(module.takeError());
     return;
   }
+  PassManager lower(&context);
+  lower.enableVerifier(false); // the admission check's to judge
+  lower.addPass(createHPRLowerRuntime());
+  if (failed(lower.run(**module)))
+    return;
   std::string text;
   llvm::raw_string_ostream os(text);
   // Only the actions are taken: no summary is needed (an empty one is written).

@@ -30,8 +30,10 @@ llvm::Expected<OwningOpRef<ModuleOp>> importPlanJson(MLIRContext &context,
                                                      llvm::StringRef fileName);
 
 /// The admission check of an imported plan: verifyPlan, then (on a plan it
-/// admits) that `frees_graph` marks exactly the last backward of each
-/// (stage, microbatch), as the plan JSON's writer derives it.
+/// admits) that the members hpr-lower-runtime writes into a planned module
+/// (`frees_graph`, `last_backward`, `waits`, `hands_to`), which the importer
+/// set from the file, are what its rules (hpr/Analysis/RuntimeLowering.h)
+/// give.
 LogicalResult verifyImportedPlan(ModuleOp module);
 
 } // namespace mlir::hpr

@@ -41,7 +41,9 @@ struct PlannerOptions {
 };
 
 /// Writes the plan JSON, version 2, to `os`, with `planner` as its
-/// `planner` member. Actions and sessions are streamed one per line.
+/// `planner` member. Actions and sessions are streamed one per line. Prints
+/// what the ops carry: `module` is lowered (hpr-lower-runtime, the planning
+/// pipeline's last pass) or read back from a plan.
 void writePlanJson(ModuleOp module, const PlanSummary &summary,
                    const PlannerOptions &planner, llvm::raw_ostream &os);
 

@@ -31,7 +31,8 @@
 namespace mlir::hpr {
 
 /// Writes the CSV to `csv` and its sidecar to `sidecar`; `csvName` is the
-/// CSV's file name as the sidecar records it.
+/// CSV's file name as the sidecar records it. `module` is lowered
+/// (hpr-lower-runtime): each RECV cell stands where its receive is posted.
 void writeTorchCsv(ModuleOp module, llvm::StringRef csvName,
                    llvm::raw_ostream &csv, llvm::raw_ostream &sidecar);
 
@@ -59,9 +60,10 @@ struct TorchCsvPlan {
   /// their backwards and `checkpoint: false` on its plain forwards. Untagged
   /// (torch's point-to-point ops carry no tag); each receive posts itself
   /// where its RECV cell stands. The members the planner lowers into every
-  /// plan and the pair does not carry are those the plan JSON's writer
-  /// (writePlanJson) writes for the same actions read into IR; a plan the
-  /// importer refuses goes without them, for the admission check to name.
+  /// plan and the pair does not carry are those hpr-lower-runtime writes
+  /// onto the same actions read into IR (writePlanJson prints them); a plan
+  /// the importer refuses goes without them, for the admission check to
+  /// name.
   std::string plan;
   std::string csvPath;
   std::string sidecarPath;

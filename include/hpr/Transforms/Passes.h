@@ -81,6 +81,9 @@ struct RecomputePipelineOptions
   /// schedules that mlir::hpr::sched::validateSchedule, the same rules,
   /// accepted.
   bool checkSchedule = true;
+  /// End with hpr-lower-runtime. hpr-select-checkpoints turns it off on the
+  /// copies it only simulates.
+  bool lowerRuntime = true;
 
   /// Refuses, through `emitError`, options that no pass of the pipeline would
   /// read: `distance` unless policy=lookahead, a `placement` but with
@@ -98,7 +101,8 @@ OpPassManager &nestOnPrograms(OpPassManager &pm);
 /// (hpr-verify-comm), bound dw deferral (with a budget), select checkpoints
 /// (with select=auto), assign sessions,
 /// insert recompute (prefetch into bubbles), insert clear, insert unshard
-/// (with the model's dp_shard > 1).
+/// (with the model's dp_shard > 1), and last lower what runtimes read
+/// (hpr-lower-runtime): every emitter prints a lowered module.
 void buildPlanningPasses(OpPassManager &pm,
                          const RecomputePipelineOptions &options);
 

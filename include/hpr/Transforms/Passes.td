@@ -389,6 +389,41 @@ def HPRInsertUnshard : Pass<"hpr-insert-unshard", "::mlir::hpr::ProgramOp"> {
   ];
 }
 
+def HPRLowerRuntime : Pass<"hpr-lower-runtime", "::mlir::ModuleOp"> {
+  let summary = "Write onto each action what its runtime executes without "
+                "deriving it";
+  let description = [{
+    The last planning pass: after it, `--emit mlir` is the plan, and the plan
+    JSON and torch CSV writers only print what the ops carry. On every
+    `hpr.schedule` of the module (rules in hpr/Analysis/RuntimeLowering.h,
+    ids in docs/rules.md; action indices count a program's actions as the
+    plan JSON lists them, sessions not counted):
+    1. `posts` on every receive: the receives to post when it is reached, in
+       posting order: in its peer's send order, no later than their own
+       places ([hpr.schedule.posts]). Where any receive of the schedule
+       already carries `posts` (a plan read back), the given ones are kept
+       and a receive without one gets an empty list.
+    2. `tag` on every transfer that has none: (sending stage, microbatch,
+       direction), the same number at both ends.
+    3. `waits` on the forward, first `backward_input` or `backward` that
+       reads a receive's data: the receives it reads ([hpr.plan.waits]).
+    4. `frees_graph` on the last backward of each (stage, microbatch).
+    5. `last_backward` on the last `backward_weight` or `backward` of each
+       stage ([hpr.plan.last-backward]).
+    6. `hands_to` on a forward, `backward_input` or `backward` whose result
+       goes to a stage on the same rank: that stage ([hpr.plan.hands-to]).
+    Members 3-6 are recomputed and replace what an op carried, so running
+    the pass twice changes nothing. Passes that add, remove or move actions
+    run before it: the indices of `posts` and `waits` name positions. Ranks
+    are lowered in parallel once the send order of every rank is known.
+  }];
+  let dependentDialects = ["::mlir::hpr::HPRDialect"];
+  let statistics = [
+    Statistic<"numWaits", "num-waits", "Actions given waits">,
+    Statistic<"numHandoffs", "num-handoffs", "Actions given hands_to">,
+  ];
+}
+
 def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
   let summary = "Statically check every recompute session's lifecycle";
   let description = [{

@@ -175,6 +175,38 @@ bool mlir::hpr::isOverlapped(Operation *op) {
       .Default([](Operation *) { return false; });
 }
 
+std::optional<ArrayRef<int64_t>> mlir::hpr::getWaits(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<ArrayRef<int64_t>>>(op)
+      .Case<ForwardOp, BackwardInputOp, BackwardOp>(
+          [](auto action) { return action.getWaits(); })
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+std::optional<int64_t> mlir::hpr::getHandsTo(Operation *op) {
+  return llvm::TypeSwitch<Operation *, std::optional<int64_t>>(op)
+      .Case<ForwardOp, BackwardInputOp, BackwardOp>(
+          [](auto action) -> std::optional<int64_t> {
+            if (std::optional<uint64_t> stage = action.getHandsTo())
+              return static_cast<int64_t>(*stage);
+            return std::nullopt;
+          })
+      .Default([](Operation *) { return std::nullopt; });
+}
+
+bool mlir::hpr::isLastBackward(Operation *op) {
+  return llvm::TypeSwitch<Operation *, bool>(op)
+      .Case<BackwardWeightOp, BackwardOp>(
+          [](auto backward) { return backward.getLastBackward(); })
+      .Default([](Operation *) { return false; });
+}
+
+bool mlir::hpr::freesGraph(Operation *op) {
+  return llvm::TypeSwitch<Operation *, bool>(op)
+      .Case<BackwardInputOp, BackwardWeightOp, BackwardOp>(
+          [](auto backward) { return backward.getFreesGraph(); })
+      .Default([](Operation *) { return false; });
+}
+
 std::string mlir::hpr::describeAction(Operation *op) {
   auto program = op->getParentOfType<ProgramOp>();
   unsigned index = 0;

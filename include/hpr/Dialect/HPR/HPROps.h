@@ -12,6 +12,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include <optional>
 #include <string>
 
 #include "hpr/Dialect/HPR/HPRInterfaces.h.inc"
@@ -24,6 +25,15 @@ std::string getSessionId(int64_t stage, int64_t microbatch);
 bool isOverlapped(Operation *op);
 /// True for a transfer marked `batched` (issued with the next transfer).
 bool isBatched(Operation *op);
+/// The members hpr-lower-runtime writes for the runtimes, read off whichever
+/// op declares them (HPROps.td); none (false) on the others: `waits` (a
+/// forward, backward_input or backward), `hands_to` (the same),
+/// `last_backward` (a backward_weight or backward), `frees_graph` (a
+/// backward_input, backward_weight or backward).
+std::optional<ArrayRef<int64_t>> getWaits(Operation *op);
+std::optional<int64_t> getHandsTo(Operation *op);
+bool isLastBackward(Operation *op);
+bool freesGraph(Operation *op);
 /// "rank 1, action 7 (backward_weight stage 3 mb 0)": where an action stands
 /// in its program, counting actions as the plan JSON lists them. How every
 /// pass names an op in a diagnostic.

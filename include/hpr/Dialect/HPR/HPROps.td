@@ -197,31 +197,44 @@ def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
     plainly and keeps every activation for its backward (no session, no
     replay), as `hpr-select-checkpoints` decides where that fits the memory
     budget and saves time.
+
+    Lowered by `hpr-lower-runtime` for the runtimes: `waits`, the receive
+    that brings its input (action indices of its program, sessions not
+    counted), and `hands_to`, the stage on the same rank it hands its output
+    to in memory.
   }];
   let planName = [{"forward"}];
   let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch, UnitAttr:$overlap,
-                       UnitAttr:$no_checkpoint);
+                       UnitAttr:$no_checkpoint,
+                       OptionalAttr<DenseI64ArrayAttr>:$waits,
+                       OptionalAttr<HPR_IndexAttr>:$hands_to);
   let results = (outs HPR_HandleType:$handle);
   let assemblyFormat = [{
     `stage` $stage `mb` $microbatch (`overlap` $overlap^)?
-    (`no_checkpoint` $no_checkpoint^)? attr-dict
+    (`no_checkpoint` $no_checkpoint^)? (`waits` $waits^)?
+    (`hands_to` $hands_to^)? attr-dict
   }];
 }
 
 /// dx, dw and full backward: the consumers of a recompute session.
 /// `readsActivations` and `wholeBackward` are C++ conditions on the op
-/// (ConsumerOpInterface).
+/// (ConsumerOpInterface); `runtimeArgs` are the members hpr-lower-runtime
+/// writes onto this kind of backward besides `frees_graph`, printed by
+/// `runtimeFormat`.
 class HPR_BackwardOpBase<string mnemonic, string plan,
                          code readsActivations = "true",
-                         code wholeBackward = "false">
+                         code wholeBackward = "false",
+                         dag runtimeArgs = (ins), string runtimeFormat = "">
     : HPR_StageMicrobatchOp<mnemonic, [HPR_ConsumerOpInterface]> {
   let planName = "\"" # plan # "\"";
-  let arguments = (ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
-                       Optional<HPR_SessionType>:$session,
-                       UnitAttr:$retain_on_unpack, UnitAttr:$overlap);
+  let arguments = !con((ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
+                            Optional<HPR_SessionType>:$session,
+                            UnitAttr:$retain_on_unpack, UnitAttr:$overlap,
+                            UnitAttr:$frees_graph), runtimeArgs);
   let assemblyFormat = [{
     `stage` $stage `mb` $microbatch (`session` `(` $session^ `)`)?
-    (`retain_on_unpack` $retain_on_unpack^)? (`overlap` $overlap^)? attr-dict
+    (`retain_on_unpack` $retain_on_unpack^)? (`overlap` $overlap^)?
+    (`frees_graph` $frees_graph^)? }] # runtimeFormat # [{ attr-dict
   }];
   let extraClassDeclaration = stageMicrobatchDecls # [{
     ::mlir::Value getSessionValue() { return getSession(); }
@@ -242,24 +255,49 @@ class HPR_BackwardOpBase<string mnemonic, string plan,
 // torch.distributed.pipelining runs them (and as CostModel.h prices them).
 def HPR_BackwardInputOp
     : HPR_BackwardOpBase<"backward_input", "backward_input",
-                         "getStage() != 0"> {
+                         "getStage() != 0", "false",
+                         (ins OptionalAttr<DenseI64ArrayAttr>:$waits,
+                              OptionalAttr<HPR_IndexAttr>:$hands_to),
+                         [{ (`waits` $waits^)? (`hands_to` $hands_to^)? }]> {
   let summary = "dx: gradient of the stage input (schedule action I)";
   let description = [{
     On the first stage (stage 0) it computes nothing: the model input needs
     no gradient. It reads no activation there, so it reads no session.
+
+    Lowered by `hpr-lower-runtime` for the runtimes: `frees_graph` on the
+    last backward of its stage and microbatch, `waits` (the receive of its
+    output gradient, as action indices of its program) and `hands_to` (the
+    stage on the same rank it hands its input gradient to in memory).
   }];
 }
 def HPR_BackwardWeightOp
     : HPR_BackwardOpBase<"backward_weight", "backward_weight", "true",
-                         "getStage() == 0"> {
+                         "getStage() == 0",
+                         (ins UnitAttr:$last_backward),
+                         [{ (`last_backward` $last_backward^)? }]> {
   let summary = "dw: gradient of the stage weights (schedule action W)";
   let description = [{
     On the first stage (stage 0) it is the stage's whole backward: its I
     computed nothing.
+
+    Lowered by `hpr-lower-runtime` for the runtimes: `frees_graph` on the
+    last backward of its stage and microbatch, `last_backward` on the last
+    W or B of its stage (where the stage's gradients are complete).
   }];
 }
-def HPR_BackwardOp : HPR_BackwardOpBase<"backward", "backward", "true", "true"> {
+def HPR_BackwardOp
+    : HPR_BackwardOpBase<"backward", "backward", "true", "true",
+                         (ins UnitAttr:$last_backward,
+                              OptionalAttr<DenseI64ArrayAttr>:$waits,
+                              OptionalAttr<HPR_IndexAttr>:$hands_to),
+                         [{ (`last_backward` $last_backward^)?
+                            (`waits` $waits^)? (`hands_to` $hands_to^)? }]> {
   let summary = "full backward, dx and dw together (schedule action B)";
+  let description = [{
+    Lowered by `hpr-lower-runtime` for the runtimes: `frees_graph`,
+    `last_backward`, `waits` and `hands_to`, as on `hpr.backward_input` and
+    `hpr.backward_weight`.
+  }];
 }
 
 /// Point-to-point transfers between ranks; a receive adds `recvArgs`.
@@ -269,11 +307,12 @@ class HPR_CommOp<string mnemonic, dag recvArgs = (ins), string recvFormat = "">
   let description = [{
     `peer` is the other rank. `batched` marks a transfer issued together
     with the next one (the legacy `0SEND_F0_1RECV_B0` cells: every part but
-    the last carries it). `tag` is the message tag of a plan read back from
-    JSON (runtimes match a receive to the first message from its source with
-    its tag); planned modules leave it out and the plan JSON derives it.
-    `hpr-verify-comm` checks that both ends agree and that a rank's tags
-    towards one peer in one direction are distinct.
+    the last carries it). `tag` is the message tag (runtimes match a receive
+    to the first message from its source with its tag): `hpr-lower-runtime`
+    writes (sending stage, microbatch, direction) where none is given; a
+    plan read back from JSON keeps its own. `hpr-verify-comm` checks that
+    both ends agree and that a rank's tags towards one peer in one direction
+    are distinct.
   }];
   let arguments = !con((ins HPR_IndexAttr:$stage, HPR_IndexAttr:$microbatch,
                             HPR_IndexAttr:$peer,
@@ -285,11 +324,11 @@ class HPR_CommOp<string mnemonic, dag recvArgs = (ins), string recvFormat = "">
   }];
 }
 
-/// A receive; `posts` is what a plan read back from JSON says to post when
-/// it is reached (docs/plan-format.md): the indices of its program's actions
-/// (sessions not counted) that are receives, in posting order. Planned
-/// modules leave it out and the plan JSON derives it (`hpr-verify-comm`
-/// checks it, [hpr.schedule.posts]).
+/// A receive; `posts` is what to post when it is reached
+/// (docs/plan-format.md): the indices of its program's actions (sessions not
+/// counted) that are receives, in posting order. `hpr-lower-runtime` writes
+/// it on every receive of a module that gives none; a plan read back from
+/// JSON keeps its own (`hpr-verify-comm` checks it, [hpr.schedule.posts]).
 class HPR_RecvOp<string mnemonic>
     : HPR_CommOp<mnemonic, (ins OptionalAttr<DenseI64ArrayAttr>:$posts),
                  [{ (`posts` $posts^)? }]>;
