@@ -137,11 +137,15 @@ def _count_call(name: str, module: torch.nn.Module, args: Any) -> None:
     CALLS[name] += 1  # as pp_worker's Block counts itself: forwards and replays
 
 
-def _decoder(cfg: Dict[str, Any]) -> torch.nn.Module:
-    model = _decoder_module().build()  # seeded
+def _counting_blocks(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (an example's, blocks in ``layers``) with each block's calls counted."""
     for name, block in model.layers.items():
         block.register_forward_pre_hook(functools.partial(_count_call, f"layers.{name}"))
     return model
+
+
+def _decoder(cfg: Dict[str, Any]) -> torch.nn.Module:
+    return _counting_blocks(_decoder_module().build())  # seeded
 
 
 def _decoder_stage(full: torch.nn.Module, regions: List[str]) -> torch.nn.Module:
@@ -174,10 +178,7 @@ def _llama_module() -> Any:
 
 
 def _llama(cfg: Dict[str, Any]) -> torch.nn.Module:
-    model = _llama_module().build()  # seeded
-    for name, block in model.layers.items():
-        block.register_forward_pre_hook(functools.partial(_count_call, f"layers.{name}"))
-    return model
+    return _counting_blocks(_llama_module().build())  # seeded
 
 
 def _llama_stage(full: torch.nn.Module, regions: List[str]) -> torch.nn.Module:

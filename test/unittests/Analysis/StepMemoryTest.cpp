@@ -73,31 +73,46 @@ TEST(StepMemory, GatheredParametersAndTheReducedShardCount) {
   EXPECT_EQ(stepPeak(4), 2250);
 }
 
-/// The step peak of `rank` in GPipe over two ranks and two microbatches:
-/// stage 0 saves 100 bytes a microbatch, has 1000 parameter bytes and sends
-/// 10-byte outputs; stage 1 takes those 10 bytes, saves 50, has 1000
-/// parameter bytes and sends 10-byte input gradients back.
-int64_t gpipePeak(unsigned rank) {
+/// The step peak of `rank` in schedule `name` over two ranks and
+/// `microbatches`: stage 0 is one region saving 100 bytes a microbatch with
+/// `firstParams` parameter bytes, stage 1 is `second` (its input_bytes are
+/// stage 0's output).
+int64_t twoStagePeak(llvm::StringRef name, int microbatches, unsigned rank,
+                     int64_t firstParams, model::Region second) {
   MLIRContext context;
   context.loadDialect<HPRDialect>();
   model::StagedModel staged;
-  model::Region first, second;
+  model::Region first;
   first.name = "layers.0";
-  first.fwdTimeUs = second.fwdTimeUs = 1;
+  first.fwdTimeUs = 1;
   first.savedBytes = 100;
-  first.paramBytes = 1000;
-  second.name = "layers.1";
-  second.savedBytes = 50;
-  second.inputBytes = 10;
-  second.paramBytes = 1000;
+  first.paramBytes = firstParams;
   staged.stages.push_back({0, {first}});
   staged.stages.push_back({1, {second}});
-  auto schedule = sched::generateSchedule("gpipe", {2, 2, 0});
+  auto schedule = sched::generateSchedule(name, {2, microbatches, 0});
   EXPECT_TRUE(static_cast<bool>(schedule));
   sched::lowerCommunication(*schedule);
   auto module = buildPlanModule(context, staged, *schedule, "test");
   EXPECT_TRUE(static_cast<bool>(module));
   return programPeak(**module, rank);
+}
+
+/// Stage 1 of these tests: 10-byte inputs, 50 saved bytes, 1000 parameter
+/// bytes.
+model::Region secondStage() {
+  model::Region second;
+  second.name = "layers.1";
+  second.fwdTimeUs = 1;
+  second.savedBytes = 50;
+  second.inputBytes = 10;
+  second.paramBytes = 1000;
+  return second;
+}
+
+/// GPipe over two microbatches: stage 0 has 1000 parameter bytes and sends
+/// 10-byte outputs; stage 1 sends 10-byte input gradients back.
+int64_t gpipePeak(unsigned rank) {
+  return twoStagePeak("gpipe", 2, rank, 1000, secondStage());
 }
 
 // Rank 0: F0 F1 keep 200 bytes and two 10-byte outputs; B0 frees its 100
@@ -119,33 +134,15 @@ TEST(StepMemory, SentInputGradientsLiveToTheEndOfTheStep) {
 
 } // namespace
 
-/// The step peak of rank 1 in ZB-H1 over two ranks and one microbatch:
-/// stage 1 takes 10-byte inputs, saves 50 bytes and has 1000 parameter
-/// bytes; its full backward's transient is 5000 bytes, its I's and W's those
-/// given (0: not measured).
+/// The step peak of rank 1 in ZB-H1 over one microbatch: stage 1's full
+/// backward's transient is 5000 bytes, its I's and W's those given (0: not
+/// measured).
 int64_t splitPeak(int64_t inputWorkspace, int64_t weightWorkspace) {
-  MLIRContext context;
-  context.loadDialect<HPRDialect>();
-  model::StagedModel staged;
-  model::Region first, second;
-  first.name = "layers.0";
-  first.fwdTimeUs = second.fwdTimeUs = 1;
-  first.savedBytes = 100;
-  second.name = "layers.1";
-  second.savedBytes = 50;
-  second.inputBytes = 10;
-  second.paramBytes = 1000;
+  model::Region second = secondStage();
   second.bwdWorkspaceBytes = 5000;
   second.bwdInputWorkspaceBytes = inputWorkspace;
   second.bwdWeightWorkspaceBytes = weightWorkspace;
-  staged.stages.push_back({0, {first}});
-  staged.stages.push_back({1, {second}});
-  auto schedule = sched::generateSchedule("zb-h1", {2, 1, 0});
-  EXPECT_TRUE(static_cast<bool>(schedule));
-  sched::lowerCommunication(*schedule);
-  auto module = buildPlanModule(context, staged, *schedule, "test");
-  EXPECT_TRUE(static_cast<bool>(module));
-  return programPeak(**module, 1);
+  return twoStagePeak("zb-h1", 1, 1, 0, second);
 }
 
 // I and W each add their own transient, measured alone; unmeasured, the
