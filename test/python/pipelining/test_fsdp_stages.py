@@ -254,3 +254,14 @@ def test_a_plan_made_for_the_layout_gathers_and_frees_each_stage(tmp_path: Path,
     results = run_case(tmp_path, True, "bubble", dp=4 if hsdp else 2, hsdp=hsdp, planned_layout=True)
     check(results, tmp_path / "plan.json")
     check_collectives(results, hsdp=hsdp)
+
+
+@pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
+                    reason="selective checkpointing needs torch >= 2.4")
+def test_a_plan_made_for_the_layout_on_torchtitans_composition(tmp_path: Path) -> None:
+    """The layout plan's gathers, issued ahead and waited for by each stage's first reader
+    (Rule 8), on selective wrappers, ``fully_shard``, bf16 autocast and prefetched replays."""
+    results = run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective",
+                       planned_layout=True)
+    check(results, tmp_path / "plan.json")
+    check_collectives(results, hsdp=False)
