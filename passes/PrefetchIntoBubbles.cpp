@@ -92,6 +92,7 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     size_t firstCell; ///< the earliest it may move before: after its session
                       ///< and its stage's unshard
     unsigned pos;
+    double gatheredAt; ///< when its stage's gather ends (0: none)
   };
   std::vector<unsigned> cellPos(numCells);
   std::vector<Replay> replays;
@@ -113,9 +114,12 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
       // Within the window hpr-insert-unshard opened for the jit replay: a
       // replay moved before it would read sharded parameters.
       auto window = gatheredFrom.find(recompute.getStageIndex());
-      if (window != gatheredFrom.end())
+      double gatheredAt = 0;
+      if (window != gatheredFrom.end()) {
         first = std::max(first, window->second + 1);
-      replays.push_back({recompute, cell, first, pos});
+        gatheredAt = timeline[window->second].end;
+      }
+      replays.push_back({recompute, cell, first, pos, gatheredAt});
     }
     ++pos;
   }
@@ -196,7 +200,11 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
         end = begin;
         if (highest + bytes > limit)
           return false; // Earlier gaps hold the replay longer still.
-        if (room[k] < duration && !(onlyReceives && room[k] > 0))
+        // The replay starts once its stage's gather has ended too: a gap
+        // that ends sooner has no room for it.
+        double usable =
+            std::min(room[k], timeline[k].start - replay.gatheredAt);
+        if (usable < duration && !(onlyReceives && usable > 0))
           continue;
         Operation *moved = replay.op;
         if (whole) {

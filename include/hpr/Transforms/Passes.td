@@ -271,7 +271,8 @@ def HPRPrefetchIntoBubbles
     ready), and after the `hpr.unshard` of its stage that
     `hpr-insert-unshard` placed for it (FSDP: the gathers are in the
     timeline, issued beside the compute, and a moved replay neither opens
-    a window nor gathers again), that still has room for the whole replay,
+    a window nor gathers again), that still has room for the whole replay
+    (counted from the end of its stage's gather, which the replay waits for),
     provided the replayed
     tensors, held from there until the consumer, keep the rank's activation
     peak within `budget` (0: the rank's peak as the recomputes stand). A gap
