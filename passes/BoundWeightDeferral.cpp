@@ -37,6 +37,9 @@ namespace {
 
 using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
 
+/// How many dw deferrals into idle time are priced a round (step 5).
+constexpr size_t kPricedPerRound = 16;
+
 /// One way to end a pending dw's lifetime before a rank's peak, written by
 /// positions so that it applies to a copy of the module as to the module.
 struct Change {
@@ -120,6 +123,15 @@ ProgramOp programOf(ModuleOp module, unsigned rank) {
                     rank);
 }
 
+/// This pass decides the schedule it changes: the program's compute-order
+/// record is rewritten, and hpr-verify holds the later passes to it.
+void recordOrder(ModuleOp module, unsigned rank) {
+  ProgramOp program = programOf(module, rank);
+  if (program.getComputeOrder())
+    program.setComputeOrder(sched::computeOrderRecord(
+        extractSchedule(module).schedule.ranks[rank]));
+}
+
 /// Applies `change` to `module` (or a copy of it).
 void apply(ModuleOp module, const Change &change) {
   ProgramOp program = programOf(module, change.rank);
@@ -142,6 +154,65 @@ void apply(ModuleOp module, const Change &change) {
   weight->erase();
 }
 
+/// A dw moved into idle time: rank `rank`'s dw of `key` (with `split`, the
+/// dw split off the backward that fused it with its dx) runs before the op
+/// at `before`, or last where that is the program's length.
+struct Deferral {
+  unsigned rank = 0;
+  Key key;
+  bool split = false;
+  unsigned before = 0;
+  /// How long the rank waits before that op.
+  double idleUs = 0;
+};
+
+/// Whether a dw or a whole backward of `stage` lies in [begin, end): its
+/// weight gradients are added there.
+bool stageGradientBetween(const std::vector<Operation *> &ops, int64_t stage,
+                          unsigned begin, unsigned end) {
+  for (unsigned pos = begin; pos < end; ++pos)
+    if (isa<BackwardWeightOp, BackwardOp>(ops[pos]) &&
+        cast<ActionOpInterface>(ops[pos]).getStageIndex() == stage)
+      return true;
+  return false;
+}
+
+/// Applies `deferral` to `module` (or a copy of it).
+void apply(ModuleOp module, const Deferral &deferral) {
+  ProgramOp program = programOf(module, deferral.rank);
+  std::vector<Operation *> ops;
+  Operation *found = nullptr;
+  for (Operation &op : program.getBody().getOps()) {
+    ops.push_back(&op);
+    auto action = dyn_cast<ActionOpInterface>(op);
+    bool candidate =
+        deferral.split ? isa<BackwardOp>(op) : isa<BackwardWeightOp>(op);
+    if (candidate && action.getStageIndex() == deferral.key.first &&
+        action.getMicrobatchIndex() == deferral.key.second)
+      found = &op;
+  }
+  Block &block = program.getBody().front();
+  if (!deferral.split) {
+    if (deferral.before < ops.size())
+      found->moveBefore(ops[deferral.before]);
+    else
+      found->moveBefore(&block, block.end());
+    return;
+  }
+  OpBuilder builder(found);
+  auto [stage, microbatch] = deferral.key;
+  builder.create<BackwardInputOp>(
+      found->getLoc(), stage, microbatch, Value(), /*retain_on_unpack=*/false,
+      /*overlap=*/false, /*frees_graph=*/false, /*waits=*/nullptr,
+      /*hands_to=*/nullptr);
+  if (deferral.before < ops.size())
+    builder.setInsertionPoint(ops[deferral.before]);
+  else
+    builder.setInsertionPointToEnd(&block);
+  builder.create<BackwardWeightOp>(found->getLoc(), stage, microbatch, Value());
+  found->erase();
+}
+
 class BoundWeightDeferralPass
     : public mlir::hpr::impl::HPRBoundWeightDeferralBase<
           BoundWeightDeferralPass> {
@@ -159,6 +230,15 @@ private:
   bool selectionFits(ModuleOp module);
   double stepUs(ModuleOp module) const;
   std::vector<Change> changesAtPeak(ModuleOp module, unsigned rank) const;
+  /// The (stage, microbatch)s whose dx and dw step 2 fused.
+  llvm::DenseSet<Key> fused;
+
+  FailureOr<bool> bound(ModuleOp module);
+  bool fitsAfterMove(ModuleOp module, unsigned rank);
+  std::vector<Deferral>
+  deferrals(ModuleOp module,
+            const llvm::DenseMap<Operation *, double> &waits) const;
+  void deferIntoIdleTime(ModuleOp module);
 };
 } // namespace
 
@@ -289,10 +369,25 @@ void BoundWeightDeferralPass::runOnOperation() {
                                           })
                       : computeStageCosts(models.front());
 
-  // With least-memory the schedule changes only where no checkpoint choice
-  // fits it as it stands.
+  fused.clear();
+  // With least-memory the schedule is bounded only where no checkpoint
+  // choice fits it as it stands.
   if (leastMemory && selectionFits(module))
     return;
+  FailureOr<bool> bounded = bound(module);
+  if (failed(bounded))
+    return signalPassFailure();
+  // Where the schedule was bounded, what the budget leaves goes back to
+  // idle time; a schedule within it keeps its own dw placement.
+  if (*bounded)
+    deferIntoIdleTime(module);
+}
+
+/// Steps 2-4 of Passes.td: runs dws earlier, or fuses them with their dxs,
+/// until every rank fits the budget; fails naming a rank that cannot, else
+/// says whether it changed the schedule.
+FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
+  bool changed = false;
   // Greedy, on the rank that peaks highest: every change lowers what that
   // rank holds at its peak and raises nothing anywhere (a lifetime only
   // ends earlier), so each round makes progress and dws only move up.
@@ -304,10 +399,10 @@ void BoundWeightDeferralPass::runOnOperation() {
         leastMemory ? leastCheckpointPeaks(module) : peaks(module);
     auto worst = std::max_element(rankPeaks.begin(), rankPeaks.end());
     if (worst == rankPeaks.end())
-      return;
+      return changed;
     if (*worst <= budget) {
       if (!leastMemory || selectionFits(module))
-        return;
+        return changed;
       rankPeaks = peaks(module);
       worst = std::max_element(rankPeaks.begin(), rankPeaks.end());
     }
@@ -325,22 +420,139 @@ void BoundWeightDeferralPass::runOnOperation() {
       // hpr-select-checkpoints, which follows with least-memory, may reach
       // less (microbatches made plain) or name the least it finds.
       if (leastMemory)
-        return;
+        return changed;
       emitError(module.getLoc())
           << "hpr-bound-weight-deferral: no dw placement fits budget "
           << static_cast<int64_t>(budget) << " bytes: rank " << rank
           << " holds " << *worst
           << " bytes of activations at a peak where no dw is pending, the "
              "least this schedule reaches by running dws earlier";
-      return signalPassFailure();
+      return failure();
     }
     apply(module, best->change);
-    // This pass decides the schedule it changes: the program's record is
-    // rewritten, and hpr-verify holds the later passes to it.
-    ProgramOp program = programOf(module, rank);
-    if (program.getComputeOrder())
-      program.setComputeOrder(sched::computeOrderRecord(
-          extractSchedule(module).schedule.ranks[rank]));
+    changed = true;
+    recordOrder(module, rank);
+    if (best->change.fuse)
+      fused.insert({best->change.stage, best->change.microbatch});
     ++(best->change.fuse ? numFusedBackwards : numMovedWeights);
   }
+}
+
+/// Whether every rank still fits the budget after a dw moved on `rank`: its
+/// peak, with least-memory the least hpr-select-checkpoints starts from.
+bool BoundWeightDeferralPass::fitsAfterMove(ModuleOp module, unsigned rank) {
+  int64_t peak = leastMemory ? leastCheckpointPeaks(module)[rank]
+                             : peakOf(programOf(module, rank));
+  return peak <= budget;
+}
+
+/// Every dw that may move before an op in `waits` (or last, where the
+/// program is in `waits`) or right after a send: after its dx, across
+/// no other weight gradients of its stage, never inside an OVERLAP_F_B pair
+/// or between batched transfers.
+std::vector<Deferral> BoundWeightDeferralPass::deferrals(
+    ModuleOp module, const llvm::DenseMap<Operation *, double> &waits) const {
+  std::vector<Deferral> result;
+  unsigned rank = 0;
+  for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>()) {
+    std::vector<Operation *> ops;
+    for (Operation &op : program.getBody().getOps())
+      ops.push_back(&op);
+    SplitBackwards split = collectSplitBackwards(program);
+    for (unsigned at = 0; at < ops.size(); ++at) {
+      // The dw at `at` after its dx at `after`, or a fused backward at both.
+      auto action = dyn_cast<ActionOpInterface>(ops[at]);
+      if (!action)
+        continue;
+      Key key{action.getStageIndex(), action.getMicrobatchIndex()};
+      unsigned after = at;
+      bool isSplit = isa<BackwardOp>(ops[at]);
+      if (isSplit && !fused.contains(key))
+        continue;
+      if (!isSplit) {
+        auto it = split.positions.find(key);
+        if (!isa<BackwardWeightOp>(ops[at]) || it == split.positions.end() ||
+            !isMovable(ops[it->second.first]) || !isMovable(ops[at]))
+          continue;
+        after = it->second.first;
+      }
+      for (unsigned pos = after + 1; pos <= ops.size(); ++pos) {
+        Operation *waited = pos < ops.size() ? ops[pos] : program;
+        bool sent = isa<SendFOp, SendBOp>(ops[pos - 1]);
+        if (!(sent || waits.contains(waited)) || pos == at || pos == at + 1 ||
+            insertionPoint(ops, pos) != pos)
+          continue;
+        if (pos > at ? stageGradientBetween(ops, key.first, at + 1, pos)
+                     : stageGradientBetween(ops, key.first, pos, at))
+          continue;
+        result.push_back({rank, key, isSplit, pos, waits.lookup(waited)});
+      }
+    }
+    ++rank;
+  }
+  return result;
+}
+
+/// Step 5 of Passes.td: moves dws into idle time, one a round, the
+/// candidate of any rank that shortens the simulated step most while its
+/// rank fits the budget: a dw runs before an op its rank waits for (in the
+/// timeline without replays), or a dx and dw that step 2 fused split again
+/// with the dw there.
+void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
+  OwningOpRef<ModuleOp> unchanged(module.clone());
+  double step = stepUs(module);
+  unsigned rounds = 0;
+  for (;; ++rounds) {
+    ModuleSchedule cells = extractSchedule(module, costs);
+    llvm::Expected<sched::SimulationResult> simulated =
+        simulateTimeline(cells.schedule);
+    if (!simulated) {
+      llvm::consumeError(simulated.takeError());
+      break;
+    }
+    // Keyed by the op waited for; a program's end by the program.
+    llvm::DenseMap<Operation *, double> waits;
+    for (auto [timeline, firstOps, program] :
+         llvm::zip(simulated->timelines, cells.cellOps,
+                   getSchedule(module).getBody().getOps<ProgramOp>())) {
+      double end = 0.0;
+      for (unsigned k = 0; k < timeline.size(); ++k) {
+        if (timeline[k].start > end + 1e-9)
+          waits[firstOps[k]] = timeline[k].start - end;
+        end = timeline[k].end;
+      }
+      waits[program] = simulated->makespan - end;
+    }
+    // The longest waits first; a bounded number priced a round, so that a
+    // large schedule plans in about the time step 2 takes.
+    std::vector<Deferral> candidates = deferrals(module, waits);
+    llvm::stable_sort(candidates, [](const Deferral &a, const Deferral &b) {
+      return a.idleUs > b.idleUs;
+    });
+    candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
+    std::optional<std::pair<double, Deferral>> best;
+    for (const Deferral &deferral : candidates) {
+      OwningOpRef<ModuleOp> copy(module.clone());
+      apply(*copy, deferral);
+      if (!fitsAfterMove(*copy, deferral.rank))
+        continue;
+      double candidate = stepUs(*copy);
+      if (candidate < (best ? best->first : step) * (1 - 1e-9))
+        best = {candidate, deferral};
+    }
+    if (!best)
+      break;
+    apply(module, best->second);
+    recordOrder(module, best->second.rank);
+    step = best->first;
+  }
+  // With least-memory, hpr-select-checkpoints must still find a choice.
+  if (rounds && leastMemory && !selectionFits(module)) {
+    ScheduleOp saved = getSchedule(*unchanged);
+    ScheduleOp current = getSchedule(module);
+    saved->moveBefore(current);
+    current->erase();
+    return;
+  }
+  numDeferredWeights += rounds;
 }

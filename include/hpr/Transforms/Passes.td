@@ -117,6 +117,17 @@ def HPRBoundWeightDeferral
        (making microbatches plain may lower a peak further; it names the
        least budget it finds), otherwise it fails, naming the rank and its
        bytes.
+    5. Where 2-4 changed the schedule, dws then move later where a rank
+       would wait, while the step gets
+       shorter: each round prices, on copies, the moves of a dw right after
+       a send or before an op its rank waits for (the end of the program
+       included) in the timeline without replays, after its dx and across
+       no other weight gradient of its stage, the longest waits first (16
+       a round); a pair step 2 fused may split again the same way. The
+       shortest simulated step wins where the rank's peak (as in 1) stays
+       within the budget; it ends when no move shortens the step. With
+       `least-memory`, where hpr-select-checkpoints then finds no choice
+       the schedule returns to what step 4 left.
     A schedule without dws (1F1B, interleaved 1F1B) or within the budget is
     left as it is.
   }];
@@ -133,6 +144,8 @@ def HPRBoundWeightDeferral
               "dws run earlier, before a peak">,
     Statistic<"numFusedBackwards", "num-fused-backwards",
               "dx and dw pairs fused into one backward">,
+    Statistic<"numDeferredWeights", "num-deferred-weights",
+              "dws moved into idle time">,
   ];
 }
 
