@@ -438,7 +438,7 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
   }
 }
 
-/// Whether every rank still fits the budget after a dw moved on `rank`: its
+/// Whether `rank` (the only one a move changes) still fits the budget: its
 /// peak, with least-memory the least hpr-select-checkpoints starts from.
 bool BoundWeightDeferralPass::fitsAfterMove(ModuleOp module, unsigned rank) {
   int64_t peak = leastMemory ? leastCheckpointPeaks(module)[rank]
@@ -523,8 +523,9 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
       }
       waits[program] = simulated->makespan - end;
     }
-    // The longest waits first; a bounded number priced a round, so that a
-    // large schedule plans in about the time step 2 takes.
+    // The longest waits first (right after a send counts as none); a
+    // bounded number priced a round, so that a large schedule plans in
+    // about the time step 2 takes.
     std::vector<Deferral> candidates = deferrals(module, waits);
     llvm::stable_sort(candidates, [](const Deferral &a, const Deferral &b) {
       return a.idleUs > b.idleUs;

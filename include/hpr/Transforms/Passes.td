@@ -118,16 +118,17 @@ def HPRBoundWeightDeferral
        least budget it finds), otherwise it fails, naming the rank and its
        bytes.
     5. Where 2-4 changed the schedule, dws then move later where a rank
-       would wait, while the step gets
-       shorter: each round prices, on copies, the moves of a dw right after
-       a send or before an op its rank waits for (the end of the program
-       included) in the timeline without replays, after its dx and across
-       no other weight gradient of its stage, the longest waits first (16
-       a round); a pair step 2 fused may split again the same way. The
-       shortest simulated step wins where the rank's peak (as in 1) stays
-       within the budget; it ends when no move shortens the step. With
-       `least-memory`, where hpr-select-checkpoints then finds no choice
-       the schedule returns to what step 4 left.
+       would wait, while the step gets shorter. Each round prices, on
+       copies, moving a dw right after a send or before an op its rank
+       waits for (the end of the program included) in the timeline without
+       replays, after its dx and across no other weight gradient of its
+       stage; a pair step 2 fused may split again with its dw there. The
+       16 candidates before the longest waits are priced a round (right
+       after a send counts as no wait). The shortest simulated step wins
+       where the rank's peak (as in 1) stays within the budget; the rounds
+       end when no move shortens the step. With `least-memory`, where
+       hpr-select-checkpoints then finds no choice, the schedule returns to
+       what step 4 left.
     A schedule without dws (1F1B, interleaved 1F1B) or within the budget is
     left as it is.
   }];
