@@ -18,15 +18,15 @@ torch's checkpoint on the same model, for its collectives (``baseline``).
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
 
-from fsdp_worker import _autocast, _selective, counted_collectives
+from fsdp_worker import _autocast, _selective, counted_collectives, finish
 from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank, torch_schedule
 
 
@@ -246,14 +246,4 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         res = run(rank, cfg)
     except BaseException:  # noqa: BLE001 -- reported to the test
         res = {"exception": traceback.format_exc()}
-    torch.save(res, os.path.join(cfg["out"], f"rank{rank}.pt"))
-    # Every rank's collectives are done before any tears its connections down: a rank that
-    # exits while its peer still talks to it aborts in gloo ("terminate called ...") under load.
-    dist.barrier()
-    dist.destroy_process_group()
-    # The result is on disk; leave without the interpreter's teardown, where a thread torch's
-    # distributed stack left joinable still aborted the process now and then under load
-    # ("terminate called without an active exception", SIGABRT), failing a finished case.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(res, Path(cfg["out"]) / f"rank{rank}.pt")
