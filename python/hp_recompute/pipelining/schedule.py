@@ -78,8 +78,12 @@ Rule 7 (stages split into I and W by hp_recompute). Every stage whose backward t
     included, or a ``torch.compile``-d module): a compiled block is one autograd node, and
     torch's I and W each run its whole backward (I + W = 2x the matmul work). Ours tell
     the node which half to run (NOTE [ Compiled dx/dw split ] Rule 4), on torch >= 2.13.
-    An FSDP2 stage with compiled blocks is refused at construction (its W does not run
-    under PlannedSchedule yet; hp_recompute's split alone runs it, fsdp tests).
+  A stage that is both (torchtitan's order: ``checkpoint_wrapper`` each block, then its
+  ``compile()``, then ``fully_shard`` each block and the stage) is split the same way. Its
+  compiled nodes save tensors in FSDP's unsharded parameter storage, which FSDP frees when
+  it reshards; Rule 8 keeps that storage gathered from the stage's first gather to its
+  ``reshard`` or ``reduce_grad``, after its last W, so W reads them allocated. (Before
+  Rule 8, FSDP resharded between I and W and such a W failed: "data is not allocated".)
   Their backwards are hp_recompute's (NOTE [ dx/dw split ], NOTE [ FSDP2 and the dx/dw
   split ] in fsdp.py), on torch's stage caches: ``I`` is ``backward_input(outputs, output
   grads, inputs, submod)``, ``W`` is ``backward_weight`` of its state (added into each
@@ -206,16 +210,9 @@ def split_stages(stages: Sequence[Any], program: Sequence[Action],
         if stage.stage_index not in split:
             continue
         modules = list(stage.submod.modules())
-        fsdp, compiled = any(is_fsdp_module(m) for m in modules), any(_is_compiled(m) for m in modules)
-        if fsdp and compiled:
-            raise RunError(f"hp_recompute.pipelining: stage {stage.stage_index} holds FSDP2 modules (fully_shard) "
-                           f"with compiled blocks, and the plan splits its backward into backward_input and "
-                           f"backward_weight: W of such a stage does not run under PlannedSchedule yet (it reads a "
-                           f"saved tensor that is no longer allocated); run those blocks eagerly, or plan without a "
-                           f"dx/dw split (e.g. --schedule-gen 1f1b or interleaved 1F1B)")
-        if fsdp:
+        if any(is_fsdp_module(m) for m in modules):  # compiled blocks in it too
             found[stage.stage_index] = "holds FSDP2 modules (fully_shard)"
-        elif compiled and compile_split.SUPPORTED:
+        elif compile_split.SUPPORTED and any(_is_compiled(m) for m in modules):
             found[stage.stage_index] = "holds compiled modules"
         elif hasattr(stage, "_stage_meta") or releases(stage.stage_index):
             found[stage.stage_index] = "has sessions the plan prices as released after dx (replay_weight_bytes)"

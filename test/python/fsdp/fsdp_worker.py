@@ -295,18 +295,48 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
 
 def spawn_ranks(main: Any, cfg: Dict[str, Any], nprocs: int) -> List[Dict[str, Any]]:
     """Runs ``main(rank, cfg)`` in ``nprocs`` spawned processes and returns each rank's
-    result (``cfg["out"]/rank{R}.pt``). A rank killed by SIGABRT after every rank saved its
-    result died in gloo's teardown (``main`` saves before the closing barrier), which says
-    nothing about the case: its results stand. Any other death fails the case."""
+    result (``cfg["out"]/rank{R}.pt``). A rank that raised left at once (``finish``): the
+    others are stopped and the saved tracebacks fail the case. A rank killed by SIGABRT
+    after every rank saved its result died in gloo's teardown (``finish`` saves before the
+    closing barrier), which says nothing about the case: its results stand. Any other death
+    fails the case."""
     import torch.multiprocessing as mp
 
     files = [Path(cfg["out"]) / f"rank{r}.pt" for r in range(nprocs)]
     try:
         mp.start_processes(main, args=(cfg,), nprocs=nprocs, start_method="spawn", join=True)
     except mp.ProcessExitedException as e:
-        if e.signal_name != "SIGABRT" or not all(f.exists() for f in files):
+        saved = {r: torch.load(f) for r, f in enumerate(files) if f.exists()}
+        raised = [f"rank {r}:\n{res['exception']}" for r, res in saved.items() if "exception" in res]
+        if raised:
+            raise AssertionError("\n".join(raised)) from e
+        if e.signal_name != "SIGABRT" or len(saved) < nprocs:
             raise
     return [torch.load(f) for f in files]
+
+
+def finish(res: Dict[str, Any], path: Path) -> None:
+    """Saves this rank's result ``res`` to ``path`` and ends the process. A rank that raised
+    (``res["exception"]``) ends at once with exit code 1: its peers may be waiting for it in
+    a receive or a collective, where a closing barrier would hang them until gloo's timeout
+    (30 minutes); ``spawn_ranks`` stops them and reports the traceback."""
+    import torch.distributed as dist
+
+    torch.save(res, path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "exception" in res:
+        os._exit(1)
+    # Every rank's collectives are done before any tears its connections down: a rank that
+    # exits while its peer still talks to it aborts in gloo ("terminate called ...") under load.
+    dist.barrier()
+    dist.destroy_process_group()
+    # The result is on disk; leave without the interpreter's teardown, where a thread torch's
+    # distributed stack left joinable still aborted the process now and then under load
+    # ("terminate called without an active exception", SIGABRT), failing a finished case.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(rank: int, cfg: Dict[str, Any]) -> None:
@@ -319,14 +349,4 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         res = run(rank, cfg)
     except BaseException:  # noqa: BLE001 -- reported to the test
         res = {"exception": traceback.format_exc()}
-    torch.save(res, Path(cfg["out"]) / f"rank{rank}.pt")
-    # Every rank's collectives are done before any tears its connections down: a rank that
-    # exits while its peer still talks to it aborts in gloo ("terminate called ...") under load.
-    dist.barrier()
-    dist.destroy_process_group()
-    # The result is on disk; leave without the interpreter's teardown, where a thread torch's
-    # distributed stack left joinable still aborted the process now and then under load
-    # ("terminate called without an active exception", SIGABRT), failing a finished case.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(res, Path(cfg["out"]) / f"rank{rank}.pt")

@@ -8,7 +8,9 @@ mesh. Every dp rank trains on its own batch. The reference is the unsharded mode
 this process: the mean over the dp ranks and microbatches of the gradient of each
 microbatch's loss (FSDP averages over dp; the schedule scales by the microbatch count).
 Cases may add torchtitan's selective policy to the wrapper and run the forwards under
-bfloat16 autocast (the reference too; fsdp_worker.py's policy and autocast). Two steps
+bfloat16 autocast (the reference too; fsdp_worker.py's policy and autocast), and compile
+each wrapped block (``compile()`` between the wrapper and ``fully_shard``, torchtitan's
+order), counting the halves of the split compiled backwards that ran. Two steps
 run; the second is compared, with per-block forward calls, replays, live sessions,
 the collectives FSDP issued and whether every parameter is sharded again at the end of
 the step. A case may also run torch's interleaved 1F1B (1F1B on one stage per rank) with
@@ -18,15 +20,15 @@ torch's checkpoint on the same model, for its collectives (``baseline``).
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
 
-from fsdp_worker import _autocast, _selective, counted_collectives
+from fsdp_worker import _autocast, _selective, counted_collectives, finish
 from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank, torch_schedule
 
 
@@ -84,6 +86,8 @@ def _wrap(module: Net, cfg: Dict[str, Any], dp_mesh: Any) -> Net:
     for key in list(module.layers.keys()):
         if not cfg.get("unwrapped"):  # else PlannedSchedule checkpoints the sharded blocks itself
             module.layers[key] = hr.checkpoint_wrapper(module.layers[key], **options)
+            if cfg.get("compile"):
+                module.layers[key].compile(backend=cfg["compile"])
         fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
     return module
@@ -123,11 +127,13 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
                             torch.device("cpu"), group=mesh.get_group("pp")) for s in mine]
     schedule = PlannedSchedule(stages, cfg["microbatches"], loss_fn=_loss, plan=cfg["plan"])
     plan_calls = _count_plan_calls()
+    halves = _count_compiled_halves() if cfg.get("compile") else {}
     res["fsdp_split"] = sorted(schedule.own_split)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     replays = []
     for _ in range(2):
         plan_calls.clear()
+        halves.clear()
         for st in stages:
             st.submod.zero_grad(set_to_none=True)
         x.grad = None
@@ -148,6 +154,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     res["sharded_at_end"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
     res["live_sessions"] = len(schedule.session_scope.live_sessions())
     res["plan_calls"], res["pp_rank"] = dict(plan_calls), pp_rank
+    res["compiled_halves"] = dict(halves)
     res["fsdp_modules"] = {st.stage_index: sum(hr.fsdp.is_fsdp_module(m) for m in st.submod.modules())
                            for st in stages}
     res["sharding_modules"] = sum(_manages_parameters(m) for st in stages for m in st.submod.modules())
@@ -229,6 +236,25 @@ def _count_plan_calls() -> Dict[str, int]:
     return counts
 
 
+def _count_compiled_halves() -> Dict[str, int]:
+    """Counts the compiled backwards of ``compile_backend`` blocks by what each ran (NOTE [ Compiled
+    dx/dw split ] Rule 4): ``"input"`` (I's half), ``"weight"`` (W's half) or ``"whole"``."""
+    from hp_recompute import compile_split
+
+    counts: Dict[str, int] = {}
+    original = compile_split._SplitBackward.__call__
+
+    def counted(self: Any, args: List[Any]) -> List[Any]:
+        phase, stash, node = compile_split._phase_of_running_node()
+        split = phase == "input" and self.part.w_pos or phase == "weight" and node in stash
+        kind = phase if split else "whole"
+        counts[kind] = counts.get(kind, 0) + 1
+        return original(self, args)
+
+    compile_split._SplitBackward.__call__ = counted
+    return counts
+
+
 def _dp_index(dp_mesh: Any) -> int:
     """This rank's index in the flattened dp mesh (its data shard)."""
     coords = dp_mesh.get_coordinate()
@@ -246,14 +272,4 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         res = run(rank, cfg)
     except BaseException:  # noqa: BLE001 -- reported to the test
         res = {"exception": traceback.format_exc()}
-    torch.save(res, os.path.join(cfg["out"], f"rank{rank}.pt"))
-    # Every rank's collectives are done before any tears its connections down: a rank that
-    # exits while its peer still talks to it aborts in gloo ("terminate called ...") under load.
-    dist.barrier()
-    dist.destroy_process_group()
-    # The result is on disk; leave without the interpreter's teardown, where a thread torch's
-    # distributed stack left joinable still aborted the process now and then under load
-    # ("terminate called without an active exception", SIGABRT), failing a finished case.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(res, Path(cfg["out"]) / f"rank{rank}.pt")

@@ -3,10 +3,10 @@
 NOTE [ Executing a plan with torch's stages ] Rule 7: the I/W split of a stage holding
 FSDP2 modules is hp_recompute's. Each case spawns a (pp, dp) gloo mesh (pp_fsdp_worker.py)
 and runs a zero-bubble plan (2 pp ranks; ZBV: 4 stages in a V, ZB-H1: 2 stages; 4
-microbatches; jit or bubble recompute), on FSDP2 or HSDP; the full gradients
-and losses must equal the unsharded model's (mean over the dp ranks), every checkpointed
-block must run once in the forward and replay once per microbatch, no session may
-outlive the step, and every parameter must be sharded again at its end.
+microbatches; jit or bubble recompute), on FSDP2 or HSDP, the blocks eager or compiled;
+the full gradients and losses must equal the unsharded model's (mean over the dp ranks),
+every checkpointed block must run once in the forward and replay once per microbatch, no
+session may outlive the step, and every parameter must be sharded again at its end.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
-from hp_recompute import fsdp, make_plan  # noqa: E402
+from hp_recompute import compile_split, fsdp, make_plan  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not fsdp.FSDP_AVAILABLE, reason="needs FSDP2 (torch >= 2.6)")
 
@@ -40,9 +40,10 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False, policy: Any = True,
              input_grad: bool = False, room: int = 0, eval: bool = False,
-             frozen: bool = False, baseline: bool = False) -> List[Dict[str, Any]]:
+             frozen: bool = False, baseline: bool = False,
+             compile: Optional[str] = None) -> List[Dict[str, Any]]:
     """Plans and runs one case; ``room`` > 0: the plan's memory budget is that many times jit's
-    activation peak."""
+    activation peak; ``compile``: each wrapped block's ``compile(backend=compile)``."""
     stages = STAGES[schedule]
     layers = LAYERS_PER_STAGE * stages
     model_json(tmp / "model.json", layers, policy)
@@ -58,8 +59,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
            "stages": stages, "layers": layers, "dim": DIM, "batch": 2 * MICROBATCHES, "microbatches": MICROBATCHES,
            "torch_schedule": schedule, "reshard": reshard, "unwrapped": unwrapped, "selective": selective,
            "autocast": autocast, "input_grad": input_grad, "eval": eval, "frozen": frozen, "baseline": baseline,
-           "plan": str(plan),
-           "out": str(out)}
+           "compile": compile, "plan": str(plan), "out": str(out)}
     results = spawn_ranks(pp_fsdp_worker.main, cfg, 2 * dp)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res['exception']}"
@@ -265,3 +265,29 @@ def test_a_plan_made_for_the_layout_on_torchtitans_composition(tmp_path: Path) -
                        planned_layout=True)
     check(results, tmp_path / "plan.json")
     check_collectives(results, hsdp=False)
+
+
+@pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
+                    f"backwards (hp_recompute.compile_split, torch >= 2.13)")
+@pytest.mark.parametrize("backend,reshard,prefetch,planned_layout",
+                         [("aot_eager", True, "bubble", True), ("aot_eager", False, "jit", False),
+                          ("inductor", True, "bubble", True)],
+                         ids=["aot_eager-layout-reshard_after_forward", "aot_eager-keep_after_forward-jit",
+                              "inductor-layout-reshard_after_forward"])
+def test_compiled_blocks_on_fsdp2_stages_under_zbv(tmp_path: Path, backend: str, reshard: bool, prefetch: str,
+                                                   planned_layout: bool) -> None:
+    """torchtitan's order (each block checkpoint-wrapped, ``compile(backend=...)``,
+    ``fully_shard``-ed, then the stage; the wrapper compiles with ``compile_backend``): every
+    I and W of a split stage runs its half of each compiled backward, the first stage's W the
+    whole of it (NOTE Rule 7), on parameters the plan keeps gathered (Rule 8): exact
+    gradients, one replay per block and microbatch, one all-gather and one reduce-scatter per
+    FSDP module and step."""
+    results = run_case(tmp_path, reshard, prefetch, planned_layout=planned_layout, compile=backend)
+    check(results, tmp_path / "plan.json" if planned_layout else None)
+    check_collectives(results)
+    first = {f"layers.{i}" for i in range(LAYERS_PER_STAGE)}  # stage 0's blocks
+    for rank, res in enumerate(results):
+        blocks = set(res["checkpointed"])
+        want = {"input": len(blocks - first) * MICROBATCHES, "weight": len(blocks - first) * MICROBATCHES,
+                "whole": len(blocks & first) * MICROBATCHES}
+        assert res["compiled_halves"] == {k: n for k, n in want.items() if n}, (rank, res["compiled_halves"])
