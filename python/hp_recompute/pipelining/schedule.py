@@ -155,14 +155,15 @@ Rule 12 (receive buffers live as the plan counts them). torch's stages receive i
   (lib/Analysis/StepMemory.cpp: an output gradient from its ``recv_b`` or dx handoff;
   ActivationModel.cpp: the stage input among what its forward keeps). So, on torch's
   stage caches (torch 2.13), each ``recv_f`` and ``recv_b`` receives into a buffer
-  allocated when it is posted (as torch allocates it: ``_make_tensor_from_meta``), a
-  handoff sets the buffer as torch's ``set_local_*_input`` does, and after the plan's last
-  backward of (stage, microbatch) (``frees_graph``: ``release``) both of that stage's
-  buffers of the microbatch are dropped; every buffer is dropped before each step runs and
-  after it ends, so none outlives a step (a forward-only step has no last backward). A
-  stage that reads a buffer no receive or handoff of this step filled finds None and
-  torch's stage raises (``_retrieve_recv_activations``, ``_retrieve_recv_grads``): never
-  last step's data. Other torches keep their own buffers.
+  allocated when it is posted (as torch allocates it: ``_make_tensor_from_meta``; one
+  posted ahead of its place, in the peer's send order, is live from there, before the
+  plan counts it), a handoff sets the buffer as torch's ``set_local_*_input`` does, and
+  after the plan's last backward of (stage, microbatch) (``frees_graph``: ``release``)
+  both of that stage's buffers of the microbatch are dropped; every buffer is dropped
+  before each step runs and after it ends, so none outlives a step (a forward-only step
+  has no last backward). A stage that reads a buffer no receive or handoff of this step
+  filled finds None and torch's stage raises (``_retrieve_recv_activations``,
+  ``_retrieve_recv_grads``): never last step's data. Other torches keep their own buffers.
 """
 
 from __future__ import annotations
