@@ -146,6 +146,24 @@ Rule 11 (tied weights on one rank). A parameter two of this rank's stages hold (
   one ``.grad``; torch's per-stage ``scale_grads`` would divide it at each stage's
   ``reduce_grad``, the first time before all of it is in (silently wrong, torch's own ZBV
   too). Here it is divided once, at the last ``reduce_grad`` of this rank that covers it.
+
+Rule 12 (receive buffers live as the plan counts them). torch's stages receive into
+  buffers allocated once (at metadata inference) and kept across steps, and a co-located
+  stage keeps the tensor handed to it until the next step's handoff replaces it. The plan,
+  as the runner's transport, counts a received or handed-over tensor from its receive or
+  handoff to the last backward of its microbatch at the stage that reads it
+  (lib/Analysis/StepMemory.cpp: an output gradient from its ``recv_b`` or dx handoff;
+  ActivationModel.cpp: the stage input among what its forward keeps). So, on torch's
+  stage caches (torch 2.13), each ``recv_f`` and ``recv_b`` receives into a buffer
+  allocated when it is posted (as torch allocates it: ``_make_tensor_from_meta``; one
+  posted ahead of its place, in the peer's send order, is live from there, before the
+  plan counts it), a handoff sets the buffer as torch's ``set_local_*_input`` does, and
+  after the plan's last backward of (stage, microbatch) (``frees_graph``: ``release``)
+  both of that stage's buffers of the microbatch are dropped; every buffer is dropped
+  before each step runs and after it ends, so none outlives a step (a forward-only step
+  has no last backward). A stage that reads a buffer no receive or handoff of this step
+  filled finds None and torch's stage raises (``_retrieve_recv_activations``,
+  ``_retrieve_recv_grads``): never last step's data. Other torches keep their own buffers.
 """
 
 from __future__ import annotations
@@ -411,6 +429,7 @@ class PlannedSchedule(PipelineScheduleMulti):
             for buffer, value in buffers:
                 buffer.copy_(value)
         stages = _TorchStages(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
+        stages.drop_all_buffers()  # Rule 12: inference's, or those a failed step left
         # eval(), or no loss function: the plan's forward side alone (interpreter Rule 13)
         run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,
                               forward_only=not self._has_backward)
@@ -428,6 +447,8 @@ class PlannedSchedule(PipelineScheduleMulti):
                     discard_step(stage.submod)
             stages.reshard_all()  # Rule 8
             raise
+        finally:
+            stages.drop_all_buffers()  # Rule 12
         if left:  # Rule 4
             raise RunError(f"hp_recompute.pipelining: rank {self.rank}: sessions {left} were recomputed but not "
                            f"cleared by the end of the step; the plan must clear every session")
@@ -442,6 +463,23 @@ def _detach_outputs(stage: _PipelineStageBase, stage_output: Any) -> None:
         for t in stage_output:
             if not t._is_view():
                 t.detach_()
+
+
+def _allocate_buffers(infos: Sequence[Any], device: torch.device) -> None:
+    """Rule 12: a new buffer for each receive of ``infos`` (torch's ``_RecvInfo`` of one
+    microbatch) that carries a tensor, allocated as torch's stage allocates it."""
+    from torch.distributed.pipelining._utils import _make_tensor_from_meta  # torch 2.13's stage caches
+
+    for info in infos:
+        if not info.is_root_arg and info.tensor_meta is not None:
+            info.buffer = _make_tensor_from_meta(info.tensor_meta, device)
+
+
+def _drop_buffers(stage: _PipelineStageBase, mb: int) -> None:
+    """Rule 12: the stage's input and output-gradient buffers of ``mb`` hold nothing."""
+    for info in (*stage.args_recv_info.get(mb, ()), *stage.grad_recv_info.get(mb, ())):
+        if not info.is_root_arg:
+            info.buffer = None
 
 
 class _TorchStages(StageBackend):
@@ -461,9 +499,14 @@ class _TorchStages(StageBackend):
         self.whole_at_w: Dict[Tuple[int, int], Tuple[Dict[str, Any], Any]] = {}  # (stage, mb) -> W's (Rule 7a)
         self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
         self.pending: Dict[int, list] = {}  # stage -> its gathers' handles, until a reader waits (Rule 8)
+        #: receive buffers of this step only (Rule 12), where torch has the stage caches (torch 2.13)
+        self.fresh_buffers = all(hasattr(s, "_stage_meta") for s in schedule._stages)
 
     def post_recv(self, a: Action) -> None:
         stage = self.stages[a.stage]
+        if self.fresh_buffers:  # Rule 12
+            infos = stage.args_recv_info if a.op == "recv_f" else stage.grad_recv_info
+            _allocate_buffers(infos[a.microbatch], stage.device)
         recv = stage.get_fwd_recv_ops if a.op == "recv_f" else stage.get_bwd_recv_ops
         self.posted[(a.op, a.stage, a.microbatch)] = _batch_p2p(recv(a.microbatch))
 
@@ -487,9 +530,19 @@ class _TorchStages(StageBackend):
         return out
 
     def release(self, stage: int, mb: int) -> None:
-        """Rule 3: the last stage's loss of ``mb`` is only returned from its last backward on."""
+        """Rule 3: the last stage's loss of ``mb`` is only returned from its last backward on.
+        Rule 12: the stage's received or handed-over input and output gradient of ``mb`` are dropped."""
         if mb in self.losses and self.stages[stage].is_last:
             self.losses[mb] = self.losses[mb].detach()
+        if self.fresh_buffers:
+            _drop_buffers(self.stages[stage], mb)
+
+    def drop_all_buffers(self) -> None:
+        """Rule 12: no stage of this rank holds a receive buffer or a handed-over tensor."""
+        if self.fresh_buffers:
+            for stage in self.stages.values():
+                for mb in range(self.schedule._n_microbatches):
+                    _drop_buffers(stage, mb)
 
     def pass_forward(self, a: Action, output: Any) -> None:
         self.stages[a.hands_to].set_local_fwd_input(output, a.microbatch)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_worker import _autocast, _selective, counted_collectives, finish
-from pp_worker import CALLS, Net, stage_module, stage_split, stages_of_rank, torch_schedule
+from pp_worker import CALLS, Net, held_buffers, stage_module, stage_split, stages_of_rank, torch_schedule
 
 
 def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -169,6 +169,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
         res["grads_changed_by_eval"] = [n for st in stages for n, p in st.submod.named_parameters()
                                         if not torch.equal(p.grad.full_tensor(), before[n])]
         res["sharded_after_eval"] = all(isinstance(p, DTensor) for st in stages for p in st.submod.parameters())
+    res["held_buffers"] = held_buffers(stages)
     return res
 
 

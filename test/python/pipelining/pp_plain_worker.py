@@ -9,8 +9,8 @@ pipeline, no checkpoint) on the same microbatches:
   two steps: each updated once per microbatch, not again by replays or metadata inference;
 * ``two_plans``: two schedules over the same stages (checkpoint-all, then nothing
   checkpointed), stepped A, B, A: each step replays what its own plan says;
-* ``frozen``: the first stage's parameters frozen, under ZBV and ZB-H1: every other
-  weight gets its gradient.
+* ``frozen``: the first stage's parameters frozen, under ZBV and ZB-H1, and the first two
+  stages' under ZBV: every other weight gets its gradient.
 
 Writes each case's losses, gradients, buffers and replay counts to ``out/rank{R}.pt``.
 """
@@ -140,13 +140,15 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                             "plan": planned(rank, cfg, full, [plans["zbv"], plans["zbv_none"]], x, y, steps=3)}
         from hp_recompute.plan.verify import load_plan
 
-        for kind in ("zbv", "zb-h1"):  # the first stage frozen: its regions' parameters
-            first = tuple(r["name"] + "." for r in load_plan(plans[kind]).stages[0])
+        # the first stage frozen (its regions' parameters); under ZBV also the first two, so that stage 2
+        # hands stage 1, on its rank, no input gradient (PlannedSchedule Rule 12)
+        for kind, case, count in (("zbv", "zbv", 1), ("zb-h1", "zb-h1", 1), ("zbv", "two_zbv", 2)):
+            first = tuple(r["name"] + "." for s in range(count) for r in load_plan(plans[kind]).stages[s])
             frozen = [n for n, _ in full.named_parameters() if n.startswith(first)]
             reference = copy.deepcopy(full)
             for name, p in reference.named_parameters():
                 p.requires_grad_(name not in frozen)
-            out[f"frozen_{kind}"] = {"plain": plain(reference, x, y, mb, 1),
+            out[f"frozen_{case}"] = {"plain": plain(reference, x, y, mb, 1),
                                      "plan": planned(rank, cfg, full, [plans[kind]], x, y, frozen=frozen)}
         torch.save(out, os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:

@@ -179,6 +179,28 @@ def replay_matmuls(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.T
     return Count.n
 
 
+def held_buffers(stages: List[Any]) -> List[str]:
+    """The receive buffers and handed-over tensors ``stages`` hold (PlannedSchedule Rule 12:
+    none between steps)."""
+    return [f"stage {st.stage_index} mb {mb} {info.input_name}" for st in stages
+            for infos in (st.args_recv_info, st.grad_recv_info) for mb, recv in infos.items() for info in recv
+            if info.buffer is not None]
+
+
+def stale_reads(stages: List[Any]) -> List[str]:
+    """What reading microbatch 0's input of each stage past the first raises between steps
+    (Rule 12: a dropped buffer is an error, never the last step's data); "read" if nothing."""
+    out = []
+    for st in stages:
+        if not st.is_first:
+            try:
+                st._retrieve_recv_activations(0)
+                out.append("read")
+            except Exception as e:  # noqa: BLE001 - the error is the result
+                out.append(type(e).__name__)
+    return out
+
+
 def reference_then_plan(rank: int, cfg: Dict[str, Any], stages: List[Any], x: torch.Tensor, y: torch.Tensor,
                         **kw: Any):
     """torch's own schedule (``cfg["torch_schedule"]``) on the reference ``stages``; its order dumped
@@ -306,7 +328,8 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
                      "rt_row": [str(a) for a in rt.pipeline_order_with_comms[rank]]}
         torch.save({**extra, "ref_losses": ref_losses, "plan_losses": plan_losses, "ref_grads": grads(ref_stages),
                     "plan_grads": plan_grads, "ref_calls": ref_calls, "plan_calls": plan_calls,
-                    "plan_replays": plan_replays,
+                    "plan_replays": plan_replays, "held_buffers": held_buffers(plan_stages),
+                    "stale_reads": stale_reads(plan_stages),
                     "checkpointed": sorted(f for s in mine for f in ckpt[s])},
                    os.path.join(cfg["out"], f"rank{rank}.pt"))
     finally:

@@ -87,9 +87,9 @@ def check_collectives(results: List[Dict[str, Any]], hsdp: bool = False) -> None
 def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: bool = True,
           split: bool = True) -> None:
     """Exact gradients and losses, one replay per block and microbatch (none with ``replayed``
-    false), nothing left live or gathered; with ``plan``, every unshard and reshard of the
-    rank's program ran (Rule 8). ``split``: the plan splits backwards, so hp_recompute's split
-    ran them (Rule 7); a plan of full backwards runs torch's own."""
+    false), nothing left live, gathered or received (Rule 12); with ``plan``, every unshard
+    and reshard of the rank's program ran (Rule 8). ``split``: the plan splits backwards, so
+    hp_recompute's split ran them (Rule 7); a plan of full backwards runs torch's own."""
     for rank, res in enumerate(results):
         assert bool(res["fsdp_split"]) == split, (rank, "the FSDP split path", res["fsdp_split"])
         for got, want in zip(res["losses"], res["ref_losses"]):
@@ -101,6 +101,7 @@ def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: 
         assert res["replays"] == [len(res["checkpointed"]) * MICROBATCHES * replayed] * 2, (rank, res["replays"])
         assert res["live_sessions"] == 0
         assert res["sharded_at_end"] is True
+        assert res["held_buffers"] == [], (rank, res["held_buffers"])
         if plan is not None:
             program = json.loads(plan.read_text())["ranks"][res["pp_rank"]]["actions"]
             for op in ("unshard", "reshard"):

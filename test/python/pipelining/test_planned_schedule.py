@@ -102,6 +102,10 @@ def check(results: List[Dict[str, Any]], microbatches: int) -> None:
         # Also on the first step, where torch's stages infer their metadata (Rule 6 of PlannedSchedule):
         # one replay per checkpointed block per microbatch, none for the inference.
         assert res["plan_replays"] == [len(res["checkpointed"]) * microbatches] * 2, (rank, res["plan_replays"])
+        # Rule 12 of PlannedSchedule: no receive buffer or handed-over tensor outlives a step, and
+        # reading one then is torch's error, not the last step's data.
+        assert res["held_buffers"] == [], (rank, res["held_buffers"])
+        assert set(res["stale_reads"]) <= {"PipeliningMetadataError"}, (rank, res["stale_reads"])
 
 
 CASES = [
@@ -140,7 +144,10 @@ def test_plans_keep_what_the_plain_model_computes(tmp_path: Path) -> None:
       nothing, stepped A, B, A: every step replays what its own plan says (before, building B
       re-planned A: A's second step replayed nothing);
     * the first stage frozen, under ZBV and ZB-H1: every other weight gets the plain model's
-      gradient (before, the next stage's stayed None: torch's I had no input to differentiate).
+      gradient (before, the next stage's stayed None: torch's I had no input to differentiate);
+      under ZBV also the first two stages frozen: stage 2 hands stage 1, on its rank, no input
+      gradient, and stage 1 has no buffer for one (PlannedSchedule Rule 12 drops and allocates
+      only the buffers torch's stage metadata gives).
     """
     layers, microbatches = 8, 4
     model_json(tmp_path / "model.json", layers)
@@ -157,7 +164,7 @@ def test_plans_keep_what_the_plain_model_computes(tmp_path: Path) -> None:
     mp.start_processes(pp_plain_worker.main, args=(cfg,), nprocs=2, start_method="spawn", join=True)
     results = [torch.load(tmp_path / "out" / f"rank{r}.pt") for r in range(2)]
     blocks_per_rank = layers // 2  # checkpointed blocks on each rank, under both plans
-    for case in ("keywords", "buffers", "two_plans", "frozen_zbv", "frozen_zb-h1"):
+    for case in ("keywords", "buffers", "two_plans", "frozen_zbv", "frozen_zb-h1", "frozen_two_zbv"):
         want = results[0][case]["plain"]
         losses = [loss for res in results for loss in res[case]["plan"]["losses"]]
         assert len(losses) == microbatches, case
