@@ -200,6 +200,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           region.getBwdWeightWorkspaceBytes().value_or(whole));
       cost.plainKeptBytes += region.getSavedBytes();
       if (checkpoint != RegionCheckpoint::None) {
+        if (region == *stage.getBody().getOps<RegionOp>().begin())
+          cost.keptInputBytes = region.getInputBytes();
         cost.checkpointed = true;
         cost.keptBytes += region.getInputBytes() +
                           region.getCheckpointStateBytes().value_or(0);

@@ -20,16 +20,33 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     if (lifetime.hasConsumers)
       isLastBackward[lifetime.lastConsumerPos] = true;
 
+  // A forward handed its input over in memory by the previous stage on this
+  // rank keeps that stage's output itself (counted below, from the forward
+  // that made it): the activations count it again from that forward to its
+  // last backward, which is taken off here.
+  ArrayRef<int64_t> stageToRank =
+      program->getParentOfType<ScheduleOp>().getStageToRank();
+  auto rank = static_cast<int64_t>(program.getRank());
+  std::vector<int64_t> liveAt = profile.live, endingAt = profile.endingAt;
+  for (const ActivationLifetime &lifetime : activations.lifetimes) {
+    int64_t stage = lifetime.stage;
+    if (stage == 0 || stageToRank[stage - 1] != rank ||
+        !lifetime.hasConsumers || !runsCheckpointed(lifetime.forward, costs))
+      continue;
+    int64_t handed = costs[stage].keptInputBytes;
+    for (unsigned pos = lifetime.forwardPos; pos <= lifetime.lastConsumerPos;
+         ++pos)
+      liveAt[pos] -= handed;
+    endingAt[lifetime.lastConsumerPos] -= handed;
+  }
+
   // Beyond activations: what the header lists, in program order.
   int64_t other = 0;
   llvm::DenseSet<int64_t> gradsAllocated;
   int64_t lastStage = static_cast<int64_t>(costs.size()) - 1;
-  ArrayRef<int64_t> stageToRank =
-      program->getParentOfType<ScheduleOp>().getStageToRank();
-  auto rank = static_cast<int64_t>(program.getRank());
   unsigned pos = 0;
   for (Operation &op : program.getBody().getOps()) {
-    int64_t live = profile.live[pos++];
+    int64_t live = liveAt[pos++];
     auto action = dyn_cast<ActionOpInterface>(op);
     if (!action)
       continue; // A session allocates nothing.
@@ -97,7 +114,7 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
       else
         transient = costs[stage].paramBytes;
     }
-    peak = std::max(peak, live - profile.endingAt[pos - 1] + other + transient);
+    peak = std::max(peak, live - endingAt[pos - 1] + other + transient);
   }
   return peak;
 }

@@ -170,6 +170,10 @@ struct StageCost {
   /// The checkpointed regions, in forward order.
   std::vector<ReplayedRegionCost> replayedRegions;
   int64_t outputBytes = 0; ///< the stage output (next stage's input)
+  /// Of keptBytes, the stage input itself (its first region checkpointed
+  /// keeps it): where the previous stage runs on the same rank and hands
+  /// its output over in memory, one tensor with that stage's output.
+  int64_t keptInputBytes = 0;
   /// The regions' param_bytes: the unsharded parameters, and as many bytes
   /// of weight gradients.
   int64_t paramBytes = 0;
