@@ -155,3 +155,37 @@ TEST(StepMemory, EachBackwardKindAddsItsOwnWorkspace) {
   EXPECT_EQ(splitPeak(200, 300), 1010);
   EXPECT_EQ(splitPeak(200, 0), 60 + 5000);
 }
+
+/// The step peak of one rank running both stages of interleaved 1F1B over
+/// one microbatch (F0 F1 B1 B0): stage 0 keeps 100 bytes and hands its
+/// 10-byte output to stage 1 in memory; stage 1 is one region saving 50
+/// bytes, checkpointed or not.
+int64_t handedOverPeak(bool checkpointed) {
+  model::Region first;
+  first.name = "layers.0";
+  first.fwdTimeUs = 1;
+  first.savedBytes = 100;
+  model::Region second = secondStage();
+  second.paramBytes = 0;
+  second.checkpoint = checkpointed;
+  MLIRContext context;
+  context.loadDialect<HPRDialect>();
+  model::StagedModel staged;
+  staged.stages.push_back({0, {first}});
+  staged.stages.push_back({1, {second}});
+  auto schedule = sched::generateSchedule("interleaved-1f1b", {1, 1, 2});
+  EXPECT_TRUE(static_cast<bool>(schedule));
+  sched::lowerCommunication(*schedule);
+  auto module = buildPlanModule(context, staged, *schedule, "test");
+  EXPECT_TRUE(static_cast<bool>(module));
+  return programPeak(**module);
+}
+
+// Checkpointed, stage 1 keeps its input: the tensor stage 0 handed over,
+// already counted as stage 0's output, so B1 meets 100 + the 50 it replays
+// + that output and the 10-byte gradient it hands back: 170 (180 if the
+// handed tensor counted twice). Plain, stage 1 keeps its 50 saved bytes.
+TEST(StepMemory, AHandedOverInputIsCountedOnce) {
+  EXPECT_EQ(handedOverPeak(true), 170);
+  EXPECT_EQ(handedOverPeak(false), 170);
+}
