@@ -105,15 +105,15 @@ unsigned insertionPoint(const std::vector<Operation *> &ops, unsigned pos) {
   return pos;
 }
 
-/// Whether a dw of `stage` lies in [begin, end): moving another dw of the
-/// stage across it would change the order in which the microbatches'
-/// weight gradients are added.
-bool stageWeightBetween(const std::vector<Operation *> &ops, int64_t stage,
-                        unsigned begin, unsigned end) {
+/// Whether a dw or a whole backward of `stage` lies in [begin, end): its
+/// weight gradients are added there, so moving another dw of the stage
+/// across it would change the order the microbatches' gradients are added.
+bool stageGradientBetween(const std::vector<Operation *> &ops, int64_t stage,
+                          unsigned begin, unsigned end) {
   for (unsigned pos = begin; pos < end; ++pos)
-    if (auto weight = dyn_cast<BackwardWeightOp>(ops[pos]))
-      if (weight.getStageIndex() == stage)
-        return true;
+    if (isa<BackwardWeightOp, BackwardOp>(ops[pos]) &&
+        cast<ActionOpInterface>(ops[pos]).getStageIndex() == stage)
+      return true;
   return false;
 }
 
@@ -165,17 +165,6 @@ struct Deferral {
   /// How long the rank waits before that op.
   double idleUs = 0;
 };
-
-/// Whether a dw or a whole backward of `stage` lies in [begin, end): its
-/// weight gradients are added there.
-bool stageGradientBetween(const std::vector<Operation *> &ops, int64_t stage,
-                          unsigned begin, unsigned end) {
-  for (unsigned pos = begin; pos < end; ++pos)
-    if (isa<BackwardWeightOp, BackwardOp>(ops[pos]) &&
-        cast<ActionOpInterface>(ops[pos]).getStageIndex() == stage)
-      return true;
-  return false;
-}
 
 /// Applies `deferral` to `module` (or a copy of it).
 void apply(ModuleOp module, const Deferral &deferral) {
@@ -322,11 +311,11 @@ BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
     Change change{rank, key.first, key.second};
     unsigned before = insertionPoint(split.ops, peakPos);
     if (inputPos < before && before < weightPos &&
-        !stageWeightBetween(split.ops, key.first, before, weightPos)) {
+        !stageGradientBetween(split.ops, key.first, before, weightPos)) {
       change.before = before;
       changes.push_back(change);
     }
-    if (!stageWeightBetween(split.ops, key.first, inputPos + 1, weightPos)) {
+    if (!stageGradientBetween(split.ops, key.first, inputPos + 1, weightPos)) {
       change.fuse = true;
       changes.push_back(change);
     }
@@ -499,7 +488,10 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
 /// timeline without replays), or a dx and dw that step 2 fused split again
 /// with the dw there.
 void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
-  OwningOpRef<ModuleOp> unchanged(module.clone());
+  // With least-memory, what step 4 left, to return to (below).
+  OwningOpRef<ModuleOp> unchanged;
+  if (leastMemory)
+    unchanged = module.clone();
   double step = stepUs(module);
   unsigned rounds = 0;
   for (;; ++rounds) {

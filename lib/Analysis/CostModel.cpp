@@ -171,7 +171,9 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
   for (StageOp stage : model.getBody().getOps<StageOp>()) {
     StageCost cost;
     bool firstStage = costs.empty();
-    for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+    auto regions = stage.getBody().getOps<RegionOp>();
+    RegionOp firstRegion = regions.empty() ? RegionOp() : *regions.begin();
+    for (RegionOp region : regions) {
       RegionCheckpoint checkpoint =
           checkpointOf ? checkpointOf(region) : regionCheckpointOf(region);
       // Each action's time is the sum of its regions' times (regionTimeOf).
@@ -200,7 +202,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           region.getBwdWeightWorkspaceBytes().value_or(whole));
       cost.plainKeptBytes += region.getSavedBytes();
       if (checkpoint != RegionCheckpoint::None) {
-        if (region == *stage.getBody().getOps<RegionOp>().begin())
+        if (region == firstRegion)
           cost.keptInputBytes = region.getInputBytes();
         cost.checkpointed = true;
         cost.keptBytes += region.getInputBytes() +

@@ -28,17 +28,20 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
       program->getParentOfType<ScheduleOp>().getStageToRank();
   auto rank = static_cast<int64_t>(program.getRank());
   std::vector<int64_t> liveAt = profile.live, endingAt = profile.endingAt;
+  std::vector<int64_t> handedFrom(liveAt.size() + 1, 0); // differences
   for (const ActivationLifetime &lifetime : activations.lifetimes) {
     int64_t stage = lifetime.stage;
     if (stage == 0 || stageToRank[stage - 1] != rank ||
         !lifetime.hasConsumers || !runsCheckpointed(lifetime.forward, costs))
       continue;
     int64_t handed = costs[stage].keptInputBytes;
-    for (unsigned pos = lifetime.forwardPos; pos <= lifetime.lastConsumerPos;
-         ++pos)
-      liveAt[pos] -= handed;
+    handedFrom[lifetime.forwardPos] += handed;
+    handedFrom[lifetime.lastConsumerPos + 1] -= handed;
     endingAt[lifetime.lastConsumerPos] -= handed;
   }
+  int64_t handed = 0;
+  for (auto [at, delta] : llvm::zip(liveAt, handedFrom))
+    at -= handed += delta;
 
   // Beyond activations: what the header lists, in program order.
   int64_t other = 0;
