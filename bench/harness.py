@@ -8,12 +8,13 @@ traceback. ``median_step_ms`` times steps as every bench does: a barrier before 
 ranks start together), the median of ``steps``.
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
-    from harness import machine_line, median_step_ms, spawn, training_step
+    from harness import example_module, machine_line, median_step_ms, spawn, training_step
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import platform
 import statistics
@@ -42,6 +43,17 @@ def _rank_main(rank: int, body: Body, cfg: Dict[str, Any]) -> None:
         out["exception"] = traceback.format_exc()
     torch.save(out, os.path.join(cfg["out"], f"rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def example_module(name: str, path: Path) -> Any:
+    """The example file ``path`` (e.g. examples/pipelining/model.py), imported once under
+    ``name``: its own name (``model``, ``train``) is too common to import plainly."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def spawn(body: Body, cfg: Dict[str, Any], ranks: int, work: Path) -> List[Dict[str, Any]]:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import importlib.util
 import json
 import os
 import shutil
@@ -61,7 +60,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
-from harness import machine_line, median_step_ms, spawn, training_step  # noqa: E402
+from harness import example_module, machine_line, median_step_ms, spawn, training_step  # noqa: E402
 TESTS = REPO / "test" / "python" / "pipelining"
 DECODER = REPO / "examples" / "pipelining" / "model.py"
 LLAMA = REPO / "examples" / "llama" / "model.py"
@@ -116,19 +115,9 @@ def _net_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
             {"HPR_BENCH_NET": f"{cfg['dim']},{cfg['layers']}"})
 
 
-def _example_module(name: str, path: Path) -> Any:
-    """An example's model.py, imported once under ``name`` (``model`` is too common)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _decoder_module() -> Any:
     """examples/pipelining/model.py."""
-    return _example_module("hpr_pipelining_decoder", DECODER)
+    return example_module("hpr_pipelining_decoder", DECODER)
 
 
 def _count_call(name: str, module: torch.nn.Module, args: Any) -> None:
@@ -174,7 +163,7 @@ def _decoder_costs(cfg: Dict[str, Any]) -> Tuple[List[str], Dict[str, str]]:
 
 def _llama_module() -> Any:
     """examples/llama/model.py, imported once under its own name."""
-    return _example_module("hpr_llama_example", LLAMA)
+    return example_module("hpr_llama_example", LLAMA)
 
 
 def _llama(cfg: Dict[str, Any]) -> torch.nn.Module:

@@ -15,7 +15,6 @@ Usage: budget_stages.py [MULTIPLE] (default 1.5)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench/
-from harness import REPO, machine_line, spawn, training_step  # noqa: E402
+from harness import REPO, example_module, machine_line, spawn, training_step  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "pipelining"
 RANKS, MICROBATCHES, BATCH = 2, 4, 64
@@ -35,15 +34,8 @@ FAMILIES = ["1f1b", "interleaved-1f1b", "zb-h1", "interleaved-zb", "zbv", "dualp
 
 
 def _example(name: str) -> Any:
-    """examples/pipelining's ``name``.py, imported once (its names are too common to import plainly)."""
-    key = f"hpr_pipelining_{name}"
-    if key not in sys.modules:
-        sys.path.insert(0, str(EXAMPLE))  # train.py imports model
-        spec = importlib.util.spec_from_file_location(key, EXAMPLE / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    """examples/pipelining's ``name``.py."""
+    return example_module(f"hpr_pipelining_{name}", EXAMPLE / f"{name}.py")
 
 
 def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
