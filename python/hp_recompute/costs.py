@@ -139,8 +139,7 @@ def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[t
     if inputs or weights:
         with meters[2]:
             torch.autograd.grad(outs, inputs + weights, grads_out, allow_unused=True, retain_graph=keep_graph)
-    i, w, b = ((m.peak or 0) - max(m.net or 0, 0) for m in meters)
-    return i, w, b
+    return tuple((m.peak or 0) - max(m.net or 0, 0) for m in meters)  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
