@@ -10,11 +10,12 @@ wrapped, selective where it says so), a warm-up step, then one step under the al
 events from zeroed gradients (peak bytes above the step's start, as the plan counts), its
 gradients against the whole model's (the mean of the microbatches' losses).
 
-Usage: budget_stages.py [MULTIPLE] (default 1.5)
+Usage: budget_stages.py [MULTIPLE] (default 1.5; a bad value exits 2 with usage)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -85,7 +86,10 @@ def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
 def main() -> None:
     from hp_recompute import make_plan
 
-    multiple = float(sys.argv[1]) if len(sys.argv) > 1 else 1.5
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("multiple", nargs="?", type=float, default=1.5,
+                        help="the budget, in 1F1B's checkpoint-all peaks (default 1.5)")
+    multiple = parser.parse_args().multiple
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         costed = work / "decoder.costed.json"
