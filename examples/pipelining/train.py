@@ -22,9 +22,9 @@ docs/fsdp.md walks through it:
 With ``--compile inductor`` (or ``aot_eager``) each block is compiled in torchtitan's
 order, after checkpoint-wrapping and before ``fully_shard``: a wrapped block's
 ``compile()`` compiles it inside the checkpoint with a backend whose backward splits into
-the plan's I and W (docs/compile-split.md). A plan that checkpoints selectively
-(``--checkpoint selective``, on a model with selective costs) compiles with ``aot_eager``
-only: inductor's fused kernels hide their ops from the policy (NOTE [ Selective policy ]).
+the plan's I and W (docs/compile-split.md). Under a plan that checkpoints selectively
+(``--checkpoint selective``, on a model with selective costs) inductor keeps the matmuls the
+policy saves dispatched, so the replay reads them back (NOTE [ Selective policy ] Rule 5).
 """
 
 import argparse

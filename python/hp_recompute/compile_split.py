@@ -72,13 +72,26 @@ Rule 7 (a wrapped block's ``compile()``). ``checkpoint_wrapper(block).compile(**
   Another backend, or a torch older than 2.13, compiles as given, unsplit: I and W then
   each run the whole compiled backward. ``torch.compile(checkpoint_wrapper(block))``
   instead traces the checkpoint itself (torch's higher-order op, no handle).
+
+Rule 8 (ops a selective policy saves). ``compile_backend("inductor", saved_ops=ops)``
+  compiles the forward so that a selective policy's dispatch mode around the block sees,
+  and may cache, each call of ``ops`` (NOTE [ Selective policy ] Rule 5): every node of
+  those ops falls back to its eager kernel (inductor's ``should_fallback``), which returns
+  its own output rather than writing into a buffer of the kernel's (``out=``), and the
+  forward reuses no buffer and updates none in place, so no later kernel overwrites an
+  output the policy keeps (without this, a GELU fused in place into its matmul's output
+  changed the cached matmul under the replay). Pattern rewrites are off in that forward too,
+  so none replaces a node that must stay dispatched; nor is the forward served from or
+  written to the FX graph cache, whose key does not see the fallbacks. The backward
+  compiles as without ``ops``. aot_eager dispatches every op and takes no ``ops``.
+  ``checkpoint_wrapper(block, context_fn=...).compile()`` passes the ops its policy saves.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -103,8 +116,8 @@ BACKENDS = ("inductor", "aot_eager")
 
 _LOCK = threading.Lock()
 _ACTIVE: Dict[Any, Tuple[str, Dict[Any, Any]]] = {}  # autograd node -> (phase, state.compiled)
-# (backend, options) -> its compile_backend; the registry stays empty while none exists
-_COMPILERS: Dict[Tuple[str, str], Callable] = {}
+# (backend, options, saved ops) -> its compile_backend; the registry stays empty while none exists
+_COMPILERS: Dict[Tuple[str, str, Tuple[str, ...]], Callable] = {}
 
 
 @contextlib.contextmanager
@@ -325,21 +338,25 @@ def _check_supported(what: str) -> None:
             "torch.compile backend (I and W then each run the whole compiled backward)"))
 
 
-def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]] = None) -> Callable:
+def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]] = None,
+                    saved_ops: Iterable[Any] = ()) -> Callable:
     """A torch.compile backend whose backward I and W split (NOTE [ Compiled dx/dw split ]).
 
     Args:
         backend: ``"inductor"`` or ``"aot_eager"``: what compiles the forward and the two
             halves of the backward.
         options: inductor config patches (as ``torch.compile(options=...)``); inductor only.
+        saved_ops: the ``OpOverload``s a selective policy around the block saves, kept
+            dispatched in the forward (Rule 8); inductor only.
 
     Returns:
         A callable to pass as ``torch.compile(..., backend=)``: the same one for the same
-        backend and options (blocks compiled one by one share dynamo's compiled code).
+        backend, options and saved ops (blocks compiled one by one share dynamo's compiled
+        code).
 
     Raises:
         CheckpointError: torch older than 2.13, or without torch.compile (Rule 6).
-        ValueError: an unknown backend, or options with aot_eager.
+        ValueError: an unknown backend, or options or saved ops with aot_eager.
 
     Example::
 
@@ -353,13 +370,16 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
         raise ValueError(error_text(f"compile_backend: backend must be one of {BACKENDS}, got {backend!r}"))
     if options and backend != "inductor":
         raise ValueError(error_text("compile_backend: options are inductor config patches; aot_eager takes none"))
+    saved_ops = frozenset(saved_ops)
+    if saved_ops and backend != "inductor":
+        raise ValueError(error_text("compile_backend: aot_eager dispatches every op; saved_ops are inductor's (Rule 8)"))
 
     # One callable per backend and options: dynamo guards a compiled frame on its backend's
     # identity, so blocks of one class compiled one by one (checkpoint_wrapper(block).compile())
     # must share it, or each would recompile the shared forward, failing past dynamo's
     # recompile limit (8): FailOnRecompileLimitHit under fullgraph=True, else eager blocks.
     options = dict(options) if options else None  # the caller's dict may change after this call
-    key = (backend, repr(sorted((options or {}).items())))
+    key = (backend, repr(sorted((options or {}).items())), tuple(sorted(str(op) for op in saved_ops)))
     with _LOCK:
         if key in _COMPILERS:
             return _COMPILERS[key]
@@ -370,7 +390,7 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
         with torch._functorch.config.patch(**patches):
             if backend == "aot_eager":
                 return _aot_eager(gm, example_inputs, is_weight, **kwargs)
-            return _inductor(gm, example_inputs, is_weight, options, **kwargs)
+            return _inductor(gm, example_inputs, is_weight, options, saved_ops, **kwargs)
 
     compiler.__name__ = f"hp_recompute_{backend}"
     with _LOCK:  # from now on I and W register their seeds, also for a backward compiled lazily in I
@@ -388,12 +408,19 @@ def _aot_eager(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: C
 
 
 def _inductor(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: Callable[[Any], bool],
-              options: Optional[Dict[str, Any]], **kwargs: Any) -> Callable:
+              options: Optional[Dict[str, Any]], saved_ops: FrozenSet[Any], **kwargs: Any) -> Callable:
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     def inner_compile(g: torch.fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
         if not kw.get("is_backward"):
-            return compile_fx_inner(g, ex, **kw)
+            if not saved_ops:
+                return compile_fx_inner(g, ex, **kw)
+            for n in g.graph.nodes:  # Rule 8
+                if n.op == "call_function" and n.target in saved_ops:
+                    n.meta["should_fallback"] = True
+            with torch._inductor.config.patch(inplace_buffers=False, allow_buffer_reuse=False, pattern_matcher=False,
+                                              fx_graph_cache=False):
+                return compile_fx_inner(g, ex, **kw)
         def compile_half(half: torch.fx.GraphModule, half_ex: List[Any], static: List[int]) -> Any:
             return compile_fx_inner(half, half_ex, **{**kw, "static_input_idxs": static})
 
@@ -411,8 +438,9 @@ def dispatches_each_op(backend: Any) -> bool:
     return getattr(backend, "__name__", None) == "hp_recompute_aot_eager"
 
 
-def split_compile_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """Rule 7: the ``torch.compile`` keywords ``kwargs``, with a backend whose backward splits.
+def split_compile_kwargs(kwargs: Dict[str, Any], saved_ops: Iterable[Any] = ()) -> Dict[str, Any]:
+    """Rule 7: the ``torch.compile`` keywords ``kwargs``, with a backend whose backward splits
+    (with inductor, keeping ``saved_ops`` dispatched: Rule 8).
 
     Raises:
         CheckpointError: a mode or options that capture CUDA graphs (Rule 6).
@@ -434,4 +462,5 @@ def split_compile_kwargs(kwargs: Dict[str, Any]) -> Dict[str, Any]:
             f"compile: mode={mode!r} / options capture CUDA graphs, which would overwrite the stash that W reads "
             "(Rule 6 of NOTE [ Compiled dx/dw split ]); use a mode without CUDA graphs, e.g. "
             "'max-autotune-no-cudagraphs'"))
-    return {**rest, "backend": compile_backend(backend, options=options or None)}
+    saved = saved_ops if backend == "inductor" else ()
+    return {**rest, "backend": compile_backend(backend, options=options or None, saved_ops=saved)}

@@ -27,38 +27,47 @@ and the replay recomputes only the rest, reading those outputs back.
 4. torch before 2.4 has no ``create_selective_checkpoint_contexts``: a plan with a
    selective region is refused there before any rank runs (``plan.reader.build_plan``),
    and the costs tool writes no ``selective_*`` field.
-5. The policy sees the aten ops the region dispatches, one by one. A block compiled with
-   inductor runs fused kernels instead: its matmuls become ``out=`` calls into buffers the
-   kernel owns (``aten.addmm.out``), or, with max-autotune, kernels of inductor's own that
-   dispatch nothing. No policy can save either, so the replay would recompute every matmul
-   while the plan prices a selective one. Three checks keep that from running silently:
-   - ``checkpoint_wrapper(block, context_fn=...).compile()`` accepts only a backend that
-     dispatches each aten op (``"aot_eager"``, ``"eager"``) and marks the module it
-     compiled so (``DISPATCHES_EACH_OP``);
-   - the runtimes refuse a region the plan checkpoints selectively when a module in it is
-     compiled and not so marked (``hidden_compiled_modules``), before any rank runs;
-   - ``selective_context_fn()``'s policy raises ``CheckpointError`` at the first ``out=``
-     call of a saved op, in the forward, before any gradient exists (an explicit ``out=``
-     in eager code too, whose output the policy cannot save either: call the op without
-     ``out=``).
+5. The policy sees the aten ops the region dispatches, one by one. aot_eager dispatches each
+   of them; inductor runs fused kernels instead: other ops vanish into fused loops, and a
+   matmul becomes an ``out=`` call into a buffer the kernel owns, which the next kernel may
+   overwrite in place. No policy can save such an output, so the replay would recompute
+   every matmul while the plan prices a selective one. Hence:
+   - ``policy_saved_ops(context_fn)`` reads off which ops a policy saves: torch's SAC
+     contexts' policy function is asked, as in a forward, about every op the dispatcher
+     knows, twice (a policy counting its calls, as torchtitan's saves every other ``mm``),
+     without arguments; the ops it saves at least once. A ``context_fn`` that is not torch's
+     SAC contexts, or a policy that reads its op's arguments, is refused (``CheckpointError``).
+   - A block compiled with ``compile_backend("inductor", saved_ops=...)`` (so
+     ``checkpoint_wrapper(block, context_fn=...).compile()`` compiles it) keeps each call of
+     those ops dispatched in its forward: the eager kernel, returning its own output, and no
+     kernel of that forward writes into a buffer another one returned (NOTE [ Compiled dx/dw
+     split ] Rule 8). The policy's mode then sees and caches each saved output as around
+     an eager block, and the replay reads it back. The compiled module is marked with what
+     it dispatches (``VISIBLE_OPS``: True where the backend dispatches each op, else that set).
+   - The runtimes refuse a region the plan checkpoints selectively when a compiled module in
+     it hides an op its policy saves (``hidden_compiled_modules``), before any rank runs.
+   - ``selective_context_fn()``'s policy raises ``CheckpointError`` at the first ``out=`` call
+     of a saved op, in the forward, before any gradient exists (an explicit ``out=`` in eager
+     code too, whose output the policy cannot save either: call the op without ``out=``).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, ContextManager, Iterable, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, FrozenSet, Iterable, List, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["DISPATCHES_EACH_OP", "SAVED_OPS", "hidden_compiled_modules", "saved_ops", "selective_context_fn",
-           "selective_supported"]
+__all__ = ["SAVED_OPS", "VISIBLE_OPS", "hidden_compiled_modules", "policy_saved_ops", "saved_ops",
+           "selective_context_fn", "selective_supported"]
 
-#: Rule 5: set by ``checkpoint_wrapper(...).compile()`` on the module it compiles, True when its
-#: backend dispatches each aten op (a policy around it sees them).
-DISPATCHES_EACH_OP = "_hp_recompute_dispatches_each_op"
+#: Rule 5: set by ``checkpoint_wrapper(...).compile()`` on the module it compiles: True when its
+#: backend dispatches each aten op, else the frozenset of ops it keeps dispatched (a policy
+#: around it sees those).
+VISIBLE_OPS = "_hp_recompute_visible_ops"
 
 #: Rule 1: the default op set, by name (``torch.ops.aten.<name>.default``); names this torch
 #: lacks are skipped.
@@ -122,13 +131,78 @@ def selective_context_fn(
                              _SavedOpsPolicy(saved_ops(SAVED_OPS if names is None else names)))
 
 
-def hidden_compiled_modules(module: torch.nn.Module) -> List[str]:
+def _policy_function(context_fn: Callable[[], Any], what: str) -> Callable[..., Any]:
+    """The policy function of ``context_fn``'s SAC contexts (Rule 5), or ``CheckpointError``."""
+    from torch.utils.checkpoint import _CachingTorchDispatchMode
+
+    contexts = context_fn()
+    forward = contexts[0] if isinstance(contexts, tuple) and len(contexts) == 2 else None
+    if not isinstance(forward, _CachingTorchDispatchMode):
+        raise CheckpointError(error_text(
+            f"{what}: its context_fn returns {type(contexts).__name__}, not torch's selective checkpoint contexts "
+            f"(create_selective_checkpoint_contexts), so which ops it saves cannot be read off before the block "
+            f"compiles (NOTE [ Selective policy ] Rule 5); compile with backend=\"aot_eager\""))
+    return forward.policy_fn
+
+
+def policy_saved_ops(context_fn: Callable[[], Any], what: str = "compile") -> FrozenSet[Any]:
+    """Rule 5: the ops (``OpOverload``) the policy of ``context_fn`` saves, asked as in a forward
+    about each op the dispatcher knows, twice, without arguments. Raises ``CheckpointError``,
+    naming ``what``, for a ``context_fn`` that is not torch's SAC contexts or a policy that
+    needs its op's arguments."""
+    from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+    policy = _policy_function(context_fn, what)
+    saving = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+    ctx = SelectiveCheckpointContext(is_recompute=False)
+    saved = set()
+    for op in _registered_ops():
+        try:
+            if any([policy(ctx, op) in saving for _ in range(2)]):
+                saved.add(op)
+        except Exception as e:
+            raise CheckpointError(error_text(
+                f"{what}: its selective policy raised {type(e).__name__} ({e}) when asked about {op} without "
+                f"arguments; a policy that reads its op's arguments cannot say before the block compiles which ops "
+                f"inductor must leave dispatched (NOTE [ Selective policy ] Rule 5); compile with "
+                f"backend=\"aot_eager\"")) from None
+    return frozenset(saved)
+
+
+def _registered_ops() -> Tuple[Any, ...]:
+    """Every functional ``OpOverload`` the dispatcher knows (an ``out=`` overload writes into its
+    caller's buffer, which no policy can save)."""
+    return _functional_ops(tuple(sorted(torch._C._dispatch_get_all_op_names())))
+
+
+@functools.lru_cache(maxsize=4)
+def _functional_ops(names: Tuple[str, ...]) -> Tuple[Any, ...]:
+    found = []
+    for name in names:
+        namespace, _, rest = name.partition("::")
+        op, _, overload = rest.partition(".")
+        try:
+            overload_of = getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+        except (AttributeError, RuntimeError):  # registered without a Python binding here
+            continue
+        if isinstance(overload_of, torch._ops.OpOverload) and not overload_of._schema.is_mutable:
+            found.append(overload_of)
+    return tuple(found)
+
+
+def hidden_compiled_modules(module: torch.nn.Module, context_fn: Callable[[], Any]) -> List[str]:
     """Rule 5: the names (``""`` for ``module`` itself) of the compiled modules in ``module``
-    whose ops a selective policy cannot see: compiled other than by a checkpoint wrapper's
-    ``compile()`` with a backend that dispatches each aten op."""
-    hidden = []
+    that hide an op the policy of ``context_fn`` saves: compiled other than by a checkpoint
+    wrapper's ``compile()`` with a backend that dispatches each aten op or the ops it saves."""
+    hidden: List[str] = []
+    saved: Optional[FrozenSet[Any]] = None
     for name, sub in module.named_modules():
         compiled = "_orig_mod" in sub._modules or getattr(sub, "_compiled_call_impl", None) is not None
-        if compiled and not getattr(sub, DISPATCHES_EACH_OP, False):
+        visible = getattr(sub, VISIBLE_OPS, False)
+        if not compiled or visible is True:
+            continue
+        if visible and saved is None:
+            saved = policy_saved_ops(context_fn, f"module '{name}'")
+        if not visible or not saved <= visible:
             hidden.append(name)
     return hidden

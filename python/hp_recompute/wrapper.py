@@ -9,15 +9,15 @@ as its ``checkpoint_fn``, so wrapped modules take part in collectors and session
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, FrozenSet, List, Tuple
 
 import torch
 
 from .checkpoint import checkpoint
-from .compile_split import dispatches_each_op, split_compile_kwargs
+from .compile_split import SUPPORTED, dispatches_each_op, split_compile_kwargs
 from .errors import CheckpointError, error_text
 from .fsdp import ReplayFunction
-from .selective import DISPATCHES_EACH_OP
+from .selective import VISIBLE_OPS, policy_saved_ops
 
 __all__ = ["checkpoint_wrapper", "convert_checkpoint_wrappers"]
 
@@ -44,8 +44,9 @@ if torch.distributed.is_available():
 
             ``torch.compile``'s keywords; backend ``"inductor"`` (the default) or
             ``"aot_eager"`` is made ``compile_backend(backend)`` on torch >= 2.13. A wrapper
-            with a ``context_fn`` (a selective policy) needs a backend that dispatches each
-            aten op (NOTE [ Selective policy ] Rule 5).
+            with a ``context_fn`` (a selective policy) compiles with ``"aot_eager"``, which
+            dispatches each aten op, or ``"inductor"``, which keeps the ops its policy saves
+            dispatched (NOTE [ Selective policy ] Rule 5); any other backend is refused there.
             """
             if not hasattr(torch, "compile"):
                 raise CheckpointError(error_text(f"compile: torch {torch.__version__} has no torch.compile"))
@@ -53,17 +54,22 @@ if torch.distributed.is_available():
                 raise TypeError(error_text("compile: torch.compile's options are keyword-only"))
             backend = kwargs.get("backend", "inductor")
             fn = self.checkpoint_fn
-            if isinstance(fn, functools.partial) and fn.keywords.get("context_fn") is not None \
-                    and not dispatches_each_op(backend):
-                raise CheckpointError(error_text(
-                    f"compile: this checkpoint_wrapper has a context_fn (e.g. a selective policy), whose dispatch "
-                    f"modes see the aten ops its block dispatches; backend {backend!r} compiles the block to fused "
-                    f"kernels they cannot see into, so a policy would save nothing and the replay would recompute "
-                    f"every matmul (NOTE [ Selective policy ] Rule 5); compile with backend=\"aot_eager\", or drop "
-                    f"the context_fn to checkpoint in full"))
+            context_fn = fn.keywords.get("context_fn") if isinstance(fn, functools.partial) else None
+            visible = dispatches_each_op(backend)
+            saved: FrozenSet[Any] = frozenset()
+            if context_fn is not None and not visible:
+                if not (SUPPORTED and backend == "inductor"):
+                    raise CheckpointError(error_text(
+                        f"compile: this checkpoint_wrapper has a context_fn (e.g. a selective policy), whose dispatch "
+                        f"modes see the aten ops its block dispatches; backend {backend!r} compiles the block to fused "
+                        f"kernels they cannot see into, so a policy would save nothing and the replay would recompute "
+                        f"every matmul (NOTE [ Selective policy ] Rule 5); compile with backend=\"inductor\" (torch "
+                        f">= 2.13: it keeps the ops the policy saves dispatched) or \"aot_eager\", or drop the "
+                        f"context_fn to checkpoint in full"))
+                saved = policy_saved_ops(context_fn)
             inner = self._checkpoint_wrapped_module
-            inner.compile(**split_compile_kwargs(kwargs))
-            setattr(inner, DISPATCHES_EACH_OP, dispatches_each_op(backend))
+            inner.compile(**split_compile_kwargs(kwargs, saved))
+            setattr(inner, VISIBLE_OPS, visible or saved)
 
 
 def convert_checkpoint_wrappers(module: torch.nn.Module) -> List[str]:

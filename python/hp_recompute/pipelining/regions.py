@@ -259,14 +259,15 @@ def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: b
                        f"but its checkpoint_wrapper has a context_fn (its own policy), which keeps what the plan "
                        f"did not price; drop the context_fn, or plan the region \"selective\" (a model with its "
                        f"selective costs)")
-    hidden = hidden_compiled_modules(region) if selective else []
+    hidden = hidden_compiled_modules(region, _wrapper_context_fn(region) or selective_context_fn()) if selective else []
     if hidden:
         names = ", ".join(f"'{fqn}.{h}'" if h else f"'{fqn}'" for h in hidden)
         raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
                        f"\"selective\", but {names} is compiled where the policy cannot see its ops "
                        f"(NOTE [ Selective policy ] Rule 5), so the replay would recompute every matmul; "
                        f"compile the block as checkpoint_wrapper(block, context_fn=hp_recompute."
-                       f"selective_context_fn()).compile(backend=\"aot_eager\"), or plan the region in full")
+                       f"selective_context_fn()).compile() (inductor then keeps the ops the policy saves "
+                       f"dispatched), or plan the region in full")
     return region
 
 

@@ -261,7 +261,7 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: "
                                f"region '{region.name}' is not checkpointable")
             selective = region_checkpoint(pr) == "selective"
-            hidden = hidden_compiled_modules(model.module) if selective else []
+            hidden = hidden_compiled_modules(model.module, selective_context_fn()) if selective else []
             if hidden:  # the runner's regions are functions: any compiled module of the model may be in one
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: region "
                                f"'{region.name}' is \"selective\", but model '{model.name}' holds compiled "

@@ -12,6 +12,8 @@ own frame dynamo skips (``nn.Sequential``) gets none of our hooks compiled.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn as nn
@@ -224,21 +226,103 @@ def test_a_selective_policy_runs_on_a_block_compiled_with_aot_eager_and_stops_at
 
 
 @needs_split_and_selective
-def test_a_selective_wrapper_compiles_only_with_a_backend_that_dispatches_each_op():
-    """Rule 5 at ``compile()``: inductor (the default) is refused for a wrapper with a
-    context_fn, before anything compiles; aot_eager compiles, and so does inductor without a
-    context_fn."""
-    for kwargs in ({}, {"backend": "inductor"}, {"backend": hr.compile_backend("inductor")}):
-        wrapper = hr.checkpoint_wrapper(Block(), context_fn=hr.selective_context_fn())
+def test_a_selective_wrapper_compiles_only_where_the_policy_sees_the_ops_it_saves():
+    """Rule 5 at ``compile()``: a wrapper with a context_fn compiles with inductor (the default,
+    keeping the ops its policy saves dispatched) and aot_eager; a backend callable, a
+    context_fn that is not torch's SAC contexts and a policy that reads its op's arguments are
+    refused before anything compiles."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def by_shape(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if args[0].dim() == 2 else CheckpointPolicy.PREFER_RECOMPUTE
+
+    refusals = (
+        ({"backend": hr.compile_backend("inductor")}, hr.selective_context_fn(),
+         "this checkpoint_wrapper has a context_fn (e.g. a selective policy), whose dispatch modes see the aten ops "
+         "its block dispatches"),
+        ({}, lambda: (contextlib.nullcontext(), contextlib.nullcontext()),
+         "its context_fn returns tuple, not torch's selective checkpoint contexts (create_selective_checkpoint_"
+         "contexts), so which ops it saves cannot be read off before the block compiles"),
+        ({}, lambda: create_selective_checkpoint_contexts(by_shape),
+         "its selective policy raised IndexError (tuple index out of range) when asked about"),
+    )
+    for kwargs, context_fn, message in refusals:
+        wrapper = hr.checkpoint_wrapper(Block(), context_fn=context_fn)
         with pytest.raises(hr.CheckpointError) as err:
             wrapper.compile(**kwargs)
-        assert "this checkpoint_wrapper has a context_fn (e.g. a selective policy), whose dispatch modes see the " \
-            "aten ops its block dispatches" in str(err.value)
-        assert "compile with backend=\"aot_eager\", or drop the context_fn to checkpoint in full" in str(err.value)
+        assert message in str(err.value), str(err.value)
+        assert "aot_eager" in str(err.value)
         assert getattr(wrapper._checkpoint_wrapped_module, "_compiled_call_impl", None) is None
     x = torch.randn(4, 16, requires_grad=True)
-    for backend, options in (("aot_eager", {"context_fn": hr.selective_context_fn()}), ("inductor", {})):
+    for backend, options in (("aot_eager", {"context_fn": hr.selective_context_fn()}), ("inductor", {}),
+                             ("inductor", {"context_fn": hr.selective_context_fn()})):
         wrapper = hr.checkpoint_wrapper(Block(), **options)
         wrapper.compile(backend=backend)
         wrapper(x).sum().backward()
         assert all(p.grad is not None for p in wrapper.parameters())
+
+
+class GatedBlock(nn.Module):
+    """Llama's feed-forward block: bias-free projections, so its matmuls dispatch ``aten.mm``."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(width)
+        self.w1 = nn.Linear(width, 3 * width, bias=False)
+        self.w3 = nn.Linear(width, 3 * width, bias=False)
+        self.w2 = nn.Linear(3 * width, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.w2(torch.nn.functional.silu(self.w1(h)) * self.w3(h))
+
+
+def _torchtitan_context_fn():
+    """torchtitan's op-level SAC policy (its own words): save every matmul but every second."""
+    import collections
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    meta = collections.defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == torch.ops.aten.mm.default:
+            meta[key] += 1
+        to_save = func in (torch.ops.aten.mm.default,) and meta[key] % 2 == 1
+        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+@needs_split_and_selective
+@pytest.mark.parametrize("policy, block", [("ours", Block), ("ours", GatedBlock), ("torchtitan", GatedBlock)])
+def test_a_selective_wrapper_compiled_with_inductor_replays_what_its_policy_recomputes(policy, block):
+    """Rule 5 / Rule 8 of NOTE [ Compiled dx/dw split ]: inductor keeps the matmuls the policy
+    saves dispatched, so the compiled replay dispatches the matmuls the eager block's replay
+    does (none under ours; every second one under torchtitan's) and reads the rest back; the
+    outputs and gradients are the eager wrapper's (a matmul output fused over in place, as
+    inductor does without Rule 8, fails them)."""
+    context_fn = hr.selective_context_fn() if policy == "ours" else _torchtitan_context_fn
+    torch.manual_seed(0)
+    # eval(): no dropout (inductor draws other masks than eager code); gradients still flow
+    eager = hr.checkpoint_wrapper(block(), context_fn=context_fn).eval()
+    compiled = hr.checkpoint_wrapper(block(), context_fn=context_fn).eval()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile()
+    x = torch.randn(4, 16)
+    got = {}
+    for name, wrapper in (("eager", eager), ("inductor", compiled)):
+        xs = x.clone().requires_grad_()
+
+        def step():
+            out = wrapper(xs)
+            out.square().sum().backward()
+            got[name] = (out.detach(), xs.grad, [p.grad for p in wrapper.parameters()])
+
+        got[name + " replays"] = _replay_matmuls(step)
+    want = 0 if policy == "ours" else 1  # torchtitan's saves the first and third of three
+    assert got["eager replays"] == got["inductor replays"] == want, got
+    torch.testing.assert_close(got["inductor"][:2], got["eager"][:2], rtol=1e-4, atol=1e-5)
+    for p, q in zip(got["inductor"][2], got["eager"][2]):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)

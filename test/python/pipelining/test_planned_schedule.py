@@ -356,9 +356,9 @@ def test_wrappers_must_agree_with_the_plan() -> None:
 @needs_selective
 def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused() -> None:
     """A full region whose wrapper has its own context_fn keeps more than planned; a selective
-    region with a module compiled where the policy cannot see its ops (inductor, or anything
-    not compiled by a selective wrapper's ``compile(backend="aot_eager")``) would replay every
-    matmul (NOTE [ Selective policy ] Rule 5). Both are refused before anything runs."""
+    region with a module compiled where the policy cannot see its ops (inductor, but where a
+    selective wrapper's ``compile()`` kept the ops its policy saves dispatched) would replay
+    every matmul (NOTE [ Selective policy ] Rule 5). Both are refused before anything runs."""
     from hp_recompute import checkpoint_wrapper
     from hp_recompute.pipelining.regions import checkpoint_regions
     from hp_recompute.errors import RunError
@@ -384,9 +384,14 @@ def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused()
         "hp_recompute.pipelining: stage 1: the plan checkpoints region 'layers.1' \"selective\", but 'layers.1.2' is "
         "compiled where the policy cannot see its ops (NOTE [ Selective policy ] Rule 5), so the replay would "
         "recompute every matmul; compile the block as checkpoint_wrapper(block, context_fn=hp_recompute."
-        "selective_context_fn()).compile(backend=\"aot_eager\"), or plan the region in full")
+        "selective_context_fn()).compile() (inductor then keeps the ops the policy saves dispatched), or plan the "
+        "region in full")
     module.layers["0"].compile(backend="aot_eager")  # the wrapper's compile marks what it compiled
     assert checkpoint_regions(module, ["layers.0"], 1, selective=["layers.0"]) == ["layers.0"]
+    module.layers["1"] = checkpoint_wrapper(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()),
+                                            context_fn=selective_context_fn())
+    module.layers["1"].compile()  # inductor, keeping the policy's ops dispatched
+    assert checkpoint_regions(module, ["layers.1"], 1, selective=["layers.1"]) == ["layers.1"]
 
 
 @needs_selective
@@ -439,7 +444,7 @@ def test_blocks_compiled_with_the_split_backend_run_a_zbv_plan(tmp_path: Path) -
 
 
 COMPILED_CASES = [("zbv", "aot_eager", True), ("zbv", "inductor", True), ("izb", "aot_eager", True),
-                  ("zbv", "aot_eager", "selective")]
+                  ("zbv", "aot_eager", "selective"), ("zbv", "inductor", "selective")]
 if getattr(pipelining.schedules, "ScheduleDualPipeV", None) is not None:
     COMPILED_CASES.append(("dpv", "aot_eager", True))
 
@@ -459,8 +464,8 @@ def test_a_torchtitan_model_with_block_compile_runs_a_zero_bubble_plan(tmp_path:
     the same compiled stages. torch's own schedule refuses those stages (recorded).
 
     Selective (a plan that says so, blocks wrapped with ``selective_context_fn()``, compiled
-    with aot_eager: NOTE [ Selective policy ] Rule 5): the compiled replays run no matmul,
-    where full replays run them."""
+    with aot_eager, or inductor keeping the saved matmuls dispatched: NOTE [ Selective policy ]
+    Rule 5): the compiled replays run no matmul, where full replays run them."""
     microbatches = 4
     results = run_case(tmp_path, torch_schedule, 2, 4, microbatches, prefetch="bubble", per=1,
                        worker=pp_titan_worker.main, backend=backend, policy=policy,
@@ -483,7 +488,8 @@ def test_a_torchtitan_model_with_block_compile_runs_a_zero_bubble_plan(tmp_path:
         assert w > 0 and one > 0
         assert abs(i + w + b - one) <= 0.05 * one, (rank, flops, one)
         assert flops.get("replay", 0) > 0  # the replays ran, and apart from I and W
-        if backend == "aot_eager":  # its ops reach the counter (inductor's run as out= kernels)
+        if backend == "aot_eager" or policy == "selective":  # its ops reach the counter (inductor's out= kernels
+            # do not, but for the ops a policy saves)
             assert (res["replay_matmuls"] == 0) == (policy == "selective"), (rank, res["replay_matmuls"])
         assert "not supported with stage modules that have used torch.compile" in res["torch_on_compiled"]
 
