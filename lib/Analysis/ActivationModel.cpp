@@ -126,6 +126,11 @@ ActivationProfile mlir::hpr::computeActivationProfile(
                                : runsCheckpointed(lifetime.forward, costs);
     add(lifetime.forwardPos, lifetime.lastConsumerPos,
         keptBytesOf(cost, underCheckpoint));
+    // What dx keeps for dw (the gradients dw's matmuls read), from I to W,
+    // checkpointed or not.
+    if (lifetime.releasedAfterDx)
+      add(lifetime.firstConsumerPos, lifetime.lastConsumerPos,
+          cost.weightStateBytes);
     if (!underCheckpoint || !lifetime.hasConsumers)
       continue;
     // A span [begin, end] of `bytes`, of which only `weightBytes` stay after

@@ -74,8 +74,6 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     // gradient sent here, and below a stage output sent to the next rank.
     if (isa<SendBOp>(op) && stage > 0)
       other += costs[stage - 1].outputBytes;
-    if (isa<BackwardInputOp>(op))
-      other += costs[stage].weightStateBytes;
     // dx handed to a co-located previous stage becomes its output gradient.
     bool producesDx = isa<BackwardInputOp, BackwardOp>(op) && stage > 0;
     if (producesDx && stageToRank[stage - 1] == rank)
@@ -92,11 +90,10 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     else if (isa<BackwardWeightOp>(op) && !cost.weightIsWholeBackward)
       workspace = cost.weightWorkspaceBytes;
     peak = std::max(peak, live + other + workspace);
-    // What the backward frees as it goes: I's state (W), and on the last
-    // consumer the microbatch's activations and replayed tensors (read
-    // without retaining), its output and the output's gradient.
-    if (isa<BackwardWeightOp>(op))
-      other -= costs[stage].weightStateBytes;
+    // What the backward frees as it goes: on the last consumer the
+    // microbatch's activations, replayed tensors (read without retaining)
+    // and I's state for W (all in the activation profile), its output and
+    // the output's gradient.
     if (isLastBackward[pos - 1] && stage != lastStage) {
       bool sent = stageToRank[stage + 1] != rank;
       other -= costs[stage].outputBytes * (sent ? 1 : 2);

@@ -122,9 +122,14 @@ def _distinct_bytes(tensors: Any, besides: Sequence[Optional[torch.Tensor]] = ()
 
 
 def _weight_state_bytes(state: Any, dxs: Sequence[Optional[torch.Tensor]]) -> int:
-    """What I keeps for W: the gradients it recorded, but the input gradients it returned (their
-    storage is the caller's, which sends or hands them on: the planner counts them there)."""
-    return _distinct_bytes((g for grads in state.recorded.values() for g in grads), dxs)
+    """What I keeps for W: the gradients it recorded and the stash of each compiled block it
+    split (Rule 3 of NOTE [ Compiled dx/dw split ]: the values of I that W reads), but the input
+    gradients it returned (their storage is the caller's, which sends or hands them on: the
+    planner counts them there)."""
+    recorded = [g for grads in state.recorded.values() for g in grads]
+    stashed = [t for kind, values in state.compiled.values() if kind == "stash" for t in values
+               if isinstance(t, torch.Tensor)]
+    return _distinct_bytes(recorded + stashed, dxs)
 
 
 def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[torch.Tensor],

@@ -29,9 +29,11 @@
 //    when measured, else their saved bytes; of that, a session read by dx
 //    and dw holds after dx only what dw reads, replay_weight_bytes when
 //    measured (else all of it; a selective region keeps all of it);
+//  - what I keeps for W (bwd_weight_input_bytes), from I to W: counted
+//    with the activations (ActivationModel.h), as deferring W holds it;
 //  - step memory beyond activations: the stage output (the next stage's
-//    first input_bytes) and its gradient, the weight gradients (param_bytes)
-//    and what I keeps for W (bwd_weight_input_bytes); a backward action
+//    first input_bytes) and its gradient and the weight gradients
+//    (param_bytes); a backward action
 //    transiently needs its largest region's workspace on top (that of its
 //    kind: bwd_input_workspace_bytes, bwd_weight_workspace_bytes, else
 //    bwd_workspace_bytes, the full backward's);

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 using namespace mlir;
 using namespace mlir::hpr;
 
@@ -292,6 +294,42 @@ TEST(ActivationModel, DxReleasesWhatNoDwReads) {
   // Stage 0's W is its one reader: nothing to release there.
   for (const ActivationLifetime &lifetime : programOf(*released, 0).lifetimes)
     EXPECT_FALSE(lifetime.releasedAfterDx);
+}
+
+TEST(ActivationModel, WhatIKeepsForWLivesFromIToW) {
+  // ZB-H1 on 2 ranks: rank 1's I of each microbatch keeps 77 bytes of
+  // gradients for its W; the profile holds them at exactly the positions
+  // from that I to that W, inclusive, so a budget sees a deferred W.
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1", 2);
+  auto programs =
+      (*module->getOps<ScheduleOp>().begin()).getBody().getOps<ProgramOp>();
+  ProgramOp program = *std::next(programs.begin(), 1);
+  ProgramActivations activations = collectActivationLifetimes(program);
+  std::vector<StageCost> costs =
+      computeStageCosts(*module->getOps<ModelOp>().begin());
+  ActivationProfile without = computeActivationProfile(activations, costs);
+  costs[1].weightStateBytes = 77;
+  ActivationProfile with = computeActivationProfile(activations, costs);
+  std::map<int64_t, unsigned> inputAt, weightAt;
+  unsigned pos = 0;
+  for (Operation &op : program.getBody().getOps()) {
+    if (auto i = dyn_cast<BackwardInputOp>(op))
+      inputAt[i.getMicrobatchIndex()] = pos;
+    if (auto w = dyn_cast<BackwardWeightOp>(op))
+      weightAt[w.getMicrobatchIndex()] = pos;
+    ++pos;
+  }
+  ASSERT_EQ(inputAt.size(), 2u);
+  ASSERT_EQ(weightAt.size(), 2u);
+  for (pos = 0; pos < activations.numPositions; ++pos) {
+    int64_t pending = 0;
+    for (auto [mb, at] : inputAt)
+      pending += at <= pos && pos <= weightAt[mb];
+    EXPECT_EQ(with.live[pos] - without.live[pos], 77 * pending)
+        << "position " << pos;
+  }
+  EXPECT_EQ(with.peak() - without.peak(), 77 * 2);
 }
 
 TEST(ActivationModel, FirstStageReplaysInsideItsWeightBackward) {
