@@ -11,10 +11,12 @@ Cases may add torchtitan's selective policy to the wrapper and run the forwards 
 bfloat16 autocast (the reference too; fsdp_worker.py's policy and autocast), and compile
 each wrapped block (``compile()`` between the wrapper and ``fully_shard``, torchtitan's
 order), counting the halves of the split compiled backwards that ran. Two steps
-run; the second is compared, with per-block forward calls, replays, live sessions,
+run (accumulating their gradients when the case asks for gradient accumulation); the
+second is compared, with per-block forward calls, replays, live sessions,
 the collectives FSDP issued and whether every parameter is sharded again at the end of
 the step. A case may also run torch's interleaved 1F1B (1F1B on one stage per rank) with
-torch's checkpoint on the same model, for its collectives (``baseline``).
+torch's checkpoint on the same model, for its collectives (``baseline``), on the case's
+whole stack (the policy, ``compile()``, autocast and accumulation) for its gradients.
 """
 
 from __future__ import annotations
@@ -57,11 +59,13 @@ def _freeze_first_stage(module: Net, cfg: Dict[str, Any]) -> None:
 def _reference(full: Net, cfg: Dict[str, Any]) -> Dict[str, Any]:
     ref = copy.deepcopy(full)
     _freeze_first_stage(ref, cfg)
-    for d in range(cfg["dp"]):
+    # accumulating (torchtitan's way: scale_grads=False, the microbatches' gradients summed), two steps
+    steps, scale = (2, 1) if cfg.get("accumulate") else (1, cfg["microbatches"])
+    for d in [d for _ in range(steps) for d in range(cfg["dp"])]:
         for x, y in _microbatches(cfg, d):
             with _autocast(cfg):
                 loss = _loss(ref(x), y)
-            (loss / (cfg["dp"] * cfg["microbatches"])).backward()
+            (loss / (cfg["dp"] * scale)).backward()
     return {n: p.grad.clone() for n, p in ref.named_parameters() if p.requires_grad}
 
 
@@ -125,17 +129,19 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     mine = stages_of_rank({**cfg, "ranks": pp}, pp_rank)
     stages = [PipelineStage(_wrap(stage_module(full, split[s]), cfg, dp_mesh), s, cfg["stages"],
                             torch.device("cpu"), group=mesh.get_group("pp")) for s in mine]
-    schedule = PlannedSchedule(stages, cfg["microbatches"], loss_fn=_loss, plan=cfg["plan"])
+    schedule = PlannedSchedule(stages, cfg["microbatches"], loss_fn=_loss, plan=cfg["plan"],
+                               scale_grads=not cfg.get("accumulate"))
     plan_calls = _count_plan_calls()
     halves = _count_compiled_halves() if cfg.get("compile") else {}
     res["fsdp_split"] = sorted(schedule.own_split)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     replays = []
-    for _ in range(2):
+    for n in range(2):
         plan_calls.clear()
         halves.clear()
         for st in stages:
-            st.submod.zero_grad(set_to_none=True)
+            if n == 0 or not cfg.get("accumulate"):
+                st.submod.zero_grad(set_to_none=True)
         x.grad = None
         losses: List[torch.Tensor] = []
         CALLS.clear()
@@ -176,8 +182,9 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
 def _torch_baseline(full: Net, cfg: Dict[str, Any], mesh: Any, dp_mesh: Any, pp_rank: int, x: torch.Tensor,
                     y: torch.Tensor, ref_grads: Dict[str, torch.Tensor]) -> Dict[str, Any]:
     """torch's strongest correct schedule on the same model and stages: interleaved 1F1B (1F1B with
-    one stage per rank), each block in torch's ``checkpoint_wrapper`` then ``fully_shard``-ed, the
-    stages placed in loops; its second step's collectives, and whether its gradients are exact."""
+    one stage per rank), each block in torch's ``checkpoint_wrapper`` (with the case's policy,
+    then ``compile()``-d where the case compiles) then ``fully_shard``-ed, the stages placed in
+    loops; its second step's collectives, its gradients, and whether they are exact."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.pipelining import PipelineStage
@@ -188,23 +195,28 @@ def _torch_baseline(full: Net, cfg: Dict[str, Any], mesh: Any, dp_mesh: Any, pp_
     for s in stages_of_rank(looped, pp_rank):
         module = stage_module(full, split[s])
         for key in list(module.layers.keys()):
-            module.layers[key] = checkpoint_wrapper(module.layers[key])
+            module.layers[key] = checkpoint_wrapper(module.layers[key],
+                                                    **({"context_fn": _selective()} if cfg.get("selective") else {}))
+            if cfg.get("compile"):  # torch's own wrapper compiles around its checkpoint
+                module.layers[key].compile(backend=cfg["compile"])
             fully_shard(module.layers[key], mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=cfg["reshard"])
         stages.append(PipelineStage(module, s, cfg["stages"], torch.device("cpu"), group=mesh.get_group("pp")))
     cls = torch_schedule("i1f1b" if cfg["stages"] > cfg["pp"] else "1f1b")
-    schedule = cls(stages if cfg["stages"] > cfg["pp"] else stages[0], cfg["microbatches"], loss_fn=_loss)
+    schedule = cls(stages if cfg["stages"] > cfg["pp"] else stages[0], cfg["microbatches"], loss_fn=_loss,
+                   scale_grads=not cfg.get("accumulate"))
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     x = x.detach()
-    for _ in range(2):
+    for n in range(2):
         for st in stages:
-            st.submod.zero_grad(set_to_none=True)
+            if n == 0 or not cfg.get("accumulate"):
+                st.submod.zero_grad(set_to_none=True)
         with _autocast(cfg), counted_collectives() as collectives:
             schedule.step(*((x,) if first else ()), target=y if last else None)
-    exact = all(torch.allclose(p.grad.full_tensor(), ref_grads[n.replace("_checkpoint_wrapped_module.", "")],
-                               rtol=1e-5, atol=1e-7)
-                for st in stages for n, p in st.submod.named_parameters() if p.requires_grad)
-    return {"schedule": cls.__name__, "collectives": dict(collectives), "exact": exact}
+    grads = {n.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""): p.grad.full_tensor().clone()
+             for st in stages for n, p in st.submod.named_parameters() if p.requires_grad}
+    exact = all(torch.allclose(g, ref_grads[n], rtol=1e-5, atol=1e-7) for n, g in grads.items())
+    return {"schedule": cls.__name__, "collectives": dict(collectives), "exact": exact, "grads": grads}
 
 
 def _manages_parameters(module: Any) -> bool:
