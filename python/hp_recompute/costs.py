@@ -46,7 +46,8 @@ costs for an N-rank run on one machine are measured N at a time.
 model JSON: its regions are the exporter's (``export.measure.measure_regions``, the planner's
 ``segmentOps``; ``--regions`` chooses them by module path), its bytes the exporter's, and the
 times those of its own forward cut at the regions' boundaries (NOTE [ Cut forward ]); the
-model JSON is written from scratch.
+model JSON is written from scratch. ``--autocast bfloat16`` measures its forwards under
+``torch.autocast``, as mixed-precision training runs them (the bytes of what they save, too).
 
     python -m hp_recompute.costs --model-json examples/gpt/gpt.model.json -o gpt.costed.json
     python -m hp_recompute.costs --module examples/llama/model.py:build --input-shape 2x64 \
@@ -334,10 +335,12 @@ class ModuleMeasurement:
     model_output: Optional[str]
     repeats: int
     warmup: int
+    autocast: Optional[torch.dtype] = None
 
     def build(self) -> Tuple[torch.nn.Module, Tuple[torch.Tensor, ...], List[Any], str]:
-        """The module in training mode (its forward returning ``model_output``: ``SelectedOutput``),
-        its example inputs, its segments, and what ``SelectedOutput`` chose (or "")."""
+        """The module in training mode (its forward returning ``model_output``: ``SelectedOutput``;
+        run under ``torch.autocast(autocast)`` where given), its example inputs, its segments, and
+        what ``SelectedOutput`` chose (or "")."""
         from .export.inputs import SelectedOutput, load_factory, make_inputs
         from .export.measure import measure_regions, resolve_regions
 
@@ -346,6 +349,8 @@ class ModuleMeasurement:
         inputs = make_inputs(self.shapes, self.dtypes, seed=self.seed)
         model.train()
         selected = SelectedOutput(model, self.model_output).apply()  # the tool's own model, to the end
+        if self.autocast is not None:
+            _autocast_forward(model, self.autocast)
         segments = measure_regions(model, inputs, self.region_depth, name=self.spec, regions=regions)
         return model, inputs, segments, selected.note
 
@@ -546,6 +551,22 @@ class _Piece:
     ins: List[torch.Tensor]
     in_keys: List[int]
     weights: List[torch.Tensor]
+
+
+def _autocast_forward(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``model``'s forward (the tool's own model, to the end) under ``torch.autocast`` to
+    ``dtype`` on its parameters' device, as mixed-precision training runs it: every forward
+    the tool measures, the regions' checkpointed ones and replays inside it, and none of the
+    backwards (run after the forward returned; a replay in one restores the forward's
+    autocast state, as torch's checkpoint does)."""
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    forward = model.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward  # type: ignore[method-assign]
 
 
 def _needs_grad(t: Any) -> bool:
@@ -781,6 +802,9 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
     return out
 
 
+#: ``--autocast``'s dtypes.
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
 #: Bounds of the numeric flags (a usage error outside them, not a measurement that never ends).
 MAX_REPEATS = 10_000
 MAX_THREADS = 1024
@@ -818,6 +842,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="data seed of the measured microbatch")
     p.add_argument("--from-run", default=None, metavar="REPORT",
                    help="measure nothing: take the times from this run report (module docstring)")
+    p.add_argument("--autocast", default=None, choices=sorted(AUTOCAST_DTYPES),
+                   help="with --module: run its forwards under torch.autocast to this dtype, as mixed-precision "
+                        "training does (the backwards outside it)")
     args = p.parse_args(argv)
     check_module_arguments(p, args)
     if (args.module is None) == (args.model_json is None):
@@ -831,8 +858,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             p.error("--regions: an empty value")
         if args.regions is not None and args.region_depth != 1:
             p.error("--regions names the regions, --region-depth finds them by a rule: give one of the two")
-    elif args.regions is not None or args.input_shape is not None or args.region_depth != 1:
-        p.error("--regions, --input-shape, --input-dtype and --region-depth go with --module")
+    elif args.regions is not None or args.input_shape is not None or args.region_depth != 1 or args.autocast:
+        p.error("--regions, --input-shape, --input-dtype, --region-depth and --autocast go with --module")
     if not 1 <= args.repeats <= MAX_REPEATS:
         p.error(f"--repeats must be in [1, {MAX_REPEATS}], got {args.repeats}")
     if not 0 <= args.warmup < args.repeats:
@@ -916,7 +943,8 @@ def _main_module(args: argparse.Namespace) -> int:
         shapes, dtypes = module_inputs(args)
         check_outputs([("-o", args.output)], [("--module", args.module.rpartition(":")[0])])
         measurement = ModuleMeasurement(args.module, shapes, dtypes, args.seed, args.region_depth, args.regions,
-                                        args.model_output, args.repeats, args.warmup)
+                                        args.model_output, args.repeats, args.warmup,
+                                        AUTOCAST_DTYPES[args.autocast] if args.autocast else None)
         try:
             model, inputs, segments, note = measurement.build()
             if note:
@@ -951,6 +979,7 @@ def _main_module(args: argparse.Namespace) -> int:
     source = (f"python -m hp_recompute.costs --module {args.module} --input-shape {args.input_shape} --input-dtype "
               f"{args.input_dtype}" + (f" --regions {args.regions}" if args.regions is not None else "")
               + (f" --model-output {args.model_output}" if args.model_output is not None else "")
+              + (f" --autocast {args.autocast}" if args.autocast else "")
               + f", torch {torch.__version__}, {args.threads} thread(s) x {args.processes} process(es), median of "
               f"{args.repeats - args.warmup}")
     return _write(args, graph, times, source)

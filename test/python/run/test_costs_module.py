@@ -313,8 +313,8 @@ def test_a_region_keeping_state_between_calls_is_refused(tmp_path: Path) -> None
     (["--module", f"{GPT}:build"], "--module needs --input-shape"),
     (["--module", f"{GPT}:build", "--input-shape", "4x40", "--model-json", str(GPT_MODEL_JSON)],
      "give either --module"),
-    (["--model-json", str(GPT_MODEL_JSON), "--regions", "blocks"], "--regions, --input-shape, --input-dtype and "
-                                                                   "--region-depth go with --module"),
+    (["--model-json", str(GPT_MODEL_JSON), "--regions", "blocks"], "--regions, --input-shape, --input-dtype, "
+                                                                   "--region-depth and --autocast go with --module"),
     (["--module", f"{GPT}:build", "--input-shape", "4x40", "--from-run", "r.json"],
      "--from-run goes with --model-json"),
     (["--module", f"{GPT}:build", "--input-shape", "4x40", "--region-depth", "0"], "--region-depth must be in [1, 64]"),
@@ -384,3 +384,22 @@ def test_the_runner_runs_a_zbv_plan_on_compiled_llama_blocks(tmp_path: Path) -> 
     report = json.loads(report_path.read_text())
     assert report["grads_match"] is True, report
     assert report["recomputes"] == report["recomputes_expected"] > 0 and report["sessions_left"] == 0
+
+
+def test_autocast_measures_the_forwards_in_the_precision_they_train_in(tmp_path: Path) -> None:
+    """``--autocast bfloat16``: the forwards run under torch.autocast, so every activation a
+    block of the MLP keeps, replays or hands W is bfloat16, half its float32 bytes; the flag
+    is the source line's; with --model-json it is a usage error."""
+    fp32 = _measure(tmp_path / "fp32.json", "mlp")
+    bf16 = _measure(tmp_path / "bf16.json", "mlp", "--autocast", "bfloat16")
+    keys = ["input_bytes", "replay_bytes", "bwd_weight_input_bytes"] + (["selective_saved_bytes"]
+                                                                       if selective_supported() else [])
+    blocks = [(a, b) for a, b in zip(fp32["regions"], bf16["regions"]) if a["name"].startswith("layers.")][1:]
+    assert blocks
+    for a, b in blocks:  # the first block's input is the float32 model input
+        for key in keys:
+            assert b[key] * 2 == a[key], (a["name"], key, a[key], b[key])
+    assert "--autocast bfloat16" in json.dumps(bf16)
+    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--autocast", "bfloat16", "-o", str(tmp_path / "x.json"))
+    _refused(proc, 2, "--regions, --input-shape, --input-dtype, --region-depth and --autocast go with --module",
+             tmp_path / "x.json")
