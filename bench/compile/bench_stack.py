@@ -1,0 +1,242 @@
+"""torchtitan's production stack under a ZBV plan: selective checkpointing, inductor, FSDP2 and bf16 together.
+
+Two gloo processes (pp 2 x dp 1, one thread each) train the held-out torchtitan-layout
+decoder of examples/pipelining/model.py (``tok_embeddings``, blocks ``layers.N`` of causal
+self-attention and MLP, ``norm`` and ``output``), split into 4 stages, under bfloat16
+autocast, every block prepared in torchtitan's order: checkpoint-wrapped with the
+selective policy (``selective_context_fn()``: matmul outputs saved), ``block.compile()``
+(inductor), then ``fully_shard`` on a dp mesh of one rank, then the stage root. Side by
+side in one run, repeated:
+
+* torch interleaved 1F1B, compiled: torch's ``ScheduleInterleaved1F1B`` (stages in loops)
+  on torch's ``checkpoint_wrapper`` with the same policy, compiled by ``block.compile()``
+  (torch's checkpoint traced: the policy applied where aot_autograd partitions the graph),
+  the strongest correct baseline at checkpointing memory, the ratio columns';
+* torch interleaved 1F1B, eager: the same without ``compile()``;
+* ours ZBV bubble, eager: ``PlannedSchedule`` with a ZBV plan replaying in bubbles, on
+  ``hp_recompute.checkpoint_wrapper`` blocks: the gradients the compiled run is held to;
+* ours ZBV bubble, compiled: the same blocks compiled by the wrapper's ``compile()``
+  (inductor keeping the matmuls the policy saves dispatched: NOTE [ Selective policy ]
+  Rule 5).
+
+The plan checkpoints every block selectively, on the costs ``python -m hp_recompute.costs
+--module bench/compile/bench_stack.py:compiled_decoder --autocast bfloat16`` measures: the
+decoder with each block compiled as the wrapper compiles it, its forwards under the run's
+autocast. It is made for the layout (``dp_shard=1``), so it gathers and frees each stage and
+predicts each rank's step peak (``peak_memory_bytes``), printed against the measured one. Each run: a warm-up step (metadata inference,
+compilation), one step under the allocator meter (peak bytes above the step's start,
+gradients zeroed before it; runner/memory.py), then ``--steps`` timed steps (median, slowest
+rank, a barrier before each). Gradients are compared by relative norm per parameter
+(``|g - g_ref| / |g_ref|``, the worst) with ours eager; replays are counted per step.
+
+Usage: python bench/compile/bench_stack.py [--steps 5] [--repeats 2] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))
+from harness import example_module, machine_line, median_step_ms, spawn  # noqa: E402
+DECODER = REPO / "examples" / "pipelining" / "model.py"
+MICROBATCHES, STAGES, PP = 4, 4, 2
+BASELINE = "torch interleaved 1F1B, compiled"
+REFERENCE = "ours ZBV bubble, eager"
+BUDGET = "ours ZBV bubble at i1F1B's budget, compiled"
+VARIANTS = [BASELINE, "torch interleaved 1F1B, eager", REFERENCE, "ours ZBV bubble, compiled", BUDGET]
+
+
+def _decoder() -> Any:
+    return example_module("hpr_pipelining_decoder", DECODER)
+
+
+def compiled_decoder() -> torch.nn.Module:
+    """The costs tool's factory: the decoder with each block compiled as the selective wrapper's
+    ``compile()`` compiles it (inductor, the policy's saved ops dispatched, the backward split)."""
+    sys.path.insert(0, str(REPO / "python"))
+    import hp_recompute as hr
+
+    model = _decoder().build()
+    backend = hr.compile_backend("inductor", saved_ops=hr.selective.policy_saved_ops(hr.selective_context_fn()))
+    for block in model.layers.values():
+        block.compile(backend=backend)
+    return model
+
+
+def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+def _one(rank: int, cfg: Dict[str, Any], variant: str, mesh: Any) -> Dict[str, Any]:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper as torch_wrapper
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+
+    import hp_recompute as hr
+    from hp_recompute.pipelining import PlannedSchedule
+    from hp_recompute.runner.memory import AllocatorPeak
+
+    decoder = _decoder()
+    torch._dynamo.reset()
+    ours, compiled = variant.startswith("ours"), variant.endswith("compiled")
+    mine = [rank, rank + PP] if not ours else [rank, 2 * PP - 1 - rank]  # loops, or a V
+    wrap = hr.checkpoint_wrapper if ours else torch_wrapper
+    stages = []
+    for s in mine:
+        module = decoder.stage_module(decoder.build(), cfg["split"][s])
+        for key in list(module.layers.keys()):
+            block = wrap(module.layers[key], context_fn=hr.selective_context_fn())
+            if compiled:
+                block.compile()  # torchtitan's block.compile(): inductor
+            fully_shard(block, mesh=mesh["dp"])
+            module.layers[key] = block
+        fully_shard(module, mesh=mesh["dp"])
+        stages.append(PipelineStage(module, s, STAGES, torch.device("cpu"), group=mesh.get_group("pp")))
+    if ours:
+        schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss,
+                                   plan=cfg["plans"]["budget" if variant == BUDGET else "bubble"])
+    else:
+        schedule = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=_loss)
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, decoder.VOCAB, (cfg["batch"], decoder.SEQ), generator=g)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+
+    def step() -> None:
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg["autocast"]):
+            schedule.step(*((tokens,) if first else ()), target=tokens.roll(-1, dims=1) if last else None)
+
+    with AllocatorPeak():  # warm-up: metadata, compilation; profiled so that the measured step's frees are seen
+        step()
+    for st in stages:
+        st.submod.zero_grad(set_to_none=True)
+    hr.reset_stats()
+    with AllocatorPeak() as meter:
+        step()
+    replays = hr.stats()["replays"]
+    grads = {name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""):
+             None if p.grad is None else p.grad.full_tensor().float().clone()
+             for st in stages for name, p in st.submod.named_parameters()}
+    ms = median_step_ms(step, cfg["steps"])
+    blocks = sum(len(st.submod.layers) for st in stages)
+    return {"ms": ms, "peak": meter.peak, "grads": grads, "replays_per_block": replays / (blocks * MICROBATCHES)}
+
+
+def _worst_relative(grads: Dict[str, Any], reference: Dict[str, torch.Tensor]) -> float:
+    """The largest ``|g - g_ref| / |g_ref|`` over the parameters (inf where a gradient is None)."""
+    worst = 0.0
+    for name, want in reference.items():
+        got = grads.get(name)
+        if got is None:
+            return float("inf")
+        worst = max(worst, float((got - want).norm() / want.norm().clamp_min(1e-30)))
+    return worst
+
+
+def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (PP, 1), mesh_dim_names=("pp", "dp"))
+    return {"rows": [{"repeat": repeat, "variant": variant, **_one(rank, cfg, variant, mesh)}
+                     for repeat in range(cfg["repeats"]) for variant in VARIANTS]}
+
+
+def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, Any]], int]:
+    """The ZBV plans on the compiled decoder's measured costs (under the run's autocast), every
+    block checkpointed selectively, made for the layout (``dp_shard=1``: the plan gathers and
+    frees each stage and predicts each rank's step peak, ``peak_memory_bytes``): "bubble", and
+    "budget" under ``--memory-budget`` of the activation peak the planner gives interleaved
+    1F1B on the same costs (its bounded dw deferral runs dws earlier where they would hold
+    more)."""
+    from hp_recompute import make_plan
+
+    seq = _decoder().SEQ
+    subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", f"{Path(__file__).resolve()}:compiled_decoder",
+                    "--input-shape", f"{batch // MICROBATCHES}x{seq}", "--input-dtype", "int64",
+                    *(["--autocast", "bfloat16"] if autocast else []), "-o", str(work / "costed.json")],
+                   check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")})
+    graph = json.loads((work / "costed.json").read_text())
+    names = [r["name"] for r in graph["regions"]]
+    blocks = [i for i, name in enumerate(names) if name.startswith("layers.")]
+    per = len(blocks) // STAGES
+    starts = [0] + [blocks[s * per] for s in range(1, STAGES)]
+    ends = [start - 1 for start in starts[1:]] + [len(names) - 1]
+    spec = ",".join(f"{s}:{a}-{b}" for s, (a, b) in enumerate(zip(starts, ends)))
+    common = dict(model=work / "costed.json", ranks=PP, microbatches=MICROBATCHES, stages=spec,
+                  checkpoint="selective", dp_shard=1)
+    budget = max(make_plan(schedule_gen="interleaved-1f1b", **common)["summary"]["peak_bytes"])
+    return {"bubble": make_plan(schedule_gen="zbv", prefetch="bubble", **common),
+            "budget": make_plan(schedule_gen="zbv", prefetch="bubble", memory_budget=budget, **common)}, budget
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64, help="sequences per step (a multiple of 4)")
+    parser.add_argument("--no-autocast", dest="autocast", action="store_false", help="float32 forwards")
+    args = parser.parse_args()
+    sys.path[:0] = [str(REPO / "python")]
+    from hp_recompute import compile_split, selective
+
+    if not compile_split.SUPPORTED or not selective.selective_supported():
+        sys.exit(f"bench/compile/bench_stack.py needs torch >= 2.13 (the compiled dx/dw split); this is torch "
+                 f"{torch.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        plans, budget = _plans(work, args.batch, args.autocast)
+        for name, plan in plans.items():
+            (work / f"{name}.json").write_text(json.dumps(plan))
+        split = {s: [r["name"] for r in stage["regions"]] for s, stage in enumerate(plan["model"]["stages"])}
+        cfg = {"plans": {name: str(work / f"{name}.json") for name in plans}, "split": split, "steps": args.steps, "repeats": args.repeats,
+               "batch": args.batch, "autocast": args.autocast}
+        results = spawn(body, cfg, PP, work)
+    d = _decoder()
+    print(f"PP {PP} x FSDP2 1 (gloo, 2 processes, 1 thread each), {STAGES} stages, {MICROBATCHES} microbatches, the "
+          f"decoder of examples/pipelining/model.py ({d.LAYERS} blocks of width {d.DIM}, vocabulary {d.VOCAB}), batch "
+          f"{args.batch} x seq {d.SEQ}, {'bf16 autocast' if args.autocast else 'float32'}, every block selective (matmuls saved); step ms = median of "
+          f"{args.steps} steps, slowest rank; peak = allocator bytes above the step's start (pp rank 0, 1); "
+          f"the plans' step peaks (peak_memory_bytes): bubble {plans['bubble']['summary']['peak_memory_bytes']}, at "
+          f"i1F1B's budget ({budget} activation bytes) "
+          f"{plans['budget']['summary']['peak_memory_bytes']}")
+    print(machine_line())
+    print("| run | variant | step ms | vs torch i1F1B compiled | peak bytes pp 0, 1 | peak vs torch i1F1B compiled "
+          "pp 0, 1 | measured / planned peak pp 0, 1 | replays / block / microbatch | gradients vs ours eager "
+          "(worst relative norm) |")
+    print("| ---: | --- | ---: | ---: | --- | --- | --- | ---: | ---: |")
+    rows = results[0]["rows"]
+    # each variant's gradients over both ranks (a loop places other stages on a rank than a V)
+    grads = [{name: g for res in results for name, g in res["rows"][i]["grads"].items()} for i in range(len(rows))]
+    for i, row in enumerate(rows):
+        base = next(j for j, r in enumerate(rows) if r["repeat"] == row["repeat"] and r["variant"] == BASELINE)
+        ref = next(j for j, r in enumerate(rows) if r["repeat"] == row["repeat"] and r["variant"] == REFERENCE)
+        ms = max(res["rows"][i]["ms"] for res in results)
+        base_ms = max(res["rows"][base]["ms"] for res in results)
+        peaks = [res["rows"][i]["peak"] for res in results]
+        ratios = [p / res["rows"][base]["peak"] for p, res in zip(peaks, results)]
+        replays = max(res["rows"][i]["replays_per_block"] for res in results)
+        worst = _worst_relative(grads[i], grads[ref])
+        planned = "-"
+        if row["variant"].startswith("ours"):
+            predicted = plans["budget" if row["variant"] == BUDGET else "bubble"]["summary"]["peak_memory_bytes"]
+            planned = ", ".join(f"{p / q:.2f}" for p, q in zip(peaks, predicted))
+        print(f"| {row['repeat'] + 1} | {row['variant']} | {ms:.1f} | {ms / base_ms:.2f} | {peaks[0]}, {peaks[1]} | "
+              f"{ratios[0]:.2f}, {ratios[1]:.2f} | {planned} | {replays:g} | {worst:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
