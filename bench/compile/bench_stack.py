@@ -17,7 +17,8 @@ side in one run, repeated:
   ``hp_recompute.checkpoint_wrapper`` blocks: the gradients the compiled run is held to;
 * ours ZBV bubble, compiled: the same blocks compiled by the wrapper's ``compile()``
   (inductor keeping the matmuls the policy saves dispatched: NOTE [ Selective policy ]
-  Rule 5).
+  Rule 5); the same under ``--memory-budget`` of interleaved 1F1B's planned activation
+  peak, and under the smallest budget a ZBV plan fits.
 
 The plan checkpoints every block selectively, on the costs ``python -m hp_recompute.costs
 --module bench/compile/bench_stack.py:compiled_decoder --autocast bfloat16`` measures: the
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -54,7 +55,9 @@ MICROBATCHES, STAGES, PP = 4, 4, 2
 BASELINE = "torch interleaved 1F1B, compiled"
 REFERENCE = "ours ZBV bubble, eager"
 BUDGET = "ours ZBV bubble at i1F1B's budget, compiled"
-VARIANTS = [BASELINE, "torch interleaved 1F1B, eager", REFERENCE, "ours ZBV bubble, compiled", BUDGET]
+SMALLEST = "ours ZBV bubble at its smallest budget, compiled"
+PLAN_OF = {REFERENCE: "bubble", "ours ZBV bubble, compiled": "bubble", BUDGET: "budget", SMALLEST: "smallest"}
+VARIANTS = [BASELINE, "torch interleaved 1F1B, eager", *PLAN_OF]
 
 
 def _decoder() -> Any:
@@ -106,7 +109,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, mesh: Any) -> Dict[str, A
         stages.append(PipelineStage(module, s, STAGES, torch.device("cpu"), group=mesh.get_group("pp")))
     if ours:
         schedule = PlannedSchedule(stages, MICROBATCHES, loss_fn=_loss,
-                                   plan=cfg["plans"]["budget" if variant == BUDGET else "bubble"])
+                                   plan=cfg["plans"][PLAN_OF[variant]])
     else:
         schedule = ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=_loss)
     g = torch.Generator().manual_seed(7)
@@ -160,8 +163,9 @@ def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, 
     frees each stage and predicts each rank's step peak, ``peak_memory_bytes``): "bubble", and
     "budget" under ``--memory-budget`` of the activation peak the planner gives interleaved
     1F1B on the same costs (its bounded dw deferral runs dws earlier where they would hold
-    more)."""
-    from hp_recompute import make_plan
+    more), "smallest" under the smallest budget it plans ZBV in (to 10 kB); and "budget"'s
+    bytes."""
+    from hp_recompute import PlanError, make_plan
 
     seq = _decoder().SEQ
     subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", f"{Path(__file__).resolve()}:compiled_decoder",
@@ -179,8 +183,17 @@ def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, 
     common = dict(model=work / "costed.json", ranks=PP, microbatches=MICROBATCHES, stages=spec,
                   checkpoint="selective", dp_shard=1)
     budget = max(make_plan(schedule_gen="interleaved-1f1b", **common)["summary"]["peak_bytes"])
-    return {"bubble": make_plan(schedule_gen="zbv", prefetch="bubble", **common),
-            "budget": make_plan(schedule_gen="zbv", prefetch="bubble", memory_budget=budget, **common)}, budget
+
+    def zbv(memory_budget: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        try:
+            return make_plan(schedule_gen="zbv", prefetch="bubble", memory_budget=memory_budget, **common)
+        except PlanError:  # no ZBV plan fits
+            return None
+
+    low, high = 0, budget
+    while high - low > 10_000:
+        low, high = (low, (low + high) // 2) if zbv((low + high) // 2) else ((low + high) // 2, high)
+    return {"bubble": zbv(), "budget": zbv(budget), "smallest": zbv(high)}, budget
 
 
 def main() -> None:
@@ -212,7 +225,9 @@ def main() -> None:
           f"{args.steps} steps, slowest rank; peak = allocator bytes above the step's start (pp rank 0, 1); "
           f"the plans' step peaks (peak_memory_bytes): bubble {plans['bubble']['summary']['peak_memory_bytes']}, at "
           f"i1F1B's budget ({budget} activation bytes) "
-          f"{plans['budget']['summary']['peak_memory_bytes']}")
+          f"{plans['budget']['summary']['peak_memory_bytes']}, at its smallest budget "
+          f"({plans['smallest']['summary']['peak_bytes']} activation bytes) "
+          f"{plans['smallest']['summary']['peak_memory_bytes']}")
     print(machine_line())
     print("| run | variant | step ms | vs torch i1F1B compiled | peak bytes pp 0, 1 | peak vs torch i1F1B compiled "
           "pp 0, 1 | measured / planned peak pp 0, 1 | replays / block / microbatch | gradients vs ours eager "
@@ -232,7 +247,7 @@ def main() -> None:
         worst = _worst_relative(grads[i], grads[ref])
         planned = "-"
         if row["variant"].startswith("ours"):
-            predicted = plans["budget" if row["variant"] == BUDGET else "bubble"]["summary"]["peak_memory_bytes"]
+            predicted = plans[PLAN_OF[row["variant"]]]["summary"]["peak_memory_bytes"]
             planned = ", ".join(f"{p / q:.2f}" for p, q in zip(peaks, predicted))
         print(f"| {row['repeat'] + 1} | {row['variant']} | {ms:.1f} | {ms / base_ms:.2f} | {peaks[0]}, {peaks[1]} | "
               f"{ratios[0]:.2f}, {ratios[1]:.2f} | {planned} | {replays:g} | {worst:.4f} |")
