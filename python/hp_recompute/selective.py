@@ -153,7 +153,7 @@ def policy_saved_ops(context_fn: Callable[[], Any], what: str = "compile") -> Fr
     from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
     policy = _policy_function(context_fn, what)
-    saving = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+    saving = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE, True)  # torch reads True as MUST_SAVE
     ctx = SelectiveCheckpointContext(is_recompute=False)
     saved = set()
     for op in _registered_ops():

@@ -296,14 +296,23 @@ def _torchtitan_context_fn():
 
 
 @needs_split_and_selective
-@pytest.mark.parametrize("policy, block", [("ours", Block), ("ours", GatedBlock), ("torchtitan", GatedBlock)])
+def _boolean_context_fn():
+    """A policy answering with booleans, which torch reads as MUST_SAVE / PREFER_RECOMPUTE."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(lambda ctx, func, *args, **kwargs: func == torch.ops.aten.mm.default)
+
+
+@pytest.mark.parametrize("policy, block", [("ours", Block), ("ours", GatedBlock), ("torchtitan", GatedBlock),
+                                           ("boolean", GatedBlock)])
 def test_a_selective_wrapper_compiled_with_inductor_replays_what_its_policy_recomputes(policy, block):
     """Rule 5 / Rule 8 of NOTE [ Compiled dx/dw split ]: inductor keeps the matmuls the policy
     saves dispatched, so the compiled replay dispatches the matmuls the eager block's replay
     does (none under ours; every second one under torchtitan's) and reads the rest back; the
     outputs and gradients are the eager wrapper's (a matmul output fused over in place, as
     inductor does without Rule 8, fails them)."""
-    context_fn = hr.selective_context_fn() if policy == "ours" else _torchtitan_context_fn
+    context_fn = {"ours": hr.selective_context_fn(), "torchtitan": _torchtitan_context_fn,
+                  "boolean": _boolean_context_fn}[policy]
     torch.manual_seed(0)
     # eval(): no dropout (inductor draws other masks than eager code); gradients still flow
     eager = hr.checkpoint_wrapper(block(), context_fn=context_fn).eval()
@@ -321,7 +330,7 @@ def test_a_selective_wrapper_compiled_with_inductor_replays_what_its_policy_reco
             got[name] = (out.detach(), xs.grad, [p.grad for p in wrapper.parameters()])
 
         got[name + " replays"] = _replay_matmuls(step)
-    want = 0 if policy == "ours" else 1  # torchtitan's saves the first and third of three
+    want = 1 if policy == "torchtitan" else 0  # torchtitan's saves the first and third of three
     assert got["eager replays"] == got["inductor replays"] == want, got
     torch.testing.assert_close(got["inductor"][:2], got["eager"][:2], rtol=1e-4, atol=1e-5)
     for p, q in zip(got["inductor"][2], got["eager"][2]):
