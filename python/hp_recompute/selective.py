@@ -198,11 +198,11 @@ def hidden_compiled_modules(module: torch.nn.Module, context_fn: Callable[[], An
     saved: Optional[FrozenSet[Any]] = None
     for name, sub in module.named_modules():
         compiled = "_orig_mod" in sub._modules or getattr(sub, "_compiled_call_impl", None) is not None
-        visible = getattr(sub, VISIBLE_OPS, False)
+        visible = getattr(sub, VISIBLE_OPS, None)  # None: compiled otherwise, no op known visible
         if not compiled or visible is True:
             continue
-        if visible and saved is None:
+        if visible is not None and saved is None:
             saved = policy_saved_ops(context_fn, f"module '{name}'")
-        if not visible or not saved <= visible:
+        if visible is None or not saved <= visible:
             hidden.append(name)
     return hidden

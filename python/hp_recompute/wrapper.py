@@ -69,7 +69,7 @@ if torch.distributed.is_available():
                 saved = policy_saved_ops(context_fn)
             inner = self._checkpoint_wrapped_module
             inner.compile(**split_compile_kwargs(kwargs, saved))
-            setattr(inner, VISIBLE_OPS, visible or saved)
+            setattr(inner, VISIBLE_OPS, True if visible else saved)
 
 
 def convert_checkpoint_wrappers(module: torch.nn.Module) -> List[str]:
