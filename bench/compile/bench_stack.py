@@ -203,6 +203,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="sequences per step (a multiple of 4)")
     parser.add_argument("--no-autocast", dest="autocast", action="store_false", help="float32 forwards")
     args = parser.parse_args()
+    if args.batch < MICROBATCHES or args.batch % MICROBATCHES or args.steps < 1 or args.repeats < 1:
+        parser.error(f"--batch must be a positive multiple of {MICROBATCHES}, --steps and --repeats positive")
     sys.path[:0] = [str(REPO / "python")]
     from hp_recompute import compile_split, selective
 
