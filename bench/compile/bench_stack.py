@@ -168,7 +168,8 @@ def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, 
     from hp_recompute import PlanError, make_plan
 
     seq = _decoder().SEQ
-    subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", f"{Path(__file__).resolve()}:compiled_decoder",
+    factory = f"{Path(__file__).resolve()}:compiled_decoder"
+    subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", factory,
                     "--input-shape", f"{batch // MICROBATCHES}x{seq}", "--input-dtype", "int64",
                     *(["--autocast", "bfloat16"] if autocast else []), "-o", str(work / "costed.json")],
                    check=True, stdout=subprocess.DEVNULL,

@@ -97,7 +97,7 @@ import torch
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["SUPPORTED", "compile_backend", "dispatches_each_op", "split_compile_kwargs"]
+__all__ = ["SUPPORTED", "compile_backend", "dispatches_each_op", "split_compile_kwargs", "stashed_tensors"]
 
 
 def _version() -> Tuple[int, int]:
@@ -143,6 +143,12 @@ def split_phase(phase: str, stash: Dict[Any, Any], nodes: Iterable[Any]) -> Iter
                     _ACTIVE.pop(n, None)
                 else:
                     _ACTIVE[n] = p
+
+
+def stashed_tensors(stash: Dict[Any, Any]) -> List[torch.Tensor]:
+    """Rule 4: the tensors I keeps for W in a WeightGradState's ``compiled`` dict (a split node
+    whose W has not run yet)."""
+    return [t for kind, values in stash.values() if kind == "stash" for t in values if isinstance(t, torch.Tensor)]
 
 
 def _phase_of_running_node() -> Tuple[Optional[str], Optional[Dict[Any, Any]], Any]:
@@ -372,7 +378,8 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
         raise ValueError(error_text("compile_backend: options are inductor config patches; aot_eager takes none"))
     saved_ops = frozenset(saved_ops)
     if saved_ops and backend != "inductor":
-        raise ValueError(error_text("compile_backend: aot_eager dispatches every op; saved_ops are inductor's (Rule 8)"))
+        raise ValueError(error_text(
+            "compile_backend: aot_eager dispatches every op; saved_ops are inductor's (Rule 8)"))
 
     # One callable per backend and options: dynamo guards a compiled frame on its backend's
     # identity, so blocks of one class compiled one by one (checkpoint_wrapper(block).compile())

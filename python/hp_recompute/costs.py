@@ -74,6 +74,7 @@ from .backward_split import backward_input, backward_weight
 from .errors import RunError
 from .export.inputs import add_module_arguments, check_module_arguments
 from .checkpoint import checkpoint, recompute_handle_collector_ctx
+from .compile_split import stashed_tensors
 from .factory import raised_at
 from .native import planner_extension
 from .output_files import OutputError, check_outputs, text_writer, write_outputs
@@ -128,9 +129,7 @@ def _weight_state_bytes(state: Any, dxs: Sequence[Optional[torch.Tensor]]) -> in
     gradients it returned (their storage is the caller's, which sends or hands them on: the
     planner counts them there)."""
     recorded = [g for grads in state.recorded.values() for g in grads]
-    stashed = [t for kind, values in state.compiled.values() if kind == "stash" for t in values
-               if isinstance(t, torch.Tensor)]
-    return _distinct_bytes(recorded + stashed, dxs)
+    return _distinct_bytes(recorded + stashed_tensors(state.compiled), dxs)
 
 
 def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[torch.Tensor],

@@ -158,7 +158,7 @@ def policy_saved_ops(context_fn: Callable[[], Any], what: str = "compile") -> Fr
     saved = set()
     for op in _registered_ops():
         try:
-            if any([policy(ctx, op) in saving for _ in range(2)]):
+            if any([policy(ctx, op) in saving for _ in range(2)]):  # a list: both calls, so a counter's parity holds
                 saved.add(op)
         except Exception as e:
             raise CheckpointError(error_text(

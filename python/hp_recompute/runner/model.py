@@ -245,6 +245,7 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
                        f"({', '.join(repr(w) for w in wrapped)}), which would replay where {plan.path} places no "
                        f"replay; the runner checkpoints each region as the plan says: build the model without them")
     index = {r.name: r for r in model.regions}
+    policy = None  # the selective policy of the plan's selective regions, made (and checked) once
     flat = []
     specs = []
     for s, regions in enumerate(plan.stages):
@@ -261,7 +262,10 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: "
                                f"region '{region.name}' is not checkpointable")
             selective = region_checkpoint(pr) == "selective"
-            hidden = hidden_compiled_modules(model.module, selective_context_fn()) if selective else []
+            hidden = []
+            if selective and policy is None:
+                policy = selective_context_fn()
+                hidden = hidden_compiled_modules(model.module, policy)
             if hidden:  # the runner's regions are functions: any compiled module of the model may be in one
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: region "
                                f"'{region.name}' is \"selective\", but model '{model.name}' holds compiled "
@@ -269,7 +273,7 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
                                f"(NOTE [ Selective policy ] Rule 5); do not compile the model for the runner, or "
                                f"plan the region in full")
             units.append(Unit(region.name, bool(pr.get("checkpoint", False)), [region],
-                              selective_context_fn() if selective else None))
+                              policy if selective else None))
             flat.append(region.name)
         specs.append(StageSpec(s, units))
     expected = [r.name for r in model.regions]

@@ -295,7 +295,6 @@ def _torchtitan_context_fn():
     return create_selective_checkpoint_contexts(policy)
 
 
-@needs_split_and_selective
 def _boolean_context_fn():
     """A policy answering with booleans, which torch reads as MUST_SAVE / PREFER_RECOMPUTE."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
@@ -303,6 +302,7 @@ def _boolean_context_fn():
     return create_selective_checkpoint_contexts(lambda ctx, func, *args, **kwargs: func == torch.ops.aten.mm.default)
 
 
+@needs_split_and_selective
 @pytest.mark.parametrize("policy, block", [("ours", Block), ("ours", GatedBlock), ("torchtitan", GatedBlock),
                                            ("boolean", GatedBlock)])
 def test_a_selective_wrapper_compiled_with_inductor_replays_what_its_policy_recomputes(policy, block):
