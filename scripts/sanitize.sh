@@ -15,10 +15,10 @@ ninja -C build-asan -j "$jobs" || exit 1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-19/bin/llvm-symbolizer UBSAN_SYMBOLIZER_PATH=/usr/lib/llvm-19/bin/llvm-symbolizer
 status=0
-echo "=== ctest under ASan + UBSan (build-asan)"
+echo "=== ctest under ASan + UBSan (build-asan) [${SECONDS}s]"
 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" || status=1
-echo "=== lit under ASan + UBSan (build-asan)"
+echo "=== lit under ASan + UBSan (build-asan) [${SECONDS}s]"
 /usr/bin/python3 /usr/lib/llvm-19/build/utils/lit/lit.py -sv build-asan/test || status=1
-echo "=== fuzzing (bounded, build-asan)"
+echo "=== fuzzing (bounded, build-asan) [${SECONDS}s]"
 bash scripts/fuzz.sh build-asan || status=1
 exit $status

@@ -82,6 +82,7 @@ from .runner.model import DEFAULT_MODEL, PipelineModel, load_model
 from .runner.memory import AllocatorPeak
 from .selective import selective_context_fn, selective_supported
 from .plan.reader import read_json, region_checkpoint
+from .processes import rank_start_method
 from .sessions import clear_recompute_session, recompute_handle, recompute_session_ctx
 from .storage import storage_of
 
@@ -376,7 +377,7 @@ def measure_concurrently(measurement: Any, threads: int, processes: int) -> Dict
     processes at once; the median over them."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(rank_start_method())
     queue, start = ctx.Queue(), ctx.Barrier(processes)
     procs = [ctx.Process(target=_measure_in_child, args=(queue, start, measurement, threads))
              for _ in range(processes)]

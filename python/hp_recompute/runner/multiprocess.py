@@ -48,6 +48,7 @@ from .model import load_model, split_stages
 from ..errors import RunError
 from ..factory import raised_at
 from ..plan.reader import Plan, build_plan
+from ..processes import rank_start_method
 from ..sessions import SessionScope, reset_stats, stats
 
 __all__ = ["GlooTransport", "run_multi"]
@@ -327,7 +328,7 @@ def run_multi(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
                "model": args.model, "input_shape": args.input_shape, "seed": args.seed, "steps": args.steps,
                "timeout": args.timeout,
                "mode": args.checkpoint_mode, "threads": args.threads}
-        ctx = tmp.start_processes(_worker, args=(cfg,), nprocs=plan.num_ranks, join=False, start_method="spawn")
+        ctx = tmp.start_processes(_worker, args=(cfg,), nprocs=plan.num_ranks, join=False, start_method=rank_start_method())
         try:
             ended = _wait(ctx.processes, store, args.timeout)
         finally:  # also when this process is interrupted: no rank outlives the run

@@ -302,9 +302,11 @@ def spawn_ranks(main: Any, cfg: Dict[str, Any], nprocs: int) -> List[Dict[str, A
     fails the case."""
     import torch.multiprocessing as mp
 
+    from hp_recompute.processes import rank_start_method
+
     files = [Path(cfg["out"]) / f"rank{r}.pt" for r in range(nprocs)]
     try:
-        mp.start_processes(main, args=(cfg,), nprocs=nprocs, start_method="spawn", join=True)
+        mp.start_processes(main, args=(cfg,), nprocs=nprocs, start_method=rank_start_method(), join=True)
     except mp.ProcessExitedException as e:
         saved = {r: torch.load(f) for r, f in enumerate(files) if f.exists()}
         raised = [f"rank {r}:\n{res['exception']}" for r, res in saved.items() if "exception" in res]

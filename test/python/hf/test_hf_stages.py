@@ -32,6 +32,7 @@ import hf_stage_worker  # noqa: E402
 
 import hp_recompute as hr  # noqa: E402
 from hp_recompute import hf  # noqa: E402
+from hp_recompute.processes import rank_start_method  # noqa: E402
 from hp_recompute.errors import RunError  # noqa: E402
 
 REPO = HERE.parents[2]
@@ -126,7 +127,7 @@ def _run_stages(tmp_path: Path, family: str, plan: Path, **extra: Any) -> List[D
     out.mkdir()
     cfg = {"store": str(tmp_path / "store"), "ranks": 2, "microbatches": 4, "family": family, "plan": str(plan),
            "out": str(out), **extra}
-    mp.start_processes(hf_stage_worker.main, args=(cfg,), nprocs=2, start_method="spawn", join=True)
+    mp.start_processes(hf_stage_worker.main, args=(cfg,), nprocs=2, start_method=rank_start_method(), join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
