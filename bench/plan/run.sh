@@ -4,7 +4,8 @@
 # import -> passes -> simulate -> export), timed side by side in one run.
 # Usage: bench/plan/run.sh [build-dir] [baseline-build-dir]
 # With a baseline (another checkout's build), a third table times both binaries on
-# the first table's plans, alternating, 3 runs each: median wall seconds and the ratio.
+# the first table's plans, alternating, 3 runs each: median wall seconds, the ratio, and
+# the median peak RSS of each.
 set -euo pipefail
 build="${1:-build}"
 baseline="${2:-}"
@@ -73,20 +74,21 @@ many "Llama x128, interleaved 1F1B 32 x 64, auto" "$(dirname "$0")/../prefetch/l
 
 [ -n "$baseline" ] || exit 0
 median() { sort -n | sed -n 2p; }  # of 3
-printf '\n| microbatches | emit | baseline s | this build s | this / baseline |\n'
-printf '| ---: | --- | ---: | ---: | ---: |\n'
+printf '\n| microbatches | emit | baseline s | this build s | this / baseline | peak RSS MiB: baseline, this |\n'
+printf '| ---: | --- | ---: | ---: | ---: | --- |\n'
 for mb in 74 740 7400; do
   for emit in summary json; do
     : > "$out/base" && : > "$out/this"
     for _ in 1 2 3; do
       for side in base this; do
         bin="$baseline/bin/hp-recompute-plan"; [ "$side" = this ] && bin="$tool"
-        /usr/bin/time -f '%e' -a -o "$out/$side" \
+        /usr/bin/time -f '%e %M' -a -o "$out/$side" \
           "$bin" --schedule-gen zbv --ranks 8 --microbatches "$mb" --emit "$emit" -o "$out/plan.$emit"
       done
     done
-    b=$(median < "$out/base"); t=$(median < "$out/this")
-    awk -v mb="$mb" -v e="$emit" -v b="$b" -v t="$t" \
-      'BEGIN { printf "| %d | %s | %.2f | %.2f | %.2f |\n", mb, e, b, t, t / b }'
+    b=$(cut -d' ' -f1 "$out/base" | median); t=$(cut -d' ' -f1 "$out/this" | median)
+    br=$(cut -d' ' -f2 "$out/base" | median); tr=$(cut -d' ' -f2 "$out/this" | median)
+    awk -v mb="$mb" -v e="$emit" -v b="$b" -v t="$t" -v br="$br" -v tr="$tr" \
+      'BEGIN { printf "| %d | %s | %.2f | %.2f | %.2f | %.0f, %.0f |\n", mb, e, b, t, t / b, br / 1024, tr / 1024 }'
   done
 done

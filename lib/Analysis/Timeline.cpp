@@ -92,6 +92,12 @@ ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module,
   for (ProgramOp program : scheduleOp.getBody().getOps<ProgramOp>()) {
     std::vector<sched::Action> &actions = schedule.ranks.emplace_back();
     std::vector<Operation *> &cellOps = result.cellOps.emplace_back();
+    // At most one cell per op, reserved: a plan's program holds up to a
+    // million actions, and vectors grown by doubling keep up to as many again
+    // unused (this is the planner's peak memory).
+    size_t ops = program.getBody().front().getOperations().size();
+    actions.reserve(ops);
+    cellOps.reserve(ops);
     // Overlapped pairs and batched transfers become one composite cell. A
     // pair is a forward marked overlap and the action after it; a batch runs
     // from a transfer marked batched to the first one that is not.

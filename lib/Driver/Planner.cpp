@@ -409,6 +409,7 @@ resolveMultiple(MLIRContext &context, const MemoryBudget &budget,
     }
   RecomputePipelineOptions jit;
   jit.checkSchedule = false;
+  jit.lowerRuntime = false; // only its peak is read
   TimingScope referenceTimer = timing.nest("checkpoint-all peak");
   TimingScope importTimer = referenceTimer.nest("import");
   auto reference = planModule(
@@ -472,8 +473,10 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
   if (policy == CheckpointPolicy::Auto)
     pipeline.select = CheckpointSelection::Auto;
   // The schedule is validated before import (loadSchedule): the same rules
-  // hpr-verify-comm would check on the IR again.
+  // hpr-verify-comm would check on the IR again. runPlanner lowers the plan
+  // it returns, once.
   pipeline.checkSchedule = false;
+  pipeline.lowerRuntime = false;
   TimingScope importTimer = timing.nest("import");
   TimingScope scheduleTimer = importTimer.nest("schedule");
   std::string scheduleFile; // what diagnostics name: the file or <generator>
@@ -528,6 +531,7 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
       RecomputePipelineOptions lower;
       lower.copyOptionValuesFrom(pipeline);
       lower.checkSchedule = false;
+      lower.lowerRuntime = false;
       lower.deferralBudget = pipeline.budget * percent / 100;
       TimingScope lowerImport = timing.nest("import (lower dw bound)");
       auto contender = planModule(context, *staged, *schedule, scheduleFile,
@@ -634,7 +638,20 @@ mlir::hpr::runPlanner(MLIRContext &context, const PlanRequest &request,
                       TimingScope &timing, std::vector<std::string> *warnings) {
   if (llvm::Error error = request.validate())
     return error;
-  if (request.scheduleGen == "auto")
-    return planFastestSchedule(context, request, timing, warnings);
-  return planSchedule(context, request, timing, warnings);
+  llvm::Expected<PlannedModule> planned =
+      request.scheduleGen == "auto"
+          ? planFastestSchedule(context, request, timing, warnings)
+          : planSchedule(context, request, timing, warnings);
+  if (!planned || !request.lowerRuntime)
+    return planned;
+  // Last, on the chosen plan alone: what the runtimes read.
+  TimingScope lowerTimer = timing.nest("lower for the runtimes");
+  PassManager lowering(&context);
+  lowering.enableVerifier(false);
+  lowering.enableTiming(lowerTimer);
+  lowering.addPass(createHPRLowerRuntime());
+  if (failed(lowering.run(*planned->module)))
+    return llvm::createStringError("lowering the plan for the runtimes failed "
+                                   "(diagnostics above)");
+  return planned;
 }

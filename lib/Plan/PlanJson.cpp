@@ -266,29 +266,35 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
       firstSession = false;
     }
   os << "\n ]";
-  // Ranks are independent: serialize them on all threads, write in order.
+  // Ranks are independent: serialized on all threads, as many at a time as
+  // there are threads, each batch written in order and freed before the next
+  // (a rank of a plan of a million actions is over 10 MB of text).
   auto programList = llvm::to_vector(programs);
-  std::vector<std::string> rankTexts(programList.size());
-  mlir::parallelFor(
-      module.getContext(), 0, programList.size(), [&](size_t index) {
-        llvm::raw_string_ostream rankOs(rankTexts[index]);
-        rankOs.SetBuffered(); // the JSON writer writes a few bytes at a time
-        rankOs << "  {\"rank\": " << programList[index].getRank()
-               << ", \"actions\": ";
-        rankOs << "[";
-        bool first = true;
-        for (Operation &op : programList[index].getBody().getOps()) {
-          if (!isa<ActionOpInterface>(op))
-            continue; // a session
-          rankOs << (first ? "\n   " : ",\n   ");
-          writeActionJson(rankOs, &op);
-          first = false;
-        }
-        rankOs << "\n  ]}";
-        rankOs.flush();
-      });
+  MLIRContext *context = module.getContext();
+  size_t batch = std::max<size_t>(1, context->getNumThreads());
   os << ",\n \"ranks\": [";
-  for (auto [index, text] : llvm::enumerate(rankTexts))
-    os << (index ? ",\n" : "\n") << text;
+  for (size_t begin = 0; begin < programList.size(); begin += batch) {
+    size_t end = std::min(programList.size(), begin + batch);
+    std::vector<std::string> rankTexts(end - begin);
+    mlir::parallelFor(context, begin, end, [&](size_t index) {
+      llvm::raw_string_ostream rankOs(rankTexts[index - begin]);
+      rankOs.SetBuffered(); // the JSON writer writes a few bytes at a time
+      rankOs << "  {\"rank\": " << programList[index].getRank()
+             << ", \"actions\": ";
+      rankOs << "[";
+      bool first = true;
+      for (Operation &op : programList[index].getBody().getOps()) {
+        if (!isa<ActionOpInterface>(op))
+          continue; // a session
+        rankOs << (first ? "\n   " : ",\n   ");
+        writeActionJson(rankOs, &op);
+        first = false;
+      }
+      rankOs << "\n  ]}";
+      rankOs.flush();
+    });
+    for (auto [offset, text] : llvm::enumerate(rankTexts))
+      os << (begin + offset ? ",\n" : "\n") << text;
+  }
   os << "\n ]\n}\n";
 }

@@ -12,6 +12,7 @@
 #include "hpr/Schedule/ScheduleUtils.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 namespace mlir::hpr::sched {
@@ -37,9 +38,36 @@ void lowerCommunication(Schedule &schedule) {
     return to >= 0 && to < numStages && from >= 0 && from < numStages &&
            owner[from] != owner[to];
   };
+  // The transfer a primitive receives before it runs, and the one it sends
+  // after it, if any.
+  auto receiveOf = [&](const Action &p) -> std::optional<ActionKind> {
+    if (p.kind == ActionKind::Forward && remote(p.stage, p.stage - 1))
+      return ActionKind::RecvF;
+    if ((p.kind == ActionKind::BackwardInput ||
+         p.kind == ActionKind::Backward) &&
+        remote(p.stage, p.stage + 1))
+      return ActionKind::RecvB;
+    return std::nullopt;
+  };
+  auto sendOf = [&](const Action &p) -> std::optional<ActionKind> {
+    if (p.kind == ActionKind::Forward && remote(p.stage, p.stage + 1))
+      return ActionKind::SendF;
+    if ((p.kind == ActionKind::BackwardInput ||
+         p.kind == ActionKind::Backward) &&
+        remote(p.stage, p.stage - 1))
+      return ActionKind::SendB;
+    return std::nullopt;
+  };
   for (auto &program : schedule.ranks) {
+    // Reserved exactly: a program holds a million actions at most sizes, and
+    // a vector grown by doubling would keep up to as many again unused.
+    size_t size = program.size();
+    for (const Action &action : program)
+      forEachPrimitive(action, [&](const Action &p) {
+        size += receiveOf(p).has_value() + sendOf(p).has_value();
+      });
     std::vector<Action> lowered;
-    lowered.reserve(program.size() * 2);
+    lowered.reserve(size);
     for (Action &action : program) {
       // Transfers take the cell of the compute action they serve.
       auto transfer = [&action](ActionKind kind, const Action &p) {
@@ -48,21 +76,13 @@ void lowerCommunication(Schedule &schedule) {
         return comm;
       };
       forEachPrimitive(action, [&](const Action &p) {
-        if (p.kind == ActionKind::Forward && remote(p.stage, p.stage - 1))
-          lowered.push_back(transfer(ActionKind::RecvF, p));
-        else if ((p.kind == ActionKind::BackwardInput ||
-                  p.kind == ActionKind::Backward) &&
-                 remote(p.stage, p.stage + 1))
-          lowered.push_back(transfer(ActionKind::RecvB, p));
+        if (std::optional<ActionKind> kind = receiveOf(p))
+          lowered.push_back(transfer(*kind, p));
       });
       std::vector<Action> sends;
       forEachPrimitive(action, [&](const Action &p) {
-        if (p.kind == ActionKind::Forward && remote(p.stage, p.stage + 1))
-          sends.push_back(transfer(ActionKind::SendF, p));
-        else if ((p.kind == ActionKind::BackwardInput ||
-                  p.kind == ActionKind::Backward) &&
-                 remote(p.stage, p.stage - 1))
-          sends.push_back(transfer(ActionKind::SendB, p));
+        if (std::optional<ActionKind> kind = sendOf(p))
+          sends.push_back(transfer(*kind, p));
       });
       lowered.push_back(std::move(action));
       for (Action &send : sends)

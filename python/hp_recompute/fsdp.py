@@ -94,6 +94,8 @@ Rule 7 (torch). FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.6) is 
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -103,10 +105,14 @@ import torch
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["begin_step", "discard_step", "holds_parameters", "is_fsdp_module", "reduce_gradients", "FSDP_AVAILABLE"]
+__all__ = ["begin_step", "discard_step", "holds_parameters", "is_fsdp_module", "reduce_gradients", "fsdp_available",
+           "FSDP_AVAILABLE"]
 
 
+@functools.lru_cache(maxsize=None)
 def _load_fsdp() -> Tuple[Any, Any]:
+    """torch's ``FSDPModule`` and ``fully_shard``, (None, None) without FSDP2; imported on
+    first use: ``torch.distributed.fsdp`` is a third of ``import hp_recompute`` otherwise."""
     try:
         from torch.distributed.fsdp import FSDPModule, fully_shard
     except Exception:  # noqa: BLE001 -- ImportError; torch 1.13 under Python 3.11 raises ValueError
@@ -114,18 +120,28 @@ def _load_fsdp() -> Tuple[Any, Any]:
     return FSDPModule, fully_shard
 
 
-_FSDPModule, _fully_shard = _load_fsdp()
-#: Whether this torch has FSDP2 (Rule 7).
-FSDP_AVAILABLE = _FSDPModule is not None
+def fsdp_available() -> bool:
+    """Whether this torch has FSDP2 (Rule 7)."""
+    return _load_fsdp()[0] is not None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FSDP_AVAILABLE":  # the module constant, read lazily (PEP 562)
+        return fsdp_available()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_fsdp_module(module: Any) -> bool:
-    """Whether ``module`` is an ``FSDPModule`` (always False without FSDP2)."""
-    return _FSDPModule is not None and isinstance(module, _FSDPModule)
+    """Whether ``module`` is an ``FSDPModule`` (always False without FSDP2). A module can be
+    one only once ``torch.distributed.fsdp`` was imported (``fully_shard`` lives there)."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    fsdp_module = _load_fsdp()[0]
+    return fsdp_module is not None and isinstance(module, fsdp_module)
 
 
 def _need_fsdp(what: str) -> None:
-    if not FSDP_AVAILABLE:
+    if not fsdp_available():
         raise CheckpointError(
             error_text(
                 f"{what}: torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, "
@@ -169,7 +185,7 @@ class _Internals:
 
     @staticmethod
     def state(module: Any) -> Any:
-        return _fully_shard.state(module)
+        return _load_fsdp()[1].state(module)
 
     @staticmethod
     def groups(state: Any) -> List[Any]:
@@ -487,7 +503,7 @@ class SplitBinding:
 
 def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str]) -> Optional[SplitBinding]:
     """Rule 1: the FSDP binding of ``module``'s ``weights``, opening the step; None without FSDP modules."""
-    if not FSDP_AVAILABLE:
+    if "torch.distributed.fsdp" not in sys.modules:  # no module can be an FSDP module (is_fsdp_module)
         return None
     fsdp_modules = _fsdp_modules(module)
     if not fsdp_modules:

@@ -346,6 +346,8 @@ int main(int argc, char **argv) {
   request.budget = budget;
   request.dpShard = ifGiven(dpShard);
   request.dpReplicate = ifGiven(dpReplicate);
+  request.lowerRuntime = emit == EmitKind::Json || emit == EmitKind::Mlir ||
+                         emit == EmitKind::TorchCsv;
   if (Error error = request.validate())
     return fail(std::move(error));
 

@@ -123,6 +123,12 @@ struct PlanRequest {
   /// How messages about this request name its options.
   OptionSpelling spelling = OptionSpelling::Flag;
 
+  /// Lower the chosen plan for the runtimes (hpr-lower-runtime, once, after
+  /// every contender is planned): what the plan JSON, its IR and torch's CSV
+  /// print. An output that prints none of it (the summary, the schedule CSV,
+  /// a trace, a picture) leaves it off.
+  bool lowerRuntime = true;
+
   /// Refuses, as a UsageError, a request the planner would not read as
   /// given: no schedule or two; an option the chosen inputs do not read
   /// (sizes of a generated schedule beside a schedule file, options that

@@ -82,7 +82,8 @@ struct RecomputePipelineOptions
   /// accepted.
   bool checkSchedule = true;
   /// End with hpr-lower-runtime. hpr-select-checkpoints turns it off on the
-  /// copies it only simulates.
+  /// copies it only simulates, the planner driver on every contender it plans
+  /// (it lowers the plan it chooses, once: PlanRequest::lowerRuntime).
   bool lowerRuntime = true;
 
   /// Refuses, through `emitError`, options that no pass of the pipeline would
