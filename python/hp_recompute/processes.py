@@ -4,8 +4,10 @@ A rank started with ``spawn`` is a fresh interpreter that imports torch and hp_r
 before its first action: about two seconds of CPU per rank, paid again by every run. With
 ``rank_start_method()`` the ranks are forked from multiprocessing's fork server, which
 imports ``PRELOADED`` once when it starts; each rank then begins with them imported, in a
-process of its own (no state of the starting process is inherited: the server was started
-clean, with the starter's ``sys.path`` and environment at that moment).
+process of its own. As under ``spawn``, no state of the starting process is inherited and
+each rank gets the starter's ``sys.path``, working directory and main module at its start;
+unlike ``spawn``, its environment is the server's: the starter's when the server started
+(a runtime's first start; the CLIs start it in a process of their own).
 
 The preload list is the fork server's, one per process: only the first start reads it. It
 holds the modules of ``PRELOADED`` the starting process has imported: the server imports

@@ -39,3 +39,17 @@ def test_checkpoint_wrapper_of_a_module_without_fsdp_replays_it_by_its_own_name(
     want = torch.autograd.grad(block(x).sum(), list(block.parameters()))
     for p, g in zip(block.parameters(), want):
         torch.testing.assert_close(p.grad, g)
+
+
+def test_importing_hp_recompute_leaves_fsdp_unimported_until_asked() -> None:
+    """``torch.distributed.fsdp`` is a third of ``import hp_recompute`` and is loaded on first
+    use; asking whether FSDP2 is there loads it and says what this torch has."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hp_recompute\n"
+            "print('torch.distributed.fsdp' in sys.modules)\n"
+            "print(hp_recompute.fsdp.FSDP_AVAILABLE)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", str(fsdp.FSDP_AVAILABLE)]
