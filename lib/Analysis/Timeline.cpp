@@ -94,7 +94,7 @@ ModuleSchedule mlir::hpr::extractSchedule(ModuleOp module,
     std::vector<Operation *> &cellOps = result.cellOps.emplace_back();
     // At most one cell per op, reserved: a plan's program holds up to a
     // million actions, and vectors grown by doubling keep up to as many again
-    // unused (this is the planner's peak memory).
+    // unused, and the planner reaches its peak memory here.
     size_t ops = program.getBody().front().getOperations().size();
     actions.reserve(ops);
     cellOps.reserve(ops);

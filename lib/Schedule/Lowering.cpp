@@ -59,7 +59,7 @@ void lowerCommunication(Schedule &schedule) {
     return std::nullopt;
   };
   for (auto &program : schedule.ranks) {
-    // Reserved exactly: a program holds a million actions at most sizes, and
+    // Reserved exactly: a program may hold a million actions, and
     // a vector grown by doubling would keep up to as many again unused.
     size_t size = program.size();
     for (const Action &action : program)

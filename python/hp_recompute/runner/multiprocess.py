@@ -2,7 +2,8 @@
 
 Why: a plan's transfers and session lifetimes only meet reality across processes. The
 parent hosts a ``TCPStore`` on 127.0.0.1 (free port), saves the initial weights, and
-spawns N ranks with ``torch.multiprocessing`` (spawn). Each rank joins a gloo process
+starts N ranks with ``torch.multiprocessing``, forked from a server that imported torch and
+hp_recompute once (``processes.rank_start_method``). Each rank joins a gloo process
 group through that store, runs its action list (``RankExecutor``) with ``isend``/``irecv``
 (receives wait at most ``--timeout`` seconds), and writes its gradients, losses and
 counters to a result file; the parent compares them with the reference step.
