@@ -1,5 +1,5 @@
-"""Shared pytest setup for the Python tests: import ``hp_recompute`` from the source tree, and
-give the run caches of its own.
+"""Shared pytest setup for the Python tests: import ``hp_recompute`` from the source tree, give
+the run caches of its own, and register the ``slow`` marker (modules that start processes).
 
 Why per-run caches: inductor keeps compiled kernels on disk (``/tmp/torchinductor_$USER`` by
 default), shared by every run and every torch on the machine; a kernel another run left there
@@ -19,6 +19,11 @@ if _PYTHON_DIR not in sys.path:
 _CACHES = tempfile.mkdtemp(prefix="hpr-test-caches-")
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHES, "inductor")
 os.environ["TRITON_CACHE_DIR"] = os.path.join(_CACHES, "triton")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test module that starts rank processes or torchrun "
+                                       "(seconds a test); CI runs every test, -m 'not slow' is the quick loop")
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest's hook signature

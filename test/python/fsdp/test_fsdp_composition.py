@@ -16,9 +16,9 @@ import torch
 
 from test_fsdp_split import _has_fsdp2, check_step, run_case
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not _has_fsdp2(),
-    reason=f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6)")
+    reason=f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6)")]
 
 
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])

@@ -25,9 +25,9 @@ def _has_fsdp2() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_gloo_available()
 
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not _has_fsdp2(),
-    reason=f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6)")
+    reason=f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6)")]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

@@ -35,6 +35,8 @@ from hp_recompute import hf  # noqa: E402
 from hp_recompute.processes import rank_start_method  # noqa: E402
 from hp_recompute.errors import RunError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
+
 REPO = HERE.parents[2]
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
 FAMILIES = ["llama", "mistral", "qwen2", "phi3", "gpt2"]

@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
 from hp_recompute import compile_split, fsdp, make_plan  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not fsdp.FSDP_AVAILABLE, reason="needs FSDP2 (torch >= 2.6)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not fsdp.FSDP_AVAILABLE, reason="needs FSDP2 (torch >= 2.6)")]
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

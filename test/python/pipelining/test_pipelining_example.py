@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
 
+pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
+
 REPO = Path(__file__).resolve().parents[3]
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
 

@@ -34,6 +34,8 @@ import pp_worker  # noqa: E402
 from hp_recompute import compile_split  # noqa: E402
 from hp_recompute.processes import rank_start_method  # noqa: E402
 
+pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
+
 REPO = HERE.parents[2]
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
 DIM, LAYERS_PER_STAGE = 16, 2

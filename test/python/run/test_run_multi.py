@@ -13,6 +13,8 @@ import pytest
 from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, count_plan, edit_plan, flags, make_plan, processes_left, reaped,
                           run_cli)
 
+pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
+
 
 @pytest.mark.parametrize("cfg", [("zbv", 2, 4), ("1f1b", 2, 4), ("dualpipev", 4, 8)],
                          ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}")

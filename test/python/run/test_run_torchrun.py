@@ -22,6 +22,8 @@ import torch
 
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, make_plan, processes_left, reaped
 
+pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
+
 
 
 def torchrun(log_dir: Path) -> List[str]:
