@@ -131,10 +131,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _fsdp_imported() -> bool:
+    """Whether ``torch.distributed.fsdp`` was imported: before, no module can be an
+    ``FSDPModule`` (``fully_shard`` lives there), so nothing needs loading it."""
+    return "torch.distributed.fsdp" in sys.modules
+
+
 def is_fsdp_module(module: Any) -> bool:
-    """Whether ``module`` is an ``FSDPModule`` (always False without FSDP2). A module can be
-    one only once ``torch.distributed.fsdp`` was imported (``fully_shard`` lives there)."""
-    if "torch.distributed.fsdp" not in sys.modules:
+    """Whether ``module`` is an ``FSDPModule`` (always False without FSDP2)."""
+    if not _fsdp_imported():
         return False
     fsdp_module = _load_fsdp()[0]
     return fsdp_module is not None and isinstance(module, fsdp_module)
@@ -503,7 +508,7 @@ class SplitBinding:
 
 def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str]) -> Optional[SplitBinding]:
     """Rule 1: the FSDP binding of ``module``'s ``weights``, opening the step; None without FSDP modules."""
-    if "torch.distributed.fsdp" not in sys.modules:  # no module can be an FSDP module (is_fsdp_module)
+    if not _fsdp_imported():  # no module can be an FSDP module: no walk of the module
         return None
     fsdp_modules = _fsdp_modules(module)
     if not fsdp_modules:
