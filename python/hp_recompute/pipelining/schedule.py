@@ -30,12 +30,15 @@ Rule 2 (stage mapping). Stages are placed where the plan puts them
 
 Rule 3 (actions). The plan's actions are interpreted by ``PlanInterpreter`` (NOTE
   [ Executing a plan ] in plan/interpreter.py: sessions, replays, clears, which receives
-  a ``recv`` posts and who waits for them); here each is torch's own: ``forward``,
-  ``backward_input``, ``backward_weight`` and ``backward`` are ``forward_one_chunk``,
-  ``backward_one_chunk(full_backward=False)``, ``backward_weight_one_chunk`` and
-  ``backward_one_chunk(full_backward=True)``; the transfers are ``get_*_send_ops`` /
-  ``get_*_recv_ops`` batched as torch's runtime does them; ``reduce_grad`` is
-  ``perform_reduce_grad`` (the gradient scaling of ``scale_grads``; FSDP stages: Rule 8).
+  a ``recv`` posts and who waits for them, which backward verb each backward runs, the
+  gradient scaling); here each is torch's own: ``forward`` is ``forward_one_chunk``, the
+  verbs ``dx``, ``dw`` and ``whole`` are ``backward_one_chunk(full_backward=False)``,
+  ``backward_weight_one_chunk`` and ``backward_one_chunk(full_backward=True)``, and
+  ``none`` (the first stage's I, Rule 7a's) leaves the stage's input gradients None; the
+  transfers are ``get_*_send_ops`` / ``get_*_recv_ops`` batched as torch's runtime does
+  them; ``reduce_grad`` is FSDP's reduction on an FSDP stage (Rule 8) and then the
+  interpreter's division by ``n_microbatches`` where ``scale_grads`` (torch's
+  ``scale_grads``, once per parameter: Rule 11).
   A forward's loss is computed by microbatch, so any forward order works; after the
   microbatch's last backward (the plan's ``frees_graph``) it is detached, so its graph,
   the loss's activations among it, is freed there and not at the end of the step (torch's
@@ -102,21 +105,20 @@ Rule 7 (stages split into I and W by hp_recompute). Every stage whose backward t
 Rule 7a (stages after frozen ones). torch's I of a stage none of whose inputs needs a
   gradient (the stages before it frozen, ``requires_grad_(False)``) computes nothing, and
   its W then has no gradient of the stage's outputs to start from: every weight gradient
-  of the stage stays None, silently (torch's own ZBV too). Such an I computes nothing
-  here as well, and its W is the whole backward (torch's ``backward_maybe_with_nosync``
-  with ``"full"``), as torch runs the first stage's; decided per microbatch at I, where
-  the inputs are known. The session the plan names is read by that W alone, and its
-  replay is held from I to W as planned. Stages of Rule 7 are split by hp_recompute,
-  which finds no input to differentiate and leaves every weight to W.
+  of the stage stays None, silently (torch's own ZBV too). Here the interpreter runs such
+  an I as ``none`` and its W as ``whole`` (interpreter Rule 4, as it runs the first
+  stage's), decided per microbatch at I, where the inputs are known
+  (``input_requires_grad``). The session the plan names is read by that W alone, and its
+  replay is held from I to W as planned.
 
 Rule 8 (the plan owns the gathers). On a stage holding FSDP modules a training step
   holds the parameters (``fsdp.begin_step(..., hold_parameters=True)`` before the first
   action): FSDP reshards nothing and reduces nothing by itself during the step, so each
   FSDP module is gathered once per window and neither a forward, I, W, B nor a
   prefetched replay gathers it again; its ``reduce_grad`` is ``fsdp.reduce_gradients``
-  (one reduce-scatter per parameter group, plus HSDP's all-reduce) followed by torch's
-  ``scale_grads``, whichever runtime ran its backwards (Rule 7's or torch's). A plan made for
-  FSDP (``hp-recompute-plan --dp-shard N``) bounds the window: an ``unshard`` of each stage
+  (one reduce-scatter per parameter group, plus HSDP's all-reduce) followed by the
+  interpreter's scaling, whichever runtime ran its backwards (Rule 7's or torch's). A
+  plan made for FSDP (``hp-recompute-plan --dp-shard N``) bounds the window: an ``unshard`` of each stage
   before the first action that reads its parameters (a prefetched replay included) and
   a ``reshard`` after the last, FSDP2's public ``unshard(async_op=True)`` and ``reshard()``
   of every FSDP module in the stage, as torch's runtime lowers its UNSHARD / RESHARD
@@ -145,7 +147,8 @@ Rule 11 (tied weights on one rank). A parameter two of this rank's stages hold (
   embedding and head on a V-shaped schedule's first rank) gets both stages' gradients in
   one ``.grad``; torch's per-stage ``scale_grads`` would divide it at each stage's
   ``reduce_grad``, the first time before all of it is in (silently wrong, torch's own ZBV
-  too). Here it is divided once, at the last ``reduce_grad`` of this rank that covers it.
+  too). Here it is divided once, at the last ``reduce_grad`` of this rank that covers it
+  (the interpreter's scaling, interpreter Rule 8, for both runtimes).
 
 Rule 12 (receive buffers live as the plan counts them). torch's stages receive into
   buffers allocated once (at metadata inference) and kept across steps, and a co-located
@@ -181,7 +184,7 @@ from .. import compile_split
 from ..backward_split import WeightGradState, accumulate_grad, backward_input, backward_weight
 from ..errors import RunError
 from ..fsdp import begin_step, discard_step, is_fsdp_module, reduce_gradients
-from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards
+from ..plan.interpreter import PlanInterpreter, StageBackend, plain_forwards, run_step
 from ..plan.reader import Action, Plan, region_checkpoint
 from ..plan.verify import admit_plan, load_plan
 from ..sessions import SessionScope
@@ -292,7 +295,6 @@ class PlannedSchedule(PipelineScheduleMulti):
             stage.stage_index_to_group_rank = mapping
         self._apply_regions()
         self.program: List[Action] = self.plan.ranks[self.rank]
-        self.scaled_later = self._scaled_later()  # Rule 11
         self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
 
     @staticmethod
@@ -369,18 +371,6 @@ class PlannedSchedule(PipelineScheduleMulti):
                                f"placed (the first stage's in W alone), so its replays would run outside the plan: "
                                f"build the stage without dw_builder (PlannedSchedule splits I and W itself)")
 
-    def _scaled_later(self) -> Dict[int, Set[int]]:
-        """Rule 11: stage -> ids of its parameters that a later ``reduce_grad`` of this rank
-        (another stage holding them too) scales instead."""
-        last: Dict[int, int] = {}
-        by_index = {s.stage_index: s for s in self._stages}
-        for action in self.program:
-            if action.op == "reduce_grad":
-                for param in by_index[action.stage].submod.parameters():
-                    last[id(param)] = action.stage
-        return {s.stage_index: {id(p) for p in s.submod.parameters() if last.get(id(p), s.stage_index)
-                                != s.stage_index} for s in self._stages}
-
     # -- one step ------------------------------------------------------------------------
 
     def step(self, *args: Any, target: Any = None, losses: Optional[list] = None, arg_mbs: Optional[list] = None,
@@ -431,17 +421,17 @@ class PlannedSchedule(PipelineScheduleMulti):
         stages = _TorchStages(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
         stages.drop_all_buffers()  # Rule 12: inference's, or those a failed step left
         # eval(), or no loss function: the plan's forward side alone (interpreter Rule 13)
+        # Rule 11: the interpreter scales each parameter's gradients once, at its last reduce_grad here
         run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,
-                              forward_only=not self._has_backward)
+                              forward_only=not self._has_backward,
+                              grad_scale=self._n_microbatches if self.scale_grads else 1)
         try:
             if self._has_backward:  # Rule 8: the plan owns the gathers
                 for stage in self._stages:
                     if stages.fsdp_modules(stage.stage_index):
                         begin_step(stage.submod, hold_parameters=True)
-            run.run_all()
-            left = run.finish()
+            left = run_step([run])
         except BaseException:
-            run.abandon()
             for stage in self._stages:  # Rule 8: no half-accumulated FSDP step outlives a failed one
                 if stages.fsdp_modules(stage.stage_index):
                     discard_step(stage.submod)
@@ -495,8 +485,6 @@ class _TorchStages(StageBackend):
         self.sends: List[list] = []
         self.losses: Dict[int, torch.Tensor] = {}
         self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}  # (stage, mb) -> I's state for W (Rule 7)
-        self.first_stage_pending: Dict[Tuple[int, int], Tuple[Any, Any, Any]] = {}  # (stage, mb) -> what its W reads
-        self.whole_at_w: Dict[Tuple[int, int], Tuple[Dict[str, Any], Any]] = {}  # (stage, mb) -> W's (Rule 7a)
         self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
         self.pending: Dict[int, list] = {}  # stage -> its gathers' handles, until a reader waits (Rule 8)
         #: receive buffers of this step only (Rule 12), where torch has the stage caches (torch 2.13)
@@ -551,54 +539,35 @@ class _TorchStages(StageBackend):
         grads = self.stages[a.stage].get_local_bwd_output(a.microbatch)
         self.stages[a.hands_to].set_local_bwd_input(grads, a.microbatch)
 
-    def backward(self, a: Action, last: bool) -> None:
+    def input_requires_grad(self, a: Action) -> bool:
+        """Rule 7a: whether any input of the stage's forward of ``a``'s microbatch needs a gradient."""
+        return any(isinstance(x, torch.Tensor) and x.requires_grad
+                   for x in self.stages[a.stage].fwd_cache[a.microbatch][1])
+
+    def stage_parameters(self, stage: int) -> List[torch.Tensor]:
+        return list(self.stages[stage].submod.parameters())
+
+    def backward(self, a: Action, verb: str, last: bool) -> None:
+        """The interpreter's verb (Rule 7, 7a): on torch's stage caches, by torch's stage or by
+        hp_recompute's split (``own_split``)."""
         stage, mb = self.stages[a.stage], a.microbatch
-        if a.stage in self.schedule.own_split:
-            self._split_backward(stage, a)
-            return
-        key = (a.stage, mb)
-        if a.op == "backward_weight":
-            if key in self.whole_at_w:  # Rule 7a: W is the whole backward
-                bwd_kwargs, outputs = self.whole_at_w.pop(key)
-                stage.backward_maybe_with_nosync("full", bwd_kwargs, last_backward=last)
-                _detach_outputs(stage, outputs)
-                return
+        if verb == "none":  # no input gradient to send; W is the whole backward, from the forward's cache
+            inputs = stage._stage_meta.inputs if hasattr(stage, "_stage_meta") else stage.fwd_cache[mb][1]
+            stage.bwd_cache[mb] = (None,) * len(inputs)
+        elif a.stage in self.schedule.own_split:
+            self._split_backward(stage, a, verb)
+        elif verb == "dw":
             stage.backward_weight_one_chunk(mb, last_backward=last)
-            return
-        full = a.op == "backward"
-        if not full and not stage.is_first and not any(
-                isinstance(x, torch.Tensor) and x.requires_grad for x in stage.fwd_cache[mb][1]):
-            self.whole_at_w[key] = self._defer_backward(stage, mb)  # Rule 7a
-            return
-        stage.backward_one_chunk(mb, loss=self.losses.get(mb) if stage.is_last else None, full_backward=full,
-                                 last_backward=full and last)
-
-    def _defer_backward(self, stage: _PipelineStageBase, mb: int) -> Tuple[Dict[str, Any], Any]:
-        """Rule 7a: the I of a stage none of whose inputs needs a gradient computes nothing (no
-        input gradient to send) and leaves W the whole backward, as torch's I and W of the first
-        stage do; returns what that W reads: torch's ``bwd_kwargs``, and the stage's outputs."""
-        stage_output, input_values = stage.fwd_cache.pop(mb)
-        if stage.is_last:
-            bwd_kwargs = {"stage_output": self.losses[mb], "output_grads": None, "input_values": input_values}
         else:
-            bwd_kwargs = {"stage_output": stage_output, "output_grads": stage._retrieve_recv_grads(mb),
-                          "input_values": input_values}
-        # The positional inputs (torch 2.13 keeps the keyword ones apart: _stage_meta), one None each.
-        inputs = stage._stage_meta.inputs if hasattr(stage, "_stage_meta") else input_values
-        stage.bwd_cache[mb] = (None,) * len(inputs)
-        return bwd_kwargs, stage_output
+            stage.backward_one_chunk(mb, loss=self.losses.get(mb) if stage.is_last else None,
+                                     full_backward=verb == "whole", last_backward=verb == "whole" and last)
 
-    def _split_backward(self, stage: _PipelineStageBase, a: Action) -> None:
-        """Rule 7: I, W or B of an FSDP2 or compiled stage, on torch's stage caches, by hp_recompute's split.
-
-        The first stage's I computes nothing (no stage before it waits for a dx, and the plan
-        names no session there) and keeps what its W reads; that W is the whole backward, as
-        torch's own W of that stage is, so it fills ``.grad`` of a step input that requires grad."""
+    def _split_backward(self, stage: _PipelineStageBase, a: Action, verb: str) -> None:
+        """Rule 7: dx, dw or the whole backward of an FSDP2 or compiled stage, on torch's stage
+        caches, by hp_recompute's split; the whole one is torch's ``stage_backward`` inside the
+        step Rule 8 opened on an FSDP stage (accumulated, reduced once at ``reduce_grad``)."""
         key = (a.stage, a.microbatch)
-        if a.op == "backward_weight":
-            if stage.is_first:
-                self._whole_backward(stage, *self.first_stage_pending.pop(key))
-                return
+        if verb == "dw":
             state = self.weight_states.pop(key)
             into_fsdp = state.fsdp is not None  # W itself adds into FSDP's gradients
             grads = backward_weight(state)
@@ -608,11 +577,8 @@ class _TorchStages(StageBackend):
         stage_output, input_values = stage.fwd_cache.pop(a.microbatch)
         grads = None if stage.is_last else list(stage._retrieve_recv_grads(a.microbatch))
         root = self.losses[a.microbatch] if stage.is_last else stage_output
-        if a.op == "backward":
-            grads_input = self._whole_backward(stage, root, grads, input_values)
-        elif stage.is_first:
-            self.first_stage_pending[key] = (root, grads, input_values)
-            grads_input = (None,) * len(stage._stage_meta.inputs)  # nothing to send: no stage before
+        if verb == "whole":
+            grads_input = stage_backward(root, grads, input_values)
         else:
             outputs = [root] if stage.is_last else list(stage_output)
             pairs = [(o, g) for o, g in zip(outputs, grads or [None] * len(outputs)) if o.requires_grad]
@@ -624,12 +590,6 @@ class _TorchStages(StageBackend):
             grads_input = tuple(next(found) if want else None for want in wants)
         stage.bwd_cache[a.microbatch] = tuple(grads_input)[:len(stage._stage_meta.inputs)]
         _detach_outputs(stage, stage_output)
-
-    @staticmethod
-    def _whole_backward(stage: _PipelineStageBase, root: Any, grads: Any, input_values: Any) -> Any:
-        """Rule 7: a B, or the first stage's W: torch's ``stage_backward`` inside the step Rule 8
-        opened on an FSDP stage (accumulated, reduced once at ``reduce_grad``)."""
-        return stage_backward(root, grads, input_values)
 
     def fsdp_modules(self, stage: int) -> List[Any]:
         return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]
@@ -659,18 +619,6 @@ class _TorchStages(StageBackend):
         self.gathered.clear()
 
     def reduce_grad(self, a: Action) -> None:
-        scale = self.schedule._n_microbatches if self.schedule.scale_grads else 1
-        stage = self.stages[a.stage]
-        if self.fsdp_modules(a.stage):  # Rules 7 and 8
-            reduce_gradients(stage.submod)
-            if scale != 1:
-                stage.scale_grads(scale)
-            return
-        later = self.schedule.scaled_later[a.stage]
-        if not later:
-            stage.perform_reduce_grad(scale)
-            return
-        # Rule 11: as torch's scale_grads, but a tied parameter a later reduce_grad covers waits for it
-        for param in stage.submod.parameters():
-            if param.grad is not None and id(param) not in later and scale != 1:
-                param.grad.div_(scale)
+        """Rule 8: an FSDP stage's gradients reduced once (the interpreter scales them after)."""
+        if self.fsdp_modules(a.stage):
+            reduce_gradients(self.stages[a.stage].submod)

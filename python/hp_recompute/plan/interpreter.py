@@ -56,8 +56,14 @@ Rule 3a (pieces). A ``recompute`` with ``regions`` is a piece of its session's r
 
 Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
   ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
-  session, so the dx and the dw of a microbatch read one replay. The backend is told
-  whether the action is its stage's last ``W`` or ``B`` of the step, as the plan's
+  session, so the dx and the dw of a microbatch read one replay. Each becomes one verb of
+  the backend (``StageBackend.backward``): a ``backward`` is ``whole``; a
+  ``backward_input`` is ``dx``, or ``none`` where it has nothing to differentiate (the
+  first stage, whose input no stage before it waits for, and a stage none of whose inputs
+  needs a gradient this microbatch, after frozen stages: ``backend.input_requires_grad``),
+  and its ``backward_weight`` is then ``whole`` (the weights' gradients start from the
+  outputs, as torch's stages run the first stage's W), otherwise ``dw``. The backend is
+  told whether the action is its stage's last ``W`` or ``B`` of the step, as the plan's
   ``last_backward`` says (the "last backward" of torch's stages: DDP reduces there).
 
 Rule 5 (frees_graph). After the plan's last backward of (stage, microbatch), the handles
@@ -77,12 +83,20 @@ Rule 8 (sends, reduce_grad, unshard, reshard). Each is one backend call at its p
   all-gather and returns (the plan placed it ahead of its readers so that the gather
   overlaps their compute, as torch's runtime issues UNSHARD); the next action that reads
   the stage's parameters (``PARAMETER_OPS``: a forward, a replay, any backward) or
-  releases them (``reshard``) first waits for it (``backend.wait_unshard``).
+  releases them (``reshard``) first waits for it (``backend.wait_unshard``). After
+  ``backend.reduce_grad`` (the data-parallel reduction) the interpreter divides the
+  gradients by ``grad_scale`` (the microbatch count: each microbatch's loss is a mean),
+  each parameter once per step, at the last ``reduce_grad`` of this rank whose stage
+  holds it (``backend.stage_parameters``; a parameter two stages of the rank share gets
+  both stages' gradients first), as torch's ``scale_grads`` does per stage.
 
 Rule 9 (end of step). ``finish`` waits for the sends and clears the sessions still
   open, returning their ids: the plan promised a clear for each, so a runtime reports
   them as a failure. After an error ``abandon`` clears every session of the scope, so
-  no replayed tensor outlives the step.
+  no replayed tensor outlives the step. ``run_step`` drives one step of one or more
+  ranks' interpreters in one process (each action as soon as its receives are ready;
+  none ready on any rank is a deadlock), ends it with ``finish`` and abandons every
+  rank's step on an error: both runtimes' step, single-process or one rank per process.
 
 Rule 10 (without sessions). With ``sessions=False`` (the runner's ``native`` and
   ``none`` modes: torch's checkpoint, or none) ``recompute`` and ``clear`` do nothing and
@@ -109,7 +123,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from typing import Any, Dict, Iterator, List, Set, Tuple
+from typing import Any, Dict, Iterator, List, Sequence, Set, Tuple
 
 import torch
 
@@ -120,7 +134,8 @@ from ..frame import RecomputeHandle
 from ..sessions import SessionScope
 from .reader import COMPUTE_OPS, CONSUMER_OPS, Action, Plan
 
-__all__ = ["StageBackend", "PlanInterpreter", "plain_forwards", "forwards_are_plain", "TIMED_OPS"]
+__all__ = ["StageBackend", "PlanInterpreter", "run_step", "plain_forwards", "forwards_are_plain", "TIMED_OPS",
+           "BACKWARD_VERBS"]
 
 #: Actions whose time is the rank's busy time (receives wait, sends are async).
 TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
@@ -128,6 +143,8 @@ TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
 PARAMETER_OPS = COMPUTE_OPS + ("recompute",)
 #: What a step without backward runs (Rule 13).
 FORWARD_OPS = ("forward", "recv_f", "send_f", "unshard", "reshard")
+#: What a backend's ``backward`` is asked to run (Rule 4).
+BACKWARD_VERBS = ("dx", "dw", "whole", "none")
 
 Key = Tuple[int, int]
 
@@ -168,9 +185,20 @@ class StageBackend:
         """Hands the input gradient of ``a`` to stage ``a.hands_to``, on this rank (Rule 2a)."""
         raise NotImplementedError
 
-    def backward(self, a: Action, last: bool) -> None:
-        """``a.op`` is ``backward_input``, ``backward_weight`` or ``backward``; ``last``: Rule 4."""
+    def backward(self, a: Action, verb: str, last: bool) -> None:
+        """Runs ``verb`` (Rule 4) of ``a``'s stage and microbatch: ``dx`` the input gradients (and
+        what ``dw`` reads), ``dw`` the weight gradients from those, ``whole`` both (a ``backward``,
+        or the ``backward_weight`` after a ``none``), ``none`` nothing (no input gradient: the
+        stage sends none). ``last``: the plan's last backward of the stage this step."""
         raise NotImplementedError
+
+    def input_requires_grad(self, a: Action) -> bool:
+        """Whether any input of ``a``'s (stage, microbatch) forward needs a gradient (Rule 4)."""
+        return True
+
+    def stage_parameters(self, stage: int) -> Sequence[torch.Tensor]:
+        """The parameters whose gradients the stage's backwards produce (Rule 8's scaling)."""
+        return ()
 
     def release(self, stage: int, mb: int) -> None:
         """The plan's last backward of (stage, mb) ran (Rule 5)."""
@@ -189,7 +217,7 @@ class StageBackend:
         raise NotImplementedError
 
     def reduce_grad(self, a: Action) -> None:
-        """The stage's gradient reduction (data parallelism, gradient scaling)."""
+        """The stage's data-parallel gradient reduction; the interpreter scales after it (Rule 8)."""
 
     def unshard(self, a: Action) -> None:
         """Issues the all-gather of the stage's sharded parameters (Rule 8); may return before it ends."""
@@ -218,11 +246,13 @@ class PlanInterpreter:
         scope: the runtime's sessions (a runtime owns its scope; NOTE [ Recompute sessions ]).
         sessions: False runs without sessions (Rule 10).
         forward_only: True runs the forward side alone (Rule 13), without sessions.
+        grad_scale: what ``reduce_grad`` divides the gradients by (Rule 8); 1 divides nothing.
     """
 
     def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
-                 sessions: bool = True, forward_only: bool = False) -> None:
+                 sessions: bool = True, forward_only: bool = False, grad_scale: int = 1) -> None:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
+        self.grad_scale = grad_scale
         self.plan_sessions = plan.sessions
         #: (stage, microbatch) -> session, of this rank's sessions replayed in pieces (Rule 3a)
         self.in_pieces: Dict[Key, str] = {(a.stage, a.microbatch): a.session for a in self.program
@@ -241,6 +271,17 @@ class PlanInterpreter:
         self.replayed_inside: Set[object] = set()
         #: this step's checkpoints that saved no tensor: their regions have nothing to replay (Rule 2)
         self.saved_nothing = 0
+        #: (stage, microbatch) whose backward_input ran ``none``: its backward_weight is ``whole`` (Rule 4)
+        self.whole_at_dw: Set[Key] = set()
+        #: stage -> the parameters its reduce_grad scales, each at its rank's last reduce_grad holding it (Rule 8)
+        self.scaled_at: Dict[int, List[torch.Tensor]] = {}
+        if self.grad_scale != 1:
+            last: Dict[int, Tuple[int, torch.Tensor]] = {}
+            for a in self.program:
+                if a.op == "reduce_grad":
+                    last.update((id(p), (a.stage, p)) for p in self.backend.stage_parameters(a.stage))
+            for stage, param in last.values():
+                self.scaled_at.setdefault(stage, []).append(param)
 
     @property
     def done(self) -> bool:
@@ -257,10 +298,6 @@ class PlanInterpreter:
         if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13: skipped, waits for nothing
             return True
         return all(self.backend.recv_ready(self.program[j]) for j in a.waits)
-
-    def run_all(self) -> None:
-        while not self.done:
-            self.step_one()
 
     def step_one(self) -> None:
         """Runs the next action (Rule 11)."""
@@ -312,9 +349,10 @@ class PlanInterpreter:
             if self.sessions:
                 self.scope.clear_recompute_session(a.session)
         elif op in CONSUMER_OPS:  # Rule 4
+            verb = self._verb(a)
             with (self.scope.recompute_session_ctx(a.session, a.retain_on_unpack)
                   if a.session is not None and self.sessions else contextlib.nullcontext()):
-                self.backend.backward(a, a.last_backward)
+                self.backend.backward(a, verb, a.last_backward)
             if a.hands_to >= 0:  # Rule 2a
                 self.backend.pass_backward(a)
             if a.frees_graph:  # Rule 5
@@ -326,10 +364,28 @@ class PlanInterpreter:
             self.backend.send(a)
         elif op == "reduce_grad":  # Rule 8
             self.backend.reduce_grad(a)
+            for param in self.scaled_at.get(a.stage, ()):
+                if param.grad is not None:
+                    param.grad.div_(self.grad_scale)
         elif op == "unshard":
             self.backend.unshard(a)
         elif op == "reshard":
             self.backend.reshard(a)
+
+    def _verb(self, a: Action) -> str:
+        """What backward ``a`` runs (Rule 4)."""
+        key = (a.stage, a.microbatch)
+        if a.op == "backward":
+            return "whole"
+        if a.op == "backward_weight":
+            if key in self.whole_at_dw:
+                self.whole_at_dw.discard(key)
+                return "whole"
+            return "dw"
+        if a.stage == 0 or not self.backend.input_requires_grad(a):
+            self.whole_at_dw.add(key)
+            return "none"
+        return "dx"
 
     def _post(self, a: Action) -> None:
         """Posts the receives ``a`` lists, in order (Rule 7); forward ones alone under Rule 13."""
@@ -371,3 +427,29 @@ class PlanInterpreter:
             self.abandon()
             raise RunError(f"{self.runtime}: rank {self.rank}: received but never read: {unread}")
         return list(self.scope.clear_all())
+
+
+def run_step(interpreters: Sequence[PlanInterpreter]) -> List[object]:
+    """One step of each interpreter's rank, in this process (Rule 9); returns the sessions the
+    plan left open (cleared by ``finish``).
+
+    Runs each rank's next action as soon as its receives are ready, rank after rank; a rank
+    whose transport receives from other processes is always ready (its receive waits). When no
+    rank can go on it raises ``RunError`` naming where each one waits. On any error every
+    rank's step is abandoned (``abandon``) before the error propagates."""
+    try:
+        while not all(run.done for run in interpreters):
+            progressed = False
+            for run in interpreters:
+                while not run.done and run.ready():
+                    run.step_one()
+                    progressed = True
+            if not progressed:
+                blocked = "; ".join(f"rank {run.rank} at action {run.pc} ({run.program[run.pc].describe()})"
+                                    for run in interpreters if not run.done)
+                raise RunError(f"{interpreters[0].runtime}: deadlock: every rank waits for a transfer: {blocked}")
+        return [session for run in interpreters for session in run.finish()]
+    except BaseException:
+        for run in interpreters:
+            run.abandon()
+        raise

@@ -28,28 +28,26 @@ mode refuses a broken plan first (``plan.verify``, the C++ verifier). See docs/r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import sys
-import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
                         sgd_update, sum_losses, updated_buffers)
-from .executor import MODES, MemoryTransport, RankExecutor
+from .executor import MODES, MemoryTransport
 from .memory import peak_meter
 from .model import DEFAULT_MODEL, StageSpec, load_model, split_stages, stage_names
+from .steps import StepDriver
 from ..errors import RunError
 from ..factory import raised_at
 from ..output_files import STDOUT, OutputError, check_outputs, text_writer, write_outputs
 from ..plan.reader import Plan
 from ..plan.verify import load_plan
-from ..replay_state import device_module, synchronize
-from ..sessions import reset_stats, stats
+from ..replay_state import device_module
 
 __all__ = ["main", "run", "REPORT_FORMAT"]
 
@@ -139,7 +137,7 @@ def expected_recomputes(plan: Plan) -> int:
 
 
 def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
-    """All ranks in this process: a ready-queue over ranks, transfers as in-memory handoffs."""
+    """All ranks in this process (``StepDriver``), transfers as in-memory handoffs."""
     torch.set_num_threads(args.threads)
     device = _device(args)
     model = load_model(args.model, device, args.input_shape)
@@ -147,67 +145,30 @@ def run_single(plan: Plan, args: argparse.Namespace) -> Dict[str, Any]:
     ref.module.load_state_dict(model.module.state_dict())
     specs = split_stages(plan, model)
     ref_specs = split_stages(plan, ref)
-    transport = MemoryTransport()
-    execs = [RankExecutor(r, plan, specs, model, transport, args.checkpoint_mode) for r in range(plan.num_ranks)]
+    driver = StepDriver(plan, model, specs, MemoryTransport(), range(plan.num_ranks), args.checkpoint_mode)
     order = plan.weight_grad_order()
-    names = [n for s in specs for n in s.params]
     steps: List[Dict[str, Any]] = []
     check_regions(model, make_batches(model, args.seed, 0, 1)[0])
     for step in range(args.steps):
         seeds = microbatch_seeds(args.seed, step, plan.num_microbatches)
         batches = make_batches(model, args.seed, step, plan.num_microbatches)
-        for p in model.module.parameters():
-            p.grad = None
-        for ex in execs:
-            ex.reset(batches, seeds)
-        buffers_before = buffer_snapshot(model.module)
         ref_buffers = buffer_snapshot(ref.module)
-        reset_stats()
         # On an accelerator its allocator counts the step's peak for free; the CPU's would
         # need the profiler, which costs time (the multi-process runner profiles one step).
-        memory = peak_meter(device) if device.type != "cpu" else None
-        synchronize(device)
-        t0 = time.perf_counter()
-        try:
-            with memory if memory is not None else contextlib.nullcontext():
-                while not all(ex.done for ex in execs):
-                    progressed = False
-                    for ex in execs:
-                        while not ex.done and ex.ready():
-                            ex.step_one()
-                            progressed = True
-                    if not progressed:
-                        blocked = "; ".join(f"rank {ex.rank} at action {ex.pc} ({ex.actions[ex.pc].describe()})"
-                                            for ex in execs if not ex.done)
-                        raise RunError(f"hp_recompute.run: deadlock: every rank waits for a transfer: {blocked}")
-        except BaseException:
-            for ex in execs:
-                ex.sessions.clear_all()
-            raise
-        synchronize(device)
-        elapsed = time.perf_counter() - t0
-        st = stats()
-        # counted as a failure below; cleared so that they do not leak into the next step
-        left = [sid for ex in execs for sid in ex.sessions.clear_all()]
-        native = sum(ex.native_calls - ex.native_forwards for ex in execs)
-        saved_nothing = sum(ex.interpreter.saved_nothing for ex in execs)
-        grads = {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}
-        losses: Dict[int, torch.Tensor] = {}
-        for ex in execs:
-            losses.update(ex.losses)
+        ran = driver.run(batches, seeds, meter=peak_meter(device) if device.type != "cpu" else None)
         want, want_loss = reference_step(ref, batches, seeds, ref_specs, order)
-        check = compare(grads, want, sum_losses(losses), want_loss, updated_buffers(model.module, buffers_before),
-                        updated_buffers(ref.module, ref_buffers), exact=True)
+        loss = sum_losses(ran["losses"])
+        check = compare(ran["grads"], want, loss, want_loss, ran["buffers"], updated_buffers(ref.module, ref_buffers),
+                        exact=True)
         steps.append({
-            "step": step, **check, "loss": sum_losses(losses).item(), "reference_loss": want_loss.item(),
-            "recomputes": st["replays"] + native, "saved_nothing": saved_nothing, "sessions_left": len(left),
-            "step_time_s": elapsed,
-            "ranks": [{"rank": ex.rank, "peak_bytes": None} for ex in execs],
-            "device_peak_bytes": memory.peak if memory is not None else None,
-            "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
+            "step": step, **check, "loss": loss.item(), "reference_loss": want_loss.item(),
+            "recomputes": ran["replays"], "saved_nothing": ran["saved_nothing"],
+            "sessions_left": ran["sessions_left"], "step_time_s": ran["step_time_s"],
+            "ranks": [{"rank": r, "peak_bytes": None} for r in range(plan.num_ranks)],
+            "device_peak_bytes": ran["peak_bytes"], "counters": ran["counters"],
         })
-        sgd_update(model.module, grads, names)
-        sgd_update(ref.module, want, names)
+        sgd_update(model.module, ran["grads"], driver.param_names)
+        sgd_update(ref.module, want, driver.param_names)
     return {"mode": "single-process", "exact": True, "specs": specs, "steps": steps, "model_name": model.name,
             "device": str(device)}
 

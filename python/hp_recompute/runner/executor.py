@@ -8,11 +8,13 @@ the gradients W needs (docs/runner.md):
 ====================  =====================================================================
 ``forward``           stage units in order; plan regions with ``checkpoint: true`` go
                       through ``hp_recompute.checkpoint`` (``native``: torch's checkpoint)
-``backward_input``    ``backward_split.backward_input``: dx, and the gradients W needs
-``backward_weight``   ``backward_split.backward_weight``: dW from those, into ``.grad``
-``backward``          ``autograd.grad(out, [x] + params, g)``: both in one call
+backward ``dx``       ``backward_split.backward_input``: dx, and the gradients W needs
+backward ``dw``       ``backward_split.backward_weight``: dW from those, into ``.grad``
+backward ``whole``    ``autograd.grad(out, [x] + params, g)``: both in one call
+backward ``none``     nothing (the first stage's dx: W is its whole backward)
 ``send_*``/``recv_*`` the transport (in memory, or torch.distributed point-to-point)
-others                no-op (``unshard``, ``reshard``, ``reduce_grad``: no data parallelism)
+others                no-op (``unshard``, ``reshard``; ``reduce_grad`` only scales, as the
+                      interpreter does: no data parallelism)
 ====================  =====================================================================
 
 A stage whose neighbour lives on the same rank hands its tensor over in memory (the
@@ -33,7 +35,7 @@ from ..backward_split import WeightGradState, accumulate_grad, backward_input, b
 from ..checkpoint import checkpoint as hr_checkpoint
 from ..errors import RunError
 from ..native import planner_extension
-from ..plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
+from ..plan.interpreter import StageBackend, forwards_are_plain
 from ..plan.reader import Action, Plan
 from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
 from .model import PipelineModel, StageSpec, Unit
@@ -120,9 +122,9 @@ class _Micro:
 class RankExecutor(StageBackend):
     """The runner's backend: runs one rank's stages of a ``PipelineModel`` for one step at a time.
 
-    The plan's actions are interpreted by ``PlanInterpreter`` (NOTE [ Executing a plan ]);
-    this class says what a forward, a backward and a transfer are for the runner's
-    stages. A receive is posted where the plan's ``posts`` say and waited for by its
+    The plan's actions are interpreted by ``PlanInterpreter`` (NOTE [ Executing a plan ];
+    ``steps.StepDriver`` pairs the two); this class says what a forward, a backward and a
+    transfer are for the runner's stages. A receive is posted where the plan's ``posts`` say and waited for by its
     reader; messages carry the plan's tags, so no posting order can mismatch them.
 
     Args:
@@ -141,8 +143,6 @@ class RankExecutor(StageBackend):
         self.rank, self.plan, self.specs, self.model, self.transport, self.mode = rank, plan, specs, model, transport, mode
         #: the rank's recompute sessions: its own namespace, cleared by the runner after each step
         self.sessions = sessions if sessions is not None else SessionScope(f"hp_recompute.run rank {rank}")
-        self.interpreter = PlanInterpreter("hp_recompute.run", plan, rank, self, self.sessions,
-                                           sessions=mode == "plan")
         named = dict(model.module.named_parameters())
         #: per stage of this rank, its (name, parameter) pairs
         self.params = {s.stage: [(n, named[n]) for n in s.params]
@@ -158,7 +158,6 @@ class RankExecutor(StageBackend):
     def reset(self, batches: List[Any], seeds: List[int]) -> None:
         """Starts a step on ``batches`` with their seeds (``reference.microbatch_seeds``)."""
         self.batches, self.seeds = batches, seeds
-        self.interpreter.reset()
         self.micro: Dict[Key, _Micro] = {}
         self.inbox_f: Dict[Key, torch.Tensor] = {}
         self.inbox_b: Dict[Key, torch.Tensor] = {}
@@ -167,38 +166,6 @@ class RankExecutor(StageBackend):
         # native mode: calls of checkpointed units (forwards + replays) and forwards, this step
         self.native_calls = 0
         self.native_forwards = 0
-
-    @property
-    def action_s(self) -> List[Tuple[str, int, bool, float]]:
-        """(op, stage, plain forward, seconds) of every compute action, this step: the report's
-        busy_us and measured_action_us (``hp_recompute.costs --from-run`` takes a run's costs from it)."""
-        return self.interpreter.action_s
-
-    @property
-    def busy_s(self) -> float:
-        return self.interpreter.busy_s
-
-    @property
-    def done(self) -> bool:
-        return self.interpreter.done
-
-    @property
-    def pc(self) -> int:
-        return self.interpreter.pc
-
-    @property
-    def actions(self) -> List[Action]:
-        return self.interpreter.program
-
-    def ready(self) -> bool:
-        return self.interpreter.ready()
-
-    def step_one(self) -> None:
-        self.interpreter.step_one()
-
-    def run_all(self) -> None:
-        """Runs the remaining actions in order (multi-process mode)."""
-        self.interpreter.run_all()
 
     # -- the backend ---------------------------------------------------------------------
 
@@ -282,11 +249,9 @@ class RankExecutor(StageBackend):
         h = x
         for unit in self.specs[s].units:
             h = self._unit_call(unit, h, batch, self.seeds[mb])
-        if s == self.plan.num_stages - 1:
-            h = h / self.plan.num_microbatches
         self.micro[(s, mb)] = _Micro(x, h, batch)
-        if s == self.plan.num_stages - 1:
-            self.losses[mb] = h.detach()
+        if s == self.plan.num_stages - 1:  # the step's loss: the microbatches' mean (reference.sum_losses)
+            self.losses[mb] = h.detach() / self.plan.num_microbatches
         return h
 
     def pass_forward(self, a: Action, output: torch.Tensor) -> None:
@@ -295,43 +260,50 @@ class RankExecutor(StageBackend):
     def pass_backward(self, a: Action) -> None:
         self.inbox_b[(a.hands_to, a.microbatch)] = self.dx_out.pop((a.stage, a.microbatch))
 
-    def backward(self, a: Action, last: bool) -> None:
+    def input_requires_grad(self, a: Action) -> bool:
+        x = self._forward_of(a).x
+        return isinstance(x, torch.Tensor) and x.requires_grad
+
+    def stage_parameters(self, stage: int) -> List[torch.Tensor]:
+        return [p for _, p in self.params[stage]]
+
+    def backward(self, a: Action, verb: str, last: bool) -> None:
+        """``verb`` of ``a`` (NOTE [ dx/dw split ] in backward_split.py for dx and dw)."""
         s, mb = a.stage, a.microbatch
         m = self._forward_of(a)
+        if verb == "none":  # no input gradient; the whole backward at W reads what the forward left
+            return
         grad_out = None
         if s != self.plan.num_stages - 1:
             if (s, mb) not in self.inbox_b:
                 raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb} has no output "
                                f"gradient (no recv_b and stage {s + 1} did not run its dx here first)")
             grad_out = self.inbox_b[(s, mb)]
-        # The first stage's dx goes nowhere: its I computes nothing and reads no activation, as the plan
-        # says (it names no session there) and torch's PipelineStage does.
-        want_x = (s > 0 and a.op in ("backward_input", "backward") and isinstance(m.x, torch.Tensor)
-                  and m.x.requires_grad)
+        grads_out = None if grad_out is None else [grad_out]
+        # The first stage's input gradient goes nowhere (the interpreter runs its dx as none).
+        want_x = s > 0 and verb in ("dx", "whole") and self.input_requires_grad(a)
         trained = [(n, p) for n, p in self.params[s] if p.requires_grad]
         names, params = [n for n, _ in trained], [p for _, p in trained]
         keep = not a.frees_graph  # the plan's last backward of (stage, mb) frees its graph
-        if a.op == "backward_weight" and m.weights is None:
-            raise RunError(f"hp_recompute.run: rank {self.rank}: backward_weight of stage {s} mb {mb} has no "
-                           f"backward_input before it")
         dx: Optional[torch.Tensor] = None
         wgrads: Sequence[Optional[torch.Tensor]] = ()
-        grads_out = None if grad_out is None else [grad_out]
-        # NOTE [ dx/dw split ] in backward_split.py
-        if a.op == "backward":
+        if verb == "whole":
             inputs = ([m.x] if want_x else []) + params
             grads = torch.autograd.grad([m.out], inputs, grads_out, retain_graph=keep,
                                         allow_unused=True) if inputs else ()
             dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
             unreached = [n for n, g in zip(names, wgrads) if g is None]
             if unreached:  # never a None gradient silently (as backward_weight's Rule 6)
-                raise RunError(f"hp_recompute.run: rank {self.rank}: backward of stage {s} mb {mb}: weights "
+                raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb}: weights "
                                f"{', '.join(unreached)} are not reached by the stage's graph; no gradient")
-        elif a.op == "backward_input":
+        elif verb == "dx":
             dxs, m.weights = backward_input([m.out], grads_out, [m.x] if want_x else [], params,
                                             retain_graph=keep, names=names)
             dx = dxs[0] if want_x else None
         else:
+            if m.weights is None:
+                raise RunError(f"hp_recompute.run: rank {self.rank}: backward_weight of stage {s} mb {mb} has no "
+                               f"backward_input before it")
             wgrads = backward_weight(m.weights, retain_graph=keep)
             m.weights = None
         if want_x:  # to send_b, or to the previous stage on this rank (pass_backward)

@@ -27,7 +27,6 @@ Failure handling (no rank may hang, every rank exits non-zero):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -44,13 +43,14 @@ import torch.multiprocessing as tmp
 from .reference import (buffer_snapshot, check_regions, compare, make_batches, microbatch_seeds, reference_step,
                         sgd_update, sum_losses, updated_buffers)
 from .memory import AllocatorPeak
-from .executor import RankExecutor, Transport
+from .executor import Transport
 from .model import load_model, split_stages
+from .steps import StepDriver
 from ..errors import RunError
 from ..factory import raised_at
 from ..plan.reader import Plan, build_plan
 from ..processes import rank_start_method
-from ..sessions import SessionScope, reset_stats, stats
+from ..sessions import SessionScope
 
 __all__ = ["GlooTransport", "run_multi"]
 
@@ -157,42 +157,20 @@ def _watchdog(rank: int, port: int, timeout: float, state: Dict[str, Any], resul
 
 def run_rank_steps(rank: int, plan: Plan, model: Any, cfg: Dict[str, Any],
                    sessions: SessionScope) -> List[Dict[str, Any]]:
-    """This rank's program for every step (the process group is up), its recompute sessions in
-    ``sessions``: per step its gradients, losses, updated buffers, counters, peak bytes and
-    times, for ``compare_steps``."""
+    """This rank's program for every step (the process group is up; ``StepDriver``), its recompute
+    sessions in ``sessions``: per step its record (``StepDriver.run``), for ``compare_steps``."""
     specs = split_stages(plan, model)
     shapes = _boundary_shapes(model, specs, make_batches(model, cfg["seed"], 0, 1)[0])
-    transport = GlooTransport(plan.num_microbatches, shapes, cfg["timeout"])
-    ex = RankExecutor(rank, plan, specs, model, transport, cfg["mode"], sessions)
+    driver = StepDriver(plan, model, specs, GlooTransport(plan.num_microbatches, shapes, cfg["timeout"]), [rank],
+                        cfg["mode"], {rank: sessions})
     steps = []
     for step in range(cfg["steps"]):
         seeds = microbatch_seeds(cfg["seed"], step, plan.num_microbatches)
         batches = make_batches(model, cfg["seed"], step, plan.num_microbatches)
-        for p in model.module.parameters():
-            p.grad = None
-        ex.reset(batches, seeds)
-        buffers_before = buffer_snapshot(model.module)
-        reset_stats()
-        dist.barrier()
-        memory = AllocatorPeak() if step == 0 else contextlib.nullcontext()  # memory.py: profile one step
-        t0 = time.perf_counter()
-        with memory:
-            ex.run_all()
-            transport.flush()
-        elapsed = time.perf_counter() - t0
-        st = stats()
-        left = len(sessions.clear_all())  # counted as a failure by the parent; do not leak into the next step
-        grads = {n: model.module.get_parameter(n).grad for n in ex.param_names
-                 if model.module.get_parameter(n).grad is not None}
-        steps.append({"grads": {n: g.clone() for n, g in grads.items()}, "losses": dict(ex.losses),
-                      "buffers": updated_buffers(model.module, buffers_before),
-                      "replays": st["replays"] + ex.native_calls - ex.native_forwards,
-                      "saved_nothing": ex.interpreter.saved_nothing,
-                      "counters": {k: st[k] for k in ("session_replays", "plain_replays", "prefetches", "clears")},
-                      "sessions_left": left, "profiled": step == 0,
-                      "peak_bytes": memory.peak if isinstance(memory, AllocatorPeak) else None,
-                      "step_time_s": elapsed, "busy_s": ex.busy_s, "action_s": list(ex.action_s)})
-        sgd_update(model.module, grads, ex.param_names)
+        # memory.py: the CPU's peak needs the profiler, which costs time: one step is profiled
+        ran = driver.run(batches, seeds, meter=AllocatorPeak() if step == 0 else None, barrier=dist.barrier)
+        steps.append({**ran, "grads": {n: g.clone() for n, g in ran["grads"].items()}, "profiled": step == 0})
+        sgd_update(model.module, ran["grads"], driver.param_names)
     return steps
 
 

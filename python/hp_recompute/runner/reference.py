@@ -77,7 +77,9 @@ def sum_losses(losses: Dict[int, torch.Tensor]) -> torch.Tensor:
 
 def reference_step(model: PipelineModel, batches: Sequence[Any], seeds: Sequence[int], specs: Sequence[StageSpec],
                    order: Dict[int, List[int]]) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
-    """Plain step: per-microbatch loss / M and its gradients, summed over every microbatch.
+    """Plain step: each microbatch's loss and its gradients, summed over every microbatch in the
+    plan's order, then divided by M, as the runner's ``reduce_grad`` scales them (interpreter
+    Rule 8); the step loss is the microbatch losses / M, summed.
 
     Returns:
         (gradient per parameter name, step loss).
@@ -89,10 +91,10 @@ def reference_step(model: PipelineModel, batches: Sequence[Any], seeds: Sequence
     per_mb: Dict[int, Dict[str, torch.Tensor]] = {}
     losses: Dict[int, torch.Tensor] = {}
     for mb, batch in enumerate(batches):
-        loss = chain(batch, batch, seeds[mb]) / num_mb
+        loss = chain(batch, batch, seeds[mb])
         grads = torch.autograd.grad(loss, [params[n] for n in names], allow_unused=True)
         per_mb[mb] = {n: g for n, g in zip(names, grads) if g is not None}
-        losses[mb] = loss.detach()
+        losses[mb] = loss.detach() / num_mb
     owner = {n: s.stage for s in specs for n in s.params}
     out: Dict[str, torch.Tensor] = {}
     for name in names:
@@ -104,7 +106,7 @@ def reference_step(model: PipelineModel, batches: Sequence[Any], seeds: Sequence
                 continue
             acc = g if acc is None else acc.add_(g)
         if acc is not None:
-            out[name] = acc
+            out[name] = acc.div_(num_mb)
     return out, sum_losses(losses)
 
 

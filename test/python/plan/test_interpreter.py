@@ -20,7 +20,7 @@ import torch
 
 import hp_recompute as hr
 from hp_recompute.errors import RunError
-from hp_recompute.plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain
+from hp_recompute.plan.interpreter import PlanInterpreter, StageBackend, forwards_are_plain, run_step
 from hp_recompute.plan.reader import Action, build_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,8 +49,8 @@ class Recorder(StageBackend):
     def pass_backward(self, a: Action) -> None:
         self._note("pass_backward", a)
 
-    def backward(self, a: Action, last: bool) -> None:
-        self._note("backward", a, last)
+    def backward(self, a: Action, verb: str, last: bool) -> None:
+        self._note("backward", a, verb, last)
 
     def send(self, a: Action) -> None:
         self._note("send", a)
@@ -77,8 +77,7 @@ class Recorder(StageBackend):
 def _run(raw: Dict[str, Any], rank: int, backend: Recorder) -> PlanInterpreter:
     run = PlanInterpreter("test", build_plan(raw, "hand.json"), rank, backend, hr.SessionScope("test"),
                           sessions=False)
-    run.run_all()
-    run.finish()
+    assert run_step([run]) == []
     return run
 
 
@@ -117,9 +116,9 @@ def test_a_receive_posts_and_its_reader_waits():
     _run(hand_plan(), 1, backend)
     assert _compute_and_transfers(backend.calls) == [
         ("post", "recv_f", 1, 0), ("wait", "recv_f", 1, 0), ("forward", "forward", 1, 0, False),
-        ("backward", "backward", 1, 0, False), ("send", "send_b", 1, 0),
+        ("backward", "backward", 1, 0, "whole", False), ("send", "send_b", 1, 0),
         ("post", "recv_f", 1, 1), ("wait", "recv_f", 1, 1), ("forward", "forward", 1, 1, False),
-        ("backward", "backward", 1, 1, True), ("send", "send_b", 1, 1), ("reduce_grad", "reduce_grad", 1, -1)]
+        ("backward", "backward", 1, 1, "whole", True), ("send", "send_b", 1, 1), ("reduce_grad", "reduce_grad", 1, -1)]
 
 
 def test_receives_are_posted_in_the_order_posts_gives_not_the_order_they_are_read():
@@ -172,7 +171,7 @@ def test_co_located_stages_hand_over_in_memory_where_the_plan_says():
 def test_the_last_backward_flag_is_the_plans():
     backend = Recorder()
     _run(hand_plan(), 0, backend)
-    flags = [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]
+    flags = [(c[1], c[3], c[5]) for c in backend.calls if c[0] == "backward"]
     assert flags == [("backward_input", 0, False), ("backward_weight", 0, False), ("backward", 1, True)]
     # Moved to the W, the flag goes with it (an edit the verifier refuses; the interpreter only follows).
     raw = hand_plan()
@@ -181,7 +180,7 @@ def test_the_last_backward_flag_is_the_plans():
     actions[7]["last_backward"] = True
     backend = Recorder()
     _run(raw, 0, backend)
-    flags = [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]
+    flags = [(c[1], c[3], c[5]) for c in backend.calls if c[0] == "backward"]
     assert flags == [("backward_input", 0, False), ("backward_weight", 0, True), ("backward", 1, False)]
 
 
@@ -247,10 +246,8 @@ def test_an_error_names_the_runtime_rank_and_action_and_clears_the_sessions():
     scope.recompute_handle(handles[0], "left")  # a session the step leaves open
     with pytest.raises(RunError, match=r"^test: rank 0 action 6 \(backward_input stage 0 mb 0 session s0.mb0\): "
                                        r"ValueError: backward failed"):
-        run.run_all()
-    assert scope.live_sessions() == ["left", "s0.mb0"]  # the failed backward's session too
-    run.abandon()
-    assert scope.live_sessions() == []
+        run_step([run])
+    assert scope.live_sessions() == []  # abandoned: the failed backward's session and the one left open
     del y
 
 
@@ -265,9 +262,8 @@ def test_a_receive_posted_and_never_read_ends_the_step_with_an_error():
         actions[-2].pop(key)
     run = PlanInterpreter("test", build_plan(raw, "hand.json"), 1, Recorder(), hr.SessionScope("unread"),
                           sessions=False)
-    run.run_all()
     with pytest.raises(RunError, match=r"rank 1: received but never read: recv_f stage 1 mb 1 peer 0"):
-        run.finish()
+        run_step([run])
 
 
 class TwoRegions(StageBackend):
@@ -296,13 +292,13 @@ class TwoRegions(StageBackend):
         self.outputs[a.microbatch] = y
         return y
 
-    def backward(self, a: Action, last: bool) -> None:
+    def backward(self, a: Action, verb: str, last: bool) -> None:
         out, x = self.outputs[a.microbatch].sum(), self.inputs[a.microbatch]
-        if a.op == "backward_input":
+        if verb == "dx":
             x.grad = torch.autograd.grad(out, [x], retain_graph=True)[0]
-        elif a.op == "backward_weight":
+        elif verb == "dw":
             torch.autograd.backward(out, inputs=[self.weight])
-        else:
+        elif verb == "whole":
             out.backward()
 
     def send(self, a: Action) -> None:
@@ -368,11 +364,127 @@ def test_a_forward_that_ran_other_checkpoints_than_its_pieces_name_is_refused_at
                                        r"checkpoints, but its session s0.mb1 replays in pieces by its 2 regions "
                                        r"\(sin, cos\); a replay in pieces needs one checkpoint per planned region, "
                                        r"in forward order \(NOTE \[ Executing a plan \] Rule 3a\)"):
-        run.run_all()
-    calls = dict(backend.calls)
-    run.abandon()
-    assert calls == {"sin": 2, "cos": 2}  # the two forwards only: nothing replayed
+        run_step([run])
+    assert backend.calls == {"sin": 2, "cos": 2}  # the two forwards only: nothing replayed
     # Without sessions (Rule 10: torch's checkpoint replays) the count does not matter.
     native = PlanInterpreter("test", plan, 0, TwoRegions(extra=1), hr.SessionScope("native"), sessions=False)
-    native.run_all()
-    assert native.finish() == []
+    assert run_step([native]) == []
+
+
+class Verbs(Recorder):
+    """A ``Recorder`` whose stages' inputs need a gradient or not (stages after frozen ones)."""
+
+    def __init__(self, inputs_need_grad: bool = True) -> None:
+        super().__init__()
+        self.inputs_need_grad = inputs_need_grad
+
+    def input_requires_grad(self, a: Action) -> bool:
+        return self.inputs_need_grad
+
+
+def _split_second_stage() -> Dict[str, Any]:
+    """``hand_plan`` with stage 1's microbatch 0 run as I, then W after its send_b."""
+    raw = hand_plan()
+    actions = raw["ranks"][1]["actions"]
+    actions[2] = {"op": "backward_input", "stage": 1, "microbatch": 0}
+    _insert(actions, 4, {"op": "backward_weight", "stage": 1, "microbatch": 0, "frees_graph": True})
+    return raw
+
+
+@pytest.mark.parametrize("inputs_need_grad", [True, False])
+def test_each_backward_is_one_verb_and_an_input_gradient_nobody_needs_is_none(inputs_need_grad):
+    """Rule 4: a B is whole; an I is dx and its W dw, except the first stage's I and an I whose
+    stage inputs need no gradient this microbatch: none, and then its W is the whole backward."""
+    verbs = lambda backend: [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]  # noqa: E731
+    first = Verbs(inputs_need_grad)
+    _run(hand_plan(), 0, first)
+    assert verbs(first) == [("backward_input", 0, "none"), ("backward_weight", 0, "whole"), ("backward", 1, "whole")]
+    second = Verbs(inputs_need_grad)
+    _run(_split_second_stage(), 1, second)
+    split = [("backward_input", 0, "dx"), ("backward_weight", 0, "dw")] if inputs_need_grad else \
+        [("backward_input", 0, "none"), ("backward_weight", 0, "whole")]
+    assert verbs(second) == split + [("backward", 1, "whole")]
+
+
+class Gradients(Recorder):
+    """Stages that hold parameters, one of them in both stages; each backward adds 1 to every
+    gradient of its stage, and ``reduce_grad`` records the gradients it found."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = torch.nn.Parameter(torch.zeros(1))
+        self.own = {0: torch.nn.Parameter(torch.zeros(1)), 1: torch.nn.Parameter(torch.zeros(1))}
+        self.at_reduce: List[Tuple[int, float, float]] = []
+
+    def stage_parameters(self, stage: int) -> List[torch.Tensor]:
+        return [self.own[stage], self.shared]
+
+    def backward(self, a: Action, verb: str, last: bool) -> None:
+        for p in self.stage_parameters(a.stage):
+            p.grad = torch.ones(1) if p.grad is None else p.grad + 1
+
+    def reduce_grad(self, a: Action) -> None:
+        self.at_reduce.append((a.stage, self.own[a.stage].grad.item(), self.shared.grad.item()))
+
+
+def _one_rank_two_stages() -> Dict[str, Any]:
+    """One rank holding both stages (a V shape's first rank), two microbatches, B only."""
+    raw = hand_plan()
+    actions = []
+    for mb in range(2):
+        actions += [{"op": "forward", "stage": 0, "microbatch": mb, "hands_to": 1},
+                    {"op": "forward", "stage": 1, "microbatch": mb}]
+    for mb in range(2):
+        actions += [{"op": "backward", "stage": 1, "microbatch": mb, "frees_graph": True, "hands_to": 0,
+                     "last_backward": mb == 1},
+                    {"op": "backward", "stage": 0, "microbatch": mb, "frees_graph": True, "last_backward": mb == 1}]
+    actions.insert(len(actions) - 1, {"op": "reduce_grad", "stage": 1})
+    actions.append({"op": "reduce_grad", "stage": 0})
+    raw["schedule"].update(num_ranks=1, stage_to_rank=[0, 0])
+    raw["sessions"] = []
+    raw["ranks"] = [{"rank": 0, "actions": actions}]
+    return raw
+
+
+def test_gradients_are_divided_once_each_at_the_last_reduce_grad_of_the_rank_that_holds_them():
+    """Rule 8: each parameter's gradient is divided by grad_scale once per step, after the data-parallel
+    reduction; a parameter two stages of the rank hold waits for the later one (its gradient is not
+    complete before), as torch's per-stage scale_grads would not."""
+    backend = Gradients()
+    run = PlanInterpreter("test", build_plan(_one_rank_two_stages(), "hand.json"), 0, backend,
+                          hr.SessionScope("test"), sessions=False, grad_scale=4)
+    assert run_step([run]) == []
+    # stage 1's reduce_grad: its own 2 backwards; the shared one has 3 of its 4 gradients
+    assert backend.at_reduce == [(1, 2.0, 3.0), (0, 2.0, 4.0)]
+    assert (backend.own[1].grad.item(), backend.own[0].grad.item(), backend.shared.grad.item()) == (0.5, 0.5, 1.0)
+    unscaled = Gradients()
+    run = PlanInterpreter("test", build_plan(_one_rank_two_stages(), "hand.json"), 0, unscaled,
+                          hr.SessionScope("test"), sessions=False)
+    assert run_step([run]) == []
+    assert unscaled.shared.grad.item() == 4.0
+
+
+class NeverReady(Recorder):
+    """A transport on which no message ever arrives."""
+
+    def recv_ready(self, a: Action) -> bool:
+        return False
+
+
+def test_run_step_runs_ranks_until_none_can_go_on_and_names_where_each_waits():
+    """Rule 9: one process driving two ranks runs each as far as its receives allow; when no rank
+    can go on the step is a deadlock, named rank by rank, and every rank's step is abandoned."""
+    plan = build_plan(hand_plan(), "hand.json")
+    scopes = [hr.SessionScope("rank0"), hr.SessionScope("rank1")]
+    runs = [PlanInterpreter("test", plan, r, NeverReady(), scopes[r]) for r in range(2)]
+    x = torch.ones(2, requires_grad=True)
+    with hr.recompute_handle_collector_ctx() as handles:
+        y = hr.checkpoint(torch.sin, x)
+    scopes[1].recompute_handle(handles[0], "open")
+    with pytest.raises(RunError, match=r"^test: deadlock: every rank waits for a transfer: rank 0 at action 6 "
+                                       r"\(backward_input stage 0 mb 0 session s0.mb0\); rank 1 at action 1 "
+                                       r"\(forward stage 1 mb 0\)$"):
+        run_step(runs)
+    assert [run.pc for run in runs] == [6, 1]
+    assert scopes[1].live_sessions() == []
+    del y
