@@ -329,7 +329,7 @@ def _pieces_plan() -> Dict[str, Any]:
 
 
 def test_a_replay_in_pieces_prefetches_its_regions_and_the_backward_replays_the_rest():
-    """Rule 3a: the piece replays only the region it lists; the backward then replays the other
+    """hpr.exec.replay-in-pieces: the piece replays only the region it lists; the backward then replays the other
     one inside and reads the prefetched one without replaying it: one replay per region, and
     the gradients are the plain ones."""
     backend = TwoRegions()
@@ -367,12 +367,12 @@ def test_a_forward_that_ran_other_checkpoints_than_its_pieces_name_is_refused_at
     with pytest.raises(RunError, match=rf"^test: rank 0 action {forward} \(forward stage 0 mb 1\): ran 3 "
                                        r"checkpoints, but its session s0.mb1 replays in pieces by its 2 regions "
                                        r"\(sin, cos\); a replay in pieces needs one checkpoint per planned region, "
-                                       r"in forward order \(NOTE \[ Executing a plan \] Rule 3a\)"):
+                                       r"in forward order \[hpr\.exec\.replay-in-pieces\]$"):
         run.run_all()
     calls = dict(backend.calls)
     run.abandon()
     assert calls == {"sin": 2, "cos": 2}  # the two forwards only: nothing replayed
-    # Without sessions (Rule 10: torch's checkpoint replays) the count does not matter.
+    # Without sessions (hpr.exec.without-sessions: torch's checkpoint replays) the count does not matter.
     native = PlanInterpreter("test", plan, 0, TwoRegions(extra=1), hr.SessionScope("native"), sessions=False)
     native.run_all()
     assert native.finish() == []
