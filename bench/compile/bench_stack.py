@@ -16,9 +16,9 @@ side in one run, repeated:
 * ours ZBV bubble, eager: ``PlannedSchedule`` with a ZBV plan replaying in bubbles, on
   ``hp_recompute.checkpoint_wrapper`` blocks: the gradients the compiled run is held to;
 * ours ZBV bubble, compiled: the same blocks compiled by the wrapper's ``compile()``
-  (inductor keeping the matmuls the policy saves dispatched: NOTE [ Selective policy ]
-  Rule 5); the same under ``--memory-budget`` of interleaved 1F1B's planned activation
-  peak, and under the smallest budget a ZBV plan fits.
+  (inductor keeping the matmuls the policy saves dispatched: hpr.selective.visible-ops); the
+  same under ``--memory-budget`` of interleaved 1F1B's planned activation peak, and under the
+  smallest budget a ZBV plan fits.
 
 The plan checkpoints every block selectively, on the costs ``python -m hp_recompute.costs
 --module bench/compile/bench_stack.py:compiled_decoder --autocast bfloat16`` measures: the

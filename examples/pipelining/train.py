@@ -24,7 +24,7 @@ order, after checkpoint-wrapping and before ``fully_shard``: a wrapped block's
 ``compile()`` compiles it inside the checkpoint with a backend whose backward splits into
 the plan's I and W (docs/compile-split.md). Under a plan that checkpoints selectively
 (``--checkpoint selective``, on a model with selective costs) inductor keeps the matmuls the
-policy saves dispatched, so the replay reads them back (NOTE [ Selective policy ] Rule 5).
+policy saves dispatched, so the replay reads them back (hpr.selective.visible-ops).
 """
 
 import argparse
@@ -123,7 +123,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         if last and dp_rank == 0:
-            # Step 0 also runs torch's shape inference, plainly: it replays nothing (schedule.py Rule 6).
+            # Step 0 also runs torch's shape inference, plainly: it replays nothing (hpr.stages.plain-inference).
             print(f"step {step}: loss {torch.stack(losses).mean().item():.4f}, replays on rank {rank}: "
                   f"{stats()['replays']}", flush=True)
     dist.destroy_process_group()

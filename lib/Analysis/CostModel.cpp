@@ -209,8 +209,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
                           region.getCheckpointStateBytes().value_or(0);
         int64_t replayBytes =
             region.getReplayBytes().value_or(region.getSavedBytes());
-        // What dx leaves for dw (NOTE [ dx/dw split ] Rule 9): a selective
-        // checkpoint keeps all of it (Rule 9 releases nothing there).
+        // What dx leaves for dw (hpr.split.release-unread): a selective
+        // checkpoint keeps all of it (that rule releases nothing there).
         int64_t weightBytes = std::min<int64_t>(
             replayBytes, region.getReplayWeightBytes().value_or(replayBytes));
         if (checkpoint == RegionCheckpoint::Selective) {

@@ -222,7 +222,7 @@ llvm::Error PlanReader::readSessions(const json &doc) {
                                .str());
     facts.sessions[id] = it->first;
     // The runtimes replay the session's `regions`, and a piece of its replay
-    // numbers them (NOTE [ Executing a plan ] Rule 3a): they are the stage's
+    // numbers them (hpr.exec.replay-in-pieces): they are the stage's
     // checkpointed regions, in forward order.
     json expected = json::array();
     for (const model::Region &region : staged.stages[stage].regions)

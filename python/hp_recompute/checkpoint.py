@@ -5,119 +5,23 @@ NOTE [ Recompute sessions ]
 Zero-bubble pipeline schedules split each backward into dx (input gradients) and dw
 (weight gradients), run as two separate autograd calls, often far apart. A recompute
 session lets both share one replay of each checkpointed function, lets a scheduler run
-that replay early (prefetch), and drops the replayed tensors at a point it chooses.
-The rules below are cited in the code as "Rule N".
+that replay early (prefetch), and drops the replayed tensors at a point it chooses. This
+module, with ``frame.py``, ``sessions.py`` and ``registry.py``, implements the rules below;
+docs/rules.md states each one and why:
 
-Rule 1 (forward). Each ``checkpoint`` call creates one frame. Autograd's saved tensors
-  are replaced by holders (owned by autograd's SavedVariables) and, unless
-  ``determinism_check="none"``, their shape/dtype/device are recorded. The frame keeps
-  the inputs with their version counters, the RNG state (CPU, plus the device type
-  torch's checkpoint infers from the positional arguments), the autocast state and the
-  ``torch.device`` context. Inside ``recompute_handle_collector_ctx()`` the frame's
-  handle is appended to the collected list, only once the forward succeeded. A frame
-  whose forward saved no tensor (``x + 1``, a view, ``Dropout(0)``) has nothing to
-  replay: its handle keeps no frame, and prefetching it is a no-op, not an error.
-
-Rule 2 (replay). A replay runs the function once more on the forward's own input tensors
-  (as torch's non-reentrant checkpoint does) under the forward's RNG, autocast and device
-  state, then restores the caller's RNG streams, so a prefetch never shifts the caller's
-  random numbers. An input whose version changed since the forward (an in-place op in
-  the function or after it) is refused with CheckpointError before the replay runs: the
-  replay would see other values. Tensors inside list, tuple and dict arguments are
-  checked too (torch 2.x refuses a changed top-level positional tensor as well; torch
-  1.13, and torch 2.x for a tensor inside a container, replay silently on the changed
-  value). The i-th tensor the replay saves goes to the i-th holder (detached, except
-  that torch 2.x, and so we, keep a tensor that does not require grad as the very
-  object); a backward inside the function reads what the replay saved for it. A frame
-  is never replayed from inside its own replay: ``recompute_handle`` of it there raises
-  CheckpointError. With ``early_stop`` (or ``set_checkpoint_early_stop``) the replay
-  stops right after the last saved tensor.
-  The number of saved tensors is always checked, their metadata unless
-  ``determinism_check="none"``; a mismatch raises CheckpointError (with torch's operator
-  report under ``debug=True``). Where torch's checkpoint detects a condition too, a
-  replay outside any session raises torch's own text, word for word (Rule 3); one for a
-  session adds ``hp_recompute:``, which checkpoint and the fix. A replay shows
-  in torch's profiler as ``hp_recompute::replay``.
-
-Rule 3 (no session). A frame bound to no session behaves like the installed torch's
-  ``torch.utils.checkpoint(use_reentrant=False)``: torch 2.x replays once per backward
-  (graph task), or once per open ``GraphExecGroup`` (torch >= 2.10), and drops each
-  tensor when read, so a second read in the same backward or group raises; torch 1.13
-  replays once and keeps the tensors until autograd frees the graph (a replay that
-  served a backward inside the still running forward is followed by a full one).
-
-Rule 4 (binding). A frame is bound to at most one session, by the control plane:
-  ``recompute_handle(handle, sid)`` binds and replays at once; a frame first unpacked
-  while a ``recompute_session_ctx`` is open binds to it (Rule 6 says which one). Binding
-  a bound frame to another session raises CheckpointError; ``clear_recompute_session``
-  unbinds. Because the binding lives on the frame, a backward whose unpacks run on
-  another thread finds the session without any context variable. A session takes
-  precedence over an open GraphExecGroup.
-
-Rule 5 (hot path). Unpacking a bound frame reads ``holder.value``, ``frame.pending``
-  (Rule 10) and ``session.mode`` (and, for a session whose context is not open, whether
-  any context is open) only: no call, no context-variable look-up, no lock (a
-  session-less frame follows Rule 3; on
-  torch 2.x that path takes the frame's lock on every unpack). Inside a context with
-  ``retain_on_unpack=True`` the tensor stays for the next consumer; otherwise
-  (``retain_on_unpack=False`` or no context open) it is dropped when read; one consumer
-  that reads in several autograd calls (``backward_weight``'s groups) retains in all but
-  its last (``sessions.retained_while``). A miss replays
-  the frame once per binding; a miss after that replay means a non-retaining consumer
-  already took the tensor, and raises CheckpointError.
-
-Rule 6 (one context per thread). Each thread has at most one ``recompute_session_ctx``
-  open, and a session is open in at most one context; entering a second raises
-  CheckpointError. Threads may hold contexts of different sessions at the same time.
-  An unbound frame joins the context of the unpacking thread, else (an autograd device
-  thread) the only context open in the process; with several open and none on that
-  thread it raises. While any context is open, a session without one is idle: its
-  frames unpacked on a thread whose context belongs to another session raise, on other
-  threads they are read as with no context.
-
-Rule 7 (clear). ``clear_recompute_session`` is idempotent and drops the session's
-  tensors, replay flags, counters and bindings, also after partial use, errors or
-  abandoned backwards; nothing replayed stays alive and the frames can serve a new
-  session or a plain backward. A failed prefetch unbinds its frame before raising.
-
-Rule 8 (nesting). A checkpoint inside a checkpoint works in plain (session-less)
-  backward. Prefetching, or replaying inside a session context, a frame that contains a
-  nested checkpoint raises CheckpointError.
-
-Rule 9 (scopes). Session ids are unique within a ``SessionScope``, not in the process:
-  each owner of sessions (a schedule, a runner) makes its own scope, and two scopes may
-  both hold a session ``"s3.mb0"``. The module functions act on ``DEFAULT_SCOPE``. What
-  a thread has open (Rule 6) and the registry lock are process-wide; entering and
-  leaving a context change the mode of one session only, so they take constant time
-  however many sessions are live.
-
-Rule 10 (devices and streams). Nothing here names a device: RNG state, autocast and
-  the device context follow the device type torch's checkpoint infers (Rule 1), and
-  devices are reached through torch's generic APIs (``torch.accelerator`` where present,
-  else ``torch.get_device_module``). A prefetch replays on the caller's current stream,
-  unless ``recompute_handle(handle, sid, stream=s)`` passes a stream of the checkpoint's
-  device: then ``s`` first waits for the work the caller's stream has queued (the
-  inputs), the inputs are recorded on ``s`` for the caching allocator, the replay is
-  queued on ``s`` and an event is recorded after it; the host does not wait. The frame
-  keeps that event (``frame.pending``) until its first consumer: the unpack of a backward
-  (on the stream autograd makes current for the node, the forward's stream) or
-  ``clear_recompute_session``. That consumer makes its current stream wait for the event
-  and records the replayed tensors on it, so their memory is reused only after it read
-  them; the hot path sees ``frame.pending`` set and leaves that one unpack to the slow
-  path. RNG state is kept on the host, so a replay on a side stream draws the same
-  random numbers. On a device without streams (the CPU) None is the only valid stream;
-  a stream of another device than the checkpoint's inputs raises CheckpointError.
-
-Rule 11 (torch.compile). Traced by ``torch.compile`` (torch 2.x), ``checkpoint`` is
-  torch's own (its higher-order op: aot_autograd rematerializes inside the graph) and
-  takes no part in sessions; inside a collector that trace raises CheckpointError instead
-  of collecting nothing. A compiled function *inside* a checkpoint is an ordinary
-  function: its compiled forward is what a replay reruns. Our saved-tensor hooks, which
-  its compiled code calls, are hidden from dynamo once dynamo is loaded
-  (``frame.hide_hooks_from_dynamo``), as torch's own are.
-
-``use_reentrant=True`` delegates to ``torch.utils.checkpoint`` and takes no part in
-sessions.
+  hpr.session.forward-frame            one frame per ``checkpoint`` call, holders for its saved tensors
+  hpr.session.faithful-replay          a replay reruns the function on the forward's inputs and state
+  hpr.session.unbound-is-torch         without a session: the installed torch's checkpoint, errors included
+  hpr.session.one-binding              a frame is bound to at most one session
+  hpr.session.hot-path                 unpacking a bound frame makes no call and takes no lock
+  hpr.session.retain                   ``retain_on_unpack`` keeps a tensor for the next consumer
+  hpr.session.one-context-per-thread   one open session context per thread, one per session
+  hpr.session.clear-drops-all          a clear is idempotent and drops everything
+  hpr.session.nested-plain-only        nested checkpoints in plain backwards only
+  hpr.session.scoped-ids               session ids are unique within a ``SessionScope``
+  hpr.session.any-device               no device is named; torch's generic device APIs
+  hpr.session.side-stream              a prefetch on a side stream; its first consumer waits
+  hpr.session.compiled-is-torch        under ``torch.compile``, torch's own checkpoint
 """
 
 from __future__ import annotations
@@ -166,7 +70,7 @@ class _OpenCollectors:
 
 @contextlib.contextmanager
 def recompute_handle_collector_ctx() -> Iterator[List[RecomputeHandle]]:
-    """Collect the handles of the checkpoints whose forward runs inside (Rule 1).
+    """Collect the handles of the checkpoints whose forward runs inside (hpr.session.forward-frame).
 
     The innermost open collector receives the handles, in forward order. A forward that
     raises, or runs under ``torch.no_grad()``, adds no handle.
@@ -223,9 +127,9 @@ def checkpoint(
 
     Outside any collector and session this is ``torch.utils.checkpoint.checkpoint(
     function, *args, use_reentrant=False)`` of the installed torch: same results, same
-    number of calls, the same errors in the same words (Rule 3). Inside
+    number of calls, the same errors in the same words (hpr.session.unbound-is-torch). Inside
     ``recompute_handle_collector_ctx()`` it also yields a handle that a scheduler can
-    prefetch with ``recompute_handle`` (Rules 1, 4).
+    prefetch with ``recompute_handle`` (hpr.session.forward-frame, hpr.session.one-binding).
 
     Args:
         function: the checkpointed callable.
@@ -299,11 +203,11 @@ def checkpoint_call(
     """
     # Options torch reads as truth values; a bad determinism_check is refused as torch does.
     preserve_rng_state, debug, early_stop = bool(preserve_rng_state), bool(debug), bool(early_stop)
-    if _is_compiling():  # Rule 11
+    if _is_compiling():  # hpr.session.compiled-is-torch
         return _compiled_checkpoint(
             function, args, kwargs, context_fn, preserve_rng_state, determinism_check, debug, early_stop
         )
-    if "torch._dynamo" in sys.modules:  # Rule 11: something may be compiled inside
+    if "torch._dynamo" in sys.modules:  # hpr.session.compiled-is-torch: something may be compiled inside
         hide_hooks_from_dynamo()
     if _debug_enabled(debug):
         if context_fn is not None:
@@ -408,7 +312,7 @@ def _checkpoint_forward(
             )
         )
     if THREAD.forward:
-        THREAD.forward[-1].has_nested = True  # Rule 8
+        THREAD.forward[-1].has_nested = True  # hpr.session.nested-plain-only
     state = ForwardState(args, preserve_rng_state)
     frame = CheckpointFrame(
         function, args, kwargs, state, early_stop, determinism_check == "default", recompute_ctx, error_cb

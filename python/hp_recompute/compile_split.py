@@ -2,89 +2,20 @@
 
 NOTE [ Compiled dx/dw split ]
 =============================
-aot_autograd turns a compiled block into ONE autograd node (its ``CompiledFunction``)
-whose backward is one graph computing every input's and every parameter's gradient.
-``backward_input`` and ``backward_weight`` (NOTE [ dx/dw split ]) each call that node,
-so without help I and W each run all of it. ``compile_backend(...)`` is a torch.compile
-backend that partitions the backward graph instead; the code cites these rules as
-"Rule N".
+aot_autograd turns a compiled block into ONE autograd node whose backward computes every
+input's and every parameter's gradient, so ``backward_input`` and ``backward_weight``
+(NOTE [ dx/dw split ]) would each run all of it. ``compile_backend(...)`` is a
+torch.compile backend whose backward is two graphs, I and W, one for each. This module
+implements the rules below; docs/rules.md states each one and why:
 
-Rule 1 (the backend). ``compile_backend("inductor")`` or ``compile_backend("aot_eager")``
-  compiles as the named backend does (``compile_fx``, resp. aot_autograd with the min-cut
-  partitioner and no-op compilers) and hands aot_autograd's backward graph to our
-  splitter before it is compiled. Use it as ``torch.compile(block, backend=...)`` or in
-  place, ``block.compile(backend=...)``; torchtitan's order, ``torch.compile(
-  checkpoint_wrapper(block), backend=..., fullgraph=True)``, too (the replayed forward is
-  part of the backward graph, Rule 3 puts it in I). A block compiled with a plain backend
-  is not split (its graph is already compiled when a split sees it).
-
-Rule 2 (which outputs are W). The backward graph has one output per input of the
-  compiled forward, in order (aot_autograd's ``GradAOTOutput`` descriptors say which
-  input each belongs to). The gradient of an input that is an ``nn.Parameter`` (as
-  dynamo passes the module's parameters) is a W output; every other gradient is an I
-  output. A backward graph with other outputs (effect tokens, functionalized RNG
-  offsets) or without descriptors is refused at compile time, loudly.
-
-Rule 3 (the partition). I is the backward graph restricted to what the I outputs need
-  (dead code eliminated). W is what the W outputs need and I does not compute. The
-  values of I that W reads are the *stash*: I returns them beside its outputs. W reads
-  the stash and the backward's own arguments (saved activations, tangents, and every
-  symbolic size under dynamic shapes), which the autograd node hands it again when W
-  re-enters it. Every node of the backward graph
-  lands in exactly one of I and W, so I + W does the work of one backward.
-
-Rule 4 (the phase). ``backward_input`` registers the split nodes it records (its seeds,
-  Rule 2 of NOTE [ dx/dw split ]) for the duration of its ``autograd.grad`` call, and
-  ``backward_weight`` the seeds of each group it differentiates; the registry maps node
-  to the WeightGradState's ``compiled`` dict, process-wide, so autograd's device threads
-  see it too. When the compiled backward runs, it looks up its own node
-  (``torch._C._current_autograd_node()``):
-  - registered by I: run I, return None for the W outputs, keep the stash in the state;
-  - registered by W, with a stash: run W from it, return None for the I outputs, and keep
-    the W outputs for another group with the same seed (Rule 3 of NOTE [ dx/dw split ]);
-  - otherwise (a plain backward, a node I did not reach, the re-walk of Rule 4 of NOTE
-    [ dx/dw split ]): run I then W back to back, i.e. the whole backward.
-  The stash lives in the WeightGradState: W (``backward_weight``) drops it, and so does
-  dropping the state.
-
-Rule 5 (no donated buffers). W reads saved activations after I ran, and the node runs
-  with ``retain_graph=True``. The backend compiles the forward with
-  ``torch._functorch.config.donated_buffer`` off and clears the backward's donated
-  indices before compiling I and W, so no buffer is reused and aot_autograd never raises
-  "compiled with non-empty donated buffers". The global config is not touched; nothing
-  is asked of the user. The aot_autograd cache is bypassed while compiling, so a cached
-  unsplit backward is never reused.
-
-Rule 6 (versions). The backend needs aot_autograd's graph descriptors and
-  ``_current_autograd_node``: torch >= 2.13 (``SUPPORTED``). On older torch, and on torch
-  1.13 which has no torch.compile, ``compile_backend`` raises ``CheckpointError`` saying
-  so. Not supported (untested, may fail): tensor-subclass (DTensor) inputs, CUDA graphs
-  (``options={"triton.cudagraphs": True}`` would overwrite the stash), double backward.
-
-Rule 7 (a wrapped block's ``compile()``). ``checkpoint_wrapper(block).compile(**kw)``
-  (torchtitan compiles each wrapped block) compiles the *wrapped* block in place, so the
-  checkpoint around it stays eager: handles, sessions, prefetch and FSDP's replay
-  all-gather keep working, and a replay runs the compiled forward. ``split_compile_kwargs``
-  turns ``kw`` into those of a split: backend ``"inductor"`` (torch.compile's default) or
-  ``"aot_eager"`` becomes ``compile_backend(backend)``, inductor's ``mode`` and ``options``
-  becoming its config patches; every other keyword (``fullgraph``, ``dynamic``, ...)
-  passes unchanged. A mode or options that turn CUDA graphs on are refused (Rule 6).
-  Another backend, or a torch older than 2.13, compiles as given, unsplit: I and W then
-  each run the whole compiled backward. ``torch.compile(checkpoint_wrapper(block))``
-  instead traces the checkpoint itself (torch's higher-order op, no handle).
-
-Rule 8 (ops a selective policy saves). ``compile_backend("inductor", saved_ops=ops)``
-  compiles the forward so that a selective policy's dispatch mode around the block sees,
-  and may cache, each call of ``ops`` (NOTE [ Selective policy ] Rule 5): every node of
-  those ops falls back to its eager kernel (inductor's ``should_fallback``), which returns
-  its own output rather than writing into a buffer of the kernel's (``out=``), and the
-  forward reuses no buffer and updates none in place, so no later kernel overwrites an
-  output the policy keeps (without this, a GELU fused in place into its matmul's output
-  changed the cached matmul under the replay). Pattern rewrites are off in that forward too,
-  so none replaces a node that must stay dispatched; nor is the forward served from or
-  written to the FX graph cache, whose key does not see the fallbacks. The backward
-  compiles as without ``ops``. aot_eager dispatches every op and takes no ``ops``.
-  ``checkpoint_wrapper(block, context_fn=...).compile()`` passes the ops its policy saves.
+  hpr.compiled-split.backend                compiles as inductor or aot_eager, then splits the backward
+  hpr.compiled-split.w-outputs              parameters' gradients are W's outputs, the others I's
+  hpr.compiled-split.partition              every node of the backward in exactly one of I and W
+  hpr.compiled-split.phase                  the node runs I, W or both by who registered it
+  hpr.compiled-split.no-donated-buffers     no saved buffer reused, no cached unsplit backward
+  hpr.compiled-split.supported              torch >= 2.13, no CUDA graphs
+  hpr.compiled-split.wrapper-compile        ``checkpoint_wrapper(block).compile()`` splits, the checkpoint stays eager
+  hpr.compiled-split.saved-ops-dispatched   ``saved_ops`` stay dispatched for a selective policy
 """
 
 from __future__ import annotations
@@ -105,14 +36,14 @@ def _version() -> Tuple[int, int]:
     return int(major), int(minor)
 
 
-#: Whether this torch can split compiled backwards (Rule 6).
+#: Whether this torch can split compiled backwards (hpr.compiled-split.supported).
 SUPPORTED = (_version() >= (2, 13) and hasattr(torch, "compile")
              and hasattr(torch._C, "_current_autograd_node"))
 
 BACKENDS = ("inductor", "aot_eager")
 
 
-# -- Rule 4: the phase registry ------------------------------------------------------
+# -- the phase registry (hpr.compiled-split.phase) ---------------------------------------
 
 _LOCK = threading.Lock()
 _ACTIVE: Dict[Any, Tuple[str, Dict[Any, Any]]] = {}  # autograd node -> (phase, state.compiled)
@@ -122,7 +53,7 @@ _COMPILERS: Dict[Tuple[str, str, Tuple[str, ...]], Callable] = {}
 
 @contextlib.contextmanager
 def split_phase(phase: str, stash: Dict[Any, Any], nodes: Iterable[Any]) -> Iterator[None]:
-    """Rule 4: mark ``nodes`` as run by ``phase`` ("input" or "weight") of one split.
+    """hpr.compiled-split.phase: mark ``nodes`` as run by ``phase`` ("input" or "weight") of one split.
 
     Called by ``backward_split``; a no-op until a ``compile_backend`` backward exists.
     """
@@ -146,8 +77,8 @@ def split_phase(phase: str, stash: Dict[Any, Any], nodes: Iterable[Any]) -> Iter
 
 
 def stashed_tensors(stash: Dict[Any, Any]) -> List[torch.Tensor]:
-    """Rule 4: the tensors I keeps for W in a WeightGradState's ``compiled`` dict (a split node
-    whose W has not run yet)."""
+    """hpr.compiled-split.phase: the tensors I keeps for W in a WeightGradState's ``compiled`` dict (a split
+    node whose W has not run yet)."""
     return [t for kind, values in stash.values() if kind == "stash" for t in values if isinstance(t, torch.Tensor)]
 
 
@@ -160,11 +91,11 @@ def _phase_of_running_node() -> Tuple[Optional[str], Optional[Dict[Any, Any]], A
     return (found[0], found[1], node) if found is not None else (None, None, node)
 
 
-# -- Rules 2 and 3: the partition ----------------------------------------------------
+# -- the partition (hpr.compiled-split.w-outputs, hpr.compiled-split.partition) ----------
 
 
 class _Partition:
-    """The I and W graphs of one backward graph, and how to call them (Rule 3)."""
+    """The I and W graphs of one backward graph, and how to call them (hpr.compiled-split.partition)."""
 
     def __init__(self, gm: torch.fx.GraphModule, is_weight: Callable[[Any], bool]) -> None:
         graph = gm.graph
@@ -176,8 +107,8 @@ class _Partition:
         descs = out_node.meta.get("desc")
         if descs is None or len(descs) != len(outs):
             raise CheckpointError(error_text(
-                "compile_backend: the backward graph carries no gradient descriptors (Rule 2 of NOTE "
-                f"[ Compiled dx/dw split ]); torch {torch.__version__} is not supported, use a plain backend"))
+                f"compile_backend: the backward graph carries no gradient descriptors; torch {torch.__version__} "
+                "is not supported, use a plain backend [hpr.compiled-split.w-outputs]"))
         from torch._functorch._aot_autograd.descriptors import GradAOTOutput
 
         self.n_outputs = len(outs)
@@ -189,7 +120,8 @@ class _Partition:
             if not isinstance(d, GradAOTOutput):
                 raise CheckpointError(error_text(
                     f"compile_backend: backward output {k} is {d!r}, not a gradient (effect tokens or "
-                    "functionalized RNG); such a block cannot be split (Rule 2), compile it with a plain backend"))
+                    "functionalized RNG); such a block cannot be split, compile it with a plain backend "
+                    "[hpr.compiled-split.w-outputs]"))
             (self.w_pos if is_weight(d.grad_of) else self.i_pos).append(k)
 
         def ancestors(roots: Sequence[torch.fx.Node]) -> set:
@@ -251,7 +183,7 @@ class _Partition:
 
 
 class _SplitBackward:
-    """The compiled backward aot_autograd calls: I, W or both by the phase (Rule 4)."""
+    """The compiled backward aot_autograd calls: I, W or both by the phase (hpr.compiled-split.phase)."""
 
     def __init__(self, part: _Partition, run_i: Optional[Callable], run_w: Optional[Callable]) -> None:
         self._boxed_call = True  # an instance attribute: torch._dynamo.disable's wrapper copies __dict__
@@ -290,7 +222,7 @@ class _SplitBackward:
                 kind, value = stash[node]
                 if kind == "stash":
                     value = self._w(args, value)
-                    stash[node] = ("done", value)  # another group with this seed reads it (Rule 4)
+                    stash[node] = ("done", value)  # another group with this seed reads it (hpr.compiled-split.phase)
                 return self._assemble([], value)
             i_out, kept = self._i(args)  # no split: the whole backward
             return self._assemble(i_out, self._w(args, kept))
@@ -299,7 +231,7 @@ class _SplitBackward:
 
 
 def _weights_of(example_inputs: Sequence[Any]) -> Callable[[Any], bool]:
-    """Rule 2: whether an aot_autograd input descriptor names a parameter."""
+    """hpr.compiled-split.w-outputs: whether an aot_autograd input descriptor names a parameter."""
     from torch._functorch._aot_autograd.descriptors import ParamAOTInput, PlainAOTInput
 
     params = {i for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)}
@@ -313,7 +245,8 @@ def _weights_of(example_inputs: Sequence[Any]) -> Callable[[Any], bool]:
 
 
 def _no_donated_buffers() -> None:
-    """Rule 5: the backward being compiled reuses no saved buffer, and aot_autograd knows it."""
+    """hpr.compiled-split.no-donated-buffers: the backward being compiled reuses no saved buffer, and
+    aot_autograd knows it."""
     ctx = torch._guards.TracingContext.try_get()
     if ctx is not None and getattr(ctx, "fw_metadata", None) is not None:
         ctx.fw_metadata.bw_donated_idxs = []
@@ -322,7 +255,8 @@ def _no_donated_buffers() -> None:
 def _split(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], is_weight: Callable[[Any], bool],
            compile_one: Callable[[torch.fx.GraphModule, List[Any], List[int]], Callable],
            static_input_idxs: Sequence[int] = ()) -> _SplitBackward:
-    """Rules 3 and 5: partition one backward graph and compile its halves."""
+    """Partition one backward graph and compile its halves (hpr.compiled-split.partition,
+    hpr.compiled-split.no-donated-buffers)."""
     _no_donated_buffers()
     part = _Partition(gm, is_weight)
     ex_i, ex_w = part.example_inputs(example_inputs)
@@ -339,9 +273,9 @@ def _check_supported(what: str) -> None:
             "(on this torch, run the block eagerly: backward_input/backward_weight split it exactly)"))
     if not SUPPORTED:
         raise CheckpointError(error_text(
-            f"{what}: splitting a compiled backward needs torch >= 2.13 (aot_autograd's graph descriptors, "
-            f"Rule 6 of NOTE [ Compiled dx/dw split ]); this is torch {torch.__version__}: use a plain "
-            "torch.compile backend (I and W then each run the whole compiled backward)"))
+            f"{what}: splitting a compiled backward needs torch >= 2.13 (aot_autograd's graph descriptors); "
+            f"this is torch {torch.__version__}: use a plain torch.compile backend (I and W then each run the "
+            "whole compiled backward) [hpr.compiled-split.supported]"))
 
 
 def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]] = None,
@@ -353,7 +287,7 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
             halves of the backward.
         options: inductor config patches (as ``torch.compile(options=...)``); inductor only.
         saved_ops: the ``OpOverload``s a selective policy around the block saves, kept
-            dispatched in the forward (Rule 8); inductor only.
+            dispatched in the forward (hpr.compiled-split.saved-ops-dispatched); inductor only.
 
     Returns:
         A callable to pass as ``torch.compile(..., backend=)``: the same one for the same
@@ -361,7 +295,7 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
         code).
 
     Raises:
-        CheckpointError: torch older than 2.13, or without torch.compile (Rule 6).
+        CheckpointError: torch older than 2.13, or without torch.compile (hpr.compiled-split.supported).
         ValueError: an unknown backend, or options or saved ops with aot_eager.
 
     Example::
@@ -379,7 +313,8 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
     saved_ops = frozenset(saved_ops)
     if saved_ops and backend != "inductor":
         raise ValueError(error_text(
-            "compile_backend: aot_eager dispatches every op; saved_ops are inductor's (Rule 8)"))
+            "compile_backend: aot_eager dispatches every op; saved_ops are inductor's "
+            "[hpr.compiled-split.saved-ops-dispatched]"))
 
     # One callable per backend and options: dynamo guards a compiled frame on its backend's
     # identity, so blocks of one class compiled one by one (checkpoint_wrapper(block).compile())
@@ -393,7 +328,7 @@ def compile_backend(backend: str = "inductor", options: Optional[Dict[str, Any]]
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: List[Any], **kwargs: Any) -> Callable:
         is_weight = _weights_of(example_inputs)
-        patches = {"donated_buffer": False, "enable_autograd_cache": False}  # Rule 5
+        patches = {"donated_buffer": False, "enable_autograd_cache": False}  # hpr.compiled-split.no-donated-buffers
         with torch._functorch.config.patch(**patches):
             if backend == "aot_eager":
                 return _aot_eager(gm, example_inputs, is_weight, **kwargs)
@@ -422,7 +357,7 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: Ca
         if not kw.get("is_backward"):
             if not saved_ops:
                 return compile_fx_inner(g, ex, **kw)
-            for n in g.graph.nodes:  # Rule 8
+            for n in g.graph.nodes:  # hpr.compiled-split.saved-ops-dispatched
                 if n.op == "call_function" and n.target in saved_ops:
                     n.meta["should_fallback"] = True
             with torch._inductor.config.patch(inplace_buffers=False, allow_buffer_reuse=False, pattern_matcher=False,
@@ -439,18 +374,18 @@ def _inductor(gm: torch.fx.GraphModule, example_inputs: List[Any], is_weight: Ca
 def dispatches_each_op(backend: Any) -> bool:
     """Whether a block compiled with ``backend`` still dispatches each aten op when it runs
     (``"eager"``, ``"aot_eager"``, ``compile_backend("aot_eager")``), so that a dispatch mode
-    around it, a selective policy's, sees them (NOTE [ Selective policy ] Rule 5)."""
+    around it, a selective policy's, sees them (hpr.selective.visible-ops)."""
     if isinstance(backend, str):
         return backend in ("eager", "aot_eager")
     return getattr(backend, "__name__", None) == "hp_recompute_aot_eager"
 
 
 def split_compile_kwargs(kwargs: Dict[str, Any], saved_ops: Iterable[Any] = ()) -> Dict[str, Any]:
-    """Rule 7: the ``torch.compile`` keywords ``kwargs``, with a backend whose backward splits
-    (with inductor, keeping ``saved_ops`` dispatched: Rule 8).
+    """hpr.compiled-split.wrapper-compile: the ``torch.compile`` keywords ``kwargs``, with a backend whose
+    backward splits (with inductor, keeping ``saved_ops`` dispatched: hpr.compiled-split.saved-ops-dispatched).
 
     Raises:
-        CheckpointError: a mode or options that capture CUDA graphs (Rule 6).
+        CheckpointError: a mode or options that capture CUDA graphs (hpr.compiled-split.supported).
     """
     backend = kwargs.get("backend", "inductor")
     if not SUPPORTED or not isinstance(backend, str) or backend not in BACKENDS:
@@ -466,8 +401,7 @@ def split_compile_kwargs(kwargs: Dict[str, Any], saved_ops: Iterable[Any] = ()) 
         options = {**list_mode_options(mode, kwargs.get("dynamic")), **options}
     if options.get("triton.cudagraphs"):
         raise CheckpointError(error_text(
-            f"compile: mode={mode!r} / options capture CUDA graphs, which would overwrite the stash that W reads "
-            "(Rule 6 of NOTE [ Compiled dx/dw split ]); use a mode without CUDA graphs, e.g. "
-            "'max-autotune-no-cudagraphs'"))
+            f"compile: mode={mode!r} / options capture CUDA graphs, which would overwrite the stash that W reads; "
+            "use a mode without CUDA graphs, e.g. 'max-autotune-no-cudagraphs' [hpr.compiled-split.supported]"))
     saved = saved_ops if backend == "inductor" else ()
     return {**rest, "backend": compile_backend(backend, options=options or None, saved_ops=saved)}

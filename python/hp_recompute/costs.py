@@ -22,7 +22,7 @@ states the replay restores, 5056 bytes of CPU generator state per call on torch 
 what the replay allocates (``replay_bytes``: the saved tensors but the region's input, which
 the forward kept and the replay does not allocate again), and of that what the session
 still holds after I, which W reads (``replay_weight_bytes``: I runs inside the session as the
-runner's does and releases the rest, NOTE [ dx/dw split ] Rule 9). Where this torch has selective
+runner's does and releases the rest: hpr.split.release-unread). Where this torch has selective
 checkpointing (>= 2.4), the same again under the selective policy (NOTE [ Selective policy ]):
 ``selective_fwd_time_us``, ``selective_replay_time_us``, ``selective_saved_bytes`` (the outputs
 it saves, beyond the RNG states) and ``selective_replay_bytes``.
@@ -98,7 +98,7 @@ FULL_KEYS = ("checkpoint_fwd_time_us", "replay_time_us")
 FULL_BYTES_KEYS = ("checkpoint_state_bytes", "replay_bytes", "replay_weight_bytes")
 SELECTIVE_KEYS = ("selective_fwd_time_us", "selective_replay_time_us")
 SELECTIVE_BYTES_KEYS = ("selective_saved_bytes", "selective_replay_bytes")
-#: The policies measured (NOTE [ Selective policy ], Rules 3 and 4): full, and selective where
+#: The policies measured (hpr.selective.priced-as-run, hpr.selective.supported): full, and selective where
 #: this torch has it; each as the ``context_fn`` of its checkpoint.
 _POLICIES: List[Optional[Callable[[], Any]]] = [None] + ([selective_context_fn()] if selective_supported() else [])
 CHECKPOINT_KEYS = FULL_KEYS + (SELECTIVE_KEYS if len(_POLICIES) > 1 else ())
@@ -126,7 +126,7 @@ def _distinct_bytes(tensors: Any, besides: Sequence[Optional[torch.Tensor]] = ()
 
 def _weight_state_bytes(state: Any, dxs: Sequence[Optional[torch.Tensor]]) -> int:
     """What I keeps for W: the gradients it recorded and the stash of each compiled block it
-    split (Rule 3 of NOTE [ Compiled dx/dw split ]: the values of I that W reads), but the input
+    split (hpr.compiled-split.partition: the values of I that W reads), but the input
     gradients it returned (their storage is the caller's, which sends or hands them on: the
     planner counts them there)."""
     recorded = [g for grads in state.recorded.values() for g in grads]
@@ -186,7 +186,7 @@ def _held_after_dx(args: Sequence[Any], kwargs: Dict[str, Any], weights: Sequenc
                    into: List[int]) -> Callable[[List[torch.Tensor], List[Any]], None]:
     """An ``after_replay`` that runs I on the outputs inside the session, as the runner's dx
     does (retaining it for W), and appends to ``into`` the bytes I released from the session
-    (Rule 9 of NOTE [ dx/dw split ]): what it held before I and not after, counted by distinct
+    (hpr.split.release-unread): what it held before I and not after, counted by distinct
     storage, but the weights and the region's inputs. The replay's bytes less these are
     ``replay_weight_bytes``."""
     from torch.utils._pytree import tree_flatten
@@ -424,7 +424,7 @@ def times_from_run(names: Sequence[str], report_path: str,
     The starting point is the plan the run executed: its regions carry the costs it was
     priced with. A forward's plain and checkpointed runs share the plain regions'
     ``fwd_time_us``; the plain forward's ratio is applied last. ``output`` (flag, path), the
-    file the times go to, must not be that plan (NOTE [ Output files ] Rule 6: OutputError)."""
+    file the times go to, must not be that plan (hpr.output.not-an-input: OutputError)."""
     report = read_json(report_path, "run report")
     ranks = report.get("ranks") if isinstance(report, dict) else None
     if not isinstance(ranks, list) or not all(isinstance(r, dict) and "measured_action_us" in r for r in ranks):
@@ -451,7 +451,7 @@ def times_from_run(names: Sequence[str], report_path: str,
     except (KeyError, TypeError, AttributeError):
         raise RunError(f"hp_recompute.costs: {plan_path}: /model/stages: expected stages of named regions "
                        f"(a plan JSON of hp-recompute-plan)") from None
-    # A piece times part of a replay, and its backward the rest (NOTE [ Executing a plan ] Rule 3a):
+    # A piece times part of a replay, and its backward the rest (hpr.exec.replay-in-pieces):
     # neither is a time regionTimeOf prices.
     for r, rank in enumerate(plan.get("ranks") or []):
         for k, a in enumerate(rank.get("actions") or [] if isinstance(rank, dict) else []):
@@ -479,7 +479,7 @@ def times_from_run(names: Sequence[str], report_path: str,
         for measured in rank["measured_action_us"]:
             op, stage, plain = measured["op"], measured["stage"], measured["plain"]
             # The region fields the planner sums into this action's time (regionTimeOf); a backward
-            # with its replay inside ("backward+recompute", NOTE [ Executing a plan ] Rule 3) sums both.
+            # with its replay inside ("backward+recompute", hpr.exec.in-backward) sums both.
             fields = [(r["name"], planner.region_time_field(part, stage, not plain, checkpointed[r["name"]]))
                       for part in op.split("+") for r in stages.get(stage, [])]
             fields = [(name, key) for name, key in fields if key]
@@ -497,38 +497,17 @@ def times_from_run(names: Sequence[str], report_path: str,
 # NOTE [ Cut forward ]
 # A plain module has no region functions to call one by one (there is no adapter), only its
 # own forward. So the forward runs whole, with each region's module call cut out of the
-# autograd graph on both sides:
-#   1. A region module's call gets, for each tensor argument that needs grad, a detached leaf
-#      (``cut_in``), and its caller gets, for each result that needs grad, a detached leaf
-#      (``cut_out``). Each region's graph then spans exactly its own call, and the code
-#      between two regions (the segments outside regions) spans from the previous region's
-#      ``cut_out`` leaves to the next region's arguments (or the module's outputs).
-#   2. Forward times: a region's is its module call; the code outside regions is the time
-#      between calls (before the first, between two, after the last), attributed to the
-#      segment ``segmentOps`` put there. A gap with no segment (no op ran there, or only a
-#      bare view, which joins the previous segment) is carried through untimed.
-#   3. Backward, segments in reverse: each one's outputs get the gradients accumulated for
-#      the tensors downstream code received (``out_keys``), I (and W) or B run on its own
-#      graph, and the gradients of its input leaves are added to what its inputs were cut
-#      from (``in_keys``). The module's outputs are seeded with ones (the gradient of their
-#      sum): a plain module has no loss; the one a training step adds after it is not
-#      measured.
-#   4. Which segment a call or gap is comes from the segments ``measure_regions`` returned
-#      (the planner's ``segmentOps``); the calls must come in their order, once each.
-#   5. A region is called several times on the same arguments (plain, checkpointed,
-#      replayed, at the allocator), so its forward must leave nothing behind but its
-#      outputs. One that keeps tensors between calls (a KV cache it is handed and appends
-#      to: Hugging Face's models with ``use_cache=True``) would make every byte measured
-#      after the first call grow by it, silently (or fail: a sliding-window cache). So in
-#      the first forward, before any other call repeats it, each region runs twice more
-#      without grad at the allocator; if both calls keep bytes beyond their outputs, or a
-#      call fails, the measurement stops, naming the region, the non-tensor arguments it
-#      was given and, for a model whose config has ``use_cache``, the fix.
+# autograd graph on both sides, by the rules below (docs/rules.md states each one and why):
+#   hpr.cut.detached-leaves       a detached leaf on each side of a region's call
+#   hpr.cut.forward-times         a region's time is its call, the code outside regions the gaps
+#   hpr.cut.backward-in-reverse   the backward segment by segment, in reverse
+#   hpr.cut.segment-order         the segments measure_regions returned, in their order
+#   hpr.cut.stateless-regions     a region that keeps bytes between calls stops the measurement
 
 
 @dataclass
 class _Call:
-    """One region module's call in a cut forward (NOTE [ Cut forward ] Rule 1)."""
+    """One region module's call in a cut forward (hpr.cut.detached-leaves)."""
 
     name: str
     enter: float  # perf_counter when called: the code before it ends
@@ -542,7 +521,7 @@ class _Call:
 
 @dataclass
 class _Piece:
-    """One segment's graph in a cut forward, or an untimed bridge (``name`` None, Rule 2)."""
+    """One segment's graph in a cut forward, or an untimed bridge (``name`` None, hpr.cut.forward-times)."""
 
     name: Optional[str]
     fwd_s: float
@@ -576,14 +555,14 @@ def _needs_grad(t: Any) -> bool:
 def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
                  checkpointed: bool, held: Optional[Dict[str, Tuple[int, ...]]] = None, first: bool = False
                  ) -> Tuple[List[_Call], List[torch.Tensor], float, float]:
-    """Runs ``model(*inputs)`` with the calls of the modules ``names`` cut (Rule 1).
+    """Runs ``model(*inputs)`` with the calls of the modules ``names`` cut (hpr.cut.detached-leaves).
 
     Returns (the calls in order, the module's outputs that need grad, start, end). With
     ``checkpointed``, each region also runs under ``hp_recompute.checkpoint`` and replays once
     right after its plain call, outside the times of the code around it. With ``held``, each
     region's checkpoint bytes (``_checkpoint_bytes``) are measured into it, also outside those
     times. ``first``: the measurement's first forward, where each region is checked to keep
-    no state between calls (Rule 5) before any other call repeats it."""
+    no state between calls (hpr.cut.stateless-regions) before any other call repeats it."""
     from torch.utils._pytree import tree_flatten, tree_map
 
     modules = dict(model.named_modules())
@@ -647,7 +626,7 @@ def _cut_forward(model: torch.nn.Module, inputs: Sequence[torch.Tensor], names: 
 
 def _refuse_kept_state(model: torch.nn.Module, name: str, forward: Callable[..., Any], args: Sequence[Any],
                        kwargs: Dict[str, Any]) -> None:
-    """Rule 5: ``RunError`` if each of two calls of region ``name`` without grad keeps bytes
+    """hpr.cut.stateless-regions: ``RunError`` if each of two calls of region ``name`` without grad keeps bytes
     beyond its outputs."""
     from torch.utils._pytree import tree_flatten
 
@@ -680,7 +659,7 @@ def _refuse_kept_state(model: torch.nn.Module, name: str, forward: Callable[...,
 
 def _pieces(segments: Sequence[Any], calls: List[_Call], outputs: List[torch.Tensor], start: float, end: float,
             weights_of: Dict[str, List[torch.Tensor]]) -> List[_Piece]:
-    """The segments' graphs of one cut forward, in order (Rules 2 and 4)."""
+    """The segments' graphs of one cut forward, in order (hpr.cut.forward-times, hpr.cut.segment-order)."""
     regions = [s.name for s in segments if s.checkpointable]
     if [c.name for c in calls] != regions:
         raise RunError(f"hp_recompute.costs: the cut forward called the regions [{', '.join(c.name for c in calls)}], "
@@ -718,7 +697,8 @@ def _pieces(segments: Sequence[Any], calls: List[_Call], outputs: List[torch.Ten
 def _backward_pieces(pieces: List[_Piece], outputs: List[torch.Tensor], split: bool,
                      samples: Optional[Dict[str, Dict[str, List[float]]]], kept: Dict[str, int],
                      workspace: Optional[Dict[str, Tuple[int, int, int]]] = None) -> None:
-    """Backward of a cut forward, piece by piece in reverse (Rule 3): I then W (``split``), or B.
+    """Backward of a cut forward, piece by piece in reverse (hpr.cut.backward-in-reverse): I then W
+    (``split``), or B.
     Adds the times to ``samples`` (when given), the bytes I keeps for W to ``kept``; with
     ``workspace``, measures each piece's transient bytes first (untimed round)."""
     grads: Dict[int, torch.Tensor] = {id(t): torch.ones_like(t) for t in outputs}
@@ -909,7 +889,8 @@ def _write(args: argparse.Namespace, graph: Dict[str, Any], times: Dict[str, Dic
     """Writes ``graph`` with ``times`` to ``-o`` and prints the table; the exit status."""
     for region in graph["regions"]:
         measured = times[region["name"]]
-        if not set(SELECTIVE_KEYS) <= set(measured):  # not measured here (Rule 4): none of the input's stays
+        # not measured here (hpr.selective.supported): none of the input's stays
+        if not set(SELECTIVE_KEYS) <= set(measured):
             for key in SELECTIVE_KEYS + SELECTIVE_BYTES_KEYS:
                 region.pop(key, None)
         region.update({k: v if k.endswith("_bytes") else round(v, 3) for k, v in measured.items()})

@@ -14,7 +14,7 @@ __all__ = ["CheckpointError", "HPRecomputeError", "RunError", "TorchCheckpointEr
 
 # torch >= 2.1 raises torch.utils.checkpoint.CheckpointError; deriving from it lets code
 # written against torch's checkpoint catch ours unchanged. torch 1.13 has none (its
-# checkpoint raises RuntimeError). Raised as is where our checkpoint is torch's (Rule 3).
+# checkpoint raises RuntimeError). Raised as is where our checkpoint is torch's (hpr.session.unbound-is-torch).
 TorchCheckpointError = getattr(_torch_checkpoint, "CheckpointError", RuntimeError)
 
 
@@ -29,7 +29,7 @@ class CheckpointError(TorchCheckpointError, HPRecomputeError):
     Every message starts with ``hp_recompute:`` and says how to fix the problem (see
     NOTE [ Recompute sessions ] in ``checkpoint.py``). Where torch's checkpoint raises
     for the same condition outside a session, ours raises torch's own error instead,
-    type and text (Rule 3). A RuntimeError, and on torch >= 2.1 a
+    type and text (hpr.session.unbound-is-torch). A RuntimeError, and on torch >= 2.1 a
     ``torch.utils.checkpoint.CheckpointError``.
 
     On torch 1.13, an error raised inside an autograd hook during ``backward``

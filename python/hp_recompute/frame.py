@@ -1,10 +1,10 @@
 """Checkpoint frames: what a checkpointed forward records and how a replay refills it.
 
-A frame is created per ``checkpoint`` call (NOTE [ Recompute sessions ] Rule 1 in
-``checkpoint.py``). Autograd owns one ``Holder`` per saved tensor; the holder points
-back to its frame, so the unpack hook is a plain module function that reads frame
-and holder fields only (Rule 5). A frame prefetched on a side stream keeps the event of
-that replay until its first consumer has waited for it (Rule 10).
+A frame is created per ``checkpoint`` call (hpr.session.forward-frame, NOTE in
+``checkpoint.py``). Autograd owns one ``Holder`` per saved tensor; the holder points back to
+its frame, so the unpack hook is a plain module function that reads frame and holder fields
+only (hpr.session.hot-path). A frame prefetched on a side stream keeps the event of that
+replay until its first consumer has waited for it (hpr.session.side-stream).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ __all__ = ["CheckpointFrame", "Holder", "RecomputeHandle", "THREAD", "PLAIN_REPL
            "unpack_saved"]
 
 # torch >= 2.0 tells which backward (graph task) is unpacking; its native checkpoint
-# replays once per graph task. torch 1.13 has no such id and shares one replay (Rule 3).
+# replays once per graph task. torch 1.13 has no such id and shares one replay (hpr.session.unbound-is-torch).
 _graph_task_id: Optional[Callable[[], int]] = getattr(torch._C, "_current_graph_task_id", None)
 PER_GRAPH_TASK = _graph_task_id is not None
 # torch >= 2.10: backwards under one torch.utils.checkpoint.GraphExecGroup share a replay.
@@ -58,8 +58,8 @@ def _torch_more_text() -> str:
 
 
 def _replay_error(plain: bool, torch_text: str, advice: str) -> RuntimeError:
-    """A replay that does not match its forward (Rule 2): outside a session torch's own
-    error, type and text, tip included (Rule 3); in a session, which torch's checkpoint
+    """A replay that does not match its forward (hpr.session.faithful-replay): outside a session torch's own
+    error, type and text, tip included (hpr.session.unbound-is-torch); in a session, which torch's checkpoint
     never sees, and on torch 1.13, whose checkpoint does not check, ours, with ``advice``
     (which checkpoint, what to do) before torch 2.x's text's tip."""
     if plain and PER_GRAPH_TASK:  # torch 1.13's checkpoint finds none of these: ours speaks
@@ -104,7 +104,7 @@ def _torch_unpacked_twice_text(in_group: bool) -> str:
 
 
 def _replay_key() -> Tuple[Any, bool]:
-    """Which plain replay an unpack belongs to, as torch's checkpoint decides it (Rule 3).
+    """Which plain replay an unpack belongs to, as torch's checkpoint decides it (hpr.session.unbound-is-torch).
 
     Returns:
         (key, repeatable): the open GraphExecGroup, else the backward's graph task id;
@@ -120,12 +120,12 @@ def _replay_key() -> Tuple[Any, bool]:
         return next(_outside_backward_ids), False
     return gid, True
 
-# Marker in THREAD.replay for a replay that feeds no session (Rule 3).
+# Marker in THREAD.replay for a replay that feeds no session (hpr.session.unbound-is-torch).
 PLAIN_REPLAY = object()
 
 
 class _ThreadState(threading.local):
-    """Per-thread forward/replay bookkeeping used by ``checkpoint`` (Rule 8).
+    """Per-thread forward/replay bookkeeping used by ``checkpoint`` (hpr.session.nested-plain-only).
 
     ``replay`` is None outside a replay, ``PLAIN_REPLAY`` or the ``Session`` being
     filled during one; ``forward`` is the stack of frames whose forward is running.
@@ -154,7 +154,7 @@ class Holder:
         self.value: Optional[torch.Tensor] = None
         self.shared: Optional[torch.Tensor] = None
         self.by_task: Optional[Dict[Any, torch.Tensor]] = None  # keyed by graph task or group
-        #: the session let ``value`` go after dx: no dw node reads it (Rule 9 of NOTE [ dx/dw split ])
+        #: the session let ``value`` go after dx: no dw node reads it (hpr.split.release-unread)
         self.released = False
 
 
@@ -195,7 +195,7 @@ _KEEP_UNTRACKED = PER_GRAPH_TASK
 
 
 class _Replay:
-    """Pack hook of one replay: hands the i-th saved tensor to the i-th holder (Rule 2).
+    """Pack hook of one replay: hands the i-th saved tensor to the i-th holder (hpr.session.faithful-replay).
 
     The checks follow torch's order: more tensors than the forward saved stop the
     replay at once; the count, then the metadata of each tensor, are judged when it
@@ -207,7 +207,7 @@ class _Replay:
     def __init__(self, frame: "CheckpointFrame", store: Callable[[Holder, torch.Tensor], None], plain: bool) -> None:
         self.frame = frame
         self.store = store
-        #: for a backward outside any session: its errors are torch's own (Rule 3)
+        #: for a backward outside any session: its errors are torch's own (hpr.session.unbound-is-torch)
         self.plain = plain
         self.count = 0
         self.stopped = False
@@ -347,7 +347,7 @@ class CheckpointFrame:
         self.early_stop = early_stop
         #: set once the forward returned; a replay before that serves a backward inside it
         self.forward_completed = False
-        # Rule 2: the version of every tensor argument, also inside lists, tuples and
+        # hpr.session.faithful-replay: the version of every tensor argument, also inside lists, tuples and
         # dicts, to refuse a replay on inputs changed in place since (torch 2.x refuses
         # through its saved inputs, for top-level positional tensors only).
         self.input_versions = list(_tensor_arguments(args, kwargs))
@@ -355,17 +355,17 @@ class CheckpointFrame:
         self.recompute_ctx = recompute_ctx
         self.error_cb = error_cb
         self.holders: List["weakref.ref[Holder]"] = []
-        #: The bound session (Rule 4); read by the hot path.
+        #: The bound session (hpr.session.one-binding); read by the hot path.
         self.session: Optional[Session] = None
         self.session_replayed = False
         self.plain_done: Set[int] = set()
         #: torch 1.13: the shared plain replay ran after the forward completed (all holders)
         self.shared_complete = False
         self.has_nested = False
-        #: while a replay runs: the session it fills, or PLAIN_REPLAY (Rule 2)
+        #: while a replay runs: the session it fills, or PLAIN_REPLAY (hpr.session.faithful-replay)
         self.replaying: Any = None
         #: the event recorded after a replay on a side stream, until a consumer waited for it
-        #: (Rule 10); read by the hot path, which leaves such a frame to the slow path
+        #: (hpr.session.side-stream); read by the hot path, which leaves such a frame to the slow path
         self.pending: Any = None
         self.pending_device: Optional[torch.device] = None
         # Per-frame, never global: serialises the replay of this frame only.
@@ -376,7 +376,8 @@ class CheckpointFrame:
         return "'" + getattr(self.function, "__qualname__", type(self.function).__name__) + "'"
 
     def devices(self) -> List[torch.device]:
-        """The distinct devices of the top-level tensor arguments, in argument order (Rule 10)."""
+        """The distinct devices of the top-level tensor arguments, in argument order
+        (hpr.session.side-stream)."""
         seen: List[torch.device] = []
         for tensor in (*self.args, *self.kwargs.values()):
             if not isinstance(tensor, torch.Tensor):
@@ -388,7 +389,7 @@ class CheckpointFrame:
     # -- forward ---------------------------------------------------------------------
 
     def pack(self, tensor: torch.Tensor) -> Holder:
-        """Forward pack hook: record a holder (and metadata) instead of the tensor (Rule 1)."""
+        """Forward pack hook: record a holder (and metadata) instead of the tensor (hpr.session.forward-frame)."""
         holder = Holder(self)
         self.holders.append(weakref.ref(holder))
         if self.metas is not None:
@@ -398,12 +399,12 @@ class CheckpointFrame:
     # -- replay ----------------------------------------------------------------------
 
     def replay(self, store: Callable[[Holder, torch.Tensor], None], session: Optional[Session]) -> None:
-        """Run the function once more and hand each recomputed saved tensor to ``store`` (Rule 2).
+        """Run the function once more and hand each recomputed saved tensor to ``store`` (hpr.session.faithful-replay).
 
         Raises:
             CheckpointError: the replay saved a different number of tensors, or (unless
                 determinism_check="none") one with different shape/dtype/device;
-                torch's own CheckpointError for a replay outside any session (Rule 3).
+                torch's own CheckpointError for a replay outside any session (hpr.session.unbound-is-torch).
         """
         if not self.holders:
             return
@@ -442,7 +443,8 @@ class CheckpointFrame:
         REGISTRY.count_replay(session)
 
     def check_not_replaying(self, session: Session) -> None:
-        """Refuse a prefetch from inside this frame's own replay (Rule 2); caller holds ``self.lock``.
+        """Refuse a prefetch from inside this frame's own replay (hpr.session.faithful-replay); caller holds
+        ``self.lock``.
 
         Only the replaying thread can get here while ``replaying`` is set (the replay holds
         the lock). Not a no-op: the caller of ``recompute_handle`` relies on the tensors
@@ -493,7 +495,7 @@ class CheckpointFrame:
                     )
                 )
 
-    # -- sessions (Rules 4-7) --------------------------------------------------------
+    # -- sessions: binding, retain, contexts, clear (hpr.session.*) ------------------
 
     def bind(self, session: Session) -> None:
         """Bind this frame to ``session``; caller holds ``self.lock``."""
@@ -527,12 +529,12 @@ class CheckpointFrame:
             self._drop_plain_values()  # a session replay supersedes plain ones
 
     def replay_into_session(self, stream: Any = None) -> None:
-        """Replay into the bound session once; on failure drop the partial values (Rule 7).
+        """Replay into the bound session once; on failure drop the partial values (hpr.session.clear-drops-all).
 
         Args:
             stream: None replays on the caller's current stream; else a stream of the
                 frame's device, checked by the caller (``replay_state.check_stream``),
-                on which the replay is queued (Rule 10).
+                on which the replay is queued (hpr.session.side-stream).
         """
         session = self.session
         assert session is not None
@@ -547,7 +549,7 @@ class CheckpointFrame:
         self.session_replayed = True
 
     def _replay_on_stream(self, stream: Any, session: Session) -> None:
-        """Queue the replay on ``stream`` and keep its event for the first consumer (Rule 10)."""
+        """Queue the replay on ``stream`` and keep its event for the first consumer (hpr.session.side-stream)."""
         device = replay_state.stream_device(stream)
         assert device is not None
         # The inputs were produced on the caller's stream: the replay starts after that work.
@@ -563,7 +565,7 @@ class CheckpointFrame:
         self.pending_device = device
 
     def await_pending(self) -> None:
-        """The current stream waits for a side-stream replay; caller holds ``self.lock`` (Rule 10).
+        """The current stream waits for a side-stream replay; caller holds ``self.lock`` (hpr.session.side-stream).
 
         Called by the first consumer: an unpack (on the backward node's stream, which
         autograd makes current) or the clear. The replayed tensors are recorded on that
@@ -582,10 +584,10 @@ class CheckpointFrame:
         self.pending_device = None
 
     def unbind(self, session: Session) -> None:
-        """Forget ``session``: drop its tensors and flags so the frame can serve anew (Rule 7)."""
+        """Forget ``session``: drop its tensors and flags so the frame can serve anew (hpr.session.clear-drops-all)."""
         with self.lock:
             if self.session is session:
-                self.await_pending()  # Rule 10: the clear is a consumer too
+                self.await_pending()  # hpr.session.side-stream: the clear is a consumer too
                 self._drop_session_values()
                 self.session = None
                 self.session_replayed = False
@@ -611,10 +613,12 @@ class CheckpointFrame:
     # -- unpack slow paths -----------------------------------------------------------
 
     def unpack_slow(self, holder: Holder) -> torch.Tensor:
-        """Everything the hot path does not handle: binding, replays, errors (Rules 3-6, 10)."""
+        """Everything the hot path does not handle: binding, replays, errors (hpr.session.one-binding,
+        hpr.session.retain, hpr.session.one-context-per-thread, hpr.session.unbound-is-torch,
+        hpr.session.side-stream)."""
         with self.lock:
             if self.pending is not None:
-                self.await_pending()  # Rule 10: the first consumer of a side-stream replay
+                self.await_pending()  # hpr.session.side-stream: the first consumer of a side-stream replay
             session = self.session
             if session is None:
                 session = _context_for_this_unpack()
@@ -639,15 +643,16 @@ class CheckpointFrame:
                             "context of its own session"
                         )
                     )
-                mode = POP  # contexts are open on other threads only: as if none were (Rule 6)
+                # contexts are open on other threads only: as if none were (hpr.session.one-context-per-thread)
+                mode = POP
             if holder.value is None:
                 if holder.released:
                     raise CheckpointError(
                         error_text(
                             f"a tensor of checkpoint {self.name()} in session {session.label()} was released "
-                            "after dx because no node the dw runs read it there, yet a later backward reads it "
-                            "(NOTE [ dx/dw split ] Rule 9); run that backward before backward_input's session "
-                            "context closes, or report this as a bug of the split"
+                            "after dx because no node the dw runs read it there, yet a later backward reads it; "
+                            "run that backward before backward_input's session context closes, or report this as "
+                            "a bug of the split [hpr.split.release-unread]"
                         )
                     )
                 if self.session_replayed:
@@ -668,7 +673,7 @@ class CheckpointFrame:
             return value
 
     def unpack_plain(self, holder: Holder) -> torch.Tensor:
-        """Session-less unpack with the installed torch's native semantics (Rule 3)."""
+        """Session-less unpack with the installed torch's native semantics (hpr.session.unbound-is-torch)."""
         with self.lock:
             if not PER_GRAPH_TASK:
                 if holder.shared is None:
@@ -678,14 +683,15 @@ class CheckpointFrame:
                     if self.shared_complete and any(
                         h is not None and h.shared is not None for h in (r() for r in self.holders)
                     ):
-                        raise TorchCheckpointError(_torch_unpacked_twice_text(False))  # Rule 3: torch's error
+                        # torch's error (hpr.session.unbound-is-torch)
+                        raise TorchCheckpointError(_torch_unpacked_twice_text(False))
                     self.replay(_store_shared, None)
                     self.shared_complete = self.forward_completed
                 assert holder.shared is not None
                 return holder.shared
             key, repeatable = _replay_key()
             if holder.by_task is None or key not in holder.by_task:
-                if key in self.plain_done:  # Rule 3: torch's error
+                if key in self.plain_done:  # torch's error (hpr.session.unbound-is-torch)
                     raise TorchCheckpointError(_torch_unpacked_twice_text(not isinstance(key, int)))
                 self.replay(lambda h, t: _store_task(h, key, t), None)
                 if repeatable:
@@ -695,7 +701,7 @@ class CheckpointFrame:
 
 
 def _context_for_this_unpack() -> Optional[Session]:
-    """The open session context an unbound frame's unpack joins (Rule 6), or None.
+    """The open session context an unbound frame's unpack joins (hpr.session.one-context-per-thread), or None.
 
     The context of the unpacking thread; when that thread has none (an autograd
     device thread), the only context open in the process. With several open and none
@@ -725,16 +731,16 @@ def _store_task(holder: Holder, key: Any, tensor: torch.Tensor) -> None:
 
 
 def unpack_saved(holder: Holder) -> torch.Tensor:
-    """The unpack hook of every checkpoint: the hot path (Rule 5).
+    """The unpack hook of every checkpoint: the hot path (hpr.session.hot-path).
 
     A frame bound to a session returns its recomputed tensor reading only
     ``holder.value``, ``frame.pending`` and ``session.mode`` (and, for a session without
     a context of its own, ``REGISTRY.contexts``; for a retaining one, ``session.unpacks``,
-    which only a dx recording its reads sets, Rule 9 of NOTE [ dx/dw split ]): no context
+    which only a dx recording its reads sets, hpr.split.release-unread): no context
     variable, no call, no lock.
-    A frame whose side-stream replay no consumer has waited for yet (Rule 10) goes to
+    A frame whose side-stream replay no consumer has waited for yet (hpr.session.side-stream) goes to
     the slow path once. A
-    session-less frame while no session context is open follows Rule 3: on torch
+    session-less frame while no session context is open follows hpr.session.unbound-is-torch: on torch
     1.13 it reads ``holder.shared`` without a lock once replayed; on torch 2.x every
     such unpack takes the frame's lock (``unpack_plain``), because its per-backward
     replay bookkeeping is shared by concurrent backwards. Everything else goes to
@@ -769,7 +775,7 @@ class RecomputeHandle:
     dead and ``recompute_handle`` says so. A checkpoint that saved no tensor (``x + 1``,
     a view, ``Dropout(0)``) has no graph of its own to keep its frame alive and nothing
     to replay: its handle keeps no frame, ``saves_nothing`` is True, and prefetching it
-    is a no-op (Rule 1). Only ``checkpoint`` creates handles.
+    is a no-op (hpr.session.forward-frame). Only ``checkpoint`` creates handles.
     """
 
     __slots__ = ("_frame", "_name", "saves_nothing")
@@ -806,14 +812,14 @@ def new_handle(frame: CheckpointFrame) -> RecomputeHandle:
     return RecomputeHandle(frame, _token=_HANDLE_TOKEN)
 
 
-# -- torch.compile (Rule 11) ---------------------------------------------------------
+# -- torch.compile (hpr.session.compiled-is-torch) -----------------------------------
 
 
 _HOOKS_HIDDEN = [False]
 
 
 def hide_hooks_from_dynamo() -> None:
-    """Rule 11: dynamo never compiles our saved-tensor hooks, as it never compiles torch's.
+    """hpr.session.compiled-is-torch: dynamo never compiles our saved-tensor hooks, as it never compiles torch's.
 
     Why: a compiled module run inside a checkpoint calls the pack hooks from its compiled
     call, and where dynamo skipped that call's own frame (``nn.Sequential(...).compile()``:

@@ -2,93 +2,20 @@
 
 NOTE [ FSDP2 and the dx/dw split ]
 ==================================
-FSDP2 drives itself from autograd hooks of one ``loss.backward()``: a pre-backward hook
-on each FSDP module's outputs unshards (all-gathers) its parameters, a post-backward
-node at its inputs reshards them and reduce-scatters the gradients AccumulateGrad left
-in the unsharded parameters' ``.grad``, and a final engine callback finishes the step.
-The split breaks all three: I (``autograd.grad`` towards the inputs) accumulates no
-weight gradient, so FSDP reduces nothing, or, after an earlier W, a partial sum; W
-(``autograd.grad`` from recorded edges towards the weights) passes no post-backward
-node; and a prefetched replay runs outside both forward and backward, on sharded
-DTensor parameters. The rules below make ``backward_input`` / ``backward_weight`` on a
-``fully_shard``-ed module give what ``loss.backward()`` gives; the code cites them as
-"FSDP Rule N".
+FSDP2 drives itself from autograd hooks of one ``loss.backward()`` (unshard before a
+module's backward, reshard and reduce-scatter after it, a final callback); the split's I
+and W, and a replay prefetched outside any backward, break each of them. This module
+makes ``backward_input`` / ``backward_weight`` on a ``fully_shard``-ed module give what
+``loss.backward()`` gives, by the rules below; docs/rules.md states each one and why:
 
-Rule 1 (the module is the weights). ``backward_input(outputs, grad_outputs, inputs,
-  module)`` takes the stage module in place of a weight list: the weights are its
-  parameters that require grad, named by ``named_parameters()``. If ``module`` contains
-  an ``FSDPModule`` (torch's ``fully_shard``), each parameter FSDP manages is
-  differentiated through the tensor the forward used, FSDP's unsharded parameter,
-  whatever object (sharded DTensor or unsharded tensor) the module holds at that time.
-  A weight list still works as before, but the split cannot drive FSDP from it: a
-  sharded DTensor in it is not reached by the graph (Rule 6 of NOTE [ dx/dw split ]),
-  and unsharded FSDP parameters get local, unreduced gradients.
-
-Rule 2 (a step). The first ``backward_input`` of ``module`` (or ``begin_step(module)``)
-  opens a step on every FSDP module in it: gradient sync (reduce-scatter, and the
-  all-reduce over the replicate dimension of HSDP) and FSDP's last-backward flag are
-  switched off (``set_requires_gradient_sync(False)``, ``set_is_last_backward(False)``)
-  and their previous values kept. A plain ``backward()`` of the module inside an open
-  step accumulates without reducing, like a W. One module owns a step: every call of the
-  step takes the same module (the stage's), and an FSDP module is in one open step at
-  most (a second raises); before FSDP's first forward there is no step to open (raises).
-  ``begin_step(module, hold_parameters=True)`` (PlannedSchedule's steps) also hands the
-  parameters' lifetime to the caller for the step: FSDP's reshard after forward and after
-  backward are off (each group's ``post_forward_mesh_info`` and ``reshard_after_backward``,
-  kept and restored), so a module gathered once stays gathered until the caller's
-  ``reshard()`` or the step's end, and neither I, W nor a replay gathers it again.
-
-Rule 3 (I). FSDP's own hooks run in I as in any backward: its pre-backward hook
-  unshards a module's parameters before its nodes run (so a replay inside I sees them
-  unsharded), its post-backward node reshards them if ``reshard_after_backward`` is set;
-  nothing is reduced (Rule 2). I registers itself as pending in the step.
-
-Rule 4 (W). W first unshards (``FSDPModule.unshard()``) every FSDP module whose
-  parameters it differentiates and that is sharded now (a later forward, or I, may have
-  resharded it), so W's nodes read parameter data as in one backward. It then adds each
-  weight's gradient to FSDP's unsharded gradient, as AccumulateGrad does in
-  ``loss.backward()`` (with FSDP's reduce-dtype accumulation), and reshards the modules
-  it unsharded if their ``reshard_after_backward`` is set, as FSDP's post-backward does.
-  It returns the microbatch's local, unreduced gradients, already accumulated: a caller
-  must not add them to ``.grad`` itself. A W whose I belongs to a step that was already
-  reduced raises, naming its weights.
-
-Rule 5 (reduce once). ``reduce_gradients(module)``, after the step's last W (the plan's
-  REDUCE_GRAD), runs FSDP's post-backward once per parameter group with sync on, the way
-  torch's ``PipelineStage.perform_reduce_grad`` does: one reduce-scatter per group with
-  a gradient (plus one all-reduce over the replicate dimension for HSDP), whose result
-  FSDP adds to the sharded ``p.grad``; then FSDP's final callback (wait for the
-  reductions, reshard as ``reshard_after_backward`` says), and the values of Rule 2 are
-  restored (first, so that FSDP's post-backward reshards as the module was configured:
-  the end of a holding step's window). Gradient accumulation over microbatches is the sum
-  in the unsharded gradients, reduced once. With an I of the step still waiting for its W it raises,
-  naming the weights, and reduces nothing. Without an open step it does nothing (FSDP
-  reduced every plain backward itself) and returns False.
-
-Rule 6 (prefetched replay). ``checkpoint_wrapper`` checkpoints its module through a
-  ``ReplayFunction``. Around a replay (a prefetch, or a backward that FSDP did not
-  unshard for), outside the checkpoint's recompute context (a selective policy's
-  included), when the wrapper has become an FSDP module whose parameters are sharded,
-  it unshards the wrapper before the module runs and reshards it after (in ``finally``:
-  a replay that stops early leaves by an exception), leaving it as FSDP had it; inside a
-  step that holds the parameters (Rule 2) it leaves them gathered for the I and W that
-  read them. The replayed tensors keep aliasing FSDP's unsharded
-  storage, which FSDP refills before they are read (pre-backward hook of I, or W by
-  Rule 4). In the forward and under ``torch.compile`` tracing it just calls the module. This is torchtitan's order (``checkpoint_wrapper`` each block,
-  then ``fully_shard`` each block, then the root); a checkpoint around an FSDP module
-  (the other order), FSDP modules nested inside a checkpointed block and
-  ``unshard_in_backward=False`` are not covered.
-
-Rule 7 (torch). FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.6) is needed;
-  torch 1.13 has none, and ``reduce_gradients`` / ``begin_step`` raise CheckpointError
-  saying so. Public FSDP2 calls are used where they exist (``unshard``, ``reshard``,
-  ``set_requires_gradient_sync``, ``set_is_last_backward``). What has no public form --
-  the parameter groups, their post-backward and the root's final callback (as torch's
-  own pipelining uses them), the sharded/unsharded parameter of each FSDP parameter,
-  its sync flags and resharding settings (the public setters cannot restore an int
-  ``reshard_after_forward``) -- is read through ``_Internals`` below only, checked on first use: a
-  torch without them raises CheckpointError naming what is missing, never a silent
-  unreduced gradient.
+  hpr.fsdp.module-weights     the module as the weights: FSDP's unsharded parameters
+  hpr.fsdp.open-step          the first I opens a step: no sync until ``reduce_gradients``
+  hpr.fsdp.hold-parameters    ``begin_step(hold_parameters=True)``: the caller owns the gathers
+  hpr.fsdp.dx-hooks           I runs FSDP's hooks and reduces nothing
+  hpr.fsdp.dw-accumulates     W unshards, accumulates as AccumulateGrad does, reshards
+  hpr.fsdp.reduce-once        ``reduce_gradients`` after the last W reduces once
+  hpr.fsdp.replay-unsharded   a prefetched replay runs on unsharded parameters
+  hpr.fsdp.supported          FSDP2 (torch >= 2.6); its internals read in one checked place
 """
 
 from __future__ import annotations
@@ -121,7 +48,7 @@ def _load_fsdp() -> Tuple[Any, Any]:
 
 
 def fsdp_available() -> bool:
-    """Whether this torch has FSDP2 (Rule 7)."""
+    """Whether this torch has FSDP2 (hpr.fsdp.supported)."""
     return _load_fsdp()[0] is not None
 
 
@@ -150,13 +77,13 @@ def _need_fsdp(what: str) -> None:
         raise CheckpointError(
             error_text(
                 f"{what}: torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard, "
-                "torch >= 2.6); there is nothing to reduce (NOTE [ FSDP2 and the dx/dw split ] Rule 7)"
+                "torch >= 2.6); there is nothing to reduce [hpr.fsdp.supported]"
             )
         )
 
 
 # ---------------------------------------------------------------------------------------
-# FSDP internals, in one place (Rule 7)
+# FSDP internals, in one place (hpr.fsdp.supported)
 # ---------------------------------------------------------------------------------------
 
 
@@ -182,8 +109,8 @@ class _Internals:
             raise CheckpointError(
                 error_text(
                     f"the FSDP2 of torch {torch.__version__} lacks {', '.join(sorted(set(missing)))}, which "
-                    "hp_recompute.fsdp drives the split with (NOTE [ FSDP2 and the dx/dw split ] Rule 7); "
-                    "use a plain backward() for FSDP modules on this torch"
+                    "hp_recompute.fsdp drives the split with; use a plain backward() for FSDP modules on this "
+                    "torch [hpr.fsdp.supported]"
                 )
             )
         cls.checked = True
@@ -207,7 +134,8 @@ class _Internals:
 
     @staticmethod
     def accumulate(fp: Any, grad: torch.Tensor) -> None:
-        """What AccumulateGrad, then FSDP's post-backward without sync, do with ``grad`` (Rule 4)."""
+        """What AccumulateGrad, then FSDP's post-backward without sync, do with ``grad``
+        (hpr.fsdp.dw-accumulates)."""
         param = fp._unsharded_param
         with torch.no_grad():
             if param.grad is None:
@@ -239,13 +167,14 @@ def _fsdp_modules(module: torch.nn.Module) -> List[Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# Steps (Rules 2 and 5)
+# Steps (hpr.fsdp.open-step, hpr.fsdp.hold-parameters, hpr.fsdp.reduce-once)
 # ---------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Step:
-    """One open step of a module: the FSDP modules in it and the settings Rule 2 changed."""
+    """One open step of a module: the FSDP modules in it and the settings it changed (hpr.fsdp.open-step,
+    hpr.fsdp.hold-parameters)."""
 
     module_name: str
     fsdp_modules: List[Any]
@@ -253,7 +182,8 @@ class _Step:
     saved_last: List[Tuple[Any, bool]] = field(default_factory=list)  # (state context, is_last_backward)
     pending: Dict[int, List[str]] = field(default_factory=dict)  # I without W yet: id -> weight names
     closed: bool = False
-    # hold_parameters (Rule 2): (group, reshard_after_backward, post_forward_mesh_info) before the step
+    # hold_parameters (hpr.fsdp.hold-parameters): (group, reshard_after_backward, post_forward_mesh_info) before
+    # the step
     saved_reshard: Optional[List[Tuple[Any, bool, Any]]] = None
 
 
@@ -271,8 +201,7 @@ def _open_step(module: torch.nn.Module, fsdp_modules: List[Any]) -> _Step:
             raise CheckpointError(
                 error_text(
                     f"{type(module).__name__}: FSDP has not initialised its modules yet (no forward ran), so a step "
-                    "cannot take over their gradient sync; run the forward first (NOTE [ FSDP2 and the dx/dw "
-                    "split ] Rule 2)"
+                    "cannot take over their gradient sync; run the forward first [hpr.fsdp.open-step]"
                 )
             )
         mine = {id(m) for m in fsdp_modules}
@@ -283,7 +212,7 @@ def _open_step(module: torch.nn.Module, fsdp_modules: List[Any]) -> _Step:
                     error_text(
                         f"{type(module).__name__}: its FSDP module {type(shared[0]).__name__} is already in the open "
                         f"step of {other.module_name}; give backward_input, begin_step and reduce_gradients the "
-                        "same module (the stage's) for the whole step (NOTE [ FSDP2 and the dx/dw split ] Rule 2)"
+                        "same module (the stage's) for the whole step [hpr.fsdp.open-step]"
                     )
                 )
         step = _Step(type(module).__name__, fsdp_modules)
@@ -305,7 +234,7 @@ def _open_step(module: torch.nn.Module, fsdp_modules: List[Any]) -> _Step:
 
 
 def _hold(step: _Step) -> None:
-    """Rule 2, ``hold_parameters``: FSDP reshards none of the step's modules by itself."""
+    """hpr.fsdp.hold-parameters: FSDP reshards none of the step's modules by itself."""
     if step.saved_reshard is not None:
         return
     step.saved_reshard = []
@@ -316,14 +245,14 @@ def _hold(step: _Step) -> None:
 
 
 def _release(step: _Step) -> None:
-    """Rule 5: FSDP's resharding as configured before the step (its post-backward then reshards)."""
+    """hpr.fsdp.reduce-once: FSDP's resharding as configured before the step (its post-backward then reshards)."""
     for group, after_backward, post_forward in step.saved_reshard or ():
         group.reshard_after_backward, group.post_forward_mesh_info = after_backward, post_forward
     step.saved_reshard = None
 
 
 def holds_parameters(fsdp_module: Any) -> bool:
-    """Whether an open step holds ``fsdp_module``'s parameters gathered (Rule 2)."""
+    """Whether an open step holds ``fsdp_module``'s parameters gathered (hpr.fsdp.hold-parameters)."""
     return any(step.saved_reshard is not None and any(m is fsdp_module for m in step.fsdp_modules)
                for step in list(_STEPS.values()))
 
@@ -345,7 +274,8 @@ def _close(module: torch.nn.Module, step: _Step) -> None:
 
 
 def begin_step(module: torch.nn.Module, *, hold_parameters: bool = False) -> bool:
-    """Open a step on ``module`` now (Rule 2), e.g. before a plain ``backward()`` that must not reduce.
+    """Open a step on ``module`` now (hpr.fsdp.open-step), e.g. before a plain ``backward()`` that must not
+    reduce.
 
     ``backward_input(..., module)`` opens it by itself; this is for a step whose first
     backward is a plain one, or (``hold_parameters``) whose caller owns the parameters'
@@ -354,7 +284,7 @@ def begin_step(module: torch.nn.Module, *, hold_parameters: bool = False) -> boo
     module.
 
     Raises:
-        CheckpointError: this torch has no FSDP2 (Rule 7).
+        CheckpointError: this torch has no FSDP2 (hpr.fsdp.supported).
     """
     _need_fsdp("begin_step")
     fsdp_modules = _fsdp_modules(module)
@@ -368,7 +298,7 @@ def begin_step(module: torch.nn.Module, *, hold_parameters: bool = False) -> boo
 
 
 def reduce_gradients(module: torch.nn.Module) -> bool:
-    """Reduce the step's accumulated gradients of ``module`` once, after its last W (Rule 5).
+    """Reduce the step's accumulated gradients of ``module`` once, after its last W (hpr.fsdp.reduce-once).
 
     Runs FSDP's post-backward of every parameter group with sync on (one reduce-scatter,
     plus the replicate all-reduce for HSDP, per group with a gradient), so each
@@ -401,8 +331,8 @@ def reduce_gradients(module: torch.nn.Module) -> bool:
                 f"reduce_gradients({step.module_name}): {len(step.pending)} backward_input of this step "
                 f"{'has' if len(step.pending) == 1 else 'have'} no backward_weight yet (weights "
                 f"{', '.join(waiting[:8])}{', ...' if len(waiting) > 8 else ''}); reducing now would leave their "
-                "gradients out of this step (NOTE [ FSDP2 and the dx/dw split ] Rule 5): run every W first, or "
-                "hp_recompute.fsdp.discard_step(module) to drop the step"
+                "gradients out of this step: run every W first, or hp_recompute.fsdp.discard_step(module) to "
+                "drop the step [hpr.fsdp.reduce-once]"
             )
         )
     try:
@@ -446,7 +376,7 @@ def discard_step(module: torch.nn.Module) -> bool:
 
 
 # ---------------------------------------------------------------------------------------
-# The split's binding (Rules 1, 3 and 4): used by backward_split
+# The split's binding, for backward_split (hpr.fsdp.module-weights, hpr.fsdp.dx-hooks, hpr.fsdp.dw-accumulates)
 # ---------------------------------------------------------------------------------------
 
 
@@ -462,7 +392,7 @@ class SplitBinding:
         self.owners = owners  # FSDPModule per weight
 
     def started(self, names: Sequence[str]) -> None:
-        """I ran (Rule 3): its W is pending in the step."""
+        """I ran (hpr.fsdp.dx-hooks): its W is pending in the step."""
         self.step.pending[id(self)] = list(names)
 
     def check_open(self, names: Sequence[str]) -> None:
@@ -473,13 +403,13 @@ class SplitBinding:
                     f"backward_weight: the step of {self.step.module_name} this W belongs to was already reduced "
                     f"or discarded (reduce_gradients or discard_step ran after its backward_input), so the "
                     f"gradients of weights {which} "
-                    "would be left out of every reduction (NOTE [ FSDP2 and the dx/dw split ] Rules 4 and 5): "
-                    "call reduce_gradients after the last W of the step"
+                    "would be left out of every reduction: call reduce_gradients after the last W of the step "
+                    "[hpr.fsdp.dw-accumulates]"
                 )
             )
 
     def unshard(self) -> List[Any]:
-        """Rule 4: unshard the FSDP modules of this W that are sharded now; returns them."""
+        """hpr.fsdp.dw-accumulates: unshard the FSDP modules of this W that are sharded now; returns them."""
         done: List[Any] = []
         for owner in dict.fromkeys(o for o in self.owners if o is not None):
             groups = _Internals.groups(_Internals.state(owner))
@@ -491,7 +421,8 @@ class SplitBinding:
 
     @staticmethod
     def reshard(unsharded: List[Any]) -> None:
-        """Rule 4: as FSDP's post-backward, reshard what W unsharded if ``reshard_after_backward``."""
+        """hpr.fsdp.dw-accumulates: as FSDP's post-backward, reshard what W unsharded if
+        ``reshard_after_backward``."""
         for owner in unsharded:
             groups = _Internals.groups(_Internals.state(owner))
             if any(g.reshard_after_backward for g in groups):
@@ -507,7 +438,8 @@ class SplitBinding:
 
 
 def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str]) -> Optional[SplitBinding]:
-    """Rule 1: the FSDP binding of ``module``'s ``weights``, opening the step; None without FSDP modules."""
+    """hpr.fsdp.module-weights: the FSDP binding of ``module``'s ``weights``, opening the step; None without FSDP
+    modules."""
     if not _fsdp_imported():  # no module can be an FSDP module: no walk of the module
         return None
     fsdp_modules = _fsdp_modules(module)
@@ -534,7 +466,7 @@ def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str])
                     error_text(
                         f"backward_input: weight {name!r} of FSDP module {type(owner).__name__} was never "
                         "unsharded, so no forward of it can be in the graph: run the forward first "
-                        "(NOTE [ FSDP2 and the dx/dw split ] Rule 1)"
+                        "[hpr.fsdp.module-weights]"
                     )
                 )
             w = unsharded
@@ -546,12 +478,13 @@ def bind(module: torch.nn.Module, weights: List[torch.Tensor], names: List[str])
 
 
 # ---------------------------------------------------------------------------------------
-# Prefetched replays (Rule 6): used by checkpoint_wrapper
+# Prefetched replays (hpr.fsdp.replay-unsharded): used by checkpoint_wrapper
 # ---------------------------------------------------------------------------------------
 
 
 class ReplayFunction:
-    """Rule 6: what ``checkpoint_wrapper`` checkpoints: ``inner``, with its FSDP owner unsharded in replays.
+    """hpr.fsdp.replay-unsharded: what ``checkpoint_wrapper`` checkpoints: ``inner``, with its FSDP owner
+    unsharded in replays.
 
     The unshard is not in ``__call__`` but in ``replay_context``, which a replay enters
     around the checkpoint's recompute context: FSDP's all-gather is not an op of the
@@ -583,10 +516,10 @@ class ReplayFunction:
             yield
             return
         self.owner.unshard()
-        if holds_parameters(self.owner):  # for the I and W that read them (Rule 6)
+        if holds_parameters(self.owner):  # for the I and W that read them (hpr.fsdp.replay-unsharded)
             yield
             return
         try:
             yield
         finally:
-            self.owner.reshard()  # as FSDP had it: sharded (Rule 6)
+            self.owner.reshard()  # as FSDP had it: sharded (hpr.fsdp.replay-unsharded)

@@ -2,31 +2,23 @@
 
 Every Python tool (the runner's ``--report``, the exporter's outputs, ``costs -o``) writes
 through this module, so they share one policy with ``hp-recompute-plan -o`` (docs/cli.md,
-"Output files"):
+"Output files").
 
 NOTE [ Output files ]
+=====================
+This module implements the rules below; docs/rules.md states each one and why:
 
-1. ``-`` is stdout. An empty path is a usage error.
-2. A path is followed through symlinks; a symlink loop is an error naming the path. The
-   link itself is never replaced.
-3. An existing directory is refused ("is a directory"), before any work.
-4. An existing file that is not a regular file (a character device such as ``/dev/null`` or
-   ``/dev/full``, a FIFO, a socket) is opened for writing as it is, without create,
-   truncate or rename, and streamed into; a write error (ENOSPC on ``/dev/full``) is
-   reported. It is never replaced by a regular file.
-5. A regular file, or a new path, is written to a temporary file in the target's
-   directory: flushed with every write checked, fsync'ed, then renamed over the target.
-   An existing file keeps its permission bits, a new one gets ``0666 & ~umask``. On any
-   failure (a full disk, EFBIG, an exception) the temporary is removed and the target is
-   untouched. With several outputs, all are checked before any work, all are written
-   first, and the temporaries are renamed only when every one succeeded.
-6. An output that is also an input is refused before any work (a usage error), by file
-   identity (``st_dev``, ``st_ino`` after symlinks), not by name; so are two outputs that
-   are the same file.
+  hpr.output.stdout-dash       ``-`` is stdout, an empty path a usage error
+  hpr.output.follow-symlinks   a link is followed and never replaced
+  hpr.output.no-directory      a directory is refused before any work
+  hpr.output.special-files     a device, FIFO or socket is streamed into as it is
+  hpr.output.atomic-replace    a temporary beside the target, renamed once every output is written
+  hpr.output.not-an-input      an output that is an input, or another output, is refused
 
-Rules 1, 2, 3 and 6 are ``check_outputs`` (call it before the work); Rules 4 and 5 are
-``write_outputs``. Both raise ``OutputError``, whose text names the tool's flag and path;
-the tool adds its own prefix and exit status (``usage``: 2, else 1).
+``check_outputs`` (call it before the work) applies stdout-dash, follow-symlinks,
+no-directory and not-an-input; ``write_outputs`` the rest. Both raise ``OutputError``, whose
+text names the tool's flag and path; the tool adds its own prefix and exit status
+(``usage``: 2, else 1).
 """
 
 from __future__ import annotations
@@ -43,18 +35,19 @@ from .errors import HPRecomputeError
 
 __all__ = ["OutputError", "check_outputs", "write_outputs", "text_writer", "STDOUT"]
 
-#: The path that means stdout (Rule 1).
+#: The path that means stdout (hpr.output.stdout-dash).
 STDOUT = "-"
 
 #: Writes one output's bytes into the file object it is given.
 Writer = Callable[[BinaryIO], None]
-#: A file's identity (Rule 6): ``(st_dev, st_ino)``, or the resolved path of a file that does
-#: not exist yet (two new outputs with one path are the same file too).
+#: A file's identity (hpr.output.not-an-input): ``(st_dev, st_ino)``, or the resolved path of a
+#: file that does not exist yet (two new outputs with one path are the same file too).
 _Identity = Union[Tuple[int, int], str]
 
 
 class OutputError(HPRecomputeError):
-    """An output that breaks NOTE [ Output files ]; ``usage`` is True for Rules 1 and 6."""
+    """An output that breaks NOTE [ Output files ]; ``usage`` is True for hpr.output.stdout-dash and
+    hpr.output.not-an-input."""
 
     def __init__(self, message: str, usage: bool = False) -> None:
         super().__init__(message)
@@ -62,7 +55,7 @@ class OutputError(HPRecomputeError):
 
 
 def _stat(flag: str, path: str) -> Optional[os.stat_result]:
-    """``os.stat`` through symlinks (Rule 2); None when nothing is there yet."""
+    """``os.stat`` through symlinks (hpr.output.follow-symlinks); None when nothing is there yet."""
     try:
         return os.stat(path)
     except FileNotFoundError:
@@ -78,14 +71,16 @@ def _identity(st: Optional[os.stat_result], path: str) -> _Identity:
 
 
 def check_outputs(outputs: Sequence[Tuple[str, str]], inputs: Sequence[Tuple[str, str]] = ()) -> None:
-    """Refuses, before any work, outputs the command could not write or must not (Rules 1-3, 6).
+    """Refuses, before any work, outputs the command could not write or must not (hpr.output.stdout-dash,
+    hpr.output.follow-symlinks, hpr.output.no-directory, hpr.output.not-an-input).
 
     Args:
         outputs: ``(flag, path)`` of every output, e.g. ``("--report", "r.json")``.
         inputs: ``(flag, path)`` of every input file the command reads; inputs that do not
             exist are left to the reader's own error.
     Raises:
-        OutputError: naming the flag and the path (``usage`` for Rules 1 and 6).
+        OutputError: naming the flag and the path (``usage`` for hpr.output.stdout-dash and
+            hpr.output.not-an-input).
     """
     read: Dict[Tuple[int, int], str] = {}
     for flag, path in inputs:
@@ -131,14 +126,15 @@ def _new_file_mode() -> int:
 
 
 def _stream(flag: str, path: str, write: Writer) -> None:
-    """Rules 1 and 4: into stdout or the special file as it is; every write error raised."""
+    """Into stdout or the special file as it is; every write error raised (hpr.output.stdout-dash,
+    hpr.output.special-files)."""
     try:
         if path == STDOUT:
             sys.stdout.flush()  # what the tool printed before comes first
             with open(sys.stdout.fileno(), "wb", closefd=False) as f:
                 write(f)
         else:
-            # No O_CREAT, no O_TRUNC: a device stays the device (Rule 4).
+            # No O_CREAT, no O_TRUNC: a device stays the device (hpr.output.special-files).
             with open(os.open(path, os.O_WRONLY | os.O_CLOEXEC), "wb") as f:
                 write(f)
     except OSError as e:
@@ -146,10 +142,10 @@ def _stream(flag: str, path: str, write: Writer) -> None:
 
 
 def _to_temporary(flag: str, path: str, write: Writer) -> Tuple[str, str]:
-    """Rule 5's first half: ``write`` into a temporary beside the target; returns (temporary,
-    target). On failure the temporary is gone and OutputError (or the writer's own error)
-    is raised."""
-    target = os.path.realpath(path)  # through symlinks: the link stays (Rule 2)
+    """The first half of hpr.output.atomic-replace: ``write`` into a temporary beside the
+    target; returns (temporary, target). On failure the temporary is gone and OutputError (or
+    the writer's own error) is raised."""
+    target = os.path.realpath(path)  # through symlinks: the link stays (hpr.output.follow-symlinks)
     try:
         mode = os.stat(target).st_mode & 0o7777
     except FileNotFoundError:
@@ -174,7 +170,7 @@ def _to_temporary(flag: str, path: str, write: Writer) -> Tuple[str, str]:
 
 
 def write_outputs(files: Sequence[Tuple[str, str, Writer]]) -> None:
-    """Writes every ``(flag, path, write)`` as NOTE [ Output files ] Rules 4 and 5 say.
+    """Writes every ``(flag, path, write)`` as hpr.output.special-files and hpr.output.atomic-replace say.
 
     ``write(f)`` gets a binary file object and writes the whole output into it. Special
     files and stdout are streamed in the order given; regular files are renamed over their

@@ -4,13 +4,14 @@ Only the control plane (``SessionScope`` and the module functions of ``sessions.
 takes ``Registry.lock``. Unpacking a frame bound to a session reads ``frame.session``
 and ``session.mode`` (and, for a session without a context of its own, whether any
 context is open); unpacking a session-less frame reads ``Registry.contexts``, without a
-lock, to tell a plain backward (Rule 3) from one that binds the frame (Rule 4). See NOTE
-[ Recompute sessions ] in ``checkpoint.py``.
+lock, to tell a plain backward (hpr.session.unbound-is-torch) from one that binds the frame
+(hpr.session.one-binding). See NOTE [ Recompute sessions ] in ``checkpoint.py``.
 
-Sessions live in namespaces (``SessionScope``, Rule 9): a session is one
-(scope, session id) pair. What a thread has open is process-wide (Rule 6), because
-autograd threads know nothing of scopes; so is ``Registry.lock``, which keeps the lock
-order of ``sessions.py`` one and the same for every scope.
+Sessions live in namespaces (``SessionScope``, hpr.session.scoped-ids): a session is one
+(scope, session id) pair. What a thread has open is process-wide
+(hpr.session.one-context-per-thread), because autograd threads know nothing of scopes; so
+is ``Registry.lock``, which keeps the lock order of ``sessions.py`` one and the same for
+every scope.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ if TYPE_CHECKING:  # the class is defined by the control plane, which imports th
 
 __all__ = ["Session", "Registry", "REGISTRY", "POP", "RETAIN", "IDLE", "CLEARED", "SCOPE_COUNTERS"]
 
-# Session.mode: how an unpack of a bound frame treats its recomputed tensor (Rules 5-7).
+# Session.mode: how an unpack of a bound frame treats its recomputed tensor (hpr.session.hot-path,
+# hpr.session.retain, hpr.session.one-context-per-thread, hpr.session.clear-drops-all).
 POP = 0  #: its context is open with retain_on_unpack=False: hand the tensor out and drop it
 RETAIN = 1  #: its context is open with retain_on_unpack=True: hand the tensor out and keep it
 #: no context of its own is open: with no context open anywhere the tensor is popped (the hot
-#: path checks ``REGISTRY.contexts``), else the slow path decides (Rule 6). Entering and
-#: leaving a context therefore changes one session's mode, never every session's (O(1)).
+#: path checks ``REGISTRY.contexts``), else the slow path decides (hpr.session.one-context-per-thread).
+#: Entering and leaving a context therefore changes one session's mode, never every session's (O(1)).
 IDLE = 2
 CLEARED = 3  #: cleared; any further use is an error
 
@@ -42,7 +44,7 @@ class Session:
 
     Attributes:
         session_id: the user's hashable id, unique within ``scope``.
-        scope: the ``SessionScope`` that owns the session (Rule 9).
+        scope: the ``SessionScope`` that owns the session (hpr.session.scoped-ids).
         mode: one of POP, RETAIN, IDLE, CLEARED (read by the unpack hot path).
         frames: weak references to the frames bound to this session.
         replays: how many frame replays this session has run.
@@ -74,8 +76,8 @@ class Registry:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        #: Open ``recompute_session_ctx``: thread ident -> its session (Rule 6). Replaced,
-        #: never mutated, so that the unpack path can read it without the lock.
+        #: Open ``recompute_session_ctx``: thread ident -> its session (hpr.session.one-context-per-thread).
+        #: Replaced, never mutated, so that the unpack path can read it without the lock.
         self.contexts: Dict[int, Session] = {}
         #: Every scope, for the process-wide count of live sessions.
         self.scopes: "weakref.WeakSet[SessionScope]" = weakref.WeakSet()

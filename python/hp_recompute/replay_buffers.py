@@ -67,7 +67,7 @@ class BufferKeepingFunction:
         saved = [(b, b.detach().clone()) for b in self.buffers]
         try:
             return self.fn(*args, **kwargs)
-        finally:  # also when the replay stops early (Rule 2 of NOTE [ Recompute sessions ])
+        finally:  # also when the replay stops early (hpr.session.faithful-replay)
             with torch.no_grad():
                 for b, value in saved:
                     b.copy_(value)

@@ -1,9 +1,9 @@
 """What a replay must see again: RNG streams, autocast settings, the device context.
 
-A replay must compute bit-identical tensors to the forward (dropout included) and must
-not disturb the caller: a prefetch runs in the middle of a schedule, and the next
-forward must draw the same random numbers as without the prefetch. See NOTE
-[ Recompute sessions ] Rule 2 in ``checkpoint.py``.
+A replay must compute bit-identical tensors to the forward (dropout included) and must not
+disturb the caller: a prefetch runs in the middle of a schedule, and the next forward must
+draw the same random numbers as without the prefetch (hpr.session.faithful-replay,
+hpr.session.any-device; NOTE [ Recompute sessions ] in ``checkpoint.py``).
 
 Which device's state is kept follows the installed torch's checkpoint, through its own
 helpers where it has them: the device type is inferred from the positional tensor
@@ -13,7 +13,7 @@ arguments once that device type is initialised, autocast for that device type an
 the CPU, and the ``torch.device(...)`` context manager that was active in the forward.
 torch 1.13 knows CPU and CUDA only.
 
-Where a replay runs (Rule 10): on the caller's current stream, or on a stream the
+Where a replay runs (hpr.session.side-stream): on the caller's current stream, or on a stream the
 caller passes to ``recompute_handle``. The stream helpers below look devices up through
 torch's generic APIs (``torch.accelerator`` where present, else
 ``torch.get_device_module`` / ``torch.<type>``), never by naming CUDA; the frame calls
@@ -144,7 +144,7 @@ class ForwardState:
         return self.cpu_rng is not None and not self.had_device and _initialized(_rng_module(self.device_type))
 
     def _fork_rng(self) -> Any:
-        """Saves the caller's RNG streams and puts them back afterwards (Rule 2)."""
+        """Saves the caller's RNG streams and puts them back afterwards (hpr.session.faithful-replay)."""
         if _DEVICE_GENERIC:
             return torch.random.fork_rng(devices=self.rng_devices, device_type=self.device_type)
         return torch.random.fork_rng(devices=self.rng_devices)
@@ -172,7 +172,7 @@ class ForwardState:
             yield
 
 
-# -- streams (Rule 10) -------------------------------------------------------------------------
+# -- streams (hpr.session.side-stream) ---------------------------------------------------------
 
 
 def synchronize(device: torch.device) -> None:
@@ -218,7 +218,7 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 
 
 def check_stream(stream: Any, devices: Sequence[torch.device], where: str) -> torch.device:
-    """The device of ``stream``, checked against the devices of a checkpoint's inputs (Rule 10).
+    """The device of ``stream``, checked against the devices of a checkpoint's inputs (hpr.session.side-stream).
 
     Args:
         stream: what the caller passed (not None).

@@ -1,13 +1,14 @@
 """The control plane of recompute sessions: prefetch, session contexts, clear, introspection.
 
-Sessions live in a ``SessionScope`` (NOTE [ Recompute sessions ] Rule 9 in
+Sessions live in a ``SessionScope`` (hpr.session.scoped-ids, NOTE in
 ``checkpoint.py``): each owner of sessions (a schedule, a runner, a model) makes its own,
 so that two of them in one process may both use ids such as ``"s3.mb0"``. The module
 functions (``recompute_handle``, ``recompute_session_ctx``, ...) act on
 ``DEFAULT_SCOPE``.
 
 These are the only functions that take ``REGISTRY.lock``; they bind sessions to frames
-so that the unpack hot path never has to look anything up (Rules 4-7). Lock order:
+so that the unpack hot path never has to look anything up (hpr.session.one-binding,
+hpr.session.hot-path). Lock order:
 ``REGISTRY.lock`` first, then a frame's lock; nothing takes ``REGISTRY.lock`` while
 holding a frame lock.
 """
@@ -62,7 +63,7 @@ def _check_session_id(session_id: Any, where: str) -> None:
 
 
 def _frame_of(handle: Any) -> Optional[CheckpointFrame]:
-    """The handle's frame; None for a checkpoint that saved nothing (Rule 1: nothing to replay)."""
+    """The handle's frame; None for a checkpoint that saved nothing (hpr.session.forward-frame: nothing to replay)."""
     if not isinstance(handle, RecomputeHandle):
         raise ValueError(
             error_text(
@@ -84,14 +85,15 @@ def _frame_of(handle: Any) -> Optional[CheckpointFrame]:
 
 
 class SessionScope:
-    """A namespace of recompute sessions, owned by whoever creates it (Rule 9).
+    """A namespace of recompute sessions, owned by whoever creates it (hpr.session.scoped-ids).
 
     Session ids are unique within a scope: two scopes may both hold a session
     ``"s3.mb0"``, and they are different sessions (their own frames, tensors and
     counters). A pipeline schedule or a runner creates one scope and calls its methods
     instead of the module functions, which act on ``DEFAULT_SCOPE``. Everything else
     follows NOTE [ Recompute sessions ]: one context per thread, whatever its scope
-    (Rule 6), and a checkpoint is bound to one session of one scope at a time (Rule 4).
+    (hpr.session.one-context-per-thread), and a checkpoint is bound to one session of one
+    scope at a time (hpr.session.one-binding).
 
     Args:
         name: for messages (``session 's3.mb0' of scope 'stage 3'``); default
@@ -134,8 +136,8 @@ class SessionScope:
         The replay restores the forward's RNG and autocast state and leaves the caller's
         RNG streams untouched. A later backward (inside ``recompute_session_ctx`` or not)
         consumes the prefetched tensors without replaying. Prefetching an already
-        prefetched handle into the same session does nothing (Rule 4); so does
-        prefetching a checkpoint that saved no tensor (Rule 1: nothing to replay).
+        prefetched handle into the same session does nothing (hpr.session.one-binding); so does
+        prefetching a checkpoint that saved no tensor (hpr.session.forward-frame: nothing to replay).
 
         Args:
             handle: a handle from ``recompute_handle_collector_ctx()``.
@@ -144,7 +146,7 @@ class SessionScope:
                 stream of the checkpoint's device (``torch.cuda.Stream()``,
                 ``torch.Stream("cuda")``): the replay is queued on it, after the work
                 the caller's stream has queued so far, and its first consumer (the
-                backward that unpacks the tensors, or the clear) waits for it (Rule 10),
+                backward that unpacks the tensors, or the clear) waits for it (hpr.session.side-stream),
                 so the replay can overlap other work. The host returns once the replay
                 is queued.
 
@@ -168,7 +170,7 @@ class SessionScope:
         # handle's graph is gone.
         _check_session_id(session_id, "recompute_handle")
         frame = _frame_of(handle)
-        if stream is not None:  # Rule 10
+        if stream is not None:  # hpr.session.side-stream
             name = frame.name() if frame is not None else "a checkpoint that saved nothing"
             where = f"recompute_handle(<handle of {name}>, {session_id!r}, stream=...)"
             check_stream(stream, frame.devices() if frame is not None else [], where)
@@ -211,7 +213,8 @@ class SessionScope:
 
     @contextlib.contextmanager
     def recompute_session_ctx(self, session_id: Hashable, retain_on_unpack: bool = False) -> Iterator[Hashable]:
-        """Backwards run inside consume session ``session_id`` (Rules 4-6).
+        """Backwards run inside consume session ``session_id`` (hpr.session.retain,
+        hpr.session.one-context-per-thread).
 
         On entry the session becomes this thread's open session: a checkpoint first
         unpacked inside binds to it and replays once; prefetched checkpoints are read
@@ -277,7 +280,7 @@ class SessionScope:
                     session.mode = IDLE
 
     def clear_recompute_session(self, session_id: Hashable) -> None:
-        """Drop everything session ``session_id`` holds; safe to call any number of times (Rule 7).
+        """Drop everything session ``session_id`` holds; safe to call any number of times (hpr.session.clear-drops-all).
 
         Recomputed tensors, replay flags, counters and frame bindings go; the frames can
         then serve a new session or a plain backward. Call it after the last consumer,
@@ -302,7 +305,7 @@ class SessionScope:
         REGISTRY.count(self, "clears")
 
     def clear_all(self) -> List[Hashable]:
-        """Clear every live session of this scope (Rule 7), e.g. after a failed step.
+        """Clear every live session of this scope (hpr.session.clear-drops-all), e.g. after a failed step.
 
         Returns:
             the ids that were live, oldest first.
@@ -351,7 +354,7 @@ class SessionScope:
         Returns:
             ``{"replays", "session_replays", "prefetches", "clears", "live_sessions"}``;
             ``replays`` (= ``session_replays``) counts the replays into this scope's
-            sessions. A replay that feeds no session (a plain backward, Rule 3) belongs to
+            sessions. A replay that feeds no session (a plain backward, hpr.session.unbound-is-torch) belongs to
             no scope: only the process-wide ``stats()`` counts it (``plain_replays``).
         """
         return REGISTRY.snapshot(self)
@@ -367,7 +370,7 @@ DEFAULT_SCOPE = SessionScope("default", _default=True)
 
 def recompute_handle(handle: RecomputeHandle, session_id: Hashable, stream: Any = None) -> None:
     """``DEFAULT_SCOPE.recompute_handle``: prefetch ``handle`` into session ``session_id``
-    (on ``stream`` when given, Rule 10)."""
+    (on ``stream`` when given, hpr.session.side-stream)."""
     DEFAULT_SCOPE.recompute_handle(handle, session_id, stream)
 
 
@@ -377,7 +380,7 @@ def retained_while(keep: bool) -> Iterator[None]:
     ``retain_on_unpack=True``; then its mode is restored.
 
     For one consumer that reads a checkpoint in several autograd calls (``backward_weight``'s
-    groups, Rule 3 of NOTE [ dx/dw split ]): every call but the last retains, the last one
+    groups, hpr.split.seed-groups): every call but the last retains, the last one
     drops what it reads, and ``clear_recompute_session`` drops the rest.
     """
     session = None
@@ -403,7 +406,7 @@ def recording_unpacks() -> Iterator[Optional[Dict[Any, List[Any]]]]:
     thread's context retains (a dx with ``retain_on_unpack=True``); yields that record
     (holder -> nodes), or None where no such session is open or one records already.
 
-    For ``release_unread`` (Rule 9 of NOTE [ dx/dw split ]).
+    For ``release_unread`` (hpr.split.release-unread).
     """
     with REGISTRY.lock:
         session = REGISTRY.contexts.get(threading.get_ident())
@@ -425,8 +428,8 @@ def release_unread(record: Dict[Any, List[Any]], readers: Set[Any]) -> None:
     A tensor some node unpacked without being known (no current node) stays, and so does
     every tensor of a checkpoint with a ``context_fn`` (the selective policy: what its
     forward saved and what its replay recomputed share the holders, and the planner prices
-    its replay whole). A released tensor read again raises CheckpointError naming Rule 9,
-    never a silent replay.
+    its replay whole). A released tensor read again raises CheckpointError tagged
+    [hpr.split.release-unread], never a silent replay.
     """
     for holder, nodes in record.items():
         if holder.frame.recompute_ctx is not None:

@@ -29,7 +29,7 @@ if torch.distributed.is_available():
         """torch's ``CheckpointWrapper``, checkpointing a ``ReplayFunction`` of the wrapped module.
 
         A prefetched replay of a wrapper that ``fully_shard`` has made an FSDP module then
-        runs on unsharded parameters (NOTE [ FSDP2 and the dx/dw split ] Rule 6 in
+        runs on unsharded parameters (hpr.fsdp.replay-unsharded, NOTE in
         ``fsdp.py``); without FSDP the function is the module itself. Same class name, so
         ``fully_shard`` calls it ``FSDPCheckpointWrapper``, as torch's.
         """
@@ -38,15 +38,15 @@ if torch.distributed.is_available():
             return self.checkpoint_fn(ReplayFunction(self, self._checkpoint_wrapped_module), *args, **kwargs)
 
         def compile(self, *args: Any, **kwargs: Any) -> None:
-            """Compiles the wrapped module in place, inside the checkpoint (Rule 7 of NOTE [
-            Compiled dx/dw split ]): the checkpoint stays eager, so the block keeps its
-            handles, sessions and prefetch, and its backward splits into I and W.
+            """Compiles the wrapped module in place, inside the checkpoint (hpr.compiled-split.wrapper-compile):
+            the checkpoint stays eager, so the block keeps its handles, sessions and prefetch, and its
+            backward splits into I and W.
 
             ``torch.compile``'s keywords; backend ``"inductor"`` (the default) or
             ``"aot_eager"`` is made ``compile_backend(backend)`` on torch >= 2.13. A wrapper
             with a ``context_fn`` (a selective policy) compiles with ``"aot_eager"``, which
             dispatches each aten op, or ``"inductor"``, which keeps the ops its policy saves
-            dispatched (NOTE [ Selective policy ] Rule 5); any other backend is refused there.
+            dispatched (hpr.selective.visible-ops); any other backend is refused there.
             """
             if not hasattr(torch, "compile"):
                 raise CheckpointError(error_text(f"compile: torch {torch.__version__} has no torch.compile"))
@@ -63,9 +63,9 @@ if torch.distributed.is_available():
                         f"compile: this checkpoint_wrapper has a context_fn (e.g. a selective policy), whose dispatch "
                         f"modes see the aten ops its block dispatches; backend {backend!r} compiles the block to fused "
                         f"kernels they cannot see into, so a policy would save nothing and the replay would recompute "
-                        f"every matmul (NOTE [ Selective policy ] Rule 5); compile with backend=\"inductor\" (torch "
-                        f">= 2.13: it keeps the ops the policy saves dispatched) or \"aot_eager\", or drop the "
-                        f"context_fn to checkpoint in full"))
+                        f"every matmul; compile with backend=\"inductor\" (torch >= 2.13: it keeps the ops the "
+                        f"policy saves dispatched) or \"aot_eager\", or drop the context_fn to checkpoint in full "
+                        f"[hpr.selective.visible-ops]"))
                 saved = policy_saved_ops(context_fn)
             inner = self._checkpoint_wrapped_module
             inner.compile(**split_compile_kwargs(kwargs, saved))
@@ -124,7 +124,7 @@ def checkpoint_wrapper(module: torch.nn.Module, **checkpoint_kwargs: Any) -> tor
     Returns:
         a ``CheckpointWrapper`` (torch's, subclassed) around ``module``: same parameter and
         state-dict names as ``module``. ``fully_shard`` may wrap it afterwards
-        (torchtitan's order); a prefetch then unshards it for the replay (FSDP Rule 6).
+        (torchtitan's order); a prefetch then unshards it for the replay (hpr.fsdp.replay-unsharded).
 
     Example:
         >>> model.layers[3] = checkpoint_wrapper(model.layers[3])

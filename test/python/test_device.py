@@ -1,4 +1,4 @@
-"""Devices and streams (NOTE [ Recompute sessions ] Rule 10 in checkpoint.py).
+"""Devices and streams (hpr.session.any-device, hpr.session.side-stream; NOTE in checkpoint.py).
 
 The protocol of a side-stream prefetch (the side stream waits for the caller's, the
 replay is queued on it, its first consumer waits for its event) is checked on any
@@ -225,7 +225,7 @@ class Consumed(torch.autograd.Function):
 
 
 def test_side_stream_prefetch_protocol(stand_in):
-    """Rule 10: the side stream waits for the caller's; the replay runs under it; its event
+    """hpr.session.side-stream: the side stream waits for the caller's; the replay runs under it; its event
     is waited for by the first consumer (before it reads), and only by that one."""
     log, main, current = stand_in
     Consumed.log, Consumed.current = log, current
@@ -283,7 +283,7 @@ def test_clear_waits_for_an_unconsumed_side_stream_replay(stand_in):
 
 
 def test_hot_path_again_after_the_first_consumer(stand_in):
-    """Rule 5 with Rule 10: once the first consumer waited, unpacks make no call."""
+    """hpr.session.hot-path with hpr.session.side-stream: once the first consumer waited, unpacks make no call."""
     log, main, current = stand_in
     side = FakeStream("side", log)
     x = torch.randn(4, 3, requires_grad=True)

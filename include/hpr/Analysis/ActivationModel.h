@@ -23,7 +23,7 @@
 //    before the clear;
 //  - a session read first by a dx and later by a dw (`releasedAfterDx`)
 //    holds its whole replay up to the dx and, after it, only what the dw
-//    reads (weightRecomputedBytes; NOTE [ dx/dw split ] Rule 9), each piece
+//    reads (weightRecomputedBytes; hpr.split.release-unread), each piece
 //    alike;
 //  - what such a dx keeps for its dw (the gradients dw's matmuls read,
 //    weightStateBytes: bwd_weight_input_bytes) is live from the dx to the

@@ -56,7 +56,7 @@ struct Region {
                                     ///< its input (RNG states); 0 = unknown
   int64_t replayBytes = 0;          ///< one replay allocates; 0 = savedBytes
   /// Of one replay, what a session still holds after dx: the tensors dw
-  /// reads (NOTE [ dx/dw split ] Rule 9); 0 = unknown, all of it.
+  /// reads (hpr.split.release-unread); 0 = unknown, all of it.
   int64_t replayWeightBytes = 0;
   /// The selective policy's costs, measured (0 = not measured): its forward,
   /// its replay, what it saves besides the input and checkpoint state, and

@@ -25,12 +25,12 @@ checkpoint would replay once per backward call, so it is refused with a message 
 than silently replayed twice. A wrapper's own ``context_fn`` must agree with the plan: a
 region the plan checkpoints in full refuses one (it would keep what the plan did not price),
 a selective one needs one; and a selective region with a module compiled where the policy
-cannot see its ops is refused (NOTE [ Selective policy ] Rule 5). A wrapper at a module the
+cannot see its ops is refused (hpr.selective.visible-ops). A wrapper at a module the
 plan does not checkpoint runs its module plainly (ours) or is refused (torch's): the plan
 places every replay.
 
 A compiled region must be compiled *inside* its checkpoint, as
-``checkpoint_wrapper(block).compile()`` does (Rule 7 of NOTE [ Compiled dx/dw split ]). A
+``checkpoint_wrapper(block).compile()`` does (hpr.compiled-split.wrapper-compile). A
 region compiled around it (``torch.compile(block)`` registered in its place, or a plain
 block's in-place ``block.compile()``, whose compiled call would trace our checkpoint) has
 no recompute handle, so it is refused here, before the first forward.
@@ -205,7 +205,7 @@ def patch_regions(module: torch.nn.Module, regions: Dict[str, torch.nn.Module],
             region.forward = _WrappedForward(region)
         else:
             original = region.forward
-            if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (fsdp.py Rule 6)
+            if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (hpr.fsdp.replay-unsharded)
                 original = ReplayFunction(region, original)
             region.forward = _PlannedForward(region, original, policy)
         patched.append(fqn)
@@ -263,11 +263,11 @@ def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: b
     if hidden:
         names = ", ".join(f"'{fqn}.{h}'" if h else f"'{fqn}'" for h in hidden)
         raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' "
-                       f"\"selective\", but {names} is compiled where the policy cannot see its ops "
-                       f"(NOTE [ Selective policy ] Rule 5), so the replay would recompute every matmul; "
-                       f"compile the block as checkpoint_wrapper(block, context_fn=hp_recompute."
-                       f"selective_context_fn()).compile() (inductor then keeps the ops the policy saves "
-                       f"dispatched), or plan the region in full")
+                       f"\"selective\", but {names} is compiled where the policy cannot see its ops, "
+                       f"so the replay would recompute every matmul; compile the block as "
+                       f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn()).compile() "
+                       f"(inductor then keeps the ops the policy saves dispatched), or plan the region in full "
+                       f"[hpr.selective.visible-ops]")
     return region
 
 

@@ -3,170 +3,24 @@
 NOTE [ Executing a plan with torch's stages ]
 =============================================
 torch's schedules (``ScheduleZBVZeroBubble``, ``ScheduleInterleavedZeroBubble``, ...) own
-the action order; their action set has no recompute and no clear, so under
-``torch.utils.checkpoint`` every checkpointed block replays once per backward call (twice
-with a dx/dw split). ``PlannedSchedule`` takes the order from the plan instead and keeps
+the action order; their action set has no recompute and no clear. ``PlannedSchedule`` takes
+the order from the plan (NOTE [ Executing a plan ] in plan/interpreter.py) and keeps
 everything else torch's: stage objects, metadata inference, microbatch splitting, loss,
-point-to-point ops, gradient scaling. The rules below are cited as "Rule N".
+point-to-point ops, gradient scaling. This module implements the rules below;
+docs/rules.md states each one and why:
 
-Rule 1 (what is checked). At construction, before any module is patched or any step
-  runs: the plan's ranks, stages and microbatches match the stages given (``group_size``,
-  ``num_stages``, ``n_microbatches``, this rank's stage indices), no stage whose backward
-  the plan splits was built with ``dw_builder`` (torch would run its whole backward in I,
-  outside the plan's reads), every region the plan checkpoints exists in its stage's
-  module and may be checkpointed as planned (``regions.check_regions``), and no stage
-  module holds a block the plan does not place there (``regions.unplanned_blocks``: a plan
-  for another model or split), and no parameter in two of this rank's stages belongs to a
-  stage holding FSDP modules (Rule 11). The plan itself is
-  admitted by the planner's reader and verifier (``plan.verify.admit_plan``: every
-  rank's program, not only ours). The ranks
-  then exchange their verdicts (one all-gather over the stages' group): a refusal on one
-  rank is raised on every rank, so none waits for a peer that stopped.
-
-Rule 2 (stage mapping). Stages are placed where the plan puts them
-  (``stage_index_to_group_rank`` is the plan's ``stage_to_rank``); a neighbour on the same
-  rank gets its tensor in memory (interpreter Rule 2a: ``set_local_fwd_input`` and
-  ``set_local_bwd_input``, torch's V-schedule special case).
-
-Rule 3 (actions). The plan's actions are interpreted by ``PlanInterpreter`` (NOTE
-  [ Executing a plan ] in plan/interpreter.py: sessions, replays, clears, which receives
-  a ``recv`` posts and who waits for them, which backward verb each backward runs, the
-  gradient scaling); here each is torch's own: ``forward`` is ``forward_one_chunk``, the
-  verbs ``dx``, ``dw`` and ``whole`` are ``backward_one_chunk(full_backward=False)``,
-  ``backward_weight_one_chunk`` and ``backward_one_chunk(full_backward=True)``, and
-  ``none`` (the first stage's I, Rule 7a's) leaves the stage's input gradients None; the
-  transfers are ``get_*_send_ops`` / ``get_*_recv_ops`` batched as torch's runtime does
-  them; ``reduce_grad`` is FSDP's reduction on an FSDP stage (Rule 8) and then the
-  interpreter's division by ``n_microbatches`` where ``scale_grads`` (torch's
-  ``scale_grads``, once per parameter: Rule 11).
-  A forward's loss is computed by microbatch, so any forward order works; after the
-  microbatch's last backward (the plan's ``frees_graph``) it is detached, so its graph,
-  the loss's activations among it, is freed there and not at the end of the step (torch's
-  runtime keeps every loss's graph until then). Stages of Rule 7 are the exception.
-
-Rule 4 (sessions). A schedule owns its sessions: they live in its own ``SessionScope``,
-  so two schedules (two models) in one process never share a session, even where their
-  plans use the same ids. A session that is not cleared by the end of the step is an
-  error (the plan promised a clear).
-
-Rule 5 (gradient reduction). The planner puts one ``reduce_grad`` per stage into every
-  plan, after the stage's last ``W`` and ``B`` (where torch's ``_add_reduce_grad`` puts
-  it), and the admission check refuses a plan without it, with it too early or twice
-  (gradients scaled too early or twice: wrong, silently).
-
-Rule 6 (metadata inference). On the first step torch's stages infer their input and
-  output metadata by running microbatch 0 through the stage module (``_initialize_stages``;
-  torch 2.13 runs a forward and a backward there, with real tensors). That runs inside
-  ``plain_forwards()``: the plan's regions run plainly, so inference creates no
-  checkpoint and replays nothing, and every replay of a step is the plan's (one per
-  checkpointed region per microbatch). torch infers again when a schedule switches
-  between ``step`` and ``eval``, and then sets the ``.grad`` of every FSDP module's
-  parameters to None (its cleanup of the inference's backward): the stages' gradients
-  are kept across the inference, so an ``eval`` between two accumulating steps, or
-  before the optimizer step, loses none. Buffers are as they were before the inference
-  (its forward of microbatch 0 would update BatchNorm's statistics once more than the
-  plain model does).
-
-Rule 7 (stages split into I and W by hp_recompute). Every stage whose backward the plan
-  splits runs hp_recompute's split where torch has the stage caches it reads (torch 2.13):
-  its I releases what no W node reads from the sessions (Rule 9 of NOTE [ dx/dw split ]), as
-  the plan prices it (``replay_weight_bytes``); torch's I keeps the whole replay, so on a
-  torch without those caches a plan that counts on the release is refused. torch's
-  ``backward_one_chunk(full_backward=False)`` and ``backward_weight_one_chunk`` are not
-  right at all for two kinds of stages whose backward the plan splits (``split_stages``):
-  - FSDP2 stages: they differentiate ``submod.parameters()``, which FSDP2 has swapped for
-    sharded DTensors by then (``reshard_after_forward=True``): W gets no or wrong
-    gradients, silently (torch's own ZBV too);
-  - compiled stages (a module compiled in place, ``checkpoint_wrapper(block).compile()``
-    included, or a ``torch.compile``-d module): a compiled block is one autograd node, and
-    torch's I and W each run its whole backward (I + W = 2x the matmul work). Ours tell
-    the node which half to run (NOTE [ Compiled dx/dw split ] Rule 4), on torch >= 2.13.
-  A stage that is both (torchtitan's order: ``checkpoint_wrapper`` each block, then its
-  ``compile()``, then ``fully_shard`` each block and the stage) is split the same way. Its
-  compiled nodes save tensors in FSDP's unsharded parameter storage, which FSDP frees when
-  it reshards; Rule 8 keeps that storage gathered from the stage's first gather to its
-  ``reshard`` or ``reduce_grad``, after its last W, so W reads them allocated. (Before
-  Rule 8, FSDP resharded between I and W and such a W failed: "data is not allocated".)
-  Their backwards are hp_recompute's (NOTE [ dx/dw split ], NOTE [ FSDP2 and the dx/dw
-  split ] in fsdp.py), on torch's stage caches: ``I`` is ``backward_input(outputs, output
-  grads, inputs, submod)``, ``W`` is ``backward_weight`` of its state (added into each
-  parameter's ``.grad`` as autograd would, or into FSDP's gradients), a ``B`` of the same
-  stage is torch's ``stage_backward`` (on an FSDP stage inside the step ``fsdp.begin_step``
-  opened: nothing reduced). The first stage's I computes nothing and its W is
-  ``stage_backward``, the whole backward, as torch runs that stage's I and W and as the
-  plan reads them (its I names no session): a step input that requires grad gets its
-  ``.grad`` there, as under torch's schedule. An FSDP stage's ``reduce_grad`` is Rule 8's.
-  The input gradients go where torch's
-  would (``bwd_cache``), so sends and co-located handoffs are torch's. A replay of a block
-  wrapped with ``checkpoint_wrapper`` before ``fully_shard`` runs unsharded (fsdp.py Rule
-  6). Needs torch's stage caches as torch 2.13 has them (``_stage_meta``); another torch
-  is refused at construction.
-
-Rule 7a (stages after frozen ones). torch's I of a stage none of whose inputs needs a
-  gradient (the stages before it frozen, ``requires_grad_(False)``) computes nothing, and
-  its W then has no gradient of the stage's outputs to start from: every weight gradient
-  of the stage stays None, silently (torch's own ZBV too). Here the interpreter runs such
-  an I as ``none`` and its W as ``whole`` (interpreter Rule 4, as it runs the first
-  stage's), decided per microbatch at I, where the inputs are known
-  (``input_requires_grad``). The session the plan names is read by that W alone, and its
-  replay is held from I to W as planned.
-
-Rule 8 (the plan owns the gathers). On a stage holding FSDP modules a training step
-  holds the parameters (``fsdp.begin_step(..., hold_parameters=True)`` before the first
-  action): FSDP reshards nothing and reduces nothing by itself during the step, so each
-  FSDP module is gathered once per window and neither a forward, I, W, B nor a
-  prefetched replay gathers it again; its ``reduce_grad`` is ``fsdp.reduce_gradients``
-  (one reduce-scatter per parameter group, plus HSDP's all-reduce) followed by the
-  interpreter's scaling, whichever runtime ran its backwards (Rule 7's or torch's). A
-  plan made for FSDP (``hp-recompute-plan --dp-shard N``) bounds the window: an ``unshard`` of each stage
-  before the first action that reads its parameters (a prefetched replay included) and
-  a ``reshard`` after the last, FSDP2's public ``unshard(async_op=True)`` and ``reshard()``
-  of every FSDP module in the stage, as torch's runtime lowers its UNSHARD / RESHARD
-  actions: the gathers run beside the compute the plan put between an ``unshard`` and the
-  stage's next reader, which waits for them (interpreter Rule 8). A plan without them gets one window
-  per stage per step, from FSDP's first gather to ``reduce_grad`` (which reshards as the
-  modules were configured): what such a plan prices, every parameter resident for the
-  step. No parameter stays gathered past its ``reshard`` or the step, and a failed step
-  reshards what it gathered. On a stage without FSDP modules both do nothing.
-
-Rule 9 (the plan's regions, each step). The plan's regions are checkpointed in place
-  (``regions.py``), on modules that another ``PlannedSchedule`` may share (an eval
-  schedule built with another plan): each schedule applies its own plan's patches before
-  each step (``regions.patch_regions``), so a step runs its own plan's checkpoints and
-  replays, whichever schedule was built or stepped last. A region's keywords reach the
-  region, and its replays leave its buffers as its forward left them (BatchNorm's
-  statistics are updated once per microbatch, as in the plain model).
-
-Rule 10 (microbatched steps). ``step`` also takes the microbatches already split
-  (``arg_mbs``, ``kwarg_mbs``, ``target_mbs``: torch's newer call, torchtitan 0.3's
-  ``step`` and ``eval``), each list one entry per microbatch; torch's checks, per-step
-  stage state and output merging run as for a whole batch, and its split is skipped.
-  Whole-batch inputs beside them are refused (which should win is not said).
-
-Rule 11 (tied weights on one rank). A parameter two of this rank's stages hold (GPT-2's
-  embedding and head on a V-shaped schedule's first rank) gets both stages' gradients in
-  one ``.grad``; torch's per-stage ``scale_grads`` would divide it at each stage's
-  ``reduce_grad``, the first time before all of it is in (silently wrong, torch's own ZBV
-  too). Here it is divided once, at the last ``reduce_grad`` of this rank that covers it
-  (the interpreter's scaling, interpreter Rule 8, for both runtimes).
-
-Rule 12 (receive buffers live as the plan counts them). torch's stages receive into
-  buffers allocated once (at metadata inference) and kept across steps, and a co-located
-  stage keeps the tensor handed to it until the next step's handoff replaces it. The plan,
-  as the runner's transport, counts a received or handed-over tensor from its receive or
-  handoff to the last backward of its microbatch at the stage that reads it
-  (lib/Analysis/StepMemory.cpp: an output gradient from its ``recv_b`` or dx handoff;
-  ActivationModel.cpp: the stage input among what its forward keeps). So, on torch's
-  stage caches (torch 2.13), each ``recv_f`` and ``recv_b`` receives into a buffer
-  allocated when it is posted (as torch allocates it: ``_make_tensor_from_meta``; one
-  posted ahead of its place, in the peer's send order, is live from there, before the
-  plan counts it), a handoff sets the buffer as torch's ``set_local_*_input`` does, and
-  after the plan's last backward of (stage, microbatch) (``frees_graph``: ``release``)
-  both of that stage's buffers of the microbatch are dropped; every buffer is dropped
-  before each step runs and after it ends, so none outlives a step (a forward-only step
-  has no last backward). A stage that reads a buffer no receive or handoff of this step
-  filled finds None and torch's stage raises (``_retrieve_recv_activations``,
-  ``_retrieve_recv_grads``): never last step's data. Other torches keep their own buffers.
+  hpr.stages.construction-checks   the plan and the stages checked at construction, on every rank
+  hpr.stages.plan-placement        stages where the plan puts them
+  hpr.stages.torch-actions         each action is torch's own stage call
+  hpr.stages.own-scope             a schedule owns its sessions
+  hpr.stages.one-reduce-grad       one ``reduce_grad`` per stage, after its last W and B
+  hpr.stages.plain-inference       torch's metadata inference replays nothing and keeps the gradients
+  hpr.stages.our-split             split stages run hp_recompute's split (torch 2.13)
+  hpr.stages.frozen-inputs         after frozen stages, W is the whole backward
+  hpr.stages.plan-owns-gathers     on FSDP stages the plan owns the gathers
+  hpr.stages.regions-each-step     each step runs its own plan's regions
+  hpr.stages.microbatched-step     ``step`` takes microbatches already split
+  hpr.stages.step-buffers          receive buffers live as the plan counts them
 """
 
 from __future__ import annotations
@@ -197,8 +51,8 @@ PlanSource = Union[str, os.PathLike, Dict[str, Any], Plan]
 
 
 def admitted_plan(plan: PlanSource) -> Plan:
-    """Rule 1: the plan (a path, a torch CSV, a plan dict or a ``Plan``), admitted by the
-    planner's verifier (every rank's program, not only ours); else ``RunError``."""
+    """hpr.stages.construction-checks: the plan (a path, a torch CSV, a plan dict or a ``Plan``),
+    admitted by the planner's verifier (every rank's program, not only ours); else ``RunError``."""
     if isinstance(plan, Plan):
         return admit_plan(plan.raw, plan.path)
     if isinstance(plan, dict):
@@ -220,11 +74,11 @@ def planned_splits(program: Sequence[Action]) -> Set[int]:
 
 def split_stages(stages: Sequence[Any], program: Sequence[Action],
                  releases: Callable[[int], bool] = lambda stage: False) -> Set[int]:
-    """Rule 7: indices of the stages whose backward the plan splits into I and W, where that
-    split is hp_recompute's: FSDP2 or compiled stages, and every other one where torch has
-    the stage caches it reads (torch 2.13). ``releases(stage)``: the plan prices that stage's
-    sessions as released after I (Rule 9 of NOTE [ dx/dw split ]), which torch's I does not do,
-    so such a stage is refused where the caches are missing."""
+    """hpr.stages.our-split: indices of the stages whose backward the plan splits into I and W,
+    where that split is hp_recompute's: FSDP2 or compiled stages, and every other one where
+    torch has the stage caches it reads (torch 2.13). ``releases(stage)``: the plan prices that
+    stage's sessions as released after I (hpr.split.release-unread), which torch's I does not
+    do, so such a stage is refused where the caches are missing."""
     split = planned_splits(program)
     found: Dict[int, str] = {}
     for stage in stages:
@@ -273,9 +127,12 @@ class PlannedSchedule(PipelineScheduleMulti):
         if not stages:
             raise RunError("hp_recompute.pipelining: PlannedSchedule needs this rank's stages; got none")
         refusal: Optional[Exception] = None
-        self._regions: Dict[int, Dict[str, torch.nn.Module]] = {}  # stage -> its planned regions (Rule 9)
-        self._given_microbatches: Optional[Tuple[Any, Any, Any]] = None  # Rule 10, during one step
-        try:  # Rule 1 (torch's own checks of the stages too: a rank stopping alone would hang the others)
+        # stage -> its planned regions (hpr.stages.regions-each-step)
+        self._regions: Dict[int, Dict[str, torch.nn.Module]] = {}
+        self._given_microbatches: Optional[Tuple[Any, Any, Any]] = None  # hpr.stages.microbatched-step, during one step
+        # hpr.stages.construction-checks (torch's own checks of the stages too: a rank stopping alone would hang the
+        # others)
+        try:
             super().__init__(list(stages), n_microbatches, loss_fn, **kwargs)
             self.plan = admitted_plan(plan)
             self._check_stages(n_microbatches)
@@ -287,20 +144,21 @@ class PlannedSchedule(PipelineScheduleMulti):
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             refusal = e
         self._refuse_together(stages[0].group, refusal)
-        #: stages whose backwards are hp_recompute's split (Rule 7)
+        #: stages whose backwards are hp_recompute's split (hpr.stages.our-split)
         self.own_split = split_stages(self._stages, self.plan.ranks[self.rank], self._releases_after_dx)
         mapping = {s: r for s, r in enumerate(self.plan.stage_to_rank)}
         self.stage_index_to_group_rank = mapping
-        for stage in self._stages:  # Rule 2
+        for stage in self._stages:  # hpr.stages.plan-placement
             stage.stage_index_to_group_rank = mapping
         self._apply_regions()
         self.program: List[Action] = self.plan.ranks[self.rank]
-        self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # Rule 4
+        self.session_scope = SessionScope(f"PlannedSchedule {self.plan.path} rank {self.rank}")  # hpr.stages.own-scope
 
     @staticmethod
     def _refuse_together(group: Any, refusal: Optional[Exception]) -> None:
-        """Rule 1: a rank that refuses stops every rank, before any runs (the others would wait
-        for it at their first transfer): one all-gather of the verdicts over the stages' group."""
+        """hpr.stages.construction-checks: a rank that refuses stops every rank, before any runs (the
+        others would wait for it at their first transfer): one all-gather of the verdicts over the
+        stages' group."""
         verdicts: List[Optional[str]] = [None] * dist.get_world_size(group)
         dist.all_gather_object(verdicts, None if refusal is None else f"{type(refusal).__name__}: {refusal}",
                                group=group)
@@ -313,7 +171,7 @@ class PlannedSchedule(PipelineScheduleMulti):
                            f"refused the plan and its stages ({verdict})")
 
     def _apply_regions(self) -> None:
-        """Rule 9: this plan's regions checkpointed as it says, every other module as it was."""
+        """hpr.stages.regions-each-step: this plan's regions checkpointed as it says, every other module as it was."""
         for stage in self._stages:
             patch_regions(stage.submod, self._regions[stage.stage_index],
                           self.checkpointed_regions(stage.stage_index, "selective"))
@@ -327,11 +185,11 @@ class PlannedSchedule(PipelineScheduleMulti):
     def _releases_after_dx(self, stage: int) -> bool:
         """Whether the plan prices ``stage``'s sessions with what I leaves for W: a fully
         checkpointed region of it carries ``replay_weight_bytes``. Only hp_recompute's I
-        releases the rest (Rule 7)."""
+        releases the rest (hpr.stages.our-split)."""
         return any(region_checkpoint(r) == "full" and "replay_weight_bytes" in r for r in self.plan.stages[stage])
 
     def _check_stages(self, n_microbatches: int) -> None:
-        """Rule 1: the stages given are the ones the plan puts on this rank."""
+        """hpr.stages.construction-checks: the stages given are the ones the plan puts on this rank."""
         plan, where = self.plan, f"hp_recompute.pipelining: {self.plan.path}"
         if self.pp_group_size != plan.num_ranks:
             raise RunError(f"{where}: the plan has {plan.num_ranks} ranks, the stages' group has {self.pp_group_size}")
@@ -389,7 +247,8 @@ class PlannedSchedule(PipelineScheduleMulti):
             raise RunError(f"hp_recompute.pipelining: step got microbatches (arg_mbs, kwarg_mbs, target_mbs) and "
                            f"whole-batch inputs ({', '.join(given)}); give one of the two")
         self._given_microbatches = (arg_mbs, kwarg_mbs, target_mbs)
-        try:  # torch's step: its checks, per-step stage state and merged outputs; no split (Rule 10)
+        # torch's step: its checks, per-step stage state and merged outputs; no split (hpr.stages.microbatched-step)
+        try:
             return super().step(losses=losses, **kwargs)
         finally:
             self._given_microbatches = None
@@ -398,10 +257,11 @@ class PlannedSchedule(PipelineScheduleMulti):
                            target_mbs: Optional[list] = None, losses: Optional[list] = None,
                            return_outputs: bool = True, loss_kwargs: Optional[Dict[str, Any]] = None) -> None:
         given = self._given_microbatches
-        if given is not None:  # Rule 10: step's microbatches, not torch's split of no inputs
+        if given is not None:  # hpr.stages.microbatched-step: step's microbatches, not torch's split of no inputs
             arg_mbs, kwarg_mbs, target_mbs = given
         arg_mbs, kwarg_mbs = self._check_inputs(arg_mbs, kwarg_mbs, target_mbs, losses)
-        self._apply_regions()  # Rule 9: another schedule over these stages may have applied its plan since
+        # hpr.stages.regions-each-step: another schedule over these stages may have applied its plan since
+        self._apply_regions()
         first_target = target_mbs[0] if target_mbs is not None else None
         params = [p for stage in self._stages for p in stage.submod.parameters()]
         grads = [p.grad for p in params]
@@ -409,37 +269,39 @@ class PlannedSchedule(PipelineScheduleMulti):
         # a torch without those flags: always, restoring what an inference did not change).
         forward_done = getattr(self, "_stages_forward_initialized", False)
         infers = not forward_done or self._has_backward != getattr(self, "_stages_backward_initialized", False)
-        # Rule 6: inference's forward does not count for buffers a forward updates (BatchNorm's statistics)
+        # hpr.stages.plain-inference: inference's forward does not count for buffers a forward updates (BatchNorm's
+        # statistics)
         buffers = [(b, b.clone()) for stage in self._stages for b in stage.submod.buffers()] if infers else []
-        with plain_forwards():  # Rule 6
+        with plain_forwards():  # hpr.stages.plain-inference
             self._initialize_stages(arg_mbs[0], kwarg_mbs[0], first_target, loss_kwargs)
-        for param, grad in zip(params, grads):  # Rule 6: what inference's cleanup dropped
+        for param, grad in zip(params, grads):  # hpr.stages.plain-inference: what inference's cleanup dropped
             param.grad = grad
         with torch.no_grad():
             for buffer, value in buffers:
                 buffer.copy_(value)
         stages = _TorchStages(self, arg_mbs, kwarg_mbs, target_mbs, return_outputs, loss_kwargs)
-        stages.drop_all_buffers()  # Rule 12: inference's, or those a failed step left
-        # eval(), or no loss function: the plan's forward side alone (interpreter Rule 13)
-        # Rule 11: the interpreter scales each parameter's gradients once, at its last reduce_grad here
+        stages.drop_all_buffers()  # hpr.stages.step-buffers: inference's, or those a failed step left
+        # eval(), or no loss function: the plan's forward side alone (hpr.exec.forward-only); each parameter's
+        # gradients scaled once, at its last reduce_grad here (hpr.exec.gradient-scaling)
         run = PlanInterpreter("hp_recompute.pipelining", self.plan, self.rank, stages, self.session_scope,
                               forward_only=not self._has_backward,
                               grad_scale=self._n_microbatches if self.scale_grads else 1)
         try:
-            if self._has_backward:  # Rule 8: the plan owns the gathers
+            if self._has_backward:  # hpr.stages.plan-owns-gathers: the plan owns the gathers
                 for stage in self._stages:
                     if stages.fsdp_modules(stage.stage_index):
                         begin_step(stage.submod, hold_parameters=True)
             left = run_step([run])
         except BaseException:
-            for stage in self._stages:  # Rule 8: no half-accumulated FSDP step outlives a failed one
+            # hpr.stages.plan-owns-gathers: no half-accumulated FSDP step outlives a failed one
+            for stage in self._stages:
                 if stages.fsdp_modules(stage.stage_index):
                     discard_step(stage.submod)
-            stages.reshard_all()  # Rule 8
+            stages.reshard_all()  # hpr.stages.plan-owns-gathers
             raise
         finally:
-            stages.drop_all_buffers()  # Rule 12
-        if left:  # Rule 4
+            stages.drop_all_buffers()  # hpr.stages.step-buffers
+        if left:  # hpr.stages.own-scope
             raise RunError(f"hp_recompute.pipelining: rank {self.rank}: sessions {left} were recomputed but not "
                            f"cleared by the end of the step; the plan must clear every session")
         self._internal_losses = [stages.losses[mb] for mb in sorted(stages.losses)]
@@ -456,7 +318,7 @@ def _detach_outputs(stage: _PipelineStageBase, stage_output: Any) -> None:
 
 
 def _allocate_buffers(infos: Sequence[Any], device: torch.device) -> None:
-    """Rule 12: a new buffer for each receive of ``infos`` (torch's ``_RecvInfo`` of one
+    """hpr.stages.step-buffers: a new buffer for each receive of ``infos`` (torch's ``_RecvInfo`` of one
     microbatch) that carries a tensor, allocated as torch's stage allocates it."""
     from torch.distributed.pipelining._utils import _make_tensor_from_meta  # torch 2.13's stage caches
 
@@ -466,14 +328,14 @@ def _allocate_buffers(infos: Sequence[Any], device: torch.device) -> None:
 
 
 def _drop_buffers(stage: _PipelineStageBase, mb: int) -> None:
-    """Rule 12: the stage's input and output-gradient buffers of ``mb`` hold nothing."""
+    """hpr.stages.step-buffers: the stage's input and output-gradient buffers of ``mb`` hold nothing."""
     for info in (*stage.args_recv_info.get(mb, ()), *stage.grad_recv_info.get(mb, ())):
         if not info.is_root_arg:
             info.buffer = None
 
 
 class _TorchStages(StageBackend):
-    """This rank's torch stages for one ``step`` (Rule 3): pending receives and sends, losses."""
+    """This rank's torch stages for one ``step`` (hpr.stages.torch-actions): pending receives and sends, losses."""
 
     def __init__(self, schedule: PlannedSchedule, arg_mbs: list, kwarg_mbs: list, target_mbs: Optional[list],
                  return_outputs: bool, loss_kwargs: Optional[Dict[str, Any]]) -> None:
@@ -484,15 +346,18 @@ class _TorchStages(StageBackend):
         self.posted: Dict[Tuple[str, int, int], list] = {}  # (kind, receiving stage, mb) -> works
         self.sends: List[list] = []
         self.losses: Dict[int, torch.Tensor] = {}
-        self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}  # (stage, mb) -> I's state for W (Rule 7)
-        self.gathered: Set[int] = set()  # stages unsharded by the plan and not yet resharded (Rule 8)
-        self.pending: Dict[int, list] = {}  # stage -> its gathers' handles, until a reader waits (Rule 8)
-        #: receive buffers of this step only (Rule 12), where torch has the stage caches (torch 2.13)
+        # (stage, mb) -> I's state for W (hpr.stages.our-split)
+        self.weight_states: Dict[Tuple[int, int], WeightGradState] = {}
+        # stages unsharded by the plan and not yet resharded (hpr.stages.plan-owns-gathers)
+        self.gathered: Set[int] = set()
+        # stage -> its gathers' handles, until a reader waits (hpr.stages.plan-owns-gathers)
+        self.pending: Dict[int, list] = {}
+        #: receive buffers of this step only (hpr.stages.step-buffers), where torch has the stage caches (torch 2.13)
         self.fresh_buffers = all(hasattr(s, "_stage_meta") for s in schedule._stages)
 
     def post_recv(self, a: Action) -> None:
         stage = self.stages[a.stage]
-        if self.fresh_buffers:  # Rule 12
+        if self.fresh_buffers:  # hpr.stages.step-buffers
             infos = stage.args_recv_info if a.op == "recv_f" else stage.grad_recv_info
             _allocate_buffers(infos[a.microbatch], stage.device)
         recv = stage.get_fwd_recv_ops if a.op == "recv_f" else stage.get_bwd_recv_ops
@@ -518,15 +383,15 @@ class _TorchStages(StageBackend):
         return out
 
     def release(self, stage: int, mb: int) -> None:
-        """Rule 3: the last stage's loss of ``mb`` is only returned from its last backward on.
-        Rule 12: the stage's received or handed-over input and output gradient of ``mb`` are dropped."""
+        """hpr.stages.torch-actions: the last stage's loss of ``mb`` is only returned from its last backward on.
+        hpr.stages.step-buffers: the stage's received or handed-over input and output gradient of ``mb`` are dropped."""
         if mb in self.losses and self.stages[stage].is_last:
             self.losses[mb] = self.losses[mb].detach()
         if self.fresh_buffers:
             _drop_buffers(self.stages[stage], mb)
 
     def drop_all_buffers(self) -> None:
-        """Rule 12: no stage of this rank holds a receive buffer or a handed-over tensor."""
+        """hpr.stages.step-buffers: no stage of this rank holds a receive buffer or a handed-over tensor."""
         if self.fresh_buffers:
             for stage in self.stages.values():
                 for mb in range(self.schedule._n_microbatches):
@@ -540,7 +405,7 @@ class _TorchStages(StageBackend):
         self.stages[a.hands_to].set_local_bwd_input(grads, a.microbatch)
 
     def input_requires_grad(self, a: Action) -> bool:
-        """Rule 7a: whether any input of the stage's forward of ``a``'s microbatch needs a gradient."""
+        """hpr.stages.frozen-inputs: whether any input of the stage's forward of ``a``'s microbatch needs a gradient."""
         return any(isinstance(x, torch.Tensor) and x.requires_grad
                    for x in self.stages[a.stage].fwd_cache[a.microbatch][1])
 
@@ -548,7 +413,7 @@ class _TorchStages(StageBackend):
         return list(self.stages[stage].submod.parameters())
 
     def backward(self, a: Action, verb: str, last: bool) -> None:
-        """The interpreter's verb (Rule 7, 7a): on torch's stage caches, by torch's stage or by
+        """The interpreter's verb (hpr.exec.backward-verbs): on torch's stage caches, by torch's stage or by
         hp_recompute's split (``own_split``)."""
         stage, mb = self.stages[a.stage], a.microbatch
         if verb == "none":  # no input gradient to send; W is the whole backward, from the forward's cache
@@ -563,9 +428,10 @@ class _TorchStages(StageBackend):
                                      full_backward=verb == "whole", last_backward=verb == "whole" and last)
 
     def _split_backward(self, stage: _PipelineStageBase, a: Action, verb: str) -> None:
-        """Rule 7: dx, dw or the whole backward of an FSDP2 or compiled stage, on torch's stage
-        caches, by hp_recompute's split; the whole one is torch's ``stage_backward`` inside the
-        step Rule 8 opened on an FSDP stage (accumulated, reduced once at ``reduce_grad``)."""
+        """hpr.stages.our-split: dx, dw or the whole backward of an FSDP2 or compiled stage, on torch's
+        stage caches, by hp_recompute's split; the whole one is torch's ``stage_backward`` inside the
+        step that hpr.stages.plan-owns-gathers opened on an FSDP stage (accumulated, reduced once at
+        ``reduce_grad``)."""
         key = (a.stage, a.microbatch)
         if verb == "dw":
             state = self.weight_states.pop(key)
@@ -595,23 +461,24 @@ class _TorchStages(StageBackend):
         return [m for m in self.stages[stage].submod.modules() if is_fsdp_module(m)]
 
     def unshard(self, a: Action) -> None:
-        """Rule 8: FSDP2's all-gather of every FSDP module of the stage, issued (``async_op=True``)."""
+        """hpr.stages.plan-owns-gathers: FSDP2's all-gather of every FSDP module of the stage, issued
+        (``async_op=True``)."""
         self.pending[a.stage] = [module.unshard(async_op=True) for module in self.fsdp_modules(a.stage)]
         self.gathered.add(a.stage)
 
     def wait_unshard(self, stage: int) -> None:
-        """Rule 8: the stage's parameters gathered before an action reads or frees them."""
+        """hpr.stages.plan-owns-gathers: the stage's parameters gathered before an action reads or frees them."""
         for handle in self.pending.pop(stage, ()):
             handle.wait()
 
     def reshard(self, a: Action) -> None:
-        """Rule 8: frees the stage's gathered parameters."""
+        """hpr.stages.plan-owns-gathers: frees the stage's gathered parameters."""
         for module in self.fsdp_modules(a.stage):
             module.reshard()
         self.gathered.discard(a.stage)
 
     def reshard_all(self) -> None:
-        """Rule 8, after a failed step: nothing the plan gathered stays gathered or in flight."""
+        """hpr.stages.plan-owns-gathers, after a failed step: nothing the plan gathered stays gathered or in flight."""
         for stage in sorted(self.gathered):
             self.wait_unshard(stage)
             for module in self.fsdp_modules(stage):
@@ -619,6 +486,7 @@ class _TorchStages(StageBackend):
         self.gathered.clear()
 
     def reduce_grad(self, a: Action) -> None:
-        """Rule 8: an FSDP stage's gradients reduced once (the interpreter scales them after)."""
+        """hpr.stages.plan-owns-gathers: an FSDP stage's gradients reduced once (the interpreter scales
+        them after: hpr.exec.gradient-scaling)."""
         if self.fsdp_modules(a.stage):
             reduce_gradients(self.stages[a.stage].submod)

@@ -1,121 +1,34 @@
 """Executing one rank's plan: what each action means, written once.
 
-Why one module: a plan is run by two runtimes, the runner (``python -m hp_recompute.run``,
-its own stages over a ``PipelineModel``) and ``PlannedSchedule`` (torch's
-``PipelineStage`` objects). What an action *means* (which session a replay fills, which
-backward reads it with which retain flag, when a forward's handles die, which receives a
-``recv`` posts and who waits for them, that every session is cleared by the end of the
-step) is the plan's semantics and lives here. What the planner decides (where gradients
-are reduced, when receives are posted, which action reads each, the last backward of each
-stage, the in-memory handoffs) is in the plan; nothing here derives it. A runtime is a
-``StageBackend``: it says how to run one stage's forward or backward and how to move one
-tensor, nothing about when.
+A plan is run by two runtimes, the runner (``python -m hp_recompute.run``, its own stages
+over a ``PipelineModel``) and ``PlannedSchedule`` (torch's ``PipelineStage`` objects). What
+an action *means* is the plan's semantics and lives here; what the planner decides is in the
+plan, and nothing here derives it. A runtime is a ``StageBackend``: it says how to run one
+stage's forward or backward and how to move one tensor, nothing about when.
 
 NOTE [ Executing a plan ]
 =========================
-The code cites these as "Rule N".
+This module implements the rules below; docs/rules.md states each one and why:
 
-Rule 1 (order). Actions run one at a time in the plan's order. Nothing is reordered,
-  inserted or inferred: the planner lowered into the plan where each gradient
-  reduction goes, which receives each ``recv`` posts and which action waits for each
-  (``posts``, ``waits``), each stage's last backward (``last_backward``) and the
-  in-memory handoffs (``hands_to``) (docs/plan-format.md), and the verifier admitted the
-  plan before any rank ran (verifier rules 8-12).
-
-Rule 2 (forward). ``backend.forward`` runs inside ``recompute_handle_collector_ctx``: the
-  handles of the checkpoints it creates belong to its (stage, microbatch). A forward the
-  plan marks ``"checkpoint": false`` runs inside ``plain_forwards()``, where planned
-  checkpoints run their regions plainly (saving their activations). A checkpoint that
-  saved no tensor (a region such as ``x * 2``) has nothing to replay: its recompute is
-  done by nothing (``saved_nothing`` counts them for a runtime's replay check).
-
-Rule 2a (co-located neighbours). The plan has no transfer between two stages on one
-  rank (V-shaped schedules): a forward, ``backward_input`` or ``backward`` that says
-  ``hands_to`` hands its output (input gradient) to that stage in memory
-  (``backend.pass_forward`` / ``backend.pass_backward``) right after the action.
-
-Rule 3 (recompute). ``recompute`` replays every handle of its forward into the plan's
-  session (``scope.recompute_handle``). One marked ``in_backward`` replays nothing here:
-  its session's one reader, a whole backward (a ``backward``, or the first stage's
-  ``backward_weight``: that stage's ``backward_input`` reads nothing and names no
-  session; the next compute action, hpr-verify's in_backward check), runs in the session's context
-  with ``retain_on_unpack=False``, where each checkpoint replays into the session when
-  the backward first reads it and each tensor is dropped as it is read, so one region's
-  replayed tensors are live at a time, as under torch's checkpoint. Its time is that
-  backward's: the backward is timed as ``backward+recompute`` (``backward_weight+recompute``).
-
-Rule 3a (pieces). A ``recompute`` with ``regions`` is a piece of its session's replay: it
-  prefetches only the handles of those regions, numbered as the session's ``regions`` (the
-  stage's checkpointed regions in forward order), which are the forward's handles in the
-  order its checkpoints ran; a forward whose handle count differs from its session's region
-  count is refused at that forward, before anything of its session is replayed. The
-  session's last piece may be ``in_backward``: its regions replay inside the backward as in
-  Rule 3, which reads the prefetched pieces' tensors without replaying them and drops each
-  as it reads it (``retain_on_unpack=False``). A prefetched piece is timed as
-  ``recompute_piece``.
-
-Rule 4 (backwards). ``backward_input``, ``backward_weight`` and ``backward`` run inside
-  ``scope.recompute_session_ctx(session, retain_on_unpack)`` when the action names a
-  session, so the dx and the dw of a microbatch read one replay. Each becomes one verb of
-  the backend (``StageBackend.backward``): a ``backward`` is ``whole``; a
-  ``backward_input`` is ``dx``, or ``none`` where it has nothing to differentiate (the
-  first stage, whose input no stage before it waits for, and a stage none of whose inputs
-  needs a gradient this microbatch, after frozen stages: ``backend.input_requires_grad``),
-  and its ``backward_weight`` is then ``whole`` (the weights' gradients start from the
-  outputs, as torch's stages run the first stage's W), otherwise ``dw``. The backend is
-  told whether the action is its stage's last ``W`` or ``B`` of the step, as the plan's
-  ``last_backward`` says (the "last backward" of torch's stages: DDP reduces there).
-
-Rule 5 (frees_graph). After the plan's last backward of (stage, microbatch), the handles
-  of its forward are dropped and ``backend.release`` frees what the backend kept for it.
-
-Rule 6 (clear). ``clear`` is ``scope.clear_recompute_session``.
-
-Rule 7 (receives). A ``recv_*`` action posts the receives its ``posts`` lists, in that
-  order: torch's point-to-point ops carry no tag, so between two ranks receives match
-  sends in posting order, and the planner put the peer's send order there. An action
-  waits for exactly the receives its ``waits`` lists (the plan's reader of each
-  receive), and is ready when they are. A receive posted and never read (no action
-  waited for it) is an error at the end of the step.
-
-Rule 8 (sends, reduce_grad, unshard, reshard). Each is one backend call at its place;
-  sends are asynchronous and waited for by ``finish``. An ``unshard`` issues its stage's
-  all-gather and returns (the plan placed it ahead of its readers so that the gather
-  overlaps their compute, as torch's runtime issues UNSHARD); the next action that reads
-  the stage's parameters (``PARAMETER_OPS``: a forward, a replay, any backward) or
-  releases them (``reshard``) first waits for it (``backend.wait_unshard``). After
-  ``backend.reduce_grad`` (the data-parallel reduction) the interpreter divides the
-  gradients by ``grad_scale`` (the microbatch count: each microbatch's loss is a mean),
-  each parameter once per step, at the last ``reduce_grad`` of this rank whose stage
-  holds it (``backend.stage_parameters``; a parameter two stages of the rank share gets
-  both stages' gradients first), as torch's ``scale_grads`` does per stage.
-
-Rule 9 (end of step). ``finish`` waits for the sends and clears the sessions still
-  open, returning their ids: the plan promised a clear for each, so a runtime reports
-  them as a failure. After an error ``abandon`` clears every session of the scope, so
-  no replayed tensor outlives the step. ``run_step`` drives one step of one or more
-  ranks' interpreters in one process (each action as soon as its receives are ready;
-  none ready on any rank is a deadlock), ends it with ``finish`` and abandons every
-  rank's step on an error: both runtimes' step, single-process or one rank per process.
-
-Rule 10 (without sessions). With ``sessions=False`` (the runner's ``native`` and
-  ``none`` modes: torch's checkpoint, or none) ``recompute`` and ``clear`` do nothing and
-  backwards run outside any session.
-
-Rule 11 (errors). An error of an action is raised as ``RunError`` naming the runtime,
-  the rank, the action's index and the action, and where the user's code raised it.
-
-Rule 12 (profiling). Each action runs inside torch's ``record_function`` named
-  ``hp_recompute::`` and the action (``hp_recompute::backward_input stage 1 mb 0 session
-  s1.mb0``), as torch's own pipeline runtime labels its actions, so a profiler trace
-  shows the plan; a replay inside it shows as ``hp_recompute::replay``.
-
-Rule 13 (forward only). With ``forward_only`` (a schedule's ``eval``, or one built
-  without a loss function) only the forward side runs, in the plan's order: forwards,
-  their transfers (``recv_f``, ``send_f``) and ``unshard``/``reshard``; every backward,
-  replay, clear, gradient transfer and reduction is skipped, with no session (Rule 10). A
-  skipped action still posts the forward receives among its ``posts``: every rank skips
-  the same kinds, so between two ranks forward receives still meet their sends in order.
+  hpr.exec.plan-order              the plan's order; nothing reordered, inserted or inferred
+  hpr.exec.forward-handles         a forward's checkpoints belong to its (stage, microbatch)
+  hpr.exec.in-memory-handoff       ``hands_to``: the output handed over in memory
+  hpr.exec.replay-into-session     ``recompute`` replays its forward's handles into its session
+  hpr.exec.in-backward             ``in_backward``: the backward replays as it reads
+  hpr.exec.replay-in-pieces        ``recompute`` with ``regions`` replays those regions only
+  hpr.exec.backward-in-session     backwards run in their session's context
+  hpr.exec.backward-verbs          each backward is one verb of the backend: dx, dw, whole or none
+  hpr.exec.frees-graph             after the last backward, the forward's handles are dropped
+  hpr.exec.clear-session           ``clear`` is ``clear_recompute_session``
+  hpr.exec.posts-and-waits         a ``recv`` posts its ``posts``, an action waits for its ``waits``
+  hpr.exec.passthrough             send, ``reduce_grad``, ``unshard``, ``reshard``: one backend call
+  hpr.exec.gradient-scaling        ``reduce_grad`` divides each parameter's gradients once per step
+  hpr.exec.nothing-outlives-step   ``finish`` and ``abandon`` clear every session
+  hpr.exec.run-step                ``run_step``: one step of one or more ranks in one process
+  hpr.exec.without-sessions        ``sessions=False``: no replays, no clears
+  hpr.exec.action-errors           ``RunError`` naming the runtime, rank and action
+  hpr.exec.profiler-labels         one ``record_function`` per action
+  hpr.exec.forward-only            ``forward_only``: the forward side alone
 """
 
 from __future__ import annotations
@@ -139,11 +52,11 @@ __all__ = ["StageBackend", "PlanInterpreter", "run_step", "plain_forwards", "for
 
 #: Actions whose time is the rank's busy time (receives wait, sends are async).
 TIMED_OPS = COMPUTE_OPS + ("recompute", "clear")
-#: Actions that read their stage's parameters, so wait for its gather (Rule 8).
+#: Actions that read their stage's parameters, so wait for its gather (hpr.exec.passthrough).
 PARAMETER_OPS = COMPUTE_OPS + ("recompute",)
-#: What a step without backward runs (Rule 13).
+#: What a step without backward runs (hpr.exec.forward-only).
 FORWARD_OPS = ("forward", "recv_f", "send_f", "unshard", "reshard")
-#: What a backend's ``backward`` is asked to run (Rule 4).
+#: What a backend's ``backward`` is asked to run (hpr.exec.backward-verbs).
 BACKWARD_VERBS = ("dx", "dw", "whole", "none")
 
 Key = Tuple[int, int]
@@ -153,7 +66,7 @@ _PLAIN = contextvars.ContextVar("hp_recompute_plain_forwards", default=False)
 
 @contextlib.contextmanager
 def plain_forwards() -> Iterator[None]:
-    """Inside, planned checkpoints run their regions plainly (Rule 2)."""
+    """Inside, planned checkpoints run their regions plainly (hpr.exec.forward-handles)."""
     token = _PLAIN.set(True)
     try:
         yield
@@ -178,36 +91,37 @@ class StageBackend:
         raise NotImplementedError
 
     def pass_forward(self, a: Action, output: Any) -> None:
-        """Hands forward ``a``'s output to stage ``a.hands_to``, on this rank (Rule 2a)."""
+        """Hands forward ``a``'s output to stage ``a.hands_to``, on this rank (hpr.exec.in-memory-handoff)."""
         raise NotImplementedError
 
     def pass_backward(self, a: Action) -> None:
-        """Hands the input gradient of ``a`` to stage ``a.hands_to``, on this rank (Rule 2a)."""
+        """Hands the input gradient of ``a`` to stage ``a.hands_to``, on this rank (hpr.exec.in-memory-handoff)."""
         raise NotImplementedError
 
     def backward(self, a: Action, verb: str, last: bool) -> None:
-        """Runs ``verb`` (Rule 4) of ``a``'s stage and microbatch: ``dx`` the input gradients (and
+        """Runs ``verb`` (hpr.exec.backward-verbs) of ``a``'s stage and microbatch: ``dx`` the input gradients (and
         what ``dw`` reads), ``dw`` the weight gradients from those, ``whole`` both (a ``backward``,
         or the ``backward_weight`` after a ``none``), ``none`` nothing (no input gradient: the
         stage sends none). ``last``: the plan's last backward of the stage this step."""
         raise NotImplementedError
 
     def input_requires_grad(self, a: Action) -> bool:
-        """Whether any input of ``a``'s (stage, microbatch) forward needs a gradient (Rule 4)."""
+        """Whether any input of ``a``'s (stage, microbatch) forward needs a gradient (hpr.exec.backward-verbs)."""
         return True
 
     def stage_parameters(self, stage: int) -> Sequence[torch.Tensor]:
-        """The parameters whose gradients the stage's backwards produce (Rule 8's scaling)."""
+        """The parameters whose gradients the stage's backwards produce (hpr.exec.gradient-scaling)."""
         return ()
 
     def release(self, stage: int, mb: int) -> None:
-        """The plan's last backward of (stage, mb) ran (Rule 5)."""
+        """The plan's last backward of (stage, mb) ran (hpr.exec.frees-graph)."""
 
     def send(self, a: Action) -> None:
         raise NotImplementedError
 
     def post_recv(self, a: Action) -> None:
-        """Posts receive ``a`` (Rule 7); a backend whose transport matches by tag may do nothing here."""
+        """Posts receive ``a`` (hpr.exec.posts-and-waits); a backend whose transport matches by tag may do nothing
+        here."""
 
     def recv_ready(self, a: Action) -> bool:
         """Whether waiting for receive ``a`` would return at once (single-process scheduling)."""
@@ -217,13 +131,14 @@ class StageBackend:
         raise NotImplementedError
 
     def reduce_grad(self, a: Action) -> None:
-        """The stage's data-parallel gradient reduction; the interpreter scales after it (Rule 8)."""
+        """The stage's data-parallel gradient reduction; the interpreter scales after it (hpr.exec.gradient-scaling)."""
 
     def unshard(self, a: Action) -> None:
-        """Issues the all-gather of the stage's sharded parameters (Rule 8); may return before it ends."""
+        """Issues the all-gather of the stage's sharded parameters (hpr.exec.passthrough); may return before it
+        ends."""
 
     def wait_unshard(self, stage: int) -> None:
-        """Waits for the stage's gather the last ``unshard`` issued, if it is still pending (Rule 8)."""
+        """Waits for the stage's gather the last ``unshard`` issued, if it is still pending (hpr.exec.passthrough)."""
 
     def reshard(self, a: Action) -> None:
         """Frees the stage's gathered parameters."""
@@ -244,9 +159,8 @@ class PlanInterpreter:
         rank: this rank, whose program (``plan.ranks[rank]``) runs.
         backend: runs the stages.
         scope: the runtime's sessions (a runtime owns its scope; NOTE [ Recompute sessions ]).
-        sessions: False runs without sessions (Rule 10).
-        forward_only: True runs the forward side alone (Rule 13), without sessions.
-        grad_scale: what ``reduce_grad`` divides the gradients by (Rule 8); 1 divides nothing.
+        sessions: False runs without sessions (hpr.exec.without-sessions).
+        forward_only: True runs the forward side alone (hpr.exec.forward-only), without sessions.
     """
 
     def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
@@ -254,7 +168,7 @@ class PlanInterpreter:
         self.runtime, self.rank, self.program, self.backend = runtime, rank, plan.ranks[rank], backend
         self.grad_scale = grad_scale
         self.plan_sessions = plan.sessions
-        #: (stage, microbatch) -> session, of this rank's sessions replayed in pieces (Rule 3a)
+        #: (stage, microbatch) -> session, of this rank's sessions replayed in pieces (hpr.exec.replay-in-pieces)
         self.in_pieces: Dict[Key, str] = {(a.stage, a.microbatch): a.session for a in self.program
                                            if a.op == "recompute" and a.regions}
         self.scope, self.sessions, self.forward_only = scope, sessions and not forward_only, forward_only
@@ -264,16 +178,18 @@ class PlanInterpreter:
         """Starts a step."""
         self.pc = 0
         self.handles: Dict[Key, List[RecomputeHandle]] = {}
-        self.posted: Dict[int, Action] = {}  # index -> a receive posted and not yet waited for (Rule 7)
+        #: index -> a receive posted and not yet waited for (hpr.exec.posts-and-waits)
+        self.posted: Dict[int, Action] = {}
         #: (op, stage, plain, seconds) of every TIMED_OPS action of the step
         self.action_s: List[Tuple[str, int, bool, float]] = []
-        #: sessions whose replay runs inside their backward (Rule 3), until their clear
+        #: sessions whose replay runs inside their backward (hpr.exec.in-backward), until their clear
         self.replayed_inside: Set[object] = set()
-        #: this step's checkpoints that saved no tensor: their regions have nothing to replay (Rule 2)
+        #: this step's checkpoints that saved no tensor: their regions have nothing to replay
+        #: (hpr.exec.forward-handles)
         self.saved_nothing = 0
-        #: (stage, microbatch) whose backward_input ran ``none``: its backward_weight is ``whole`` (Rule 4)
+        #: (stage, microbatch) whose backward_input ran ``none``: its backward_weight is ``whole`` (hpr.exec.backward-verbs)
         self.whole_at_dw: Set[Key] = set()
-        #: stage -> the parameters its reduce_grad scales, each at its rank's last reduce_grad holding it (Rule 8)
+        #: stage -> the parameters its reduce_grad scales, each at its rank's last reduce_grad holding it (hpr.exec.gradient-scaling)
         self.scaled_at: Dict[int, List[torch.Tensor]] = {}
         if self.grad_scale != 1:
             last: Dict[int, Tuple[int, torch.Tensor]] = {}
@@ -293,27 +209,28 @@ class PlanInterpreter:
         return sum(seconds for *_, seconds in self.action_s)
 
     def ready(self) -> bool:
-        """Whether the next action can run without waiting for a message (Rule 7)."""
+        """Whether the next action can run without waiting for a message (hpr.exec.posts-and-waits)."""
         a = self.program[self.pc]
-        if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13: skipped, waits for nothing
+        if self.forward_only and a.op not in FORWARD_OPS:  # hpr.exec.forward-only: skipped, waits for nothing
             return True
         return all(self.backend.recv_ready(self.program[j]) for j in a.waits)
 
     def step_one(self) -> None:
-        """Runs the next action (Rule 11)."""
+        """Runs the next action (hpr.exec.action-errors)."""
         index, a = self.pc, self.program[self.pc]
         try:
-            if self.forward_only and a.op not in FORWARD_OPS:  # Rule 13
+            if self.forward_only and a.op not in FORWARD_OPS:  # hpr.exec.forward-only
                 self._post(a)
                 self.pc += 1
                 return
             self.backend.before(index, a)
             start = time.perf_counter()
-            with torch.profiler.record_function(f"hp_recompute::{a.describe()}"):  # Rule 12
+            with torch.profiler.record_function(f"hp_recompute::{a.describe()}"):  # hpr.exec.profiler-labels
                 self._run(a)
-            if a.op in TIMED_OPS and not a.in_backward:  # Rule 3: timed with its backward
+            # an in_backward replay is timed with its backward (hpr.exec.in-backward)
+            if a.op in TIMED_OPS and not a.in_backward:
                 timed_as = f"{a.op}+recompute" if a.session in self.replayed_inside else a.op
-                if a.op == "recompute" and a.regions:  # Rule 3a
+                if a.op == "recompute" and a.regions:  # hpr.exec.replay-in-pieces
                     timed_as = "recompute_piece"
                 self.action_s.append((timed_as, a.stage, a.plain, time.perf_counter() - start))
         except RunError:
@@ -324,45 +241,46 @@ class PlanInterpreter:
 
     def _run(self, a: Action) -> None:
         op, key = a.op, (a.stage, a.microbatch)
-        for j in a.waits:  # Rule 7
+        for j in a.waits:  # hpr.exec.posts-and-waits
             self.backend.wait_recv(self.posted.pop(j))
-        if op in PARAMETER_OPS or op == "reshard":  # Rule 8
+        if op in PARAMETER_OPS or op == "reshard":  # hpr.exec.passthrough
             self.backend.wait_unshard(a.stage)
-        if op == "forward":  # Rule 2
+        if op == "forward":  # hpr.exec.forward-handles
             with recompute_handle_collector_ctx() as handles, (plain_forwards() if a.plain
                                                                else contextlib.nullcontext()):
                 output = self.backend.forward(a)
             self.handles[key] = list(handles)
             self.saved_nothing += sum(h.saves_nothing for h in handles)
-            if self.sessions and key in self.in_pieces:  # Rule 3a (Rule 10: no replays without sessions)
+            # hpr.exec.replay-in-pieces; no replays without sessions (hpr.exec.without-sessions)
+            if self.sessions and key in self.in_pieces:
                 self._check_pieces(a, self.in_pieces[key])
-            if a.hands_to >= 0:  # Rule 2a
+            if a.hands_to >= 0:  # hpr.exec.in-memory-handoff
                 self.backend.pass_forward(a, output)
-        elif op == "recompute":  # Rule 3
+        elif op == "recompute":  # hpr.exec.replay-into-session
             if a.in_backward:
                 self.replayed_inside.add(a.session)
             elif self.sessions:
-                for handle in self._piece_of(a) if a.regions else self._handles_of(a):  # Rule 3a
+                for handle in self._piece_of(a) if a.regions else self._handles_of(a):  # hpr.exec.replay-in-pieces
                     self.scope.recompute_handle(handle, a.session)
-        elif op == "clear":  # Rule 6
+        elif op == "clear":  # hpr.exec.clear-session
             self.replayed_inside.discard(a.session)
             if self.sessions:
                 self.scope.clear_recompute_session(a.session)
-        elif op in CONSUMER_OPS:  # Rule 4
+        elif op in CONSUMER_OPS:  # hpr.exec.backward-in-session, hpr.exec.backward-verbs
             verb = self._verb(a)
             with (self.scope.recompute_session_ctx(a.session, a.retain_on_unpack)
                   if a.session is not None and self.sessions else contextlib.nullcontext()):
                 self.backend.backward(a, verb, a.last_backward)
-            if a.hands_to >= 0:  # Rule 2a
+            if a.hands_to >= 0:  # hpr.exec.in-memory-handoff
                 self.backend.pass_backward(a)
-            if a.frees_graph:  # Rule 5
+            if a.frees_graph:  # hpr.exec.frees-graph
                 self.handles.pop(key, None)
                 self.backend.release(a.stage, a.microbatch)
-        elif op in ("recv_f", "recv_b"):  # Rule 7
+        elif op in ("recv_f", "recv_b"):  # hpr.exec.posts-and-waits
             self._post(a)
         elif op in ("send_f", "send_b"):
             self.backend.send(a)
-        elif op == "reduce_grad":  # Rule 8
+        elif op == "reduce_grad":  # hpr.exec.passthrough
             self.backend.reduce_grad(a)
             for param in self.scaled_at.get(a.stage, ()):
                 if param.grad is not None:
@@ -373,7 +291,7 @@ class PlanInterpreter:
             self.backend.reshard(a)
 
     def _verb(self, a: Action) -> str:
-        """What backward ``a`` runs (Rule 4)."""
+        """What backward ``a`` runs (hpr.exec.backward-verbs)."""
         key = (a.stage, a.microbatch)
         if a.op == "backward":
             return "whole"
@@ -388,7 +306,8 @@ class PlanInterpreter:
         return "dx"
 
     def _post(self, a: Action) -> None:
-        """Posts the receives ``a`` lists, in order (Rule 7); forward ones alone under Rule 13."""
+        """Posts the receives ``a`` lists, in order (hpr.exec.posts-and-waits); forward ones alone under
+        hpr.exec.forward-only."""
         for j in a.posts:
             if not self.forward_only or self.program[j].op == "recv_f":
                 self.backend.post_recv(self.program[j])
@@ -402,25 +321,27 @@ class PlanInterpreter:
         return handles
 
     def _check_pieces(self, a: Action, session: str) -> None:
-        """Forward ``a`` ran one checkpoint per region of ``session``, which replays in pieces (Rule 3a)."""
+        """Forward ``a`` ran one checkpoint per region of ``session``, which replays in pieces
+        (hpr.exec.replay-in-pieces)."""
         handles, regions = self.handles[(a.stage, a.microbatch)], self.plan_sessions[session]["regions"]
         if len(handles) != len(regions):
             raise RunError(f"{self.runtime}: rank {self.rank} action {self.pc} ({a.describe()}): ran {len(handles)} "
                            f"checkpoints, but its session {session} replays in pieces by its {len(regions)} regions "
                            f"({', '.join(regions)}); a replay in pieces needs one checkpoint per planned region, in "
-                           f"forward order (NOTE [ Executing a plan ] Rule 3a)")
+                           f"forward order [hpr.exec.replay-in-pieces]")
 
     def _piece_of(self, a: Action) -> List[RecomputeHandle]:
-        """The handles of piece ``a``'s regions (Rule 3a; their count was checked at the forward)."""
+        """The handles of piece ``a``'s regions (hpr.exec.replay-in-pieces; their count was checked at the
+        forward)."""
         handles = self._handles_of(a)
         return [handles[i] for i in a.regions]
 
     def abandon(self) -> None:
-        """After an error: no replayed tensor outlives the step (Rule 9)."""
+        """After an error: no replayed tensor outlives the step (hpr.exec.nothing-outlives-step)."""
         self.scope.clear_all()
 
     def finish(self) -> List[object]:
-        """Ends the step (Rule 9); returns the ids of the sessions the plan left open."""
+        """Ends the step (hpr.exec.nothing-outlives-step); returns the ids of the sessions the plan left open."""
         self.backend.flush()
         if self.posted:
             unread = ", ".join(f"{a.describe()}" for a in self.posted.values())
@@ -430,7 +351,7 @@ class PlanInterpreter:
 
 
 def run_step(interpreters: Sequence[PlanInterpreter]) -> List[object]:
-    """One step of each interpreter's rank, in this process (Rule 9); returns the sessions the
+    """One step of each interpreter's rank, in this process (hpr.exec.run-step); returns the sessions the
     plan left open (cleared by ``finish``).
 
     Runs each rank's next action as soon as its receives are ready, rank after rank; a rank

@@ -44,10 +44,10 @@ class Action:
     session: Optional[str] = None
     retain_on_unpack: bool = False
     #: A recompute whose replay runs inside its session's one ``backward``, region by region (plan
-    #: ``in_backward``; NOTE [ Executing a plan ] Rule 3).
+    #: ``in_backward``; hpr.exec.in-backward).
     in_backward: bool = False
     #: A recompute that is a piece of its session's replay: the indices, into the session's ``regions``,
-    #: of the checkpointed regions it replays (plan ``regions``; NOTE [ Executing a plan ] Rule 3a); empty
+    #: of the checkpointed regions it replays (plan ``regions``; hpr.exec.replay-in-pieces); empty
     #: when it replays them all.
     regions: Tuple[int, ...] = ()
     peer: int = -1
@@ -240,8 +240,8 @@ def build_plan(raw: Dict[str, Any], path: str) -> Plan:
     """The runtime's view of ``raw``, a plan the admission check accepted (``plan.verify.admit_plan``).
 
     Checks only what no planner rule covers: that this runtime executes every op (an op
-    it skipped would be a silently wrong step) and every region's checkpoint policy (NOTE
-    [ Selective policy ], Rule 4), and the report fields of ``/summary``.
+    it skipped would be a silently wrong step) and every region's checkpoint policy
+    (hpr.selective.supported), and the report fields of ``/summary``.
     """
     at: Locate = lambda where: f"{path}: {where}"  # noqa: E731
     stages = [stage["regions"] for stage in raw["model"]["stages"]]

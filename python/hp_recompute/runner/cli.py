@@ -194,7 +194,7 @@ def build_report(plan: Plan, args: argparse.Namespace, model_name: str, specs: S
     n_steps = len(steps)
     sessions = len(plan.sessions) * n_steps
     check_recomputes = args.checkpoint_mode == "plan"
-    # A region whose checkpoint saved no tensor has nothing to replay (interpreter Rule 2).
+    # A region whose checkpoint saved no tensor has nothing to replay (hpr.exec.forward-handles).
     saved_nothing = sum(s["saved_nothing"] for s in steps)
     expected = expected_recomputes(plan) * n_steps - saved_nothing if check_recomputes else None
     recomputes = sum(s["recomputes"] for s in steps)

@@ -293,7 +293,7 @@ class RankExecutor(StageBackend):
                                         allow_unused=True) if inputs else ()
             dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
             unreached = [n for n, g in zip(names, wgrads) if g is None]
-            if unreached:  # never a None gradient silently (as backward_weight's Rule 6)
+            if unreached:  # never a None gradient silently (as hpr.split.no-silent-none)
                 raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb}: weights "
                                f"{', '.join(unreached)} are not reached by the stage's graph; no gradient")
         elif verb == "dx":

@@ -269,9 +269,9 @@ def _by_name(plan: Plan, model: PipelineModel) -> List[StageSpec]:
             if hidden:  # the runner's regions are functions: any compiled module of the model may be in one
                 raise RunError(f"hp_recompute.run: {plan.path}: /model/stages/{s}/regions/{j}/checkpoint: region "
                                f"'{region.name}' is \"selective\", but model '{model.name}' holds compiled "
-                               f"modules ({', '.join(repr(h) for h in hidden)}) whose ops the policy cannot see "
-                               f"(NOTE [ Selective policy ] Rule 5); do not compile the model for the runner, or "
-                               f"plan the region in full")
+                               f"modules ({', '.join(repr(h) for h in hidden)}) whose ops the policy cannot see; "
+                               f"do not compile the model for the runner, or plan the region in full "
+                               f"[hpr.selective.visible-ops]")
             units.append(Unit(region.name, bool(pr.get("checkpoint", False)), [region],
                               policy if selective else None))
             flat.append(region.name)

@@ -57,9 +57,9 @@ __all__ = ["GlooTransport", "run_multi"]
 FAILED_KEY = "hpr/failed"
 ERROR_KEY = "hpr/error"
 ABORT_EXIT = 2
-#: Seconds the other ranks get to end on their own after the first failure (Rule 3).
+#: Seconds the other ranks get to end on their own after the first failure (failure handling, point 3).
 GRACE_S = 5.0
-#: Seconds a rank gets to end after SIGTERM before SIGKILL (Rule 3).
+#: Seconds a rank gets to end after SIGTERM before SIGKILL (failure handling, point 3).
 TERM_GRACE_S = 1.0
 
 
@@ -225,7 +225,7 @@ def _stopped(pid: int) -> bool:
 
 
 def _end_ranks(procs: List[Any]) -> Dict[int, str]:
-    """Ends every rank still running (Rule 3): SIGTERM, TERM_GRACE_S, SIGKILL, and reaps them.
+    """Ends every rank still running (failure handling, point 3): SIGTERM, TERM_GRACE_S, SIGKILL, and reaps them.
 
     Returns:
         rank -> how the runner ended it, for the error message.

@@ -78,8 +78,8 @@ def sum_losses(losses: Dict[int, torch.Tensor]) -> torch.Tensor:
 def reference_step(model: PipelineModel, batches: Sequence[Any], seeds: Sequence[int], specs: Sequence[StageSpec],
                    order: Dict[int, List[int]]) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
     """Plain step: each microbatch's loss and its gradients, summed over every microbatch in the
-    plan's order, then divided by M, as the runner's ``reduce_grad`` scales them (interpreter
-    Rule 8); the step loss is the microbatch losses / M, summed.
+    plan's order, then divided by M, as the runner's ``reduce_grad`` scales them
+    (hpr.exec.gradient-scaling); the step loss is the microbatch losses / M, summed.
 
     Returns:
         (gradient per parameter name, step loss).

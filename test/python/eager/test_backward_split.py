@@ -18,7 +18,8 @@ import hp_recompute as hpr
 from hp_recompute.backward_split import SPLIT_SUPPORTED, backward_input, backward_weight
 
 REPO = Path(__file__).resolve().parents[3]
-needs_split = pytest.mark.skipif(not SPLIT_SUPPORTED, reason="torch < 2.2: W re-walks the input path (Rule 5)")
+needs_split = pytest.mark.skipif(not SPLIT_SUPPORTED,
+                                 reason="torch < 2.2: W re-walks the input path (hpr.split.rewalk-old-torch)")
 
 
 def _gpt_blocks(n: int) -> nn.Module:
@@ -109,7 +110,7 @@ def test_tied_weight_falls_back_to_a_rewalk_and_stays_exact() -> None:
     x = torch.randn(4, 16, requires_grad=True)
     want = torch.autograd.grad([lin(torch.tanh(lin(x))).sum()], [x, *lin.parameters()])
     (dx,), state = backward_input([lin(torch.tanh(lin(x))).sum()], None, [x], list(lin.parameters()))
-    assert any(not group.seeds for group in state.groups)  # Rule 4
+    assert any(not group.seeds for group in state.groups)  # hpr.split.rewalk-shared-seeds
     dw = backward_weight(state)
     for a, b in zip((dx, *dw), want):
         torch.testing.assert_close(a, b)
@@ -150,7 +151,7 @@ def _held_bytes(handles, own) -> int:
 @needs_split
 @pytest.mark.parametrize("prefetched", [True, False], ids=["prefetched", "replayed-by-dx"])
 def test_dx_releases_what_no_dw_node_reads_and_dw_stays_exact(prefetched: bool) -> None:
-    """Rule 9: after I the session holds only what the seeds (and the nodes below them) read."""
+    """hpr.split.release-unread: after I the session holds only what the seeds (and the nodes below them) read."""
     net = _gpt_blocks(2)
     x = torch.randn(2, 40, 48, requires_grad=True)
     g = torch.randn(2, 40, 48)
@@ -193,7 +194,7 @@ def _replay_of(net: nn.Module, x: torch.Tensor):
 
 @needs_split
 def test_a_released_tensor_read_again_raises_naming_the_rule() -> None:
-    """Rule 9: a second dx-like backward after I finds what I released gone, and says so."""
+    """hpr.split.release-unread: a second dx-like backward after I finds what I released gone, and says so."""
     net = _gpt_blocks(1)
     x = torch.randn(2, 40, 48, requires_grad=True)
     with hpr.recompute_handle_collector_ctx():
@@ -201,7 +202,7 @@ def test_a_released_tensor_read_again_raises_naming_the_rule() -> None:
     try:
         with hpr.recompute_session_ctx("s", retain_on_unpack=True):
             backward_input([out.sum()], None, [x], list(net.parameters()))
-            with pytest.raises(hpr.CheckpointError, match=r"released after dx .*Rule 9"):
+            with pytest.raises(hpr.CheckpointError, match=r"released after dx .* \[hpr\.split\.release-unread\]$"):
                 torch.autograd.grad([out.sum()], [x])
     finally:
         hpr.clear_recompute_session("s")
@@ -209,7 +210,8 @@ def test_a_released_tensor_read_again_raises_naming_the_rule() -> None:
 
 @needs_split
 def test_a_rewalking_w_releases_nothing() -> None:
-    """Rule 9 needs seeds: a group that re-walks from the outputs (Rule 4) reads everything."""
+    """hpr.split.release-unread needs seeds: a group that re-walks from the outputs
+    (hpr.split.rewalk-shared-seeds) reads everything."""
     torch.manual_seed(2)
     lin = nn.Linear(16, 16)
     x = torch.randn(4, 16, requires_grad=True)
@@ -218,7 +220,7 @@ def test_a_rewalking_w_releases_nothing() -> None:
         out = hpr.checkpoint(lambda t: lin(torch.tanh(lin(t))), x)
     with hpr.recompute_session_ctx("s", retain_on_unpack=True):
         (dx,), state = backward_input([out.sum()], None, [x], list(lin.parameters()))
-    assert any(not group.seeds for group in state.groups)  # Rule 4
+    assert any(not group.seeds for group in state.groups)  # hpr.split.rewalk-shared-seeds
     assert not any(h.released for h in (r() for r in handles[0].frame().holders) if h is not None)
     with hpr.recompute_session_ctx("s"):
         dw = backward_weight(state)
@@ -253,7 +255,7 @@ def test_weight_state_is_released_after_w() -> None:
     assert not state.groups and not state.recorded and not state.outputs
 
 
-# -- Rule 6: never a silent None ------------------------------------------------------------
+# -- never a silent None (hpr.split.no-silent-none) -----------------------------------------
 
 
 @pytest.mark.parametrize("with_input", [True, False])
@@ -357,7 +359,7 @@ def _has_fsdp2() -> bool:
 @pytest.mark.parametrize("reshard", ["reshard", "keep"])
 def test_fsdp2_reshard_after_forward_weights_raise_instead_of_none(reshard: str) -> None:
     """FSDP2 on CPU + gloo, one process: with reshard_after_forward=True the parameters W is
-    asked for are sharded DTensors outside the graph; W must say so (Rule 6), not return None."""
+    asked for are sharded DTensors outside the graph; W must say so (hpr.split.no-silent-none), not return None."""
     import os
     import subprocess
 
@@ -375,7 +377,8 @@ def test_fsdp2_reshard_after_forward_weights_raise_instead_of_none(reshard: str)
 
 
 def test_a_module_as_the_weights_names_them_and_keeps_their_order() -> None:
-    """Rule 7 without FSDP: the module's parameters that require grad, named by named_parameters()."""
+    """hpr.split.module-weights without FSDP: the module's parameters that require grad, named by
+    named_parameters()."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
     model[2].bias.requires_grad_(False)

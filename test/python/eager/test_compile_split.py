@@ -26,7 +26,8 @@ from hp_recompute.errors import CheckpointError
 
 needs_split = pytest.mark.skipif(
     not compile_split.SUPPORTED,
-    reason=f"torch {torch.__version__}: the compiled split needs torch >= 2.13 (Rule 6); 1.13 has no torch.compile")
+    reason=f"torch {torch.__version__}: the compiled split needs torch >= 2.13 (hpr.compiled-split.supported); "
+           "1.13 has no torch.compile")
 
 REPO = Path(__file__).resolve().parents[3]
 TOL = {"aot_eager": 1e-5, "inductor": 1e-4}
@@ -124,7 +125,7 @@ def test_i_and_w_split_a_compiled_chain_exactly_with_one_backward_of_matmul_work
 
     A plain backward (retain_graph=False) runs first, with torch's default
     ``donated_buffer=True``: the split after it must not raise aot_autograd's donated
-    buffer error, and the global config stays as it was (Rule 5).
+    buffer error, and the global config stays as it was (hpr.compiled-split.no-donated-buffers).
     """
     torch._dynamo.reset()
     donated = torch._functorch.config.donated_buffer
@@ -144,7 +145,7 @@ def test_i_and_w_split_a_compiled_chain_exactly_with_one_backward_of_matmul_work
         _assert_close(got, want, TOL[backend])
     assert all(p.grad is None for p in _params(blocks))  # W returns the gradients, .grad untouched
     assert torch._functorch.config.donated_buffer == donated
-    full_ours = _one_backward_flops(ours, x0, dy)  # the unsplit backward of our backend (Rule 4)
+    full_ours = _one_backward_flops(ours, x0, dy)  # the unsplit backward of our backend (hpr.compiled-split.phase)
 
     theirs = [torch.compile(b, backend=backend) for b in _copies(blocks)]  # torch's own backend
     full = _one_backward_flops(theirs, x0, dy)
@@ -158,7 +159,7 @@ def test_i_and_w_split_a_compiled_chain_exactly_with_one_backward_of_matmul_work
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torchtitans_order_compiled_checkpoint_wrappers_split_too(backend):
     """``torch.compile(checkpoint_wrapper(block), fullgraph=True)``: the recompute is inside the
-    compiled backward graph; the part I and W both need runs once, in I (Rule 3)."""
+    compiled backward graph; the part I and W both need runs once, in I (hpr.compiled-split.partition)."""
     torch._dynamo.reset()
     blocks = _blocks(2)
     ours = [torch.compile(hr.checkpoint_wrapper(b), backend=hr.compile_backend(backend), fullgraph=True)
@@ -257,9 +258,9 @@ def test_torchs_own_backend_runs_the_whole_compiled_backward_in_i_and_in_w():
 def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(backend, wrapped):
     """Zero-bubble order over two microbatches, the block compiled in place inside the
     checkpoint: by ``block.compile(backend=compile_backend(...))`` in ``hp_recompute.checkpoint``,
-    or torchtitan's way, the wrapper's ``compile(backend=name)`` with nothing else set (Rule 7).
-    Each session's one replay (a prefetch) feeds I and W, and I + W together do one
-    backward's matmuls (the replay's forward is not in them)."""
+    or torchtitan's way, the wrapper's ``compile(backend=name)`` with nothing else set
+    (hpr.compiled-split.wrapper-compile). Each session's one replay (a prefetch) feeds I and W, and I + W
+    together do one backward's matmuls (the replay's forward is not in them)."""
     torch._dynamo.reset()
     block = _blocks(1)[0]
     reference = _copies([block])[0]
@@ -329,7 +330,7 @@ def test_a_stage_without_an_input_path_runs_the_compiled_backward_once_in_w():
 @needs_split
 def test_a_weight_tied_across_the_compiled_block_and_eager_code_gets_its_whole_gradient():
     """``fc1.weight`` used inside the compiled block and twice outside it: W's groups reach the
-    compiled node as a seed and through the re-walk of Rule 4 of NOTE [ dx/dw split ];
+    compiled node as a seed and through the re-walk of hpr.split.rewalk-shared-seeds;
     wherever the node runs without its stash it runs whole, so the gradient is exact."""
     torch._dynamo.reset()
     block = _blocks(1)[0]
@@ -352,7 +353,7 @@ def test_a_weight_tied_across_the_compiled_block_and_eager_code_gets_its_whole_g
 @needs_split
 def test_the_first_backward_ever_may_be_a_split_one(monkeypatch):
     """aot_autograd compiles the backward lazily, inside the first backward: when that is I,
-    I must already register its seeds (Rule 4), or the first step would run I and W whole."""
+    I must already register its seeds (hpr.compiled-split.phase), or the first step would run I and W whole."""
     torch._dynamo.reset()
     monkeypatch.setattr(compile_split, "_COMPILERS", {})  # no split backend built yet
     blocks = _blocks(1)
@@ -366,7 +367,7 @@ def test_the_first_backward_ever_may_be_a_split_one(monkeypatch):
 
 @needs_split
 def test_a_weight_missed_by_w_is_an_error_not_a_silent_none():
-    """backward_weight's Rule 6 holds for compiled blocks: a frozen-then-listed weight is named."""
+    """hpr.split.no-silent-none holds for compiled blocks: a frozen-then-listed weight is named."""
     torch._dynamo.reset()
     block = _blocks(1)[0]
     ours = torch.compile(block, backend=hr.compile_backend("aot_eager"))
@@ -392,14 +393,15 @@ def test_compile_backend_refuses_unknown_backends_and_old_torch(monkeypatch):
 
 
 def test_a_wrappers_compile_refuses_what_it_cannot_split_and_old_torch():
-    """Rule 7: CUDA graphs would overwrite the stash; an inductor mode means nothing to aot_eager."""
+    """hpr.compiled-split.wrapper-compile: CUDA graphs would overwrite the stash (hpr.compiled-split.supported); an
+    inductor mode means nothing to aot_eager."""
     wrapper = hr.checkpoint_wrapper(Block())
     if not hasattr(torch, "compile"):  # torch 1.13
         with pytest.raises(CheckpointError, match="has no torch.compile"):
             wrapper.compile()
         return
     if not compile_split.SUPPORTED:
-        pytest.skip(f"torch {torch.__version__} compiles as given (Rule 7)")
+        pytest.skip(f"torch {torch.__version__} compiles as given (hpr.compiled-split.wrapper-compile)")
     with pytest.raises(CheckpointError, match="capture CUDA graphs, which would overwrite the stash"):
         wrapper.compile(mode="reduce-overhead")
     with pytest.raises(CheckpointError, match="capture CUDA graphs"):
@@ -445,7 +447,7 @@ def _split_against_plain(stage: nn.Module, reference: nn.Module, x0: torch.Tenso
 @needs_split
 @pytest.mark.parametrize("twice", [False, True], ids=["only-through-the-slice", "also-read-directly"])
 def test_a_parameter_reaching_a_compiled_block_through_another_tensor_gets_its_whole_gradient(twice):
-    """Rule 8 of NOTE [ dx/dw split ]: W of a compiled block gives its parameter inputs only, so
+    """hpr.split.compiled-blocks: W of a compiled block gives its parameter inputs only, so
     a seed whose input leads to a weight through other nodes runs whole. Before, the slice's
     share of dE was lost: partial and silent with ``twice``, a misleading error without."""
     torch._dynamo.reset()
@@ -462,7 +464,7 @@ def test_a_parameter_reaching_a_compiled_block_through_another_tensor_gets_its_w
 @needs_split
 def test_a_parameter_given_as_the_stage_input_gets_its_input_gradient_from_i():
     """A learned input (an ``nn.Parameter`` passed as the stage input) is a W output of the
-    compiled graph; I must still return its gradient, not None (Rule 8)."""
+    compiled graph; I must still return its gradient, not None (hpr.split.compiled-blocks)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     block = Block()
@@ -488,7 +490,7 @@ class _Tied(nn.Module):
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=needs_split)], ids=["eager", "compiled"])
 def test_w_in_a_session_that_drops_what_it_reads_serves_every_group(compiled):
-    """Rule 3 of NOTE [ dx/dw split ]: W's groups read one session; every call but the last
+    """hpr.split.seed-groups: W's groups read one session; every call but the last
     retains, so W as the last consumer (``retain_on_unpack=False``, as a plan's W) works with
     tied weights. Before, the second group found the tensors consumed (a loud error that the
     caller of PlannedSchedule could not act on)."""
@@ -510,7 +512,7 @@ def test_w_in_a_session_that_drops_what_it_reads_serves_every_group(compiled):
         hr.recompute_handle(h, "tied")
     with hr.recompute_session_ctx("tied", retain_on_unpack=True):
         (dx,), state = hr.backward_input([y], [dy], [x], stage)
-    assert len(state.groups) > 1 or not SPLIT_SUPPORTED  # torch 1.13: one re-walk (Rule 5)
+    assert len(state.groups) > 1 or not SPLIT_SUPPORTED  # torch 1.13: one re-walk (hpr.split.rewalk-old-torch)
     with hr.recompute_session_ctx("tied"):
         got = [dx] + list(hr.backward_weight(state))
     hr.clear_recompute_session("tied")
@@ -529,7 +531,7 @@ class _Flattening(Block):
 @needs_split
 def test_inductor_with_dynamic_shapes_splits_after_a_second_sequence_length():
     """A second shape makes dynamo recompile with symbolic sizes; W must bind them too
-    (Rule 3 of NOTE [ Compiled dx/dw split ]). Before: InductorError on the backward."""
+    (hpr.compiled-split.partition). Before: InductorError on the backward."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     block = _Flattening()

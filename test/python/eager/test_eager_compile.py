@@ -1,13 +1,13 @@
 """torchtitan's compile orders on our checkpoint.
 
 ``torch.compile(checkpoint_wrapper(block))`` traces the checkpoint: under a torch.compile
-trace ``hp_recompute.checkpoint`` is torch's own non-reentrant checkpoint (Rule 11 of
-NOTE [ Recompute sessions ]). ``checkpoint_wrapper(block).compile()`` compiles the
-wrapped block in place and keeps the checkpoint eager (Rule 7 of NOTE [ Compiled dx/dw
-split ]). Checked here: both compute what torch's own wrapper computes under the same
-compile, the first traces as one graph (``fullgraph=True``) and is traced again, and
-refused, inside a collector; the second hands out handles there; a compiled module whose
-own frame dynamo skips (``nn.Sequential``) gets none of our hooks compiled.
+trace ``hp_recompute.checkpoint`` is torch's own non-reentrant checkpoint
+(hpr.session.compiled-is-torch). ``checkpoint_wrapper(block).compile()`` compiles the wrapped
+block in place and keeps the checkpoint eager (hpr.compiled-split.wrapper-compile). Checked
+here: both compute what torch's own wrapper computes under the same compile, the first traces
+as one graph (``fullgraph=True``) and is traced again, and refused, inside a collector; the
+second hands out handles there; a compiled module whose own frame dynamo skips
+(``nn.Sequential``) gets none of our hooks compiled.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_a_wrapper_compiled_in_place_keeps_its_handle_inside_a_collector(fullgra
 def test_our_hooks_are_not_compiled_inside_a_compiled_module_whose_frame_dynamo_skips():
     """``nn.Sequential(...).compile()``: dynamo skips the Sequential's own frame (torch's
     code) and its callback stays installed while the block runs. torch's checkpoint hooks
-    are never compiled there; ours must not be either (Rule 11): no graph of them."""
+    are never compiled there; ours must not be either (hpr.session.compiled-is-torch): no graph of them."""
     from torch._dynamo.utils import counters
 
     for checkpoint in (hr.checkpoint, _torch_checkpoint):
@@ -192,7 +192,7 @@ def _replay_matmuls(run):
 @needs_split_and_selective
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_a_selective_policy_runs_on_a_block_compiled_with_aot_eager_and_stops_at_inductors_kernels(backend):
-    """NOTE [ Selective policy ] Rule 5: around a block compiled with aot_eager the policy
+    """hpr.selective.visible-ops: around a block compiled with aot_eager the policy
     sees each aten op: the replay reads the matmuls back (none dispatched, where the full
     policy dispatches them) and the gradients are the eager block's; around inductor's fused
     kernels it would save nothing, so its first out= matmul stops the forward."""
@@ -227,7 +227,7 @@ def test_a_selective_policy_runs_on_a_block_compiled_with_aot_eager_and_stops_at
 
 @needs_split_and_selective
 def test_a_selective_wrapper_compiles_only_where_the_policy_sees_the_ops_it_saves():
-    """Rule 5 at ``compile()``: a wrapper with a context_fn compiles with inductor (the default,
+    """hpr.selective.visible-ops at ``compile()``: a wrapper with a context_fn compiles with inductor (the default,
     keeping the ops its policy saves dispatched) and aot_eager; a backend callable, a
     context_fn that is not torch's SAC contexts and a policy that reads its op's arguments are
     refused before anything compiles."""
@@ -306,11 +306,11 @@ def _boolean_context_fn():
 @pytest.mark.parametrize("policy, block", [("ours", Block), ("ours", GatedBlock), ("torchtitan", GatedBlock),
                                            ("boolean", GatedBlock)])
 def test_a_selective_wrapper_compiled_with_inductor_replays_what_its_policy_recomputes(policy, block):
-    """Rule 5 / Rule 8 of NOTE [ Compiled dx/dw split ]: inductor keeps the matmuls the policy
+    """hpr.selective.visible-ops, hpr.compiled-split.saved-ops-dispatched: inductor keeps the matmuls the policy
     saves dispatched, so the compiled replay dispatches the matmuls the eager block's replay
     does (none under ours; every second one under torchtitan's) and reads the rest back; the
     outputs and gradients are the eager wrapper's (a matmul output fused over in place, as
-    inductor does without Rule 8, fails them)."""
+    inductor does without hpr.compiled-split.saved-ops-dispatched, fails them)."""
     context_fn = {"ours": hr.selective_context_fn(), "torchtitan": _torchtitan_context_fn,
                   "boolean": _boolean_context_fn}[policy]
     torch.manual_seed(0)

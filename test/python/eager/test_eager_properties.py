@@ -8,7 +8,7 @@ interleave. Whatever the program:
 
 * every gradient equals the plain (no checkpoint) run of the same microbatch, bit for bit;
 * each block replays exactly once for a microbatch that was prefetched or consumed, and
-  never for one abandoned without a prefetch (NOTE [ Recompute sessions ], Rules 4-5);
+  never for one abandoned without a prefetch (hpr.session.one-binding, hpr.session.retain);
 * after the clears no session is alive, and once the graphs are dropped no checkpoint
   frame survives (the handles' weak references are dead);
 * nothing waits forever: each consumer thread is joined with a timeout.

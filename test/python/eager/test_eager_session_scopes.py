@@ -1,4 +1,4 @@
-"""Session scopes (Rule 9): each owner its own namespace of session ids; O(1) context entry."""
+"""Session scopes (hpr.session.scoped-ids): each owner its own namespace of session ids; O(1) context entry."""
 
 import pytest
 import torch
@@ -106,7 +106,7 @@ def test_a_session_id_that_is_not_equal_to_itself_is_refused(bad):
 
 def test_entering_and_leaving_a_context_takes_constant_time_with_many_live_sessions(device, monkeypatch):
     """8,000 live sessions: entering and leaving each once changes one session's mode each
-    time (Rule 9). Counted, not timed: the writes of ``Session.mode``; the quadratic version
+    time (hpr.session.scoped-ids). Counted, not timed: the writes of ``Session.mode``; the quadratic version
     (every enter and leave rewrote the mode of every live session: 9.7 s) made about 32
     million of them."""
     from hp_recompute.registry import Session

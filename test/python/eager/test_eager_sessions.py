@@ -503,7 +503,8 @@ def test_one_session_cannot_be_open_on_two_threads_at_once():
 
 
 def test_two_threads_each_in_its_own_session_at_the_same_time(device):
-    """Two microbatches backwarded concurrently, each thread inside its own context (Rule 6)."""
+    """Two microbatches backwarded concurrently, each thread inside its own context
+    (hpr.session.one-context-per-thread)."""
     # p=0: the CPU generator is process-wide, so dropout replays racing on two threads would
     # interleave its state (torch's own checkpoint shares that limit).
     stages = [Stage(device, p=0.0, seed=20 + i) for i in range(2)]
@@ -542,7 +543,7 @@ def test_two_threads_each_in_its_own_session_at_the_same_time(device):
 
 
 def test_session_unpack_hot_path_makes_no_lookups_and_takes_no_lock(device):
-    """Rule 5, checked by watching every call the unpack hook makes (sys.setprofile).
+    """hpr.session.hot-path, checked by watching every call the unpack hook makes (sys.setprofile).
 
     A prefetched session is consumed by dx (retained) and dw (popped); while autograd
     unpacks, nothing may call ContextVar.get, acquire a lock, or enter the slow path.
@@ -652,7 +653,7 @@ def test_dead_handle_raises(device):
     assert "freed" in repr(handles[0])
 
 
-# -- regions that save nothing (Rule 1) -------------------------------------------------------
+# -- regions that save nothing (hpr.session.forward-frame) ------------------------------------
 
 _NOTHING_SAVED = {
     "identity": lambda a: a,

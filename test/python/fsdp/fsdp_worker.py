@@ -155,8 +155,6 @@ def _sharded(module: torch.nn.Module) -> bool:
 
 
 def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
-    import torch.distributed as dist
-
     import hp_recompute as hr
 
     world, mbs = cfg["ranks"], cfg["microbatches"]
@@ -210,7 +208,7 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     hr.reset_stats()
     states = []
     bad = cfg.get("bad")
-    if cfg.get("hold"):  # the caller owns the parameters' lifetime for the step (FSDP Rule 2)
+    if cfg.get("hold"):  # the caller owns the parameters' lifetime for the step (hpr.fsdp.hold-parameters)
         res["held"] = hr.fsdp.begin_step(model, hold_parameters=True)
     comms.phase = "backward"
     for mb in range(mbs):

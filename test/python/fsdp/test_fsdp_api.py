@@ -1,4 +1,4 @@
-"""hp_recompute.fsdp without processes: the torch-version gate and modules without FSDP (Rule 7)."""
+"""hp_recompute.fsdp without processes: the torch-version gate and modules without FSDP (hpr.fsdp.supported)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def test_hsdp_selective_autocast_accumulated(tmp_path: Path) -> None:
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard_after_forward", "keep_after_forward"])
 def test_compiled_blocks_prefetched_and_split(tmp_path: Path, reshard: bool) -> None:
     """``block.compile()`` on the sharded wrapper compiles the block inside the checkpoint
-    (Rule 7 of NOTE [ Compiled dx/dw split ]): the forward hands out handles, the prefetch
+    (hpr.compiled-split.wrapper-compile): the forward hands out handles, the prefetch
     unshards, and I and W of the compiled blocks give FSDP's gradients."""
     results = run_case(tmp_path, reshard=reshard, microbatches=2, prefetch=True, compile="aot_eager")
     check_step(results, 2)

@@ -154,7 +154,7 @@ def test_llama_stages_train_under_a_zbv_plan_on_two_ranks(tmp_path: Path, llama_
 
 def test_tied_gpt2_on_one_rank_trains_with_its_whole_gradient(tmp_path: Path) -> None:
     """GPT-2's tied embedding and head on ZBV's rank 0 (stages 0 and 3): one parameter, both
-    halves of its gradient, scaled once (PlannedSchedule Rule 11; torch's per-stage scaling
+    halves of its gradient, scaled once (hpr.exec.gradient-scaling; torch's per-stage scaling
     divided it at stage 3's reduce_grad and again at stage 0's, up to 75% off)."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(layer_plan(tmp_path, "gpt2")))

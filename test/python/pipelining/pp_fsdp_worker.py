@@ -250,8 +250,8 @@ def _count_plan_calls() -> Dict[str, int]:
 
 
 def _count_compiled_halves() -> Dict[str, int]:
-    """Counts the compiled backwards of ``compile_backend`` blocks by what each ran (NOTE [ Compiled
-    dx/dw split ] Rule 4): ``"input"`` (I's half), ``"weight"`` (W's half) or ``"whole"``."""
+    """Counts the compiled backwards of ``compile_backend`` blocks by what each ran
+    (hpr.compiled-split.phase): ``"input"`` (I's half), ``"weight"`` (W's half) or ``"whole"``."""
     from hp_recompute import compile_split
 
     counts: Dict[str, int] = {}

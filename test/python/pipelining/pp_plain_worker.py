@@ -141,7 +141,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
         from hp_recompute.plan.verify import load_plan
 
         # the first stage frozen (its regions' parameters); under ZBV also the first two, so that stage 2
-        # hands stage 1, on its rank, no input gradient (PlannedSchedule Rule 12)
+        # hands stage 1, on its rank, no input gradient (hpr.stages.step-buffers)
         for kind, case, count in (("zbv", "zbv", 1), ("zb-h1", "zb-h1", 1), ("zbv", "two_zbv", 2)):
             first = tuple(r["name"] + "." for s in range(count) for r in load_plan(plans[kind]).stages[s])
             frozen = [n for n, _ in full.named_parameters() if n.startswith(first)]

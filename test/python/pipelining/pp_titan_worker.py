@@ -21,7 +21,6 @@ It writes losses, gradients, replays and FLOPs to ``out/rank{R}.pt``.
 from __future__ import annotations
 
 import copy
-import math
 import os
 from typing import Any, Dict, List, Optional
 

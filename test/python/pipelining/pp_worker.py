@@ -113,7 +113,7 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
 
 
 def _label(event: Any) -> str:
-    """The innermost hp_recompute label around a profiler event (Rule 12 of the interpreter's NOTE)."""
+    """The innermost hp_recompute label around a profiler event (hpr.exec.profiler-labels)."""
     parent = event.cpu_parent
     while parent is not None and not parent.name.startswith("hp_recompute::"):
         parent = parent.cpu_parent
@@ -180,7 +180,7 @@ def replay_matmuls(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.T
 
 
 def held_buffers(stages: List[Any]) -> List[str]:
-    """The receive buffers and handed-over tensors ``stages`` hold (PlannedSchedule Rule 12:
+    """The receive buffers and handed-over tensors ``stages`` hold (hpr.stages.step-buffers:
     none between steps)."""
     return [f"stage {st.stage_index} mb {mb} {info.input_name}" for st in stages
             for infos in (st.args_recv_info, st.grad_recv_info) for mb, recv in infos.items() for info in recv
@@ -189,7 +189,7 @@ def held_buffers(stages: List[Any]) -> List[str]:
 
 def stale_reads(stages: List[Any]) -> List[str]:
     """What reading microbatch 0's input of each stage past the first raises between steps
-    (Rule 12: a dropped buffer is an error, never the last step's data); "read" if nothing."""
+    (hpr.stages.step-buffers: a dropped buffer is an error, never the last step's data); "read" if nothing."""
     out = []
     for st in stages:
         if not st.is_first:
@@ -337,7 +337,7 @@ def main(rank: int, cfg: Dict[str, Any]) -> None:
 
 
 def refusals(rank: int, cfg: Dict[str, Any]) -> None:
-    """Rule 1 of PlannedSchedule: stages that do not match the plan are refused, on every rank."""
+    """hpr.stages.construction-checks: stages that do not match the plan are refused, on every rank."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.pipelining import PipelineStage
 

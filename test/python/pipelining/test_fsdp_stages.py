@@ -1,12 +1,12 @@
 """PP x FSDP2 under PlannedSchedule: zero-bubble plans on stages wrapped as torchtitan does.
 
-NOTE [ Executing a plan with torch's stages ] Rule 7: the I/W split of a stage holding
-FSDP2 modules is hp_recompute's. Each case spawns a (pp, dp) gloo mesh (pp_fsdp_worker.py)
-and runs a zero-bubble plan (2 pp ranks; ZBV: 4 stages in a V, ZB-H1: 2 stages; 4
-microbatches; jit or bubble recompute), on FSDP2 or HSDP, the blocks eager or compiled;
-the full gradients and losses must equal the unsharded model's (mean over the dp ranks),
-every checkpointed block must run once in the forward and replay once per microbatch, no
-session may outlive the step, and every parameter must be sharded again at its end.
+hpr.stages.our-split: the I/W split of a stage holding FSDP2 modules is hp_recompute's.
+Each case spawns a (pp, dp) gloo mesh (pp_fsdp_worker.py) and runs a zero-bubble plan (2
+pp ranks; ZBV: 4 stages in a V, ZB-H1: 2 stages; 4 microbatches; jit or bubble recompute),
+on FSDP2 or HSDP, the blocks eager or compiled; the full gradients and losses must equal
+the unsharded model's (mean over the dp ranks), every checkpointed block must run once in
+the forward and replay once per microbatch, no session may outlive the step, and every
+parameter must be sharded again at its end.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
 
 
 def check_collectives(results: List[Dict[str, Any]], hsdp: bool = False, exact: bool = True) -> None:
-    """The plan owns the gathers (NOTE Rule 8): in a step each FSDP module with parameters is
+    """The plan owns the gathers (hpr.stages.plan-owns-gathers): in a step each FSDP module with parameters is
     all-gathered once and reduce-scattered once (all-reduced once over HSDP's replicas) on every
     rank, whatever ``reshard_after_forward`` says; with the baseline run, the step's collectives
     over all ranks are no more than those of torch's interleaved 1F1B with checkpointing on the
@@ -88,9 +88,9 @@ def check_collectives(results: List[Dict[str, Any]], hsdp: bool = False, exact: 
 def check(results: List[Dict[str, Any]], plan: Optional[Path] = None, replayed: bool = True,
           split: bool = True) -> None:
     """Exact gradients and losses, one replay per block and microbatch (none with ``replayed``
-    false), nothing left live, gathered or received (Rule 12); with ``plan``, every unshard
-    and reshard of the rank's program ran (Rule 8). ``split``: the plan splits backwards, so
-    hp_recompute's split ran them (Rule 7); a plan of full backwards runs torch's own."""
+    false), nothing left live, gathered or received (hpr.stages.step-buffers); with ``plan``, every unshard
+    and reshard of the rank's program ran (hpr.stages.plan-owns-gathers). ``split``: the plan splits backwards, so
+    hp_recompute's split ran them (hpr.stages.our-split); a plan of full backwards runs torch's own."""
     for rank, res in enumerate(results):
         assert bool(res["fsdp_split"]) == split, (rank, "the FSDP split path", res["fsdp_split"])
         for got, want in zip(res["losses"], res["ref_losses"]):
@@ -153,7 +153,7 @@ def test_a_step_input_that_requires_grad_gets_its_gradient(tmp_path: Path, sched
 def test_a_frozen_first_stage_under_zbv_with_fsdp2_a_selective_policy_and_autocast(tmp_path: Path) -> None:
     """The first stage frozen (requires_grad_(False)), so stage 1's input needs no gradient,
     on torchtitan's composition (selective wrappers, fully_shard, bf16 autocast, prefetched
-    replays): every other weight gets the unsharded model's gradient (NOTE Rule 7a; stages
+    replays): every other weight gets the unsharded model's gradient (hpr.stages.frozen-inputs; stages
     split by hp_recompute find no input to differentiate and leave every weight to W)."""
     results = run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective", frozen=True)
     frozen = {"layers.0", "layers.1"}  # the first stage: no parameter and no input needs a gradient, so its
@@ -190,7 +190,7 @@ def test_zbv_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Pa
                     reason="selective checkpointing needs torch >= 2.4")
 def test_eval_on_fsdp2_stages_with_a_selective_policy_under_autocast(tmp_path: Path) -> None:
     """The same composition, then ``eval()`` under no_grad (torchtitan's validation): the
-    plan's forward side alone (interpreter Rule 13) gives the training step's losses (no
+    plan's forward side alone (hpr.exec.forward-only) gives the training step's losses (no
     optimizer step between) and leaves the reduced gradients as they were."""
     results = run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective", eval=True)
     check(results)
@@ -220,7 +220,7 @@ def test_1f1b_replays_inside_the_backward_of_fsdp2_stages(tmp_path: Path) -> Non
                     reason="selective checkpointing needs torch >= 2.4")
 def test_1f1b_replays_in_pieces_on_fsdp2_stages(tmp_path: Path) -> None:
     """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
-    one into the wait before its backward (NOTE [ Executing a plan ] Rule 3a), on
+    one into the wait before its backward (hpr.exec.replay-in-pieces), on
     ``fully_shard``-ed blocks (``reshard_after_forward=True``: each piece's replay gathers its
     block), selectively, under bfloat16 autocast: exact gradients, one replay per block and
     microbatch."""
@@ -252,7 +252,7 @@ def test_a_selective_plan_on_plain_fsdp2_blocks_under_autocast(tmp_path: Path) -
 def test_a_plan_made_for_the_layout_gathers_and_frees_each_stage(tmp_path: Path, hsdp: bool) -> None:
     """``make_plan(dp_shard=2[, dp_replicate=2])`` puts an unshard before each stage's first
     user (prefetched replays included) and a reshard after its last: PlannedSchedule runs
-    them as FSDP2's unshard()/reshard() (Rule 8), with the gradients of the unsharded model."""
+    them as FSDP2's unshard()/reshard() (hpr.stages.plan-owns-gathers), with the gradients of the unsharded model."""
     results = run_case(tmp_path, True, "bubble", dp=4 if hsdp else 2, hsdp=hsdp, planned_layout=True)
     check(results, tmp_path / "plan.json")
     check_collectives(results, hsdp=hsdp)
@@ -262,7 +262,7 @@ def test_a_plan_made_for_the_layout_gathers_and_frees_each_stage(tmp_path: Path,
                     reason="selective checkpointing needs torch >= 2.4")
 def test_a_plan_made_for_the_layout_on_torchtitans_composition(tmp_path: Path) -> None:
     """The layout plan's gathers, issued ahead and waited for by each stage's first reader
-    (Rule 8), on selective wrappers, ``fully_shard``, bf16 autocast and prefetched replays."""
+    (hpr.stages.plan-owns-gathers), on selective wrappers, ``fully_shard``, bf16 autocast and prefetched replays."""
     results = run_case(tmp_path, True, "bubble", selective=True, autocast=True, policy="selective",
                        planned_layout=True)
     check(results, tmp_path / "plan.json")
@@ -281,7 +281,7 @@ def test_compiled_blocks_on_fsdp2_stages_under_zbv(tmp_path: Path, backend: str,
     """torchtitan's order (each block checkpoint-wrapped, ``compile(backend=...)``,
     ``fully_shard``-ed, then the stage; the wrapper compiles with ``compile_backend``): every
     I and W of a split stage runs its half of each compiled backward, the first stage's W the
-    whole of it (NOTE Rule 7), on parameters the plan keeps gathered (Rule 8): exact
+    whole of it (hpr.stages.our-split), on parameters the plan keeps gathered (hpr.stages.plan-owns-gathers): exact
     gradients, one replay per block and microbatch, one all-gather and one reduce-scatter per
     FSDP module and step."""
     results = run_case(tmp_path, reshard, prefetch, planned_layout=planned_layout, compile=backend)
@@ -304,7 +304,7 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("schedule,dp", [("zbv", 2), ("dualpipev", 1)], ids=["zbv-dp2", "dualpipev-dp1"])
 def test_torchtitans_production_stack_under_zero_bubble_plans(tmp_path: Path, schedule: str, dp: int) -> None:
     """Issue 49's combination: every block wrapped with a selective policy, ``compile()``-d with
-    inductor (the policy's matmuls kept dispatched, NOTE [ Selective policy ] Rule 5),
+    inductor (the policy's matmuls kept dispatched, hpr.selective.visible-ops),
     ``fully_shard``-ed on a dp mesh of ``dp``, bf16 autocast, gradients accumulated over two
     steps (torchtitan's ``scale_grads=False``), under a plan of the schedule that checkpoints selectively: every gradient within 2%
     (relative norm) of the unsharded eager model's and of torch's interleaved 1F1B on the same

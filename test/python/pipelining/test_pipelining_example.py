@@ -33,7 +33,7 @@ def test_the_example_trains_under_torchrun(tmp_path: Path, emit: str) -> None:
     steps = re.findall(r"step (\d): loss ([0-9.]+), replays on rank 0: (\d+)", proc.stdout)
     assert [s[0] for s in steps] == ["0", "1", "2"], proc.stdout
     # One replay per checkpointed region of each of rank 0's sessions, in step 0 too (its
-    # shape inference runs the regions plainly: Rule 6 of PlannedSchedule).
+    # shape inference runs the regions plainly: hpr.stages.plain-inference).
     side = json.loads((plan if emit == "json" else tmp_path / "plan.hpr.json").read_text())
     want = sum(len(sess["regions"]) for sess in side["sessions"] if sess["rank"] == 0)
     assert want > 0 and [int(s[2]) for s in steps] == [want, want, want]
@@ -83,7 +83,7 @@ def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str, policy: str =
             room = 1.5 if policy == "selective" else 2
             budget = ["--memory-budget", str(int(room * max(jit["summary"]["peak_bytes"])))]
         subprocess.run([*gen, "--prefetch", "bubble", *budget, "--emit", "json", "-o", str(plan)], check=True)
-        if schedule == "1f1b":  # these runs cover replays in pieces (NOTE [ Executing a plan ] Rule 3a)
+        if schedule == "1f1b":  # these runs cover replays in pieces (hpr.exec.replay-in-pieces)
             recomputes = [a for r in json.loads(plan.read_text())["ranks"] for a in r["actions"]
                           if a["op"] == "recompute"]
             assert any("regions" in a and not a.get("in_backward") for a in recomputes), recomputes
@@ -119,8 +119,7 @@ def test_the_example_trains_a_selective_plan_to_the_full_plans_losses_under_torc
     """torchtitan's whole order with the plan's selective policy: checkpoint-wrap with
     ``selective_context_fn()``, ``block.compile()``, (``fully_shard``), the stage, under
     torchrun: the losses of the plan that checkpoints in full, one replay per block per
-    microbatch (with inductor: the matmuls the policy saves stay dispatched, NOTE [ Selective
-    policy ] Rule 5)."""
+    microbatch (with inductor: the matmuls the policy saves stay dispatched, hpr.selective.visible-ops)."""
     runs = {}
     for policy in ("all", "selective"):
         proc = _train(tmp_path, schedule, 2 * dp, "--dp", str(dp), *(["--compile", backend] if backend else []),

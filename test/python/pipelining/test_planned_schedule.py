@@ -102,10 +102,10 @@ def check(results: List[Dict[str, Any]], microbatches: int) -> None:
         for fqn in res["checkpointed"]:  # forward + exactly one replay per microbatch
             assert res["plan_calls"][fqn] == 2 * microbatches, (rank, fqn, res["plan_calls"])
             assert res["ref_calls"][fqn] >= 2 * microbatches
-        # Also on the first step, where torch's stages infer their metadata (Rule 6 of PlannedSchedule):
+        # Also on the first step, where torch's stages infer their metadata (hpr.stages.plain-inference):
         # one replay per checkpointed block per microbatch, none for the inference.
         assert res["plan_replays"] == [len(res["checkpointed"]) * microbatches] * 2, (rank, res["plan_replays"])
-        # Rule 12 of PlannedSchedule: no receive buffer or handed-over tensor outlives a step, and
+        # hpr.stages.step-buffers: no receive buffer or handed-over tensor outlives a step, and
         # reading one then is torch's error, not the last step's data.
         assert res["held_buffers"] == [], (rank, res["held_buffers"])
         assert set(res["stale_reads"]) <= {"PipeliningMetadataError"}, (rank, res["stale_reads"])
@@ -149,7 +149,7 @@ def test_plans_keep_what_the_plain_model_computes(tmp_path: Path) -> None:
     * the first stage frozen, under ZBV and ZB-H1: every other weight gets the plain model's
       gradient (before, the next stage's stayed None: torch's I had no input to differentiate);
       under ZBV also the first two stages frozen: stage 2 hands stage 1, on its rank, no input
-      gradient, and stage 1 has no buffer for one (PlannedSchedule Rule 12 drops and allocates
+      gradient, and stage 1 has no buffer for one (hpr.stages.step-buffers drops and allocates
       only the buffers torch's stage metadata gives).
     """
     layers, microbatches = 8, 4
@@ -194,7 +194,7 @@ def test_plans_keep_what_the_plain_model_computes(tmp_path: Path) -> None:
 def test_eval_runs_the_plans_forwards_only(tmp_path: Path, torch_schedule: str, ranks: int, stages: int,
                                            microbatches: int) -> None:
     """``eval()`` (torchtitan's validation, under no_grad and not) runs the plan's forward side
-    alone (NOTE [ Executing a plan ] Rule 13): the training step's losses (no optimizer step
+    alone (hpr.exec.forward-only): the training step's losses (no optimizer step
     between), gradients untouched (no backward, no reduce_grad). Before, a zero-bubble plan's
     eval ran its backward_input and failed on one rank while the other waited."""
     results = run_case(tmp_path, torch_schedule, ranks, stages, microbatches, eval=True)
@@ -211,9 +211,8 @@ def test_eval_runs_the_plans_forwards_only(tmp_path: Path, torch_schedule: str, 
 
 def test_a_1f1b_plan_that_replays_in_pieces_matches_torch(tmp_path: Path) -> None:
     """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
-    one into the wait before its backward (a replay in pieces, NOTE [ Executing a plan ] Rule
-    3a): torch's stages run it with exact gradients and one replay per block and
-    microbatch."""
+    one into the wait before its backward (a replay in pieces, hpr.exec.replay-in-pieces): torch's
+    stages run it with exact gradients and one replay per block and microbatch."""
     results = run_case(tmp_path, "1f1b", 2, 2, 4, prefetch="bubble", dropout=0.1, room=2)
     raw = json.loads((tmp_path / "plan.json").read_text())
     pieces = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
@@ -361,7 +360,7 @@ def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused()
     """A full region whose wrapper has its own context_fn keeps more than planned; a selective
     region with a module compiled where the policy cannot see its ops (inductor, but where a
     selective wrapper's ``compile()`` kept the ops its policy saves dispatched) would replay
-    every matmul (NOTE [ Selective policy ] Rule 5). Both are refused before anything runs."""
+    every matmul (hpr.selective.visible-ops). Both are refused before anything runs."""
     from hp_recompute import checkpoint_wrapper
     from hp_recompute.pipelining.regions import checkpoint_regions
     from hp_recompute.errors import RunError
@@ -385,10 +384,9 @@ def test_a_wrapper_policy_or_compiled_module_the_plan_did_not_price_is_refused()
         checkpoint_regions(module, ["layers.1"], 1, selective=["layers.1"])
     assert str(error.value) == (
         "hp_recompute.pipelining: stage 1: the plan checkpoints region 'layers.1' \"selective\", but 'layers.1.2' is "
-        "compiled where the policy cannot see its ops (NOTE [ Selective policy ] Rule 5), so the replay would "
-        "recompute every matmul; compile the block as checkpoint_wrapper(block, context_fn=hp_recompute."
-        "selective_context_fn()).compile() (inductor then keeps the ops the policy saves dispatched), or plan the "
-        "region in full")
+        "compiled where the policy cannot see its ops, so the replay would recompute every matmul; compile the "
+        "block as checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn()).compile() (inductor "
+        "then keeps the ops the policy saves dispatched), or plan the region in full [hpr.selective.visible-ops]")
     module.layers["0"].compile(backend="aot_eager")  # the wrapper's compile marks what it compiled
     assert checkpoint_regions(module, ["layers.0"], 1, selective=["layers.0"]) == ["layers.0"]
     module.layers["1"] = checkpoint_wrapper(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()),
@@ -466,9 +464,9 @@ def test_a_torchtitan_model_with_block_compile_runs_a_zero_bubble_plan(tmp_path:
     of the plan's I, W (and B) actions, replays apart, within 5% of one plain backward of
     the same compiled stages. torch's own schedule refuses those stages (recorded).
 
-    Selective (a plan that says so, blocks wrapped with ``selective_context_fn()``, compiled
-    with aot_eager, or inductor keeping the saved matmuls dispatched: NOTE [ Selective policy ]
-    Rule 5): the compiled replays run no matmul, where full replays run them."""
+    Selective (a plan that says so, blocks wrapped with ``selective_context_fn()``, compiled with
+    aot_eager, or inductor keeping the saved matmuls dispatched: hpr.selective.visible-ops): the
+    compiled replays run no matmul, where full replays run them."""
     microbatches = 4
     results = run_case(tmp_path, torch_schedule, 2, 4, microbatches, prefetch="bubble", per=1,
                        worker=pp_titan_worker.main, backend=backend, policy=policy,
@@ -608,7 +606,7 @@ def test_a_damaged_sidecar_is_refused_naming_the_entry(tmp_path: Path, damage, m
 
 
 def test_a_split_stage_without_torchs_stage_caches_is_ours_only_where_the_plan_counts_on_the_release() -> None:
-    """Rule 7: on torch 2.13 every split stage runs hp_recompute's split (its I releases what W
+    """hpr.stages.our-split: on torch 2.13 every split stage runs hp_recompute's split (its I releases what W
     does not read, as the plan prices it); where torch lacks the stage caches that split reads,
     a plain stage runs torch's I, and a plan that counts on the release is refused, not run
     above its planned memory."""

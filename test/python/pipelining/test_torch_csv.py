@@ -9,7 +9,6 @@ the cell of the action it refuses. torch 2.13 only (torch 1.13 has no pipelining
 from __future__ import annotations
 
 import copy
-import json
 import re
 import sys
 from pathlib import Path

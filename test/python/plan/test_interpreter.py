@@ -325,7 +325,7 @@ def _pieces_plan() -> Dict[str, Any]:
 
 
 def test_a_replay_in_pieces_prefetches_its_regions_and_the_backward_replays_the_rest():
-    """Rule 3a: the piece replays only the region it lists; the backward then replays the other
+    """hpr.exec.replay-in-pieces: the piece replays only the region it lists; the backward then replays the other
     one inside and reads the prefetched one without replaying it: one replay per region, and
     the gradients are the plain ones."""
     backend = TwoRegions()
@@ -363,10 +363,10 @@ def test_a_forward_that_ran_other_checkpoints_than_its_pieces_name_is_refused_at
     with pytest.raises(RunError, match=rf"^test: rank 0 action {forward} \(forward stage 0 mb 1\): ran 3 "
                                        r"checkpoints, but its session s0.mb1 replays in pieces by its 2 regions "
                                        r"\(sin, cos\); a replay in pieces needs one checkpoint per planned region, "
-                                       r"in forward order \(NOTE \[ Executing a plan \] Rule 3a\)"):
+                                       r"in forward order \[hpr\.exec\.replay-in-pieces\]$"):
         run_step([run])
     assert backend.calls == {"sin": 2, "cos": 2}  # the two forwards only: nothing replayed
-    # Without sessions (Rule 10: torch's checkpoint replays) the count does not matter.
+    # Without sessions (hpr.exec.without-sessions: torch's checkpoint replays) the count does not matter.
     native = PlanInterpreter("test", plan, 0, TwoRegions(extra=1), hr.SessionScope("native"), sessions=False)
     assert run_step([native]) == []
 
@@ -393,7 +393,7 @@ def _split_second_stage() -> Dict[str, Any]:
 
 @pytest.mark.parametrize("inputs_need_grad", [True, False])
 def test_each_backward_is_one_verb_and_an_input_gradient_nobody_needs_is_none(inputs_need_grad):
-    """Rule 4: a B is whole; an I is dx and its W dw, except the first stage's I and an I whose
+    """hpr.exec.backward-verbs: a B is whole; an I is dx and its W dw, except the first stage's I and an I whose
     stage inputs need no gradient this microbatch: none, and then its W is the whole backward."""
     verbs = lambda backend: [(c[1], c[3], c[4]) for c in backend.calls if c[0] == "backward"]  # noqa: E731
     first = Verbs(inputs_need_grad)
@@ -447,7 +447,7 @@ def _one_rank_two_stages() -> Dict[str, Any]:
 
 
 def test_gradients_are_divided_once_each_at_the_last_reduce_grad_of_the_rank_that_holds_them():
-    """Rule 8: each parameter's gradient is divided by grad_scale once per step, after the data-parallel
+    """hpr.exec.gradient-scaling: each parameter's gradient is divided by grad_scale once per step, after the data-parallel
     reduction; a parameter two stages of the rank hold waits for the later one (its gradient is not
     complete before), as torch's per-stage scale_grads would not."""
     backend = Gradients()
@@ -472,7 +472,7 @@ class NeverReady(Recorder):
 
 
 def test_run_step_runs_ranks_until_none_can_go_on_and_names_where_each_waits():
-    """Rule 9: one process driving two ranks runs each as far as its receives allow; when no rank
+    """hpr.exec.run-step: one process driving two ranks runs each as far as its receives allow; when no rank
     can go on the step is a deadlock, named rank by rank, and every rank's step is abandoned."""
     plan = build_plan(hand_plan(), "hand.json")
     scopes = [hr.SessionScope("rank0"), hr.SessionScope("rank1")]

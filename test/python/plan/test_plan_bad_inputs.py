@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 

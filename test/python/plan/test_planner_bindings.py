@@ -81,7 +81,7 @@ def _refused_alike(plan: dict, path: Path) -> list:
 
 
 def test_a_plan_reading_sharded_parameters_is_refused_as_the_cli_does(tmp_path: Path) -> None:
-    """Rule 13: with the first reshard of rank 0 moved to the front, its stage's actions
+    """hpr.exec.forward-only: with the first reshard of rank 0 moved to the front, its stage's actions
     read parameters that are sharded; the admission check every runtime uses says so."""
     plan = hr.make_plan(schedule_gen="zbv", ranks=2, microbatches=4, model=GPT, dp_shard=2)
     actions = plan["ranks"][0]["actions"]

@@ -37,10 +37,10 @@ def make_plan(tmp: Path, *args: str, name: str = "p.json") -> Path:
 
 
 def pieces_plan(tmp: Path, *model: str) -> Tuple[Path, Path]:
-    """A 1F1B 2 x 4 jit plan and a bubble plan that replays in pieces (NOTE [ Executing a plan ]
-    Rule 3a). Bubble moves only replays on a critical path (docs/planning.md); within jit's
-    peak none of 1F1B's has room, within twice it rank 0 prefetches microbatch 3's last blocks
-    into the wait before its backward."""
+    """A 1F1B 2 x 4 jit plan and a bubble plan that replays in pieces (hpr.exec.replay-in-pieces).
+    Bubble moves only replays on a critical path (docs/planning.md); within jit's peak none of
+    1F1B's has room, within twice it rank 0 prefetches microbatch 3's last blocks into the wait
+    before its backward."""
     gen = [*model, *flags(("1f1b", 2, 4))]
     return (make_plan(tmp, *gen, name="jit.json"),
             make_plan(tmp, *gen, "--prefetch", "bubble", "--memory-budget", "2x", name="pieces.json"))

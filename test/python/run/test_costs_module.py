@@ -298,7 +298,7 @@ def build():
 
 
 def test_a_region_keeping_state_between_calls_is_refused(tmp_path: Path) -> None:
-    """NOTE [ Cut forward ] Rule 5: its bytes would grow with every measured call (a Hugging Face
+    """hpr.cut.stateless-regions: its bytes would grow with every measured call (a Hugging Face
     model with use_cache=True is tested in test/python/hf, where the message names use_cache)."""
     m = _model_file(tmp_path, KEEPS_STATE)
     out = tmp_path / "out.json"

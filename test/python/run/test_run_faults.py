@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, PYTHON_DIR, REPO, device_node, edit_plan, flags, make_plan,
+from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, PYTHON_DIR, REPO, device_node, flags, make_plan,
                           mlp_regions, model_json, processes_left, processes_with, run_cli)
 
 pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)

@@ -104,7 +104,7 @@ def test_a_selective_plan_is_refused_where_torch_lacks_it(tmp_path: Path) -> Non
 @needs_selective
 @pytest.mark.skipif(not hasattr(torch.nn.Module, "compile"), reason="nn.Module.compile needs torch >= 2.2")
 def test_a_selective_plan_on_a_model_with_compiled_modules_is_refused(tmp_path: Path) -> None:
-    """NOTE [ Selective policy ] Rule 5: the runner's regions are functions, so a model holding a
+    """hpr.selective.visible-ops: the runner's regions are functions, so a model holding a
     module compiled where the policy cannot see its ops refuses a selective plan before any
     rank runs, naming the region and the module."""
     factory = gpt_factory(tmp_path, "model.blocks[1].compile()")
@@ -117,7 +117,8 @@ def test_a_selective_plan_on_a_model_with_compiled_modules_is_refused(tmp_path: 
     proc = run_cli("--plan", str(plan), "--model", factory, "--steps", "1")
     assert proc.returncode == 1, proc.stderr
     assert (f"{plan}: /model/stages/0/regions/1/checkpoint: region 'blocks.0' is \"selective\", but model 'gpt' "
-            f"holds compiled modules ('blocks.1') whose ops the policy cannot see (NOTE [ Selective policy ] Rule 5)"
+            f"holds compiled modules ('blocks.1') whose ops the policy cannot see; do not compile the model for the "
+            f"runner, or plan the region in full [hpr.selective.visible-ops]"
             in proc.stderr), proc.stderr
     assert "Traceback" not in proc.stderr
 
