@@ -1,7 +1,7 @@
 #!/bin/sh
 # Rule ids (docs/rules.md) are spelled once, in include/hpr/Support/Rules.def.
 # Fails, naming the places, when
-#  - a C++ source of the project (include/, lib/, passes/, tools/) outside
+#  - a C++ source of the project (include/, lib/, tools/) outside
 #    Rules.def spells an id in code rather than in a comment: a diagnostic
 #    takes its tag from the table (ruleTag). Tests do spell ids, on purpose:
 #    an expectation written out catches an id that changes;
@@ -24,7 +24,7 @@ if [ -n "$(printf '%s\n' "$ids" | uniq -d)" ]; then
 fi
 status=0
 token="hpr\.($areas)\.[a-z0-9_-]*[a-z0-9]"
-spelled=$(git ls-files -z -- 'include/*' 'lib/*' 'passes/*' 'tools/*' |
+spelled=$(git ls-files -z -- 'include/*' 'lib/*' 'tools/*' |
   grep -zE '\.(cpp|h|inc)$' | xargs -0 grep -nE "$token" |
   grep -v "^$table:" | sed 's#//.*$##' | grep -E "$token" || true)
 if [ -n "$spelled" ]; then

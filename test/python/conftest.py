@@ -4,7 +4,8 @@ the run caches of its own, and register the ``slow`` marker (modules that start 
 Why per-run caches: inductor keeps compiled kernels on disk (``/tmp/torchinductor_$USER`` by
 default), shared by every run and every torch on the machine; a kernel another run left there
 (a poisoned or stale cache) failed tests that had nothing wrong. The folder is set in the
-environment, so the processes the tests start (ranks, CLIs) use it too, and removed at the end.
+environment, so xdist's workers and the processes the tests start (ranks, CLIs) share it (a
+graph one worker compiled is not compiled again by the other), and removed at the end.
 """
 
 import os
@@ -16,7 +17,12 @@ _PYTHON_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."
 if _PYTHON_DIR not in sys.path:
     sys.path.insert(0, _PYTHON_DIR)
 
-_CACHES = tempfile.mkdtemp(prefix="hpr-test-caches-")
+# One folder per run: the first process of the run (pytest, or xdist's controller, which
+# starts its workers after this) makes it and removes it; the workers inherit it.
+_OWNS_CACHES = "HPR_TEST_CACHES" not in os.environ
+if _OWNS_CACHES:
+    os.environ["HPR_TEST_CACHES"] = tempfile.mkdtemp(prefix="hpr-test-caches-")
+_CACHES = os.environ["HPR_TEST_CACHES"]
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHES, "inductor")
 os.environ["TRITON_CACHE_DIR"] = os.path.join(_CACHES, "triton")
 
@@ -27,4 +33,5 @@ def pytest_configure(config):
 
 
 def pytest_sessionfinish(session, exitstatus):  # noqa: ARG001 - pytest's hook signature
-    shutil.rmtree(_CACHES, ignore_errors=True)
+    if _OWNS_CACHES:
+        shutil.rmtree(_CACHES, ignore_errors=True)
