@@ -9,7 +9,7 @@
 #include "FuzzInput.h"
 
 #include "hpr/InitAll.h"
-#include "hpr/Plan/PlanImport.h"
+#include "hpr/Target/PlanImport.h"
 
 #include "mlir/IR/MLIRContext.h"
 

@@ -6,12 +6,12 @@
 #include "hpr/Model/ModelJson.h"
 #include "hpr/Model/Partition.h"
 #include "hpr/Model/TorchScriptImport.h"
-#include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
 #include "hpr/Schedule/ScheduleFile.h"
 #include "hpr/Schedule/Validate.h"
 #include "hpr/Support/OutputFile.h"
+#include "hpr/Target/BuildModule.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/MLIRContext.h"

@@ -13,10 +13,10 @@
 #define HPR_DRIVER_PLANNER_H
 
 #include "hpr/Model/Model.h"
-#include "hpr/Plan/PlanJson.h"
-#include "hpr/Plan/PlanSummary.h"
 #include "hpr/Schedule/Schedule.h"
 #include "hpr/Schedule/ScheduleCsv.h"
+#include "hpr/Target/PlanJson.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"

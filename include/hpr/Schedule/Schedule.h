@@ -3,7 +3,7 @@
 // A pipeline schedule as torch.distributed.pipelining describes it: one
 // ordered list of actions per rank. This is the in-memory form shared by the
 // CSV/JSON readers and writers, the generators, the validator and the comm
-// lowering; the hpr IR is built from it (see hpr/Plan/BuildModule.h).
+// lowering; the hpr IR is built from it (see hpr/Target/BuildModule.h).
 //
 //===----------------------------------------------------------------------===//
 

@@ -114,7 +114,7 @@ void buildRecomputePipeline(OpPassManager &pm,
                             const RecomputePipelineOptions &options);
 
 /// The admission check of a finished plan, written by the planner or read
-/// back (hpr/Plan/PlanImport.h): MLIR's structural verifier (the op
+/// back (hpr/Target/PlanImport.h): MLIR's structural verifier (the op
 /// verifiers), hpr-verify-comm with `plan` (the schedule rules: pairing, data
 /// flow, tags, deadlock; REDUCE_GRAD once per stage, every receive posted)
 /// and hpr-verify (the sessions), the last two both run whatever the other

@@ -4,7 +4,7 @@ The CSV is torch's compute+comms schedule (``_PipelineScheduleRuntime._load_csv(
 format="compute_comms")`` loads it); torch's action set has no recompute and no clear, so
 the sidecar ``FILE.hpr.json`` carries them (docs/plan-format.md, "torch CSV"). Why nothing
 here knows that format: the planner reads the pair with the reader that sits beside its
-writer (``readTorchCsv`` in lib/Plan/TorchCsv.cpp, through
+writer (``readTorchCsv`` in lib/Target/TorchCsv.cpp, through
 ``hp_recompute._planner.read_torch_csv``), into plan JSON and a map from each action to
 the CSV cell (``FILE:ROW:COL ('3F0')``) or sidecar entry (by JSON path) it came from. The
 plan is then admitted as a plan file is (``plan.verify.admit_plan``), and every problem

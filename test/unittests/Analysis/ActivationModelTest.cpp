@@ -1,8 +1,8 @@
 //===- ActivationModelTest.cpp - Activation lifetimes and profiles --------===//
 
 #include "hpr/Analysis/ActivationModel.h"
-#include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/Generators.h"
+#include "hpr/Target/BuildModule.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"

@@ -1,9 +1,9 @@
 //===- CostModelTest.cpp - Per-stage time and memory of a model ----------===//
 
 #include "hpr/Analysis/CostModel.h"
-#include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
+#include "hpr/Target/BuildModule.h"
 
 #include "mlir/IR/MLIRContext.h"
 

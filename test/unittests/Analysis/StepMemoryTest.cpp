@@ -1,9 +1,9 @@
 //===- StepMemoryTest.cpp - Gathered parameters in a rank's step ---------===//
 
 #include "hpr/Analysis/StepMemory.h"
-#include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
+#include "hpr/Target/BuildModule.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/MLIRContext.h"

@@ -5,8 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_PLANSUMMARY_H
-#define HPR_PLAN_PLANSUMMARY_H
+#ifndef HPR_TARGET_PLANSUMMARY_H
+#define HPR_TARGET_PLANSUMMARY_H
 
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Schedule/Simulate.h"
@@ -56,4 +56,4 @@ llvm::Expected<PlanSummary> summarizePlan(ModuleOp module);
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_PLANSUMMARY_H
+#endif // HPR_TARGET_PLANSUMMARY_H

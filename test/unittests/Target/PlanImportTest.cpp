@@ -9,7 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "hpr/Plan/PlanImport.h"
+#include "hpr/Target/PlanImport.h"
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"

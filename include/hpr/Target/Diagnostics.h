@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_DIAGNOSTICS_H
-#define HPR_PLAN_DIAGNOSTICS_H
+#ifndef HPR_TARGET_DIAGNOSTICS_H
+#define HPR_TARGET_DIAGNOSTICS_H
 
 #include "mlir/IR/Diagnostics.h"
 #include "llvm/ADT/StringRef.h"
@@ -25,4 +25,4 @@ void printDiagnostic(Diagnostic &diag, llvm::raw_ostream &os,
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_DIAGNOSTICS_H
+#endif // HPR_TARGET_DIAGNOSTICS_H

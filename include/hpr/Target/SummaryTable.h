@@ -5,11 +5,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_SUMMARYTABLE_H
-#define HPR_PLAN_SUMMARYTABLE_H
+#ifndef HPR_TARGET_SUMMARYTABLE_H
+#define HPR_TARGET_SUMMARYTABLE_H
 
-#include "hpr/Plan/PlanJson.h"
-#include "hpr/Plan/PlanSummary.h"
+#include "hpr/Target/PlanJson.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -24,4 +24,4 @@ void printScheduleCandidates(llvm::ArrayRef<ScheduleCandidate> candidates,
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_SUMMARYTABLE_H
+#endif // HPR_TARGET_SUMMARYTABLE_H

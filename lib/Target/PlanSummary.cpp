@@ -1,6 +1,6 @@
 //===- PlanSummary.cpp - What a planned module does and costs ------------===//
 
-#include "hpr/Plan/PlanSummary.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/StepMemory.h"

@@ -3,12 +3,12 @@
 // The members of the plan JSON that other plan formats repeat (the torch CSV's
 // sidecar): the schedule, the model's stages, one session, one action. They
 // print the module; nothing here derives what a runtime reads (that is
-// hpr-lower-runtime's). Private to lib/Plan.
+// hpr-lower-runtime's). Private to lib/Target.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_LIB_PLAN_PLANJSONPARTS_H
-#define HPR_LIB_PLAN_PLANJSONPARTS_H
+#ifndef HPR_LIB_TARGET_PLANJSONPARTS_H
+#define HPR_LIB_TARGET_PLANJSONPARTS_H
 
 #include "hpr/Dialect/HPR/HPROps.h"
 
@@ -58,4 +58,4 @@ nlohmann::ordered_json actionJson(Operation *op);
 
 } // namespace mlir::hpr::plan_json
 
-#endif // HPR_LIB_PLAN_PLANJSONPARTS_H
+#endif // HPR_LIB_TARGET_PLANJSONPARTS_H

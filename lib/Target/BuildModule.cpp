@@ -1,6 +1,6 @@
 //===- BuildModule.cpp - Schedule + model -> hpr IR ----------------------===//
 
-#include "hpr/Plan/BuildModule.h"
+#include "hpr/Target/BuildModule.h"
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Schedule/ScheduleUtils.h"

@@ -5,10 +5,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_PLANJSON_H
-#define HPR_PLAN_PLANJSON_H
+#ifndef HPR_TARGET_PLANJSON_H
+#define HPR_TARGET_PLANJSON_H
 
-#include "hpr/Plan/PlanSummary.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
@@ -49,4 +49,4 @@ void writePlanJson(ModuleOp module, const PlanSummary &summary,
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_PLANJSON_H
+#endif // HPR_TARGET_PLANJSON_H

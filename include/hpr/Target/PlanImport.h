@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_PLANIMPORT_H
-#define HPR_PLAN_PLANIMPORT_H
+#ifndef HPR_TARGET_PLANIMPORT_H
+#define HPR_TARGET_PLANIMPORT_H
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -38,4 +38,4 @@ LogicalResult verifyImportedPlan(ModuleOp module);
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_PLANIMPORT_H
+#endif // HPR_TARGET_PLANIMPORT_H

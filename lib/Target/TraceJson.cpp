@@ -1,6 +1,6 @@
 //===- TraceJson.cpp - The simulated step as a Chrome trace --------------===//
 
-#include "hpr/Plan/TraceJson.h"
+#include "hpr/Target/TraceJson.h"
 
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Support/Json.h"

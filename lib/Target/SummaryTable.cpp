@@ -1,6 +1,6 @@
 //===- SummaryTable.cpp - The plan summary as a table --------------------===//
 
-#include "hpr/Plan/SummaryTable.h"
+#include "hpr/Target/SummaryTable.h"
 
 #include "llvm/Support/Format.h"
 

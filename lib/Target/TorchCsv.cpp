@@ -1,15 +1,15 @@
 //===- TorchCsv.cpp - torch's schedule CSV + sidecar <-> plans -----------===//
 
-#include "hpr/Plan/TorchCsv.h"
+#include "hpr/Target/TorchCsv.h"
 #include "PlanJsonParts.h"
 
 #include "hpr/Dialect/HPR/HPROps.h"
-#include "hpr/Plan/PlanImport.h"
-#include "hpr/Plan/PlanJson.h"
 #include "hpr/Schedule/ScheduleCsv.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/InputFile.h"
 #include "hpr/Support/Json.h"
+#include "hpr/Target/PlanImport.h"
+#include "hpr/Target/PlanJson.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/Pass/PassManager.h"

@@ -1,6 +1,6 @@
 //===- Diagnostics.cpp - Diagnostics at schedule cells and plan paths -----===//
 
-#include "hpr/Plan/Diagnostics.h"
+#include "hpr/Target/Diagnostics.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Location.h"

@@ -1,6 +1,6 @@
 //===- PlanJson.cpp - The planned module as the plan JSON ----------------===//
 
-#include "hpr/Plan/PlanJson.h"
+#include "hpr/Target/PlanJson.h"
 #include "PlanJsonParts.h"
 
 #include "hpr/Dialect/HPR/HPROps.h"

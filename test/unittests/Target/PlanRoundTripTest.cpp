@@ -8,10 +8,10 @@
 
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/InitAll.h"
-#include "hpr/Plan/BuildModule.h"
-#include "hpr/Plan/PlanSummary.h"
 #include "hpr/Schedule/Generators.h"
 #include "hpr/Schedule/Lowering.h"
+#include "hpr/Target/BuildModule.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"

@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_BUILDMODULE_H
-#define HPR_PLAN_BUILDMODULE_H
+#ifndef HPR_TARGET_BUILDMODULE_H
+#define HPR_TARGET_BUILDMODULE_H
 
 #include "hpr/Model/Model.h"
 #include "hpr/Schedule/Schedule.h"
@@ -25,7 +25,7 @@
 namespace mlir::hpr {
 
 /// What a plan adds to an action of its schedule, for a plan read back
-/// (hpr/Plan/PlanImport.h): the session it names, the consumer's
+/// (hpr/Target/PlanImport.h): the session it names, the consumer's
 /// retain_on_unpack, and a forward that runs plainly.
 struct PlannedAction {
   std::string session; ///< "" when it names none
@@ -72,4 +72,4 @@ model::StagedModel makeUniformModel(int numStages);
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_BUILDMODULE_H
+#endif // HPR_TARGET_BUILDMODULE_H

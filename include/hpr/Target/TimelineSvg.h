@@ -8,10 +8,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_TIMELINESVG_H
-#define HPR_PLAN_TIMELINESVG_H
+#ifndef HPR_TARGET_TIMELINESVG_H
+#define HPR_TARGET_TIMELINESVG_H
 
-#include "hpr/Plan/PlanSummary.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
@@ -25,4 +25,4 @@ void writeTimelineSvg(ModuleOp module, const PlanSummary &summary,
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_TIMELINESVG_H
+#endif // HPR_TARGET_TIMELINESVG_H

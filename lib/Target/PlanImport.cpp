@@ -7,15 +7,15 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "hpr/Plan/PlanImport.h"
+#include "hpr/Target/PlanImport.h"
 
 #include "hpr/Analysis/RuntimeLowering.h"
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "hpr/Model/ModelJson.h"
-#include "hpr/Plan/BuildModule.h"
 #include "hpr/Schedule/ScheduleUtils.h"
 #include "hpr/Support/Json.h"
 #include "hpr/Support/Rules.h"
+#include "hpr/Target/BuildModule.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"

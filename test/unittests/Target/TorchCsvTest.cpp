@@ -9,11 +9,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "hpr/Plan/TorchCsv.h"
+#include "hpr/Target/TorchCsv.h"
 #include "hpr/Driver/Planner.h"
 #include "hpr/InitAll.h"
-#include "hpr/Plan/PlanImport.h"
-#include "hpr/Plan/PlanJson.h"
+#include "hpr/Target/PlanImport.h"
+#include "hpr/Target/PlanJson.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/FileSystem.h"

@@ -1,6 +1,6 @@
 //===- TimelineSvg.cpp - The simulated timeline as a picture -------------===//
 
-#include "hpr/Plan/TimelineSvg.h"
+#include "hpr/Target/TimelineSvg.h"
 
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"

@@ -15,8 +15,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PLAN_TORCHCSV_H
-#define HPR_PLAN_TORCHCSV_H
+#ifndef HPR_TARGET_TORCHCSV_H
+#define HPR_TARGET_TORCHCSV_H
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/StringMap.h"
@@ -99,4 +99,4 @@ llvm::Expected<TorchCsvPlan> readTorchCsvFiles(MLIRContext &context,
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_TORCHCSV_H
+#endif // HPR_TARGET_TORCHCSV_H

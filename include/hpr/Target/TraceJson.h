@@ -1,9 +1,9 @@
 //===- TraceJson.h - The simulated step as a Chrome trace -------*- C++ -*-===//
 
-#ifndef HPR_PLAN_TRACEJSON_H
-#define HPR_PLAN_TRACEJSON_H
+#ifndef HPR_TARGET_TRACEJSON_H
+#define HPR_TARGET_TRACEJSON_H
 
-#include "hpr/Plan/PlanSummary.h"
+#include "hpr/Target/PlanSummary.h"
 
 #include "llvm/Support/raw_ostream.h"
 
@@ -16,4 +16,4 @@ void writeTraceJson(const PlanSummary &summary, llvm::raw_ostream &os);
 
 } // namespace mlir::hpr
 
-#endif // HPR_PLAN_TRACEJSON_H
+#endif // HPR_TARGET_TRACEJSON_H
