@@ -291,35 +291,11 @@ def run(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
     return res
 
 
-def spawn_ranks(main: Any, cfg: Dict[str, Any], nprocs: int) -> List[Dict[str, Any]]:
-    """Runs ``main(rank, cfg)`` in ``nprocs`` spawned processes and returns each rank's
-    result (``cfg["out"]/rank{R}.pt``). A rank that raised left at once (``finish``): the
-    others are stopped and the saved tracebacks fail the case. A rank killed by SIGABRT
-    after every rank saved its result died in gloo's teardown (``finish`` saves before the
-    closing barrier), which says nothing about the case: its results stand. Any other death
-    fails the case."""
-    import torch.multiprocessing as mp
-
-    from hp_recompute.processes import rank_start_method
-
-    files = [Path(cfg["out"]) / f"rank{r}.pt" for r in range(nprocs)]
-    try:
-        mp.start_processes(main, args=(cfg,), nprocs=nprocs, start_method=rank_start_method(), join=True)
-    except mp.ProcessExitedException as e:
-        saved = {r: torch.load(f) for r, f in enumerate(files) if f.exists()}
-        raised = [f"rank {r}:\n{res['exception']}" for r, res in saved.items() if "exception" in res]
-        if raised:
-            raise AssertionError("\n".join(raised)) from e
-        if e.signal_name != "SIGABRT" or len(saved) < nprocs:
-            raise
-    return [torch.load(f) for f in files]
-
-
 def finish(res: Dict[str, Any], path: Path) -> None:
     """Saves this rank's result ``res`` to ``path`` and ends the process. A rank that raised
     (``res["exception"]``) ends at once with exit code 1: its peers may be waiting for it in
     a receive or a collective, where a closing barrier would hang them until gloo's timeout
-    (30 minutes); ``spawn_ranks`` stops them and reports the traceback."""
+    (30 minutes); ``rank_processes.spawn_ranks`` stops them and reports the traceback."""
     import torch.distributed as dist
 
     torch.save(res, path)

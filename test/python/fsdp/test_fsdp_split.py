@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 import fsdp_worker  # noqa: E402
+from rank_processes import spawn_ranks  # noqa: E402
 
 GROUPS = 3  # FSDP parameter groups: block 0, block 1, the root (head)
 
@@ -42,7 +43,7 @@ def run_case(tmp: Path, ranks: int = 2, **cfg: Any) -> List[Dict[str, Any]]:
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "out": str(out),
            "microbatches": 1, "reshard": True, **cfg}
-    results = fsdp_worker.spawn_ranks(fsdp_worker.main, cfg, ranks)
+    results = spawn_ranks(fsdp_worker.main, cfg, ranks)
     for rank, res in enumerate(results):
         assert "exception" not in res, f"rank {rank}:\n{res.get('exception')}"
     return results

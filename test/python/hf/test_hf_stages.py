@@ -23,7 +23,6 @@ import torch
 
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
 pytest.importorskip("transformers", reason="needs transformers (requirements.txt)")
-import torch.multiprocessing as mp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -32,7 +31,7 @@ import hf_stage_worker  # noqa: E402
 
 import hp_recompute as hr  # noqa: E402
 from hp_recompute import hf  # noqa: E402
-from hp_recompute.processes import rank_start_method  # noqa: E402
+from rank_processes import spawn_ranks  # noqa: E402
 from hp_recompute.errors import RunError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
@@ -129,8 +128,7 @@ def _run_stages(tmp_path: Path, family: str, plan: Path, **extra: Any) -> List[D
     out.mkdir()
     cfg = {"store": str(tmp_path / "store"), "ranks": 2, "microbatches": 4, "family": family, "plan": str(plan),
            "out": str(out), **extra}
-    mp.start_processes(hf_stage_worker.main, args=(cfg,), nprocs=2, start_method=rank_start_method(), join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    return spawn_ranks(hf_stage_worker.main, cfg, 2)
 
 
 def test_llama_stages_train_under_a_zbv_plan_on_two_ranks(tmp_path: Path, llama_plan: Path) -> None:

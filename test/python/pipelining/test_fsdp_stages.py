@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "fsdp"))  # fsdp_worker's selective policy and autocast
 import pp_fsdp_worker  # noqa: E402
-from fsdp_worker import spawn_ranks  # noqa: E402
+from rank_processes import spawn_ranks  # noqa: E402
 from test_planned_schedule import DIM, LAYERS_PER_STAGE, REPO, model_json, stage_spec  # noqa: E402
 
 MICROBATCHES = 4

@@ -24,7 +24,6 @@ import pytest
 import torch
 
 pipelining = pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
-import torch.multiprocessing as mp  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -32,7 +31,7 @@ import pp_plain_worker  # noqa: E402
 import pp_titan_worker  # noqa: E402
 import pp_worker  # noqa: E402
 from hp_recompute import compile_split  # noqa: E402
-from hp_recompute.processes import rank_start_method  # noqa: E402
+from rank_processes import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.slow  # starts rank processes or torchrun (test/python/conftest.py)
 
@@ -87,8 +86,7 @@ def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatch
            "layers": layers, "dim": DIM, "batch": 2 * microbatches, "microbatches": microbatches,
            "dropout": dropout, "torch_schedule": torch_schedule, "dump_csv": dump, "plan_cmd": cmd,
            "plan": str(plan), "out": str(out), "planned_wrap": planned_wrap, **extra}
-    mp.start_processes(worker, args=(cfg,), nprocs=ranks, start_method=rank_start_method(), join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+    return spawn_ranks(worker, cfg, ranks)
 
 
 def check(results: List[Dict[str, Any]], microbatches: int) -> None:
@@ -164,8 +162,7 @@ def test_plans_keep_what_the_plain_model_computes(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp_path / "store"), "layers": layers, "dim": DIM,
            "batch": 2 * microbatches, "microbatches": microbatches, "plans": plans, "out": str(tmp_path / "out")}
-    mp.start_processes(pp_plain_worker.main, args=(cfg,), nprocs=2, start_method=rank_start_method(), join=True)
-    results = [torch.load(tmp_path / "out" / f"rank{r}.pt") for r in range(2)]
+    results = spawn_ranks(pp_plain_worker.main, cfg, 2)
     blocks_per_rank = layers // 2  # checkpointed blocks on each rank, under both plans
     for case in ("keywords", "buffers", "two_plans", "frozen_zbv", "frozen_zb-h1", "frozen_two_zbv"):
         want = results[0][case]["plain"]
@@ -550,9 +547,7 @@ def test_stages_that_do_not_match_the_plan_are_refused(tmp_path: Path) -> None:
            "layers": layers, "dim": DIM, "microbatches": microbatches, "torch_schedule": "zbv", "plan": str(plan),
            "good_csv": str(tmp_path / "plan.csv"), "bad_csv": str(tmp_path / "bad.csv"),
            "out": str(tmp_path / "out")}
-    mp.start_processes(pp_worker.refusals, args=(cfg,), nprocs=ranks, start_method=rank_start_method(), join=True)
-    for rank in range(ranks):
-        got = torch.load(tmp_path / "out" / f"rank{rank}.pt")
+    for rank, got in enumerate(spawn_ranks(pp_worker.refusals, cfg, ranks)):
         assert got["good"] == "accepted", got
         assert "the plan has 4 microbatches, n_microbatches is 5" in got["microbatches"]
         assert "the plan checkpoints region 'layers." in got["missing region"]
