@@ -202,6 +202,24 @@ void apply(ModuleOp module, const Deferral &deferral) {
   found->erase();
 }
 
+/// Prices `change` (a Change or a Deferral) on rank `rank`'s program:
+/// applies it to `module`, returns what `price` says of the changed module,
+/// and puts a copy of the program as it was back in its place. A copy of one
+/// program per candidate, not of the module: candidates are priced by the
+/// hundred a round on schedules of 10^5 actions. Nothing may keep an op of
+/// that program across the call.
+template <typename ChangeT, typename PriceFn>
+auto priceChanged(ModuleOp module, unsigned rank, const ChangeT &change,
+                  PriceFn price) {
+  ProgramOp program = programOf(module, rank);
+  Operation *unchanged = program->clone();
+  apply(module, change);
+  auto priced = price();
+  OpBuilder(program).insert(unchanged);
+  program->erase();
+  return priced;
+}
+
 class BoundWeightDeferralPass
     : public mlir::hpr::impl::HPRBoundWeightDeferralBase<
           BoundWeightDeferralPass> {
@@ -398,9 +416,9 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
     unsigned rank = worst - rankPeaks.begin();
     std::optional<Priced> best;
     for (const Change &change : changesAtPeak(module, rank)) {
-      OwningOpRef<ModuleOp> copy(module.clone());
-      apply(*copy, change);
-      Priced priced{stepUs(*copy), peakOf(programOf(*copy, rank)), change};
+      Priced priced = priceChanged(module, rank, change, [&] {
+        return Priced{stepUs(module), peakOf(programOf(module, rank)), change};
+      });
       if (!best || std::tie(priced.stepUs, priced.peak) <
                        std::tie(best->stepUs, best->peak))
         best = priced;
@@ -525,13 +543,14 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
     std::optional<std::pair<double, Deferral>> best;
     for (const Deferral &deferral : candidates) {
-      OwningOpRef<ModuleOp> copy(module.clone());
-      apply(*copy, deferral);
-      if (!fitsAfterMove(*copy, deferral.rank))
-        continue;
-      double candidate = stepUs(*copy);
-      if (candidate < (best ? best->first : step) * (1 - 1e-9))
-        best = {candidate, deferral};
+      std::optional<double> candidate = priceChanged(
+          module, deferral.rank, deferral, [&]() -> std::optional<double> {
+            if (!fitsAfterMove(module, deferral.rank))
+              return std::nullopt;
+            return stepUs(module);
+          });
+      if (candidate && *candidate < (best ? best->first : step) * (1 - 1e-9))
+        best = {*candidate, deferral};
     }
     if (!best)
       break;

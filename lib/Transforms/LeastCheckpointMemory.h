@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PASSES_LEASTCHECKPOINTMEMORY_H
-#define HPR_PASSES_LEASTCHECKPOINTMEMORY_H
+#ifndef HPR_LIB_TRANSFORMS_LEASTCHECKPOINTMEMORY_H
+#define HPR_LIB_TRANSFORMS_LEASTCHECKPOINTMEMORY_H
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -24,4 +24,4 @@ std::vector<int64_t> leastCheckpointPeaks(ModuleOp module);
 
 } // namespace mlir::hpr
 
-#endif // HPR_PASSES_LEASTCHECKPOINTMEMORY_H
+#endif // HPR_LIB_TRANSFORMS_LEASTCHECKPOINTMEMORY_H

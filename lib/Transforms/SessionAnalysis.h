@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef HPR_PASSES_SESSIONANALYSIS_H
-#define HPR_PASSES_SESSIONANALYSIS_H
+#ifndef HPR_LIB_TRANSFORMS_SESSIONANALYSIS_H
+#define HPR_LIB_TRANSFORMS_SESSIONANALYSIS_H
 
 #include "hpr/Dialect/HPR/HPROps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -39,4 +39,4 @@ bool isComputeAction(Operation *op);
 
 } // namespace mlir::hpr
 
-#endif // HPR_PASSES_SESSIONANALYSIS_H
+#endif // HPR_LIB_TRANSFORMS_SESSIONANALYSIS_H
