@@ -32,8 +32,9 @@ static std::error_code lastError() {
 
 /// A write past `ulimit -f` raises SIGXFSZ, whose default action (and LLVM's
 /// crash handler, which re-raises it) kills the process with the temporary
-/// left behind; ignored, the write fails with EFBIG and is reported (rule 5).
-/// Called after RemoveFileOnSignal, which installs LLVM's handlers once.
+/// left behind; ignored, the write fails with EFBIG and is reported
+/// (hpr.output.atomic-replace). Called after RemoveFileOnSignal, which installs
+/// LLVM's handlers once.
 static void ignoreFileSizeSignal() {
   struct sigaction ignore = {};
   ignore.sa_handler = SIG_IGN;
@@ -69,7 +70,8 @@ void OutputFile::discard() {
   }
 }
 
-/// Rule 4: \p target is opened as it is, neither created nor truncated.
+/// hpr.output.special-files: \p target is opened as it is, neither created nor
+/// truncated.
 Expected<std::unique_ptr<OutputFile>>
 OutputFile::openStream(std::unique_ptr<OutputFile> out, StringRef target) {
   out->kind = Kind::Stream;
@@ -85,7 +87,7 @@ OutputFile::openStream(std::unique_ptr<OutputFile> out, StringRef target) {
 
 Expected<std::unique_ptr<OutputFile>> OutputFile::open(StringRef flag,
                                                        StringRef path) {
-  // Rule 1.
+  // hpr.output.stdout-dash.
   if (path.empty())
     return make_error<UsageError>(
         (flag + ": expected a file name, or - for standard output; got an "
@@ -99,17 +101,18 @@ Expected<std::unique_ptr<OutputFile>> OutputFile::open(StringRef flag,
     return out;
   }
 
-  // Rule 4 first, through the kernel's own resolution: /dev/stdout is a
-  // link to /proc/self/fd/1, whose target (`pipe:[N]`) names no path.
+  // hpr.output.special-files first, through the kernel's own resolution:
+  // /dev/stdout is a link to /proc/self/fd/1, whose target (`pipe:[N]`) names
+  // no path.
   fs::file_status followed;
   if (!fs::status(path, followed, /*Follow=*/true) && fs::exists(followed) &&
       followed.type() != fs::file_type::regular_file &&
       followed.type() != fs::file_type::directory_file)
     return openStream(std::move(out), path);
 
-  // Rule 2: the last component's links are followed here, so that a
-  // dangling link names the file to create and a loop is found (the kernel
-  // follows the links among the directories).
+  // hpr.output.follow-symlinks: the last component's links are followed here,
+  // so that a dangling link names the file to create and a loop is found (the
+  // kernel follows the links among the directories).
   SmallString<256> resolved(path);
   fs::file_status status;
   bool exists = false;
@@ -141,16 +144,17 @@ Expected<std::unique_ptr<OutputFile>> OutputFile::open(StringRef flag,
     }
   }
 
-  // Rule 3.
+  // hpr.output.no-directory.
   if (exists && status.type() == fs::file_type::directory_file)
     return out->failure("is a directory");
 
-  // Rule 4: a special file that appeared since the check above.
+  // hpr.output.special-files: a special file that appeared since the check
+  // above.
   if (exists && status.type() != fs::file_type::regular_file)
     return openStream(std::move(out), resolved);
 
-  // Rule 5: a temporary beside the target, with the target's permission
-  // bits when it exists (0666 less the umask when it is new).
+  // hpr.output.atomic-replace: a temporary beside the target, with the target's
+  // permission bits when it exists (0666 less the umask when it is new).
   out->kind = Kind::File;
   if (exists)
     out->identity = status.getUniqueID();

@@ -596,7 +596,7 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
 }
 
 //===----------------------------------------------------------------------===//
-// Rules 10-12: what the planner lowers into each action
+// hpr.plan.*: what the planner lowers into each action
 //===----------------------------------------------------------------------===//
 
 namespace {

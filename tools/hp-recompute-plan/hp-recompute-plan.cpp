@@ -446,7 +446,7 @@ int main(int argc, char **argv) {
   if (printSummary && emit != EmitKind::Summary)
     mlir::hpr::printSummaryTable(
         *summary, outputFile == "-" ? errs() : outputs->back()->os());
-  // Renamed only when every output was written (OutputFile.h, rule 5).
+  // Renamed only when every output was written (hpr.output.atomic-replace).
   SmallVector<mlir::hpr::OutputFile *> all;
   for (const auto &file : *outputs)
     all.push_back(file.get());

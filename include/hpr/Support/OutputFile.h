@@ -2,23 +2,26 @@
 //
 // Every file the tools write goes through OutputFile, which implements the
 // project's output-file policy (docs/cli.md, "Output files"; the Python
-// tools implement the same text):
+// tools implement the same text; docs/rules.md, `hpr.output.*`):
 //
-//   1. `-` is standard output; an empty path is a usage error.
-//   2. Symlinks are followed; a loop is an error, the link is never replaced.
-//   3. An existing directory is an error.
-//   4. An existing file that is not a regular file (a device such as
-//      /dev/null or /dev/full, a FIFO) is opened as it is, without creating
-//      or truncating, and streamed into; a write error is an error.
-//   5. A regular file, or a new path, is written to a temporary file in its
-//      directory, flushed, checked, fsync'ed, and renamed over the target
-//      only when everything succeeded; on any failure the temporary is
-//      removed and the target is untouched. An existing file keeps its
-//      permission bits. With several outputs, all are written before any is
-//      renamed (commitOutputs).
-//   6. An output that is the same regular file as an input, or as another
-//      output (device and inode, after following symlinks), is a usage
-//      error.
+//   hpr.output.stdout-dash: `-` is standard output; an empty path is a
+//     usage error.
+//   hpr.output.follow-symlinks: symlinks are followed; a loop is an error,
+//     the link is never replaced.
+//   hpr.output.no-directory: an existing directory is an error.
+//   hpr.output.special-files: an existing file that is not a regular file (a
+//     device such as /dev/null or /dev/full, a FIFO) is opened as it is,
+//     without creating or truncating, and streamed into; a write error is an
+//     error.
+//   hpr.output.atomic-replace: a regular file, or a new path, is written to a
+//     temporary file in its directory, flushed, checked, fsync'ed, and
+//     renamed over the target only when everything succeeded; on any failure
+//     the temporary is removed and the target is untouched. An existing file
+//     keeps its permission bits. With several outputs, all are written before
+//     any is renamed (commitOutputs).
+//   hpr.output.not-an-input: an output that is the same regular file as an
+//     input, or as another output (device and inode, after following
+//     symlinks), is a usage error.
 //
 // All checks happen in OutputFile::open and refuseInput/refuseSameAs, which
 // a tool calls before any work.
@@ -59,10 +62,11 @@ private:
 class OutputFile {
 public:
   /// Checks \p path, given by \p flag (a flag such as "-o", named in every
-  /// message), under rules 1 to 4 and opens it: standard output, the file
-  /// itself when it is not a regular file, otherwise a new temporary file
-  /// beside the target (so a directory that cannot be written is found
-  /// before any work). An empty path is a UsageError.
+  /// message), under the policy's first four rules (stdout-dash to
+  /// special-files) and opens it: standard output, the file itself when it is
+  /// not a regular file, otherwise a new temporary file beside the target (so
+  /// a directory that cannot be written is found before any work). An empty
+  /// path is a UsageError.
   static llvm::Expected<std::unique_ptr<OutputFile>> open(llvm::StringRef flag,
                                                           llvm::StringRef path);
 
@@ -71,10 +75,11 @@ public:
   OutputFile(const OutputFile &) = delete;
   OutputFile &operator=(const OutputFile &) = delete;
 
-  /// Rule 6: a UsageError naming both flags when the input \p path, given by
-  /// \p flag, is the regular file this output would replace.
+  /// hpr.output.not-an-input: a UsageError naming both flags when the input
+  /// \p path, given by \p flag, is the regular file this output would
+  /// replace.
   llvm::Error refuseInput(llvm::StringRef flag, llvm::StringRef path) const;
-  /// Rule 6 for two outputs of one run.
+  /// hpr.output.not-an-input for two outputs of one run.
   llvm::Error refuseSameAs(const OutputFile &other) const;
 
   /// Where the output is written.
@@ -109,8 +114,8 @@ private:
   llvm::raw_fd_ostream *stream = nullptr;
 };
 
-/// Rule 5 for several outputs: finishes every one, then renames them, so a
-/// failure in any leaves every target as it was.
+/// hpr.output.atomic-replace for several outputs: finishes every one, then
+/// renames them, so a failure in any leaves every target as it was.
 llvm::Error commitOutputs(llvm::ArrayRef<OutputFile *> outputs);
 
 } // namespace mlir::hpr
