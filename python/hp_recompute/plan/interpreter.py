@@ -187,9 +187,11 @@ class PlanInterpreter:
         #: this step's checkpoints that saved no tensor: their regions have nothing to replay
         #: (hpr.exec.forward-handles)
         self.saved_nothing = 0
-        #: (stage, microbatch) whose backward_input ran ``none``: its backward_weight is ``whole`` (hpr.exec.backward-verbs)
+        #: (stage, microbatch) whose backward_input ran ``none``: its backward_weight is ``whole``
+        #: (hpr.exec.backward-verbs)
         self.whole_at_dw: Set[Key] = set()
-        #: stage -> the parameters its reduce_grad scales, each at its rank's last reduce_grad holding it (hpr.exec.gradient-scaling)
+        #: stage -> the parameters its reduce_grad scales, each at the rank's last reduce_grad holding
+        #: it (hpr.exec.gradient-scaling)
         self.scaled_at: Dict[int, List[torch.Tensor]] = {}
         if self.grad_scale != 1:
             last: Dict[int, Tuple[int, torch.Tensor]] = {}

@@ -447,9 +447,9 @@ def _one_rank_two_stages() -> Dict[str, Any]:
 
 
 def test_gradients_are_divided_once_each_at_the_last_reduce_grad_of_the_rank_that_holds_them():
-    """hpr.exec.gradient-scaling: each parameter's gradient is divided by grad_scale once per step, after the data-parallel
-    reduction; a parameter two stages of the rank hold waits for the later one (its gradient is not
-    complete before), as torch's per-stage scale_grads would not."""
+    """hpr.exec.gradient-scaling: each parameter's gradient is divided by grad_scale once per step,
+    after the data-parallel reduction; a parameter two stages of the rank hold waits for the later
+    one (its gradient is not complete before), as torch's per-stage scale_grads would not."""
     backend = Gradients()
     run = PlanInterpreter("test", build_plan(_one_rank_two_stages(), "hand.json"), 0, backend,
                           hr.SessionScope("test"), sessions=False, grad_scale=4)
