@@ -161,6 +161,8 @@ class PlanInterpreter:
         scope: the runtime's sessions (a runtime owns its scope; NOTE [ Recompute sessions ]).
         sessions: False runs without sessions (hpr.exec.without-sessions).
         forward_only: True runs the forward side alone (hpr.exec.forward-only), without sessions.
+        grad_scale: what ``reduce_grad`` divides the gradients by (hpr.exec.gradient-scaling); 1
+            divides nothing.
     """
 
     def __init__(self, runtime: str, plan: Plan, rank: int, backend: StageBackend, scope: SessionScope,
@@ -172,6 +174,16 @@ class PlanInterpreter:
         self.in_pieces: Dict[Key, str] = {(a.stage, a.microbatch): a.session for a in self.program
                                            if a.op == "recompute" and a.regions}
         self.scope, self.sessions, self.forward_only = scope, sessions and not forward_only, forward_only
+        #: stage -> the parameters its reduce_grad scales, each at the rank's last reduce_grad holding
+        #: it (hpr.exec.gradient-scaling)
+        self.scaled_at: Dict[int, List[torch.Tensor]] = {}
+        if grad_scale != 1:
+            last: Dict[int, Tuple[int, torch.Tensor]] = {}
+            for a in self.program:
+                if a.op == "reduce_grad":
+                    last.update((id(p), (a.stage, p)) for p in self.backend.stage_parameters(a.stage))
+            for stage, param in last.values():
+                self.scaled_at.setdefault(stage, []).append(param)
         self.reset()
 
     def reset(self) -> None:
@@ -190,16 +202,6 @@ class PlanInterpreter:
         #: (stage, microbatch) whose backward_input ran ``none``: its backward_weight is ``whole``
         #: (hpr.exec.backward-verbs)
         self.whole_at_dw: Set[Key] = set()
-        #: stage -> the parameters its reduce_grad scales, each at the rank's last reduce_grad holding
-        #: it (hpr.exec.gradient-scaling)
-        self.scaled_at: Dict[int, List[torch.Tensor]] = {}
-        if self.grad_scale != 1:
-            last: Dict[int, Tuple[int, torch.Tensor]] = {}
-            for a in self.program:
-                if a.op == "reduce_grad":
-                    last.update((id(p), (a.stage, p)) for p in self.backend.stage_parameters(a.stage))
-            for stage, param in last.values():
-                self.scaled_at.setdefault(stage, []).append(param)
 
     @property
     def done(self) -> bool:

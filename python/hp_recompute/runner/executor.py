@@ -13,8 +13,8 @@ backward ``dw``       ``backward_split.backward_weight``: dW from those, into ``
 backward ``whole``    ``autograd.grad(out, [x] + params, g)``: both in one call
 backward ``none``     nothing (the first stage's dx: W is its whole backward)
 ``send_*``/``recv_*`` the transport (in memory, or torch.distributed point-to-point)
-others                no-op (``unshard``, ``reshard``; ``reduce_grad`` only scales, as the
-                      interpreter does: no data parallelism)
+others                no-op (``unshard``, ``reshard``, ``reduce_grad``: no data parallelism;
+                      the interpreter scales the gradients after ``reduce_grad``)
 ====================  =====================================================================
 
 A stage whose neighbour lives on the same rank hands its tensor over in memory (the
@@ -123,9 +123,10 @@ class RankExecutor(StageBackend):
     """The runner's backend: runs one rank's stages of a ``PipelineModel`` for one step at a time.
 
     The plan's actions are interpreted by ``PlanInterpreter`` (NOTE [ Executing a plan ];
-    ``steps.StepDriver`` pairs the two); this class says what a forward, a backward and a
-    transfer are for the runner's stages. A receive is posted where the plan's ``posts`` say and waited for by its
-    reader; messages carry the plan's tags, so no posting order can mismatch them.
+    ``steps.StepDriver`` pairs the two); this class says what a forward, a backward verb and
+    a transfer are for the runner's stages. A receive is posted where the plan's ``posts`` say
+    and waited for by its reader; messages carry the plan's tags, so no posting order can
+    mismatch them.
 
     Args:
         rank: this rank.
