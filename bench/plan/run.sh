@@ -3,9 +3,9 @@
 # and 10^6 actions, planned end to end (generate -> lower -> validate ->
 # import -> passes -> simulate -> export), timed side by side in one run.
 # Usage: bench/plan/run.sh [build-dir] [baseline-build-dir]
-# With a baseline (another checkout's build), a third table times both binaries on
-# the first table's plans, alternating, 3 runs each: median wall seconds, the ratio, and
-# the median peak RSS of each.
+# With a baseline (another checkout's build), two more tables time both binaries,
+# alternating, 3 runs each (median wall seconds, the ratio, the median peak RSS of each):
+# on the first table's plans, and on the second table's auto choices for the GPT.
 set -euo pipefail
 build="${1:-build}"
 baseline="${2:-}"
@@ -74,21 +74,40 @@ many "Llama x128, interleaved 1F1B 32 x 64, auto" "$(dirname "$0")/../prefetch/l
 
 [ -n "$baseline" ] || exit 0
 median() { sort -n | sed -n 2p; }  # of 3
+# Both binaries on one command line (the plan to -o in it), alternating, 3 runs each:
+# prints the median wall seconds of the baseline and this build, then their median peak RSS.
+both() {
+  : > "$out/base" && : > "$out/this"
+  for _ in 1 2 3; do
+    for side in base this; do
+      bin="$baseline/bin/hp-recompute-plan"; [ "$side" = this ] && bin="$tool"
+      /usr/bin/time -f '%e %M' -a -o "$out/$side" "$bin" "$@"
+    done
+  done
+  echo "$(cut -d' ' -f1 "$out/base" | median) $(cut -d' ' -f1 "$out/this" | median)" \
+       "$(cut -d' ' -f2 "$out/base" | median) $(cut -d' ' -f2 "$out/this" | median)"
+}
+row() {  # LABEL... then "b t br tr" on stdin
+  read -r b t br tr
+  awk -v l="$1" -v b="$b" -v t="$t" -v br="$br" -v tr="$tr" \
+    'BEGIN { printf "| %s | %.2f | %.2f | %.2f | %.0f, %.0f |\n", l, b, t, t / b, br / 1024, tr / 1024 }'
+}
 printf '\n| microbatches | emit | baseline s | this build s | this / baseline | peak RSS MiB: baseline, this |\n'
 printf '| ---: | --- | ---: | ---: | ---: | --- |\n'
 for mb in 74 740 7400; do
   for emit in summary json; do
-    : > "$out/base" && : > "$out/this"
-    for _ in 1 2 3; do
-      for side in base this; do
-        bin="$baseline/bin/hp-recompute-plan"; [ "$side" = this ] && bin="$tool"
-        /usr/bin/time -f '%e %M' -a -o "$out/$side" \
-          "$bin" --schedule-gen zbv --ranks 8 --microbatches "$mb" --emit "$emit" -o "$out/plan.$emit"
-      done
-    done
-    b=$(cut -d' ' -f1 "$out/base" | median); t=$(cut -d' ' -f1 "$out/this" | median)
-    br=$(cut -d' ' -f2 "$out/base" | median); tr=$(cut -d' ' -f2 "$out/this" | median)
-    awk -v mb="$mb" -v e="$emit" -v b="$b" -v t="$t" -v br="$br" -v tr="$tr" \
-      'BEGIN { printf "| %d | %s | %.2f | %.2f | %.2f | %.0f, %.0f |\n", mb, e, b, t, t / b, br / 1024, tr / 1024 }'
+    both --schedule-gen zbv --ranks 8 --microbatches "$mb" --emit "$emit" -o "$out/plan.$emit" | row "$mb | $emit"
   done
+done
+# The auto choices of the second table (GPT x16, ZBV 8 x 740, budget B from this build's jit plan).
+python3 "$(dirname "$0")/../prefetch/make_model.py" examples/gpt/gpt.model.json 16 "$out/m16.json"
+gen=(--model "$out/m16.json" --schedule-gen zbv --ranks 8 --microbatches 740)
+"$tool" "${gen[@]}" --emit json -o "$out/jit.json"
+budget=$(python3 -c "import json; print(max(json.load(open('$out/jit.json'))['summary']['peak_bytes']))")
+printf '\n| choice (GPT x16, ZBV 8 x 740) | baseline s | this build s | this / baseline | peak RSS MiB: baseline, this |\n'
+printf '| --- | ---: | ---: | ---: | --- |\n'
+for bubble in "" "--prefetch bubble"; do
+  # shellcheck disable=SC2086
+  both "${gen[@]}" --checkpoint auto --memory-budget "$budget" $bubble --emit json -o "$out/plan.json" |
+    row "\`--checkpoint auto --memory-budget B${bubble:+ $bubble}\`"
 done
