@@ -22,6 +22,7 @@ docs/rules.md states each one and why:
   hpr.session.any-device               no device is named; torch's generic device APIs
   hpr.session.side-stream              a prefetch on a side stream; its first consumer waits
   hpr.session.compiled-is-torch        under ``torch.compile``, torch's own checkpoint
+  hpr.session.replay-for-weight        after its dx a session may drop its replay and replay again for its dw
 """
 
 from __future__ import annotations

@@ -123,6 +123,11 @@ def _replay_key() -> Tuple[Any, bool]:
 # Marker in THREAD.replay for a replay that feeds no session (hpr.session.unbound-is-torch).
 PLAIN_REPLAY = object()
 
+# CheckpointFrame.for_weight (hpr.session.replay-for-weight).
+NOT_FOR_WEIGHT = 0  #: the session's replay serves all its readers
+WEIGHT_PENDING = 1  #: dropped after the dx: the next replay keeps only what the dw reads
+WEIGHT_REPLAYED = 2  #: the replay for the dw ran
+
 
 class _ThreadState(threading.local):
     """Per-thread forward/replay bookkeeping used by ``checkpoint`` (hpr.session.nested-plain-only).
@@ -176,6 +181,12 @@ def _replay_unpack(tensor: torch.Tensor) -> torch.Tensor:
 def _store_session(holder: Holder, tensor: torch.Tensor) -> None:
     holder.value = tensor
     holder.released = False
+
+
+def _store_for_weight(holder: Holder, tensor: torch.Tensor) -> None:
+    """The replay for a dw keeps what the dw reads: what its dx did not release (hpr.session.replay-for-weight)."""
+    if not holder.released:
+        holder.value = tensor
 
 
 def _note_unpack(session: Session, holder: Holder) -> None:
@@ -319,6 +330,7 @@ class CheckpointFrame:
         "holders",
         "session",
         "session_replayed",
+        "for_weight",
         "plain_done",
         "shared_complete",
         "has_nested",
@@ -358,6 +370,9 @@ class CheckpointFrame:
         #: The bound session (hpr.session.one-binding); read by the hot path.
         self.session: Optional[Session] = None
         self.session_replayed = False
+        #: hpr.session.replay-for-weight: NOT_FOR_WEIGHT, then WEIGHT_PENDING once ``drop_for_weight``
+        #: dropped the replay after the dx, WEIGHT_REPLAYED once the dw's replay ran
+        self.for_weight = NOT_FOR_WEIGHT
         self.plain_done: Set[int] = set()
         #: torch 1.13: the shared plain replay ran after the forward completed (all holders)
         self.shared_complete = False
@@ -525,6 +540,7 @@ class CheckpointFrame:
         if self.session is None:
             self.session = session
             self.session_replayed = False
+            self.for_weight = NOT_FOR_WEIGHT
             session.frames.append(weakref.ref(self))
             self._drop_plain_values()  # a session replay supersedes plain ones
 
@@ -538,17 +554,50 @@ class CheckpointFrame:
         """
         session = self.session
         assert session is not None
+        store = _store_for_weight if self.for_weight == WEIGHT_PENDING else _store_session
         try:
             if stream is None:
-                self.replay(_store_session, session)
+                self.replay(store, session)
             else:
-                self._replay_on_stream(stream, session)
+                self._replay_on_stream(stream, session, store)
         except BaseException:
             self._drop_session_values()
             raise
         self.session_replayed = True
+        if self.for_weight == WEIGHT_PENDING:
+            self.for_weight = WEIGHT_REPLAYED
 
-    def _replay_on_stream(self, stream: Any, session: Session) -> None:
+    def drop_for_weight(self, session: Session) -> None:
+        """After the session's dx: drop what it replayed, keeping which tensors the dx released, so that the
+        next replay brings back only what the dw reads (hpr.session.replay-for-weight); caller holds
+        ``self.lock``."""
+        if self.session is not session:
+            return
+        if self.recompute_ctx is not None:
+            raise CheckpointError(
+                error_text(
+                    f"checkpoint {self.name()} in session {session.label()} has a selective policy (context_fn): its "
+                    "replay reads what the forward's policy saved, once, so it cannot replay again for the dw; plan "
+                    "this session without a replay for its dw [hpr.session.replay-for-weight]"
+                )
+            )
+        if self.for_weight != NOT_FOR_WEIGHT:
+            raise CheckpointError(
+                error_text(
+                    f"session {session.label()} dropped its replay of checkpoint {self.name()} for its dw once "
+                    "already; a session replays at most once more, for its dw [hpr.session.replay-for-weight]"
+                )
+            )
+        self.await_pending()  # hpr.session.side-stream: the drop is a consumer too
+        for ref in self.holders:
+            holder = ref()
+            if holder is not None:
+                holder.value = None
+        self.session_replayed = False
+        self.for_weight = WEIGHT_PENDING
+
+    def _replay_on_stream(self, stream: Any, session: Session,
+                          store: Callable[[Holder, torch.Tensor], None]) -> None:
         """Queue the replay on ``stream`` and keep its event for the first consumer (hpr.session.side-stream)."""
         device = replay_state.stream_device(stream)
         assert device is not None
@@ -560,7 +609,7 @@ class CheckpointFrame:
             if tensor.device == device:
                 replay_state.record_stream(tensor, stream)
         with replay_state.on_stream(stream):
-            self.replay(_store_session, session)
+            self.replay(store, session)
         self.pending = stream.record_event()
         self.pending_device = device
 

@@ -21,7 +21,7 @@ import threading
 from typing import Any, ContextManager, Dict, Hashable, Iterator, List, Optional, Set
 
 from .errors import CheckpointError, error_text
-from .frame import CheckpointFrame, RecomputeHandle
+from .frame import NOT_FOR_WEIGHT, CheckpointFrame, RecomputeHandle
 from .registry import CLEARED, IDLE, POP, REGISTRY, RETAIN, SCOPE_COUNTERS, Session
 from .replay_state import check_stream
 from .storage import storage_of
@@ -278,6 +278,59 @@ class SessionScope:
                 REGISTRY.contexts = contexts
                 if session.mode != CLEARED:  # cleared inside its own context: stays cleared
                     session.mode = IDLE
+
+    def drop_replay(self, session_id: Hashable) -> None:
+        """After the session's dx: drop every tensor it replayed (hpr.session.replay-for-weight).
+
+        What the dx released stays marked, so the next replay of the session (``replay_for_weight``, or its
+        dw's first unpack) brings back only what the dw reads. A session drops its replay at most once.
+
+        Raises:
+            ValueError: None or unhashable ``session_id``.
+            CheckpointError: no such live session, a context of it is open, it dropped its replay before,
+                or one of its checkpoints has a selective policy (its replay runs once).
+        """
+        session = self._for_weight_session(session_id, "drop_replay")
+        for frame in session.live_frames():
+            with frame.lock:
+                frame.drop_for_weight(session)
+
+    def replay_for_weight(self, session_id: Hashable) -> None:
+        """Replay the session's checkpoints again, after ``drop_replay``, keeping only what its dw reads
+        (hpr.session.replay-for-weight); a checkpoint the dw already replayed stays as it is.
+
+        Raises:
+            ValueError: None or unhashable ``session_id``.
+            CheckpointError: no such live session, a context of it is open, or it did not drop its replay.
+        """
+        session = self._for_weight_session(session_id, "replay_for_weight")
+        for frame in session.live_frames():
+            with frame.lock:
+                if frame.session is not session:
+                    continue
+                if frame.for_weight == NOT_FOR_WEIGHT:
+                    raise CheckpointError(
+                        error_text(
+                            f"replay_for_weight({session.label()}): checkpoint {frame.name()} was not dropped after "
+                            "the dx; call drop_replay after the session's dx first [hpr.session.replay-for-weight]"
+                        )
+                    )
+                if not frame.session_replayed:
+                    frame.replay_into_session()
+
+    def _for_weight_session(self, session_id: Hashable, where: str) -> Session:
+        """The live session ``session_id``, with no context of its own open (hpr.session.replay-for-weight)."""
+        _check_session_id(session_id, where)
+        with REGISTRY.lock:
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise CheckpointError(error_text(f"{where}({session_id!r}{self.label_suffix}): no live session has "
+                                                 "this id [hpr.session.replay-for-weight]"))
+            if session.mode != IDLE:
+                raise CheckpointError(error_text(f"{where}({session.label()}) inside that session's own "
+                                                 "recompute_session_ctx; call it between its backwards "
+                                                 "[hpr.session.replay-for-weight]"))
+            return session
 
     def clear_recompute_session(self, session_id: Hashable) -> None:
         """Drop everything session ``session_id`` holds; safe to call any number of times (hpr.session.clear-drops-all).

@@ -16,6 +16,7 @@ This module implements the rules below; docs/rules.md states each one and why:
   hpr.exec.replay-into-session     ``recompute`` replays its forward's handles into its session
   hpr.exec.in-backward             ``in_backward``: the backward replays as it reads
   hpr.exec.replay-in-pieces        ``recompute`` with ``regions`` replays those regions only
+  hpr.exec.replay-for-weight       ``drops_replay`` drops the replay after the dx, ``for_weight`` replays for the dw
   hpr.exec.backward-in-session     backwards run in their session's context
   hpr.exec.backward-verbs          each backward is one verb of the backend: dx, dw, whole or none
   hpr.exec.frees-graph             after the last backward, the forward's handles are dropped
@@ -263,6 +264,10 @@ class PlanInterpreter:
         elif op == "recompute":  # hpr.exec.replay-into-session
             if a.in_backward:
                 self.replayed_inside.add(a.session)
+            elif a.for_weight:  # hpr.exec.replay-for-weight
+                if self.sessions:
+                    self.scope.replay_for_weight(a.session)
+                    self.saved_nothing += sum(h.saves_nothing for h in self._handles_of(a))
             elif self.sessions:
                 for handle in self._piece_of(a) if a.regions else self._handles_of(a):  # hpr.exec.replay-in-pieces
                     self.scope.recompute_handle(handle, a.session)
@@ -275,6 +280,8 @@ class PlanInterpreter:
             with (self.scope.recompute_session_ctx(a.session, a.retain_on_unpack)
                   if a.session is not None and self.sessions else contextlib.nullcontext()):
                 self.backend.backward(a, verb, a.last_backward)
+            if a.drops_replay and self.sessions:  # hpr.exec.replay-for-weight
+                self.scope.drop_replay(a.session)
             if a.hands_to >= 0:  # hpr.exec.in-memory-handoff
                 self.backend.pass_backward(a)
             if a.frees_graph:  # hpr.exec.frees-graph

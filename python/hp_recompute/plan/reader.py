@@ -50,6 +50,12 @@ class Action:
     #: of the checkpointed regions it replays (plan ``regions``; hpr.exec.replay-in-pieces); empty
     #: when it replays them all.
     regions: Tuple[int, ...] = ()
+    #: A recompute after its session's dx that replays again what the dw reads (plan ``for_weight``;
+    #: hpr.exec.replay-for-weight).
+    for_weight: bool = False
+    #: A ``backward_input`` whose session drops its replay at its end, to replay again for its dw (plan
+    #: ``drops_replay``; hpr.exec.replay-for-weight).
+    drops_replay: bool = False
     peer: int = -1
     #: A transfer's message tag (the same at both ends).
     tag: int = -1
@@ -79,6 +85,8 @@ class Action:
             text += f" mb {self.microbatch}"
         if self.session is not None:
             text += f" session {self.session}"
+        if self.for_weight:
+            text += " for_weight"
         if self.peer >= 0:
             text += f" peer {self.peer}"
         return text
@@ -263,6 +271,7 @@ def build_plan(raw: Dict[str, Any], path: str) -> Plan:
             actions.append(Action(op=a["op"], stage=a.get("stage", -1), microbatch=a.get("microbatch", -1),
                                   session=a.get("session"), retain_on_unpack=a.get("retain_on_unpack", False),
                                   in_backward=a.get("in_backward", False), regions=tuple(a.get("regions", ())),
+                                  for_weight=a.get("for_weight", False), drops_replay=a.get("drops_replay", False),
                                   peer=a.get("peer", -1), tag=a.get("tag", -1),
                                   frees_graph=a.get("frees_graph", False), overlap=a.get("overlap", False),
                                   plain=a.get("checkpoint") is False, posts=tuple(a.get("posts", ())),

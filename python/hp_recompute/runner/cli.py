@@ -9,8 +9,9 @@ stages by region name, executes every rank's action list with the eager session 
   non-checkpointed step on the same data and weights (bit-exact with ``--single-process``,
   ``allclose`` across processes);
 * ``recomputes``: replays the runtime executed (``hp_recompute.stats()["replays"]``),
-  against ``recomputes_expected`` (one per checkpointed plan region of each session; equal
-  to ``sessions`` when each session replays one region);
+  against ``recomputes_expected`` (one per checkpointed plan region of each session, and one more
+  for each region of a session the plan replays again for its dw; equal to ``sessions`` when each
+  session replays one region once);
 * ``sessions_left``: sessions of the run's ranks still live after each step, must be 0;
 * ``buffers_match``: buffers a forward updates (BatchNorm statistics) equal the plain step's;
 * per rank (multi-process), the peak bytes measured at the allocator next to the plan's
@@ -129,8 +130,10 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 
 def expected_recomputes(plan: Plan) -> int:
-    """Replays one step must run: each session replays the regions the plan lists for it once."""
-    return sum(len(s["regions"]) for s in plan.sessions.values())
+    """Replays one step must run: each session replays the regions the plan lists for it once, and once more
+    where the plan replays it again for its dw (hpr.exec.replay-for-weight)."""
+    again = [a.session for program in plan.ranks for a in program if a.op == "recompute" and a.for_weight]
+    return sum(len(s["regions"]) for s in plan.sessions.values()) + sum(len(plan.sessions[s]["regions"]) for s in again)
 
 
 # -- single process --------------------------------------------------------------------------

@@ -193,6 +193,90 @@ def _replay_of(net: nn.Module, x: torch.Tensor):
 
 
 @needs_split
+@pytest.mark.parametrize("explicit", [True, False], ids=["replay_for_weight", "replayed-by-dw"])
+def test_a_session_dropped_after_dx_replays_what_dw_reads_and_stays_exact(explicit: bool) -> None:
+    """hpr.session.replay-for-weight: after its dx the session holds nothing; the replay for the dw
+    brings back what the dx kept (hpr.split.release-unread), no more, and the gradients stay exact."""
+    net = _gpt_blocks(2)
+    x = torch.randn(2, 40, 48, requires_grad=True)
+    g = torch.randn(2, 40, 48)
+    weights = list(net.parameters())
+    want = torch.autograd.grad([net(x)], [x] + weights, [g])
+    scope = hpr.SessionScope("weight replay")
+    with hpr.recompute_handle_collector_ctx() as handles:
+        out = hpr.checkpoint(net[0], x)
+        out = hpr.checkpoint(net[1], out)
+    for handle in handles:
+        scope.recompute_handle(handle, "s")
+    with scope.recompute_session_ctx("s", retain_on_unpack=True):
+        (dx,), state = backward_input([out], [g], [x], weights)
+    kept_by_dx = _held_bytes(handles, weights + [x])
+    scope.drop_replay("s")
+    assert _held_bytes(handles, weights + [x]) == 0
+    if explicit:
+        scope.replay_for_weight("s")
+        assert _held_bytes(handles, weights + [x]) == kept_by_dx > 0
+    with scope.recompute_session_ctx("s", retain_on_unpack=False):
+        dw = backward_weight(state)
+    assert scope.stats()["replays"] == 2 * len(handles)
+    scope.clear_recompute_session("s")
+    for a, b in zip((dx, *dw), want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@needs_split
+def test_a_session_drops_its_replay_for_the_dw_once_and_only_between_backwards() -> None:
+    """hpr.session.replay-for-weight: the refusals name the rule."""
+    net = _gpt_blocks(1)
+    x = torch.randn(2, 40, 48, requires_grad=True)
+    scope = hpr.SessionScope("weight replay refusals")
+    with hpr.recompute_handle_collector_ctx() as handles:
+        out = hpr.checkpoint(net, x)
+    rule = r"\[hpr\.session\.replay-for-weight\]$"
+    with pytest.raises(hpr.CheckpointError, match=r"no live session has this id " + rule):
+        scope.drop_replay("s")
+    scope.recompute_handle(handles[0], "s")
+    with pytest.raises(hpr.CheckpointError, match=r"was not dropped after the dx; .*" + rule):
+        scope.replay_for_weight("s")
+    try:
+        with scope.recompute_session_ctx("s", retain_on_unpack=True):
+            backward_input([out.sum()], None, [x], list(net.parameters()))
+            with pytest.raises(hpr.CheckpointError, match=r"inside that session's own recompute_session_ctx; .*" + rule):
+                scope.drop_replay("s")
+        scope.drop_replay("s")
+        scope.replay_for_weight("s")
+        with pytest.raises(hpr.CheckpointError, match=r"dropped its replay of checkpoint .* once already; .*" + rule):
+            scope.drop_replay("s")
+    finally:
+        scope.clear_recompute_session("s")
+
+
+@needs_split
+def test_a_selective_checkpoint_refuses_to_drop_its_replay_for_the_dw() -> None:
+    """hpr.session.replay-for-weight: a selective policy's replay reads what the forward saved, once."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    lin = nn.Linear(16, 16)
+    x = torch.randn(4, 16, requires_grad=True)
+    scope = hpr.SessionScope("weight replay selective")
+    with hpr.recompute_handle_collector_ctx() as handles:
+        out = hpr.checkpoint(lambda t: torch.tanh(lin(t)), x,
+                             context_fn=lambda: create_selective_checkpoint_contexts(policy))
+    scope.recompute_handle(handles[0], "s")
+    try:
+        with scope.recompute_session_ctx("s", retain_on_unpack=True):
+            backward_input([out.sum()], None, [x], list(lin.parameters()))
+        with pytest.raises(hpr.CheckpointError, match=r"has a selective policy .* "
+                                                      r"\[hpr\.session\.replay-for-weight\]$"):
+            scope.drop_replay("s")
+    finally:
+        scope.clear_recompute_session("s")
+
+
+@needs_split
 def test_a_released_tensor_read_again_raises_naming_the_rule() -> None:
     """hpr.split.release-unread: a second dx-like backward after I finds what I released gone, and says so."""
     net = _gpt_blocks(1)

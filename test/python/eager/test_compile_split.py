@@ -252,15 +252,19 @@ def test_torchs_own_backend_runs_the_whole_compiled_backward_in_i_and_in_w():
 
 
 @needs_split
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("wrapped", [False, True], ids=["checkpoint(block.compile(split backend))",
-                                                         "checkpoint_wrapper(block).compile(backend name)"])
-def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(backend, wrapped):
+@pytest.mark.parametrize("backend,wrapped,for_weight", [
+    ("aot_eager", False, False), ("aot_eager", True, False), ("inductor", False, False), ("inductor", True, False),
+    ("aot_eager", True, True)], ids=[
+    "aot_eager-checkpoint(block.compile(split backend))", "aot_eager-checkpoint_wrapper(block).compile(backend name)",
+    "inductor-checkpoint(block.compile(split backend))", "inductor-checkpoint_wrapper(block).compile(backend name)",
+    "aot_eager-wrapper-replayed-for-weight"])
+def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(backend, wrapped, for_weight):
     """Zero-bubble order over two microbatches, the block compiled in place inside the
     checkpoint: by ``block.compile(backend=compile_backend(...))`` in ``hp_recompute.checkpoint``,
     or torchtitan's way, the wrapper's ``compile(backend=name)`` with nothing else set
     (hpr.compiled-split.wrapper-compile). Each session's one replay (a prefetch) feeds I and W, and I + W
-    together do one backward's matmuls (the replay's forward is not in them)."""
+    together do one backward's matmuls (the replay's forward is not in them). ``for_weight``: each
+    session drops its replay after I and replays again for W (hpr.session.replay-for-weight), exactly."""
     torch._dynamo.reset()
     block = _blocks(1)[0]
     reference = _copies([block])[0]
@@ -278,7 +282,8 @@ def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(back
     dys = [torch.randn(BATCH, DIM) for _ in range(2)]
     leaves, outs, handles, states, got = {}, {}, {}, {}, {}
     flops = {"I": 0, "W": 0}
-    for action in "F0 F1 P0 I0 P1 I1 W0 W1".split():
+    order = "F0 F1 P0 I0 D0 P1 I1 D1 R0 W0 R1 W1" if for_weight else "F0 F1 P0 I0 P1 I1 W0 W1"
+    for action in order.split():
         kind, mb = action[0], int(action[1])
         sid = f"compiled.mb{mb}"
         if kind == "F":
@@ -288,6 +293,10 @@ def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(back
         elif kind == "P":
             for handle in handles[mb]:
                 hr.recompute_handle(handle, sid)
+        elif kind == "D":
+            hr.DEFAULT_SCOPE.drop_replay(sid)
+        elif kind == "R":
+            hr.DEFAULT_SCOPE.replay_for_weight(sid)
         elif kind == "I":
             with hr.recompute_session_ctx(sid, retain_on_unpack=True):
                 n, ((dx,), states[mb]) = _matmul_flops(
@@ -301,7 +310,7 @@ def test_a_checkpointed_compiled_block_replays_once_per_session_for_i_and_w(back
             got[mb] += list(dw)
             hr.clear_recompute_session(sid)
     assert len(handles[0]) == 1
-    assert hr.stats()["session_replays"] == 2  # one per microbatch, shared by I and W
+    assert hr.stats()["session_replays"] == (4 if for_weight else 2)  # one per microbatch, shared by I and W
     assert hr.stats()["plain_replays"] == 0
     assert hr.live_sessions() == []
     for mb in range(2):

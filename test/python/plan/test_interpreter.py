@@ -488,3 +488,73 @@ def test_run_step_runs_ranks_until_none_can_go_on_and_names_where_each_waits():
     assert [run.pc for run in runs] == [6, 1]
     assert scopes[1].live_sessions() == []
     del y
+
+
+class SplitRegions(TwoRegions):
+    """Stage 1 of ``hand_plan`` as ``TwoRegions``' two checkpointed regions, its input needing a
+    gradient, and its I and W hp_recompute's split (which releases after I what W does not read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: Dict[int, Any] = {}
+
+    def backward(self, a: Action, verb: str, last: bool) -> None:
+        from hp_recompute.backward_split import backward_input, backward_weight
+
+        out, x = self.outputs[a.microbatch].sum(), self.inputs[a.microbatch]
+        if verb == "dx":
+            (x.grad,), self.states[a.microbatch] = backward_input([out], None, [x], [self.weight])
+        elif verb == "dw":
+            (grad,) = backward_weight(self.states.pop(a.microbatch))
+            self.weight.grad = grad if self.weight.grad is None else self.weight.grad + grad
+        else:
+            super().backward(a, verb, last)
+
+
+def _replayed_for_weight() -> Dict[str, Any]:
+    """Rank 1 of ``hand_plan`` with stage 1 checkpointed: microbatch 0 runs I, drops its replay
+    (``drops_replay``), and replays again for its W (``for_weight``) after its send_b; microbatch 1 a B."""
+    raw = _split_second_stage()
+    raw["model"]["stages"][1]["regions"] = [{**raw["model"]["stages"][0]["regions"][0], "name": n}
+                                            for n in ("sin", "cos")]
+    raw["sessions"] = [{"id": f"s1.mb{mb}", "stage": 1, "microbatch": mb, "rank": 1, "regions": ["sin", "cos"]}
+                       for mb in range(2)]
+    actions = raw["ranks"][1]["actions"]
+    actions[2].update(session="s1.mb0", retain_on_unpack=True, drops_replay=True)
+    actions[4].update(session="s1.mb0")
+    _insert(actions, 2, {"op": "recompute", "stage": 1, "microbatch": 0, "session": "s1.mb0"})
+    _insert(actions, 5, {"op": "recompute", "stage": 1, "microbatch": 0, "session": "s1.mb0", "for_weight": True})
+    _insert(actions, 7, {"op": "clear", "stage": 1, "microbatch": 0, "session": "s1.mb0"})
+    b1 = next(i for i, a in enumerate(actions) if a["op"] == "backward" and a["microbatch"] == 1)
+    actions[b1]["session"] = "s1.mb1"
+    _insert(actions, b1, {"op": "recompute", "stage": 1, "microbatch": 1, "session": "s1.mb1", "in_backward": True})
+    _insert(actions, b1 + 2, {"op": "clear", "stage": 1, "microbatch": 1, "session": "s1.mb1"})
+    return raw
+
+
+def test_a_session_replayed_for_its_dw_drops_its_replay_after_the_dx_and_replays_again_before_the_dw():
+    """hpr.exec.replay-for-weight: ``drops_replay`` leaves the session nothing after its dx, the ``for_weight``
+    recompute replays both regions again before the dw, and the gradients are the plain ones."""
+    backend = SplitRegions()
+    scope = hr.SessionScope("for weight")
+    plan = build_plan(_replayed_for_weight(), "hand.json")
+    run = PlanInterpreter("test", plan, 1, backend, scope)
+    seen = []
+    while not run.done:
+        a = run.program[run.pc]
+        run.step_one()
+        if a.session == "s1.mb0" and a.op != "clear":
+            stats = scope.session_stats("s1.mb0")
+            seen.append((a.op, a.for_weight, dict(backend.calls), stats["retained_tensors"] > 0))
+    assert run.finish() == []
+    # mb 0's forward, its replay, its I (nothing held after), its replay for W, its W (mb 1's forward comes later)
+    assert seen == [("recompute", False, {"sin": 2, "cos": 2}, True),
+                    ("backward_input", False, {"sin": 2, "cos": 2}, False),
+                    ("recompute", True, {"sin": 3, "cos": 3}, True),
+                    ("backward_weight", False, {"sin": 3, "cos": 3}, False)]
+    weight = backend.weight.detach().clone().requires_grad_()
+    for mb in range(2):
+        x = (torch.linspace(-1, 1, 4) + mb).requires_grad_()
+        torch.cos(torch.sin(x * weight) * weight).sum().backward()
+        assert torch.equal(backend.inputs[mb].grad, x.grad)
+    assert torch.equal(backend.weight.grad, weight.grad)
