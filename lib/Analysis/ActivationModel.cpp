@@ -39,7 +39,11 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
           index.find({action.getStageIndex(), action.getMicrobatchIndex()});
       if (it != index.end()) {
         ActivationLifetime &lifetime = result.lifetimes[it->second];
-        if (auto recompute = dyn_cast<RecomputeOp>(op)) {
+        auto recompute = dyn_cast<RecomputeOp>(op);
+        if (recompute && recompute.getForWeight()) {
+          lifetime.weightReplayPos = pos;
+          lifetime.weightReplayPlaced = true;
+        } else if (recompute) {
           if (!placed[it->second])
             lifetime.replayBeginPos = pos;
           lifetime.replayInBackward = recompute.getInBackward();
@@ -69,6 +73,12 @@ ProgramActivations mlir::hpr::collectActivationLifetimes(ProgramOp program) {
     lifetime.replayPlaced = placed[i];
     lifetime.releasedAfterDx =
         consumers[i].size() > 1 && isa<BackwardInputOp>(consumers[i].front());
+    auto weight = lifetime.releasedAfterDx
+                      ? dyn_cast<BackwardWeightOp>(consumers[i].back())
+                      : BackwardWeightOp();
+    lifetime.weightReplay = weight && weight.getWeightReplay();
+    if (!lifetime.weightReplayPlaced)
+      lifetime.weightReplayPos = lifetime.lastConsumerPos;
     if (!placed[i])
       lifetime.replayInBackward = replaysInBackward(consumers[i]);
     if (!placed[i] ||
@@ -134,7 +144,8 @@ ActivationProfile mlir::hpr::computeActivationProfile(
     if (!underCheckpoint || !lifetime.hasConsumers)
       continue;
     // A span [begin, end] of `bytes`, of which only `weightBytes` stay after
-    // the dx of a session it releases.
+    // the dx of a session it releases, and none where the dx drops it for a
+    // replay for the dw (added once below).
     auto addReplay = [&](unsigned begin, unsigned end, int64_t bytes,
                          int64_t weightBytes) {
       if (!lifetime.releasedAfterDx || lifetime.firstConsumerPos >= end) {
@@ -142,8 +153,12 @@ ActivationProfile mlir::hpr::computeActivationProfile(
         return;
       }
       add(begin, lifetime.firstConsumerPos, bytes);
-      add(lifetime.firstConsumerPos + 1, end, weightBytes);
+      if (!lifetime.weightReplay)
+        add(lifetime.firstConsumerPos + 1, end, weightBytes);
     };
+    if (lifetime.weightReplay)
+      add(lifetime.weightReplayPos, lifetime.replayEndPos,
+          cost.weightRecomputedBytes);
     if (lifetime.prefetchedPieces.empty()) {
       addReplay(lifetime.replayBeginPos, lifetime.replayEndPos,
                 replayedBytesOf(cost, lifetime), cost.weightRecomputedBytes);
@@ -169,12 +184,22 @@ ActivationProfile mlir::hpr::computeActivationProfile(
 
 unsigned mlir::hpr::countMaxLiveReplays(const ProgramActivations &activations) {
   std::vector<int> change(activations.numPositions + 1, 0);
-  for (const ActivationLifetime &lifetime : activations.lifetimes)
-    if (lifetime.replayPlaced &&
-        lifetime.replayBeginPos <= lifetime.replayEndPos) {
-      ++change[lifetime.replayBeginPos];
-      --change[lifetime.replayEndPos + 1];
+  auto span = [&](unsigned begin, unsigned end) {
+    if (begin <= end) {
+      ++change[begin];
+      --change[end + 1];
     }
+  };
+  for (const ActivationLifetime &lifetime : activations.lifetimes) {
+    if (!lifetime.replayPlaced)
+      continue;
+    if (!lifetime.weightReplay) {
+      span(lifetime.replayBeginPos, lifetime.replayEndPos);
+      continue;
+    }
+    span(lifetime.replayBeginPos, lifetime.firstConsumerPos);
+    span(lifetime.weightReplayPos, lifetime.replayEndPos);
+  }
   int live = 0, peak = 0;
   for (int delta : change)
     peak = std::max(peak, live += delta);

@@ -159,6 +159,16 @@ llvm::DenseMap<Operation *, int64_t> mlir::hpr::handoffs(ProgramOp program) {
   return result;
 }
 
+llvm::DenseSet<Operation *> mlir::hpr::replayDroppers(ProgramOp program) {
+  llvm::DenseSet<Operation *> ops;
+  for (RecomputeOp recompute : program.getBody().getOps<RecomputeOp>())
+    if (recompute.getForWeight())
+      for (Operation *user : recompute.getSession().getUsers())
+        if (isa<BackwardInputOp>(user))
+          ops.insert(user);
+  return ops;
+}
+
 int64_t mlir::hpr::messageTag(Operation *op) {
   auto action = cast<ActionOpInterface>(op);
   bool forward = isa<SendFOp, RecvFOp>(op);

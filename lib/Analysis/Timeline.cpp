@@ -158,6 +158,10 @@ mlir::hpr::withJitRecomputes(const ModuleSchedule &cells,
       recompute.stage = static_cast<int>(lifetime.stage);
       recompute.microbatch = static_cast<int>(lifetime.microbatch);
       before[cellAt[lifetime.firstConsumerPos]].push_back(recompute);
+      // The replay for a `weight_replay` dw, where hpr-insert-recompute
+      // places it.
+      if (lifetime.weightReplay && !lifetime.weightReplayPlaced)
+        before[cellAt[lifetime.weightReplayPos]].push_back(recompute);
     }
     std::vector<sched::Action> withRecomputes;
     for (size_t k = 0; k < firsts.size(); ++k) {

@@ -185,14 +185,16 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
     return llvm::Error::success();
   }
   case Kind::BackwardInput:
-    builder.create<BackwardInputOp>(loc, stage, mb, *session, retain,
-                                    flag(grouped), /*frees_graph=*/UnitAttr(),
-                                    /*waits=*/DenseI64ArrayAttr(),
-                                    /*hands_to=*/IntegerAttr());
+    builder.create<BackwardInputOp>(
+        loc, stage, mb, *session, retain, flag(grouped),
+        /*frees_graph=*/UnitAttr(), /*waits=*/DenseI64ArrayAttr(),
+        /*hands_to=*/IntegerAttr(), /*drops_replay=*/UnitAttr());
     return llvm::Error::success();
   case Kind::BackwardWeight:
-    builder.create<BackwardWeightOp>(loc, stage, mb, *session, retain,
-                                     flag(grouped));
+    builder.create<BackwardWeightOp>(
+        loc, stage, mb, *session, retain, flag(grouped),
+        /*frees_graph=*/UnitAttr(), /*last_backward=*/UnitAttr(),
+        /*weight_replay=*/flag(current && current->weightReplay));
     return llvm::Error::success();
   case Kind::Backward:
     builder.create<BackwardOp>(loc, stage, mb, *session, retain, flag(grouped),
@@ -258,7 +260,8 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
       builder.create<RecomputeOp>(
           loc, *session, current->inBackward,
           current->regions ? builder.getDenseI64ArrayAttr(*current->regions)
-                           : DenseI64ArrayAttr());
+                           : DenseI64ArrayAttr(),
+          current->forWeight);
     else
       builder.create<ClearOp>(loc, *session);
     return llvm::Error::success();

@@ -36,11 +36,12 @@ namespace {
 constexpr int64_t kMaxCount = 1 << 20;
 /// What an action's JSON says that only verifyImportedPlan judges: the
 /// members hpr-lower-runtime writes into a planned module (frees_graph,
-/// last_backward, waits, hands_to). The importer sets them on their ops as
-/// the file gives them.
+/// last_backward, waits, hands_to, drops_replay). The importer sets them on
+/// their ops as the file gives them.
 struct JudgedMembers {
   bool freesGraph = false;
   bool lastBackward = false;
+  bool dropsReplay = false;
   std::optional<std::vector<int64_t>> waits;
   std::optional<int64_t> handsTo;
 };
@@ -271,24 +272,24 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
         obj, path,
         {"op", "stage", "microbatch", "peer", "tag", "batched", "overlap"});
   else if (*kind == Kind::BackwardInput)
-    wrongKey =
-        checkKeys(obj, path,
-                  {"op", "stage", "microbatch", "waits", "session",
-                   "retain_on_unpack", "frees_graph", "hands_to", "overlap"});
+    wrongKey = checkKeys(obj, path,
+                         {"op", "stage", "microbatch", "waits", "session",
+                          "retain_on_unpack", "frees_graph", "hands_to",
+                          "overlap", "drops_replay"});
   else if (*kind == Kind::BackwardWeight)
     wrongKey =
         checkKeys(obj, path,
                   {"op", "stage", "microbatch", "session", "retain_on_unpack",
-                   "frees_graph", "last_backward", "overlap"});
+                   "frees_graph", "last_backward", "overlap", "weight_replay"});
   else if (*kind == Kind::Backward)
     wrongKey = checkKeys(obj, path,
                          {"op", "stage", "microbatch", "waits", "session",
                           "retain_on_unpack", "frees_graph", "last_backward",
                           "hands_to", "overlap"});
   else if (*kind == Kind::Recompute)
-    wrongKey = checkKeys(
-        obj, path,
-        {"op", "stage", "microbatch", "session", "in_backward", "regions"});
+    wrongKey = checkKeys(obj, path,
+                         {"op", "stage", "microbatch", "session", "in_backward",
+                          "regions", "for_weight"});
   else if (*kind == Kind::Clear)
     wrongKey = checkKeys(obj, path, {"op", "stage", "microbatch", "session"});
   else if (*kind == Kind::Forward)
@@ -398,8 +399,18 @@ llvm::Error PlanReader::readAction(const json &obj, const std::string &path,
       if (auto err =
               readBool(obj, path, "frees_graph", judgedMembers.freesGraph))
         return err;
+    // Where the replay for a dw runs is hpr-verify's to judge
+    // ([hpr.verify.weight-replay]), the dx that drops the first one
+    // verifyImportedPlan's ([hpr.plan.drops-replay]).
+    if (auto err =
+            readBool(obj, path, "drops_replay", judgedMembers.dropsReplay))
+      return err;
+    if (auto err = readBool(obj, path, "weight_replay", planned.weightReplay))
+      return err;
     if (*kind == Kind::Recompute) {
       if (auto err = readBool(obj, path, "in_backward", planned.inBackward))
+        return err;
+      if (auto err = readBool(obj, path, "for_weight", planned.forWeight))
         return err;
       // Which exist and that the pieces cover them: hpr-verify
       // ([hpr.verify.pieces]).
@@ -590,6 +601,8 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
               [&](auto backward) {
                 backward.setFreesGraph(members.freesGraph);
               });
+      if (auto input = dyn_cast<BackwardInputOp>(op))
+        input.setDropsReplay(members.dropsReplay);
     }
   }
   return module;
@@ -600,8 +613,9 @@ mlir::hpr::importPlanJson(MLIRContext &context, llvm::StringRef text,
 //===----------------------------------------------------------------------===//
 
 namespace {
-/// Checks one program's `last_backward`, `waits` and `hands_to` against what
-/// hpr-lower-runtime would write into it (hpr/Analysis/RuntimeLowering.h).
+/// Checks one program's `last_backward`, `waits`, `hands_to` and
+/// `drops_replay` against what hpr-lower-runtime would write into it
+/// (hpr/Analysis/RuntimeLowering.h).
 /// Runs on a plan verifyPlan admitted: every (stage, mb) has its forward and
 /// its dx, and every receive comes before the action that reads it.
 class LoweredMemberCheck {
@@ -609,7 +623,7 @@ public:
   LoweredMemberCheck(ScheduleOp schedule, ProgramOp program)
       : schedule(schedule), program(program),
         lastBackward(lastBackwards(program)), waits(receiveReaders(program)),
-        handsTo(handoffs(program)) {
+        handsTo(handoffs(program)), droppers(replayDroppers(program)) {
     for (Operation &op : program.getBody().getOps())
       if (isa<ActionOpInterface>(op))
         actions.push_back(&op);
@@ -619,6 +633,7 @@ public:
     checkLastBackward();
     checkWaits();
     checkHandsTo();
+    checkDropsReplay();
     return sound;
   }
 
@@ -629,6 +644,7 @@ private:
   llvm::DenseSet<Operation *> lastBackward;
   ActionIndexLists waits;
   llvm::DenseMap<Operation *, int64_t> handsTo;
+  llvm::DenseSet<Operation *> droppers;
   std::vector<Operation *> actions;
   bool sound = true;
 
@@ -758,6 +774,27 @@ private:
                      "action hands its result to in memory "
                   << ruleTag(Rule::PlanHandsTo);
       }
+    }
+  }
+
+  /// [hpr.plan.drops-replay]: `drops_replay` on the dx of each session
+  /// replayed again for its dw (replayDroppers), and only there.
+  void checkDropsReplay() {
+    for (Operation *op : actions) {
+      auto input = dyn_cast<BackwardInputOp>(op);
+      if (!input)
+        continue; // the importer takes drops_replay on these only
+      bool wanted = droppers.contains(op);
+      if (input.getDropsReplay() && !wanted)
+        error(op) << "drops_replay, but its session has no replay for its dw "
+                     "(recompute for_weight); the dw would read tensors this "
+                     "dx dropped "
+                  << ruleTag(Rule::PlanDropsReplay);
+      else if (!input.getDropsReplay() && wanted)
+        error(op) << "no drops_replay, but its session is replayed again for "
+                     "its dw (recompute for_weight); a plan drops the first "
+                     "replay at the end of the dx "
+                  << ruleTag(Rule::PlanDropsReplay);
     }
   }
 };

@@ -63,6 +63,8 @@ void mlir::hpr::plan_json::forEachActionMember(
           member("in_backward", true);
         if (std::optional<ArrayRef<int64_t>> regions = recompute.getRegions())
           member("regions", *regions);
+        if (recompute.getForWeight())
+          member("for_weight", true);
       })
       .Case<ClearOp>([&](ClearOp clear) {
         member("session", clear.getSessionOp().getSid());
@@ -89,6 +91,12 @@ void mlir::hpr::plan_json::forEachActionMember(
     }
   if (freesGraph(op))
     member("frees_graph", true);
+  if (auto input = dyn_cast<BackwardInputOp>(op);
+      input && input.getDropsReplay())
+    member("drops_replay", true);
+  if (auto weight = dyn_cast<BackwardWeightOp>(op);
+      weight && weight.getWeightReplay())
+    member("weight_replay", true);
   if (schedule && isLastBackward(op))
     member("last_backward", true);
   if (schedule)
@@ -240,6 +248,7 @@ void mlir::hpr::writePlanJson(ModuleOp module, const PlanSummary &summary,
       {"summary",
        {{"sessions", total.sessions},
         {"recomputes", total.recomputes},
+        {"weight_replays", total.weightReplays},
         {"clears", total.clears},
         {"per_backward_recomputes", total.perBackwardRecomputes},
         {"step_time_us", summary.simulation.makespan},

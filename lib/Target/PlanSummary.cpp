@@ -27,8 +27,12 @@ static RankSummary summarizeProgram(ProgramOp program,
     }
     ++summary.actions;
     // A replay in pieces is one recompute: count the session's first piece.
-    if (auto recompute = dyn_cast<RecomputeOp>(op))
-      summary.recomputes += replayed.insert(recompute.getSessionOp()).second;
+    // A replay for a dw is one more.
+    if (auto recompute = dyn_cast<RecomputeOp>(op)) {
+      summary.weightReplays += recompute.getForWeight();
+      summary.recomputes += recompute.getForWeight() ||
+                            replayed.insert(recompute.getSessionOp()).second;
+    }
     summary.clears += isa<ClearOp>(op);
   }
   ProgramActivations activations = collectActivationLifetimes(program);
@@ -46,6 +50,7 @@ RankSummary PlanSummary::total() const {
     sum.actions += rank.actions;
     sum.sessions += rank.sessions;
     sum.recomputes += rank.recomputes;
+    sum.weightReplays += rank.weightReplays;
     sum.clears += rank.clears;
     sum.perBackwardRecomputes += rank.perBackwardRecomputes;
     sum.maxLiveSessions = std::max(sum.maxLiveSessions, rank.maxLiveSessions);

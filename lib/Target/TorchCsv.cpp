@@ -200,7 +200,8 @@ std::string mlir::hpr::torchCsvSidecarPath(StringRef csvPath) {
 
 /// What a consumer entry of the sidecar adds to its backward's cell.
 static constexpr const char *kBoundFields[] = {"session", "retain_on_unpack",
-                                               "frees_graph"};
+                                               "frees_graph", "drops_replay",
+                                               "weight_replay"};
 
 /// Refuses `text` unless it is UTF-8, at the line and column of the first
 /// bad byte (messages quote the text, and Python takes them as str).

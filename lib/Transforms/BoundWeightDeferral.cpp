@@ -2,12 +2,13 @@
 //
 // A zero-bubble schedule defers each dw (hpr.backward_weight) to fill idle
 // time; meanwhile its (stage, microbatch) keeps what its forward kept and,
-// when checkpointed, its whole replay. Where a rank's activation peak exceeds
-// the budget, this pass bounds that deferral: it runs a pending dw before the
-// peak, or fuses it with its dx into one hpr.backward (which replays block by
-// block inside itself, as 1F1B's does), choosing each time the change the
-// simulated step suffers least from. The algorithm is in Passes.td and
-// docs/planning.md ("Bounded dw deferral").
+// when checkpointed, what the dw reads of its replay. Where a rank's
+// activation peak exceeds the budget, this pass bounds that deferral: it runs
+// a pending dw before the peak, fuses it with its dx into one hpr.backward
+// (which replays block by block inside itself, as 1F1B's does), or lets the
+// dx drop the replay and the dw replay again for itself (`weight_replay`),
+// choosing each time the change the simulated step suffers least from. The
+// algorithm is in Passes.td and docs/planning.md ("Bounded dw deferral").
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,13 +44,21 @@ constexpr size_t kPricedPerRound = 16;
 /// One way to end a pending dw's lifetime before a rank's peak, written by
 /// positions so that it applies to a copy of the module as to the module.
 struct Change {
+  /// In the order ties are broken.
+  enum class Kind {
+    Move,         ///< run the dw before the op at `before`
+    Fuse,         ///< fuse dx and dw into one backward at the dx
+    WeightReplay, ///< mark the dw `weight_replay`: the dx drops the replay
+  };
   unsigned rank = 0;
   int64_t stage = 0;
   int64_t microbatch = 0;
-  /// Fuse dx and dw into one backward at the dx; otherwise run the dw
-  /// before the op at `before`.
-  bool fuse = false;
+  Kind kind = Kind::Move;
   unsigned before = 0;
+  /// A move of a `weight_replay` dw: its replay for the dw moves with it and
+  /// may raise the position it lands on, so it is kept only where the rank's
+  /// peak falls (the loop still ends).
+  bool mustLowerPeak = false;
 };
 
 /// A change priced: the simulated step with it, and the rank's peak.
@@ -140,8 +149,12 @@ void apply(ModuleOp module, const Change &change) {
       split.positions.lookup({change.stage, change.microbatch});
   Operation *input = split.ops[inputPos];
   Operation *weight = split.ops[weightPos];
-  if (!change.fuse) {
+  if (change.kind == Change::Kind::Move) {
     weight->moveBefore(split.ops[change.before]);
+    return;
+  }
+  if (change.kind == Change::Kind::WeightReplay) {
+    cast<BackwardWeightOp>(weight).setWeightReplay(true);
     return;
   }
   OpBuilder builder(input);
@@ -156,7 +169,8 @@ void apply(ModuleOp module, const Change &change) {
 
 /// A dw moved into idle time: rank `rank`'s dw of `key` (with `split`, the
 /// dw split off the backward that fused it with its dx) runs before the op
-/// at `before`, or last where that is the program's length.
+/// at `before`, or last where that is the program's length; with
+/// `weightReplay` it replays for itself there (its dx drops the replay).
 struct Deferral {
   unsigned rank = 0;
   Key key;
@@ -164,6 +178,11 @@ struct Deferral {
   unsigned before = 0;
   /// How long the rank waits before that op.
   double idleUs = 0;
+  /// Whether the move may be priced with `weight_replay` too: the dw's
+  /// forward runs checkpointed, the dw reads some of the replay and is not
+  /// marked yet.
+  bool replayable = false;
+  bool weightReplay = false;
 };
 
 /// Applies `deferral` to `module` (or a copy of it).
@@ -186,6 +205,8 @@ void apply(ModuleOp module, const Deferral &deferral) {
       found->moveBefore(ops[deferral.before]);
     else
       found->moveBefore(&block, block.end());
+    if (deferral.weightReplay)
+      cast<BackwardWeightOp>(found).setWeightReplay(true);
     return;
   }
   OpBuilder builder(found);
@@ -198,7 +219,10 @@ void apply(ModuleOp module, const Deferral &deferral) {
     builder.setInsertionPoint(ops[deferral.before]);
   else
     builder.setInsertionPointToEnd(&block);
-  builder.create<BackwardWeightOp>(found->getLoc(), stage, microbatch, Value());
+  builder.create<BackwardWeightOp>(
+      found->getLoc(), stage, microbatch, Value(), /*retain_on_unpack=*/false,
+      /*overlap=*/false, /*frees_graph=*/false, /*last_backward=*/false,
+      deferral.weightReplay);
   found->erase();
 }
 
@@ -307,18 +331,33 @@ double BoundWeightDeferralPass::stepUs(ModuleOp module) const {
   return result->makespan;
 }
 
+/// Whether the dw of `lifetime` may replay for itself (`weight_replay`): its
+/// forward runs checkpointed under `costs`, the dw reads some of the replay,
+/// and it is not marked yet.
+static bool mayReplayForWeight(const ActivationLifetime &lifetime,
+                               const std::vector<StageCost> &costs) {
+  return runsCheckpointed(lifetime.forward, costs) &&
+         costs[lifetime.stage].weightRecomputedBytes > 0 &&
+         !lifetime.weightReplay;
+}
+
 /// The changes that lower what `rank` holds at its (first) peak position:
 /// each dw pending there run right before it, or fused with its dx when the
-/// dx is at or before the peak. A change that would reorder a stage's dws is
-/// left out.
+/// dx is at or before the peak, or marked `weight_replay` when the dx is
+/// before the peak and the dw after it (its replay is dropped in between). A
+/// change that would reorder a stage's dws is left out.
 std::vector<Change>
 BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
   ProgramOp program = programOf(module, rank);
-  ActivationProfile profile =
-      computeActivationProfile(collectActivationLifetimes(program), costs);
+  ProgramActivations activations = collectActivationLifetimes(program);
+  ActivationProfile profile = computeActivationProfile(activations, costs);
   unsigned peakPos =
       std::max_element(profile.live.begin(), profile.live.end()) -
       profile.live.begin();
+  llvm::DenseSet<Key> replayable;
+  for (const ActivationLifetime &lifetime : activations.lifetimes)
+    if (lifetime.releasedAfterDx && mayReplayForWeight(lifetime, costs))
+      replayable.insert({lifetime.stage, lifetime.microbatch});
   SplitBackwards split = collectSplitBackwards(program);
   std::vector<Change> changes;
   for (auto &[key, positions] : split.positions) {
@@ -331,17 +370,25 @@ BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
     if (inputPos < before && before < weightPos &&
         !stageGradientBetween(split.ops, key.first, before, weightPos)) {
       change.before = before;
+      change.mustLowerPeak =
+          cast<BackwardWeightOp>(split.ops[weightPos]).getWeightReplay();
       changes.push_back(change);
+      change.mustLowerPeak = false;
     }
     if (!stageGradientBetween(split.ops, key.first, inputPos + 1, weightPos)) {
-      change.fuse = true;
+      change.kind = Change::Kind::Fuse;
+      changes.push_back(change);
+    }
+    // The dw stays where it is: no order changes.
+    if (inputPos < peakPos && peakPos < weightPos && replayable.contains(key)) {
+      change.kind = Change::Kind::WeightReplay;
       changes.push_back(change);
     }
   }
   // Positions come from a hash map: a stable order keeps ties reproducible.
   llvm::sort(changes, [](const Change &a, const Change &b) {
-    return std::tie(a.stage, a.microbatch, a.fuse) <
-           std::tie(b.stage, b.microbatch, b.fuse);
+    return std::tie(a.stage, a.microbatch, a.kind) <
+           std::tie(b.stage, b.microbatch, b.kind);
   });
   return changes;
 }
@@ -414,11 +461,14 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
       worst = std::max_element(rankPeaks.begin(), rankPeaks.end());
     }
     unsigned rank = worst - rankPeaks.begin();
+    int64_t rankPeak = peakOf(programOf(module, rank));
     std::optional<Priced> best;
     for (const Change &change : changesAtPeak(module, rank)) {
       Priced priced = priceChanged(module, rank, change, [&] {
         return Priced{stepUs(module), peakOf(programOf(module, rank)), change};
       });
+      if (change.mustLowerPeak && priced.peak >= rankPeak)
+        continue;
       if (!best || std::tie(priced.stepUs, priced.peak) <
                        std::tie(best->stepUs, best->peak))
         best = priced;
@@ -439,9 +489,19 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
     apply(module, best->change);
     changed = true;
     recordOrder(module, rank);
-    if (best->change.fuse)
-      fused.insert({best->change.stage, best->change.microbatch});
-    ++(best->change.fuse ? numFusedBackwards : numMovedWeights);
+    Key key{best->change.stage, best->change.microbatch};
+    switch (best->change.kind) {
+    case Change::Kind::Move:
+      ++numMovedWeights;
+      break;
+    case Change::Kind::Fuse:
+      fused.insert(key);
+      ++numFusedBackwards;
+      break;
+    case Change::Kind::WeightReplay:
+      ++numWeightReplays;
+      break;
+    }
   }
 }
 
@@ -466,6 +526,14 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
     for (Operation &op : program.getBody().getOps())
       ops.push_back(&op);
     SplitBackwards split = collectSplitBackwards(program);
+    llvm::DenseSet<Key> replayable;
+    for (const ActivationLifetime &lifetime :
+         collectActivationLifetimes(program).lifetimes) {
+      Key key{lifetime.stage, lifetime.microbatch};
+      if ((lifetime.releasedAfterDx || fused.contains(key)) &&
+          mayReplayForWeight(lifetime, costs))
+        replayable.insert(key);
+    }
     for (unsigned at = 0; at < ops.size(); ++at) {
       // The dw at `at` after its dx at `after`, or a fused backward at both.
       auto action = dyn_cast<ActionOpInterface>(ops[at]);
@@ -492,7 +560,8 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
         if (pos > at ? stageGradientBetween(ops, key.first, at + 1, pos)
                      : stageGradientBetween(ops, key.first, pos, at))
           continue;
-        result.push_back({rank, key, isSplit, pos, waits.lookup(waited)});
+        result.push_back({rank, key, isSplit, pos, waits.lookup(waited),
+                          replayable.contains(key)});
       }
     }
     ++rank;
@@ -504,14 +573,15 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
 /// candidate of any rank that shortens the simulated step most while its
 /// rank fits the budget: a dw runs before an op its rank waits for (in the
 /// timeline without replays), or a dx and dw that step 2 fused split again
-/// with the dw there.
+/// with the dw there; where the move does not fit, the same move with the
+/// dw replaying for itself (`weight_replay`).
 void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
   // With least-memory, what step 4 left, to return to (below).
   OwningOpRef<ModuleOp> unchanged;
   if (leastMemory)
     unchanged = module.clone();
   double step = stepUs(module);
-  unsigned rounds = 0;
+  unsigned rounds = 0, weightReplays = 0;
   for (;; ++rounds) {
     ModuleSchedule cells = extractSchedule(module, costs);
     llvm::Expected<sched::SimulationResult> simulated =
@@ -542,13 +612,20 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     });
     candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
     std::optional<std::pair<double, Deferral>> best;
-    for (const Deferral &deferral : candidates) {
-      std::optional<double> candidate = priceChanged(
-          module, deferral.rank, deferral, [&]() -> std::optional<double> {
-            if (!fitsAfterMove(module, deferral.rank))
-              return std::nullopt;
-            return stepUs(module);
-          });
+    for (Deferral deferral : candidates) {
+      auto price = [&] {
+        return priceChanged(module, deferral.rank, deferral,
+                            [&]() -> std::optional<double> {
+                              if (!fitsAfterMove(module, deferral.rank))
+                                return std::nullopt;
+                              return stepUs(module);
+                            });
+      };
+      std::optional<double> candidate = price();
+      if (!candidate && deferral.replayable) {
+        deferral.weightReplay = true;
+        candidate = price();
+      }
       if (candidate && *candidate < (best ? best->first : step) * (1 - 1e-9))
         best = {*candidate, deferral};
     }
@@ -557,6 +634,7 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     apply(module, best->second);
     recordOrder(module, best->second.rank);
     step = best->first;
+    weightReplays += best->second.weightReplay;
   }
   // With least-memory, hpr-select-checkpoints must still find a choice.
   if (rounds && leastMemory && !selectionFits(module)) {
@@ -567,4 +645,5 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     return;
   }
   numDeferredWeights += rounds;
+  numWeightReplays += weightReplays;
 }

@@ -6,7 +6,9 @@
 // hpr-prefetch-into-bubbles. A jit replay of a session that one full
 // backward reads runs inside that backward (`in_backward`,
 // replaysInBackward), region by region as torch's checkpoint does, so that
-// it holds one region's tensors at a time rather than the whole stage's.
+// it holds one region's tensors at a time rather than the whole stage's. A
+// dw marked `weight_replay` gets its own replay right before it
+// (`for_weight`): its dx drops the first one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +36,7 @@ struct InsertRecomputePass
   LogicalResult initialize(MLIRContext *context) override;
   void runOnOperation() override;
   Operation *findInsertionPoint(SessionOp session, Operation *firstConsumer);
+  void placeWeightReplays();
 };
 } // namespace
 
@@ -104,5 +107,39 @@ void InsertRecomputePass::runOnOperation() {
       ++numPrefetched;
     LLVM_DEBUG(llvm::dbgs() << "recompute " << session.getSid() << " before "
                             << describeAction(point) << "\n");
+  }
+  placeWeightReplays();
+}
+
+/// The replay for each `weight_replay` dw, jit: right before it (before its
+/// overlapped pair). A dw whose session its dx does not read first replays
+/// nothing for it (a plain microbatch, a stage left unchecked, the first
+/// stage): the mark goes, so that the plan says only what runs.
+void InsertRecomputePass::placeWeightReplays() {
+  OpBuilder builder(&getContext());
+  for (BackwardWeightOp weight :
+       getOperation().getBody().getOps<BackwardWeightOp>()) {
+    if (!weight.getWeightReplay())
+      continue;
+    auto session = weight.getSession()
+                       ? weight.getSession().getDefiningOp<SessionOp>()
+                       : SessionOp();
+    auto consumers = session ? getConsumers(session)
+                             : llvm::SmallVector<ConsumerOpInterface>();
+    if (consumers.size() != 2 || !isa<BackwardInputOp>(consumers.front()) ||
+        consumers.back() != weight) {
+      weight.setWeightReplay(false);
+      ++numWeightReplaysDropped;
+      continue;
+    }
+    builder.setInsertionPoint(getPairStart(weight));
+    builder.create<RecomputeOp>(session.getLoc(), session.getSession(),
+                                /*in_backward=*/false,
+                                /*regions=*/DenseI64ArrayAttr(),
+                                /*for_weight=*/true);
+    ++numWeightReplays;
+    LLVM_DEBUG(llvm::dbgs()
+               << "recompute " << session.getSid() << " for its dw before "
+               << describeAction(getPairStart(weight)) << "\n");
   }
 }

@@ -1,8 +1,9 @@
 //===- LowerRuntime.cpp - Write what runtimes read onto each action ------===//
 //
-// The last planning pass: posts, tags, waits, frees_graph, last_backward and
-// hands_to become attributes of the ops (RuntimeLowering.h has the rules), so
-// every emitter prints a lowered module and derives nothing.
+// The last planning pass: posts, tags, waits, frees_graph, last_backward,
+// hands_to and drops_replay become attributes of the ops (RuntimeLowering.h
+// has the rules), so every emitter prints a lowered module and derives
+// nothing.
 //
 //===----------------------------------------------------------------------===//
 
@@ -45,6 +46,7 @@ void LowerRuntimePass::lowerProgram(ProgramOp program, const SendOrder &sends,
   llvm::DenseSet<Operation *> freesGraph = lastConsumers(program);
   llvm::DenseSet<Operation *> lastBackward = lastBackwards(program);
   llvm::DenseMap<Operation *, int64_t> handsTo = handoffs(program);
+  llvm::DenseSet<Operation *> droppers = replayDroppers(program);
   auto indices = [&](const ActionIndexLists &lists, Operation *op) {
     auto it = lists.find(op);
     return it == lists.end() ? DenseI64ArrayAttr()
@@ -82,6 +84,8 @@ void LowerRuntimePass::lowerProgram(ProgramOp program, const SendOrder &sends,
             [&](auto backward) {
               backward.setFreesGraph(freesGraph.contains(backward));
             });
+    if (auto input = dyn_cast<BackwardInputOp>(op))
+      input.setDropsReplay(droppers.contains(input));
   }
   numWaits += waits.size();
   numHandoffs += handsTo.size();

@@ -109,7 +109,11 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
       sessionCell[&op] = cell;
     else if (auto unshard = dyn_cast<UnshardOp>(op))
       gatheredFrom[unshard.getStageIndex()] = cell;
-    else if (auto recompute = dyn_cast<RecomputeOp>(op)) {
+    else if (auto recompute = dyn_cast<RecomputeOp>(op);
+             recompute && !recompute.getForWeight()) {
+      // A replay for a dw stays where jit put it (right before the dw): its
+      // dx drops the first replay, and moved earlier it would hold what the
+      // dw reads over the time the drop freed.
       size_t first = sessionCell.lookup(recompute.getSessionOp()) + 1;
       // Within the window hpr-insert-unshard opened for the jit replay: a
       // replay moved before it would read sharded parameters.

@@ -2,9 +2,10 @@
 //
 // Proves, from the IR alone, that each session is recomputed once (in one op
 // or in pieces that replay each checkpointed region once) before any reader,
-// cleared once after the last reader, and flagged right in between, that the
-// compute order is the imported schedule's, and that FSDP parameters are
-// gathered wherever they are read. It walks each
+// and again for its dw only where the dw says so, cleared once after the last
+// reader, and flagged right in between, that the compute order is the
+// imported schedule's, and that FSDP parameters are gathered wherever they
+// are read. It walks each
 // program once, in order, with its own bookkeeping: nothing here is shared
 // with the passes that build plans (SessionAnalysis), so it also judges plans
 // written by hand or by other tools, and a bug in those queries cannot hide
@@ -37,7 +38,9 @@ using CheckpointedRegions = llvm::DenseMap<int64_t, int64_t>;
 
 /// What one program does with one session, in program order.
 struct SessionUses {
+  /// Its replay (one op or the pieces), and the replays for its dw.
   llvm::SmallVector<RecomputeOp, 1> recomputes;
+  llvm::SmallVector<RecomputeOp, 1> weightReplays;
   llvm::SmallVector<ClearOp, 1> clears;
   llvm::SmallVector<ConsumerOpInterface> consumers;
 };
@@ -159,6 +162,69 @@ static unsigned verifyPieces(SessionOp session, ArrayRef<RecomputeOp> pieces,
   return violations;
 }
 
+/// [hpr.verify.weight-replay]: a replay for a dw (`for_weight`) is whole, the
+/// session's only one, between its dx and its dw, on a session read by a dx
+/// and then a dw, and there exactly where that dw says `weight_replay`.
+static unsigned verifyWeightReplay(SessionOp session, SessionUses &uses) {
+  unsigned violations = 0;
+  auto report = [&](Operation *at) -> InFlightDiagnostic {
+    ++violations;
+    return at->emitError() << describeAction(at) << ": ";
+  };
+  StringRef cite = ruleTag(Rule::VerifyWeightReplay);
+  auto &consumers = uses.consumers;
+  BackwardWeightOp weight;
+  if (consumers.size() == 2 && isa<BackwardInputOp>(consumers.front()))
+    weight = dyn_cast<BackwardWeightOp>(consumers.back().getOperation());
+  for (ConsumerOpInterface consumer : consumers) {
+    auto marked = dyn_cast<BackwardWeightOp>(consumer.getOperation());
+    if (marked && marked.getWeightReplay() && marked != weight)
+      report(marked) << "weight_replay, but " << quote(session)
+                     << " is not read by a backward_input and then this "
+                        "backward_weight; only such a session is dropped after "
+                        "its dx and replayed again for its dw "
+                     << cite;
+  }
+  for (RecomputeOp replay : uses.weightReplays) {
+    if (replay != uses.weightReplays.front()) {
+      report(replay) << quote(session)
+                     << " is replayed for its dw a second time (first at "
+                     << describeAction(uses.weightReplays.front()) << ") "
+                     << cite;
+      continue;
+    }
+    if (replay.getInBackward() || replay.getRegions())
+      report(replay) << "the replay of " << quote(session)
+                     << " for its dw (for_weight) is "
+                     << (replay.getInBackward() ? "in_backward" : "a piece")
+                     << "; it replays whole, before the dw " << cite;
+    if (!weight) {
+      report(replay) << quote(session)
+                     << " is replayed for a dw (for_weight), but is not read "
+                        "by a backward_input and then a backward_weight "
+                     << cite;
+      continue;
+    }
+    Operation *input = consumers.front().getOperation();
+    if (!input->isBeforeInBlock(replay) || !replay->isBeforeInBlock(weight))
+      report(replay) << "the replay of " << quote(session)
+                     << " for its dw (for_weight) must lie after its dx, "
+                     << describeAction(input) << ", and before its dw, "
+                     << describeAction(weight) << " " << cite;
+    if (!weight.getWeightReplay())
+      report(replay) << quote(session) << " is replayed for its dw, but "
+                     << describeAction(weight) << " does not say weight_replay "
+                     << cite;
+  }
+  if (weight && weight.getWeightReplay() && uses.weightReplays.empty())
+    report(weight) << "weight_replay, but " << quote(session)
+                   << " has no replay for it (recompute for_weight) after its "
+                      "dx, which drops the first: the dw would read dropped "
+                      "tensors "
+                   << cite;
+  return violations;
+}
+
 unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses,
                                    std::optional<int64_t> numRegions) {
   unsigned violations = 0;
@@ -186,9 +252,10 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses,
   RecomputeOp lastPiece = inPieces ? uses.recomputes.back() : recompute;
   if (inPieces)
     violations += verifyPieces(session, uses.recomputes, numRegions);
+  violations += verifyWeightReplay(session, uses);
   ClearOp clear = once(uses.clears, "cleared");
   auto &consumers = uses.consumers;
-  if (consumers.empty() && !recompute)
+  if (consumers.empty() && !recompute && uses.weightReplays.empty())
     return violations; // Bound but never read nor replayed: holds nothing.
 
   if (!recompute)
@@ -357,7 +424,9 @@ unsigned VerifyPass::verifyProgram(ProgramOp program,
     }
     if (auto recompute = dyn_cast<RecomputeOp>(op)) {
       if (SessionOp session = sessionOf(recompute.getSession()))
-        uses[session].recomputes.push_back(recompute);
+        (recompute.getForWeight() ? uses[session].weightReplays
+                                  : uses[session].recomputes)
+            .push_back(recompute);
       continue;
     }
     if (auto clear = dyn_cast<ClearOp>(op)) {
@@ -371,6 +440,15 @@ unsigned VerifyPass::verifyProgram(ProgramOp program,
     if (SessionOp session = sessionOf(consumer.getSessionValue())) {
       uses[session].consumers.push_back(consumer);
       continue;
+    }
+    if (auto weight = dyn_cast<BackwardWeightOp>(op);
+        weight && weight.getWeightReplay()) {
+      ++violations;
+      op.emitError() << describeAction(&op)
+                     << ": weight_replay, but it reads no session: nothing is "
+                        "replayed for it (a plain microbatch or a stage not "
+                        "checkpointed keeps its activations) "
+                     << ruleTag(Rule::VerifyWeightReplay);
     }
     if (!checkpointed || !consumer.readsActivations())
       continue;

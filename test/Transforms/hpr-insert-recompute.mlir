@@ -103,3 +103,37 @@ hpr.schedule "first_stage_dw_reads" ranks 1 stages 2 microbatches 1 stage_to_ran
 // BUBBLE: for the --policy option: Cannot find option named 'bubble'!
 // DISTANCE: error: hpr-insert-recompute: distance applies to policy=lookahead only
 // DISTANCE-NOT: error
+
+// A dw marked weight_replay replays again right before itself (before its
+// overlapped pair), whatever the policy; where its session is not read by
+// its dx first (the first stage, whose dx reads nothing) or it reads none (a
+// plain microbatch), nothing replays for it and the mark goes.
+hpr.schedule "weight_replay" ranks 1 stages 2 microbatches 2 stage_to_rank [0, 0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 1 mb 0
+    %s1 = hpr.session %h1 as "s1.mb0"
+    %h2 = hpr.forward stage 1 mb 1 no_checkpoint
+    hpr.backward_input stage 1 mb 0 session(%s1)
+    hpr.backward_input stage 1 mb 1
+    hpr.backward_input stage 0 mb 0
+    %h3 = hpr.forward stage 0 mb 1 overlap
+    hpr.backward_weight stage 1 mb 0 session(%s1) overlap weight_replay
+    hpr.backward_weight stage 1 mb 1 weight_replay
+    hpr.backward_weight stage 0 mb 0 session(%s0) weight_replay
+  }
+}
+// JIT-LABEL: hpr.schedule "weight_replay"
+// JIT:       hpr.recompute %s1.mb0{{$}}
+// JIT-NEXT:  hpr.backward_input stage 1 mb 0 session(%s1.mb0)
+// JIT:       hpr.recompute %s1.mb0 {for_weight}
+// JIT-NEXT:  hpr.forward stage 0 mb 1 overlap
+// JIT-NEXT:  hpr.backward_weight stage 1 mb 0 session(%s1.mb0) overlap weight_replay
+// JIT-NEXT:  hpr.backward_weight stage 1 mb 1{{$}}
+// JIT-NEXT:  hpr.recompute %s0.mb0 {in_backward}
+// JIT-NEXT:  hpr.backward_weight stage 0 mb 0 session(%s0.mb0){{$}}
+// LA9-LABEL: hpr.schedule "weight_replay"
+// LA9:       hpr.recompute %s1.mb0 {for_weight}
+// LA9-NEXT:  hpr.forward stage 0 mb 1 overlap
+// LA9-NEXT:  hpr.backward_weight stage 1 mb 0 session(%s1.mb0) overlap weight_replay

@@ -1,5 +1,5 @@
 // RUN: hp-recompute-opt %s -split-input-file --hpr-lower-runtime | FileCheck %s
-// Lowering twice changes nothing: members 3-6 are recomputed, given posts and
+// Lowering twice changes nothing: members 3-7 are recomputed, given posts and
 // tags kept.
 // RUN: hp-recompute-opt %s -split-input-file --hpr-lower-runtime --hpr-lower-runtime | FileCheck %s
 
@@ -160,5 +160,35 @@ hpr.schedule "given_posts_and_tags_kept" ranks 2 stages 2 microbatches 1 stage_t
     %h0 = hpr.forward stage 1 mb 0
     hpr.backward stage 1 mb 0 frees_graph waits [0]
     hpr.send_b stage 1 mb 0 peer 0
+  }
+}
+
+// -----
+
+// drops_replay on the dx of a session replayed again for its dw (mb 0), on
+// no other dx (mb 1 keeps its replay for its dw); a given one is recomputed.
+// CHECK-LABEL: hpr.schedule "weight_replay"
+// CHECK:       hpr.backward_input stage 0 mb 0 session(%{{.*}}) retain_on_unpack drops_replay{{$}}
+// CHECK:       hpr.backward_input stage 0 mb 1 session(%{{.*}}) retain_on_unpack{{$}}
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "weight_replay" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s0
+    hpr.backward_input stage 0 mb 0 session(%s0) retain_on_unpack
+    hpr.recompute %s1
+    hpr.backward_input stage 0 mb 1 session(%s1) retain_on_unpack drops_replay
+    hpr.recompute %s0 {for_weight}
+    hpr.backward_weight stage 0 mb 0 session(%s0) weight_replay
+    hpr.clear %s0
+    hpr.backward_weight stage 0 mb 1 session(%s1)
+    hpr.clear %s1
   }
 }

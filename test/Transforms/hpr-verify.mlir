@@ -415,3 +415,107 @@ hpr.schedule "piece_regions_unsorted" ranks 1 stages 1 microbatches 1 stage_to_r
     hpr.clear %s0
   }
 }
+
+// -----
+
+// [hpr.verify.weight-replay]: the dx drops its session's replay and a
+// second one, before the dw, replays what the dw reads; mb 1's first replay
+// is in pieces.
+hpr.model "m" {
+  hpr.stage 0 {
+    hpr.region "l0" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+    hpr.region "l1" checkpoint flops 1.0 time_us 0.0 saved 8 input 1 params 0
+  }
+}
+hpr.schedule "weight_replay_passes" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s0
+    hpr.recompute %s1 {regions = array<i64: 1>}
+    hpr.backward_input stage 0 mb 0 session(%s0) retain_on_unpack drops_replay
+    hpr.recompute %s1 {regions = array<i64: 0>}
+    hpr.backward_input stage 0 mb 1 session(%s1) retain_on_unpack drops_replay
+    hpr.recompute %s0 {for_weight}
+    hpr.backward_weight stage 0 mb 0 session(%s0) weight_replay
+    hpr.clear %s0
+    hpr.recompute %s1 {for_weight}
+    hpr.backward_weight stage 0 mb 1 session(%s1) weight_replay
+    hpr.clear %s1
+  }
+}
+
+// -----
+
+hpr.schedule "replay_for_weight_misplaced" ranks 1 stages 1 microbatches 4 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.recompute %s0
+    // expected-error @+1 {{rank 0, action 2 (recompute stage 0 mb 0): the replay of session "s0.mb0" for its dw (for_weight) must lie after its dx, rank 0, action 3 (backward_input stage 0 mb 0), and before its dw, rank 0, action 4 (backward_weight stage 0 mb 0) [hpr.verify.weight-replay]}}
+    hpr.recompute %s0 {for_weight}
+    hpr.backward_input stage 0 mb 0 session(%s0) retain_on_unpack
+    hpr.backward_weight stage 0 mb 0 session(%s0) weight_replay
+    hpr.clear %s0
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s1
+    hpr.backward_input stage 0 mb 1 session(%s1) retain_on_unpack
+    hpr.backward_weight stage 0 mb 1 session(%s1) weight_replay
+    // expected-error @+1 {{rank 0, action 10 (recompute stage 0 mb 1): the replay of session "s0.mb1" for its dw (for_weight) must lie after its dx, rank 0, action 8 (backward_input stage 0 mb 1), and before its dw, rank 0, action 9 (backward_weight stage 0 mb 1) [hpr.verify.weight-replay]}}
+    hpr.recompute %s1 {for_weight}
+    hpr.clear %s1
+    %h2 = hpr.forward stage 0 mb 2
+    %s2 = hpr.session %h2 as "s0.mb2"
+    hpr.recompute %s2
+    hpr.backward_input stage 0 mb 2 session(%s2) retain_on_unpack
+    hpr.recompute %s2 {for_weight}
+    // expected-error @+1 {{rank 0, action 16 (recompute stage 0 mb 2): session "s0.mb2" is replayed for its dw a second time (first at rank 0, action 15 (recompute stage 0 mb 2)) [hpr.verify.weight-replay]}}
+    hpr.recompute %s2 {for_weight}
+    hpr.backward_weight stage 0 mb 2 session(%s2) weight_replay
+    hpr.clear %s2
+    %h3 = hpr.forward stage 0 mb 3
+    %s3 = hpr.session %h3 as "s0.mb3"
+    hpr.recompute %s3
+    hpr.backward_input stage 0 mb 3 session(%s3) retain_on_unpack
+    // expected-error @+1 {{rank 0, action 22 (recompute stage 0 mb 3): the replay of session "s0.mb3" for its dw (for_weight) is a piece; it replays whole, before the dw [hpr.verify.weight-replay]}}
+    hpr.recompute %s3 {for_weight, regions = array<i64: 0>}
+    hpr.backward_weight stage 0 mb 3 session(%s3) weight_replay
+    hpr.clear %s3
+  }
+}
+
+// -----
+
+hpr.schedule "weight_replay_unmatched" ranks 1 stages 1 microbatches 4 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h0 = hpr.forward stage 0 mb 0
+    %s0 = hpr.session %h0 as "s0.mb0"
+    hpr.recompute %s0
+    hpr.backward_input stage 0 mb 0 session(%s0) retain_on_unpack
+    // expected-error @+1 {{rank 0, action 3 (recompute stage 0 mb 0): session "s0.mb0" is replayed for its dw, but rank 0, action 4 (backward_weight stage 0 mb 0) does not say weight_replay [hpr.verify.weight-replay]}}
+    hpr.recompute %s0 {for_weight}
+    hpr.backward_weight stage 0 mb 0 session(%s0)
+    hpr.clear %s0
+    %h1 = hpr.forward stage 0 mb 1
+    %s1 = hpr.session %h1 as "s0.mb1"
+    hpr.recompute %s1
+    hpr.backward_input stage 0 mb 1 session(%s1) retain_on_unpack
+    // expected-error @+1 {{rank 0, action 9 (backward_weight stage 0 mb 1): weight_replay, but session "s0.mb1" has no replay for it (recompute for_weight) after its dx, which drops the first: the dw would read dropped tensors [hpr.verify.weight-replay]}}
+    hpr.backward_weight stage 0 mb 1 session(%s1) weight_replay
+    hpr.clear %s1
+    %h2 = hpr.forward stage 0 mb 2
+    %s2 = hpr.session %h2 as "s0.mb2"
+    hpr.recompute %s2 {in_backward}
+    hpr.backward stage 0 mb 2 session(%s2)
+    // expected-error @+1 {{rank 0, action 14 (recompute stage 0 mb 2): session "s0.mb2" is replayed for a dw (for_weight), but is not read by a backward_input and then a backward_weight [hpr.verify.weight-replay]}}
+    hpr.recompute %s2 {for_weight}
+    hpr.clear %s2
+    %h3 = hpr.forward stage 0 mb 3 no_checkpoint
+    hpr.backward_input stage 0 mb 3
+    // expected-error @+1 {{rank 0, action 18 (backward_weight stage 0 mb 3): weight_replay, but it reads no session: nothing is replayed for it (a plain microbatch or a stage not checkpointed keeps its activations) [hpr.verify.weight-replay]}}
+    hpr.backward_weight stage 0 mb 3 weight_replay
+  }
+}

@@ -25,6 +25,12 @@
 //    holds its whole replay up to the dx and, after it, only what the dw
 //    reads (weightRecomputedBytes; hpr.split.release-unread), each piece
 //    alike;
+//  - unless its dw says `weight_replay`: then the dx drops the whole replay
+//    and a second one, of what the dw reads (weightRecomputedBytes), lives
+//    from its hpr.recompute {for_weight} (before one is placed: the dw, where
+//    hpr-insert-recompute puts it) to the dw or the op before the clear;
+//    nothing of the replay lives in between (pieces alike). Only where the
+//    forward runs checkpointed: a plain microbatch replays nothing;
 //  - what such a dx keeps for its dw (the gradients dw's matmuls read,
 //    weightStateBytes: bwd_weight_input_bytes) is live from the dx to the
 //    dw, inclusive, checkpointed or not: a budget sees what deferring a dw
@@ -77,6 +83,13 @@ struct ActivationLifetime {
   /// Whether its first reader is a dx and a dw reads it later: the dx
   /// releases what the dw does not read.
   bool releasedAfterDx = false;
+  /// Whether that dw says `weight_replay`: the dx drops the replay and a
+  /// second one, from `weightReplayPos`, brings back what the dw reads.
+  bool weightReplay = false;
+  /// Where the replay for the dw starts: its hpr.recompute {for_weight},
+  /// else the dw (jit); and whether that recompute is in the program.
+  unsigned weightReplayPos = 0;
+  bool weightReplayPlaced = false;
   /// The pieces placed before the reader, in program order (empty: the
   /// replay is one op).
   llvm::SmallVector<ReplayPiece, 1> prefetchedPieces;
@@ -116,7 +129,9 @@ struct ActivationProfile {
 
 /// The most recomputed (stage, microbatch)s whose replayed tensors are live
 /// at one position: placed recomputes, each from its recompute to its clear
-/// (or last consumer while none is inserted). The summary's `max-live`.
+/// (or last consumer while none is inserted), a session replayed again for
+/// its dw from its recompute to its dx and from the replay for the dw on. The
+/// summary's `max-live`.
 unsigned countMaxLiveReplays(const ProgramActivations &activations);
 
 /// The profile under `costs`, with `checkpointed` saying which forwards run

@@ -4,11 +4,12 @@
 // without deriving anything: when each receive is posted (`posts`), which
 // receives an action reads (`waits`), the message tag of each transfer
 // (`tag`), the last W or B of each stage (`last_backward`), the last backward
-// of each (stage, microbatch) (`frees_graph`) and the in-memory handoffs
-// between stages on one rank (`hands_to`). hpr-lower-runtime writes them onto
-// the ops (Passes.td); verifyImportedPlan compares a plan read back with
-// them. Action indices count a program's actions as the plan JSON lists them
-// (sessions do not count).
+// of each (stage, microbatch) (`frees_graph`), the in-memory handoffs
+// between stages on one rank (`hands_to`) and the dxs that drop their
+// session's replay for a second one before the dw (`drops_replay`).
+// hpr-lower-runtime writes them onto the ops (Passes.td); verifyImportedPlan
+// compares a plan read back with them. Action indices count a program's actions
+// as the plan JSON lists them (sessions do not count).
 //
 //===----------------------------------------------------------------------===//
 
@@ -77,6 +78,12 @@ int64_t resultStage(Operation *op);
 /// where that stage runs on the program's rank and no transfer carries it.
 /// [hpr.plan.hands-to]
 llvm::DenseMap<Operation *, int64_t> handoffs(ProgramOp program);
+
+/// The backward_input of each session of `program` that an hpr.recompute
+/// marked `for_weight` replays again for its dw (`drops_replay`): at the end
+/// of that dx the runtime drops every tensor the session replayed.
+/// [hpr.plan.drops-replay]
+llvm::DenseSet<Operation *> replayDroppers(ProgramOp program);
 
 /// The message tag of transfer `op` (`tag`): (sending stage, microbatch,
 /// direction), the same number at both ends.

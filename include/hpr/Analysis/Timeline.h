@@ -47,7 +47,10 @@ ModuleSchedule extractSchedule(ModuleOp module);
 /// yet) with a Recompute action, of its (stage, microbatch) and without a
 /// duration, before the cell of each lifetime's first activation reader in
 /// `programs` (collectActivationLifetimes of each rank): where jit places the
-/// replay. The caller prices them; one such timeline prices any checkpoint
+/// replay; and one more before a `weight_replay` dw, the replay for it. The
+/// caller prices them (a stage's whole replay, `recomputeUs`, for either: the
+/// replay for a dw runs each block's forward up to the last tensor the dw
+/// reads, at most all of it); one such timeline prices any checkpoint
 /// choice.
 sched::Schedule withJitRecomputes(const ModuleSchedule &cells,
                                   llvm::ArrayRef<ProgramActivations> programs);

@@ -36,6 +36,11 @@ struct PlannedAction {
   /// A recompute: the piece's checkpointed regions (`regions`); none when
   /// it replays them all.
   std::optional<std::vector<int64_t>> regions;
+  /// A recompute: the replay for a dw (`for_weight`).
+  bool forWeight = false;
+  /// A backward_weight: its session is replayed again for it
+  /// (`weight_replay`).
+  bool weightReplay = false;
   /// A forward: the session its checkpoint handles are bound to ("" none).
   std::string binds;
 };

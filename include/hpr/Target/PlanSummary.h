@@ -23,7 +23,11 @@ namespace mlir::hpr {
 struct RankSummary {
   int64_t actions = 0;
   int64_t sessions = 0;
+  /// Replays the plan runs: one per session (a replay in pieces counts
+  /// once), and one more per session replayed again for its dw.
   int64_t recomputes = 0;
+  /// Of those, the replays for a dw (hpr.recompute {for_weight}).
+  int64_t weightReplays = 0;
   int64_t clears = 0;
   /// Recomputes that per-backward checkpointing would run: one per backward
   /// call reading a session (2 for a dx/dw-split session, 1 for B).

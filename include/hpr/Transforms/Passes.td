@@ -81,10 +81,11 @@ def HPRBoundWeightDeferral
   let description = [{
     A zero-bubble schedule defers each dw (`hpr.backward_weight`) to fill
     idle time; until it runs, its (stage, microbatch) keeps what its forward
-    kept and, when checkpointed, its whole replay (a session read by dx and
-    dw cannot replay block by block inside one backward). Where a rank's
-    activation peak exceeds `budget`, this pass bounds the deferral. Runs
-    before `hpr-select-checkpoints` and `hpr-assign-sessions`.
+    kept and, when checkpointed, what the dw reads of its replay (a session
+    read by dx and dw cannot replay block by block inside one backward).
+    Where a rank's activation peak exceeds `budget`, this pass bounds the
+    deferral. Runs before `hpr-select-checkpoints` and
+    `hpr-assign-sessions`.
 
     1. Memory is the activation model of docs/planning.md, priced as the
        model marks the regions or, with `least-memory` (hpr-select-checkpoints
@@ -98,21 +99,32 @@ def HPRBoundWeightDeferral
        does, the rank that peaks highest while hpr-select-checkpoints on a
        copy still finds no choice.
     2. While the rank that peaks highest exceeds the budget, at its first
-       peak position (every candidate full): every dw pending there (its dx at or before the peak,
-       the dw at or after it) offers two changes, (a) the dw runs right
-       before the peak op (never inside an OVERLAP_F_B pair or between
-       batched transfers), when its dx is before that; (b) the dx and the
-       dw fuse into one `hpr.backward` at the dx, which replays block by
-       block inside itself as 1F1B's backward does. A change that would
+       peak position (every candidate full): every dw pending there (its dx
+       at or before the peak, the dw at or after it) offers up to three
+       changes, (a) the dw runs right before the peak op (never inside an
+       OVERLAP_F_B pair or between batched transfers), when its dx is before
+       that; (b) the dx and the dw fuse into one `hpr.backward` at the dx,
+       which replays block by block inside itself as 1F1B's backward does;
+       (c) the dw is marked `weight_replay`, when its dx is before the peak
+       and the dw after it, its forward runs checkpointed and the dw reads
+       some of the replay: the dx drops the replay and a second one, placed
+       right before the dw by `hpr-insert-recompute`, brings back what the
+       dw reads, so nothing of it lives at the peak. A change that would
        reorder a stage's dws is not offered: the microbatches' weight
        gradients are added in the schedule's order.
     3. Each change is applied to a copy and priced: the simulated step
-       (each replay timed with its first reader, where jit places it), then
-       that rank's peak; the least wins (ties: the first, by stage,
-       microbatch, move before fuse).
-    4. Every change ends a lifetime earlier and extends none, so the peak
-       position's bytes fall each round and dws only move up: the loop
-       ends. A rank whose peak holds no pending dw ends it: with
+       (each replay timed with its reader, where jit places it, a replay for
+       a dw as the stage's whole replay), then that rank's peak; the least
+       wins (ties: the first, by stage, microbatch, then move, fuse, weight
+       replay).
+    4. Every change ends a lifetime earlier and extends none, and each is
+       one way: dws only move up, fused pairs stay fused, a dw marked
+       `weight_replay` stays marked and is not offered (c) again. So the
+       peak position's bytes fall each round and the loop ends. The one
+       exception, (a) on a dw marked `weight_replay` (its replay for the dw
+       moves up with it, onto the position it lands on), is taken only where
+       it lowers the rank's peak: without that, two such dws could take each
+       other's place forever. A rank whose peak holds no pending dw ends it: with
        `least-memory` the pass leaves the rest to hpr-select-checkpoints
        (making microbatches plain may lower a peak further; it names the
        least budget it finds), otherwise it fails, naming the rank and its
@@ -128,7 +140,13 @@ def HPRBoundWeightDeferral
        where the rank's peak (as in 1) stays within the budget; the rounds
        end when no move shortens the step. With `least-memory`, where
        hpr-select-checkpoints then finds no choice, the schedule returns to
-       what step 4 left.
+       what step 4 left. A move that does not fit is priced again with the
+       dw marked `weight_replay` (where (c) could mark it), and kept on the
+       same terms.
+    A `weight_replay` dw whose (stage, microbatch) is not checkpointed in the
+    end (`least-memory`: hpr-select-checkpoints chose otherwise) replays
+    nothing: the replay was priced only while it ran checkpointed, and
+    `hpr-insert-recompute` removes the mark.
     A schedule without dws (1F1B, interleaved 1F1B) or within the budget is
     left as it is.
   }];
@@ -147,6 +165,8 @@ def HPRBoundWeightDeferral
               "dx and dw pairs fused into one backward">,
     Statistic<"numDeferredWeights", "num-deferred-weights",
               "dws moved into idle time">,
+    Statistic<"numWeightReplays", "num-weight-replays",
+              "dws marked weight_replay (replayed again for the dw)">,
   ];
 }
 
@@ -245,6 +265,14 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::hpr::ProgramOp"> 
       forward and so the `recv_f` that fed it, and never into an overlapped
       F/B pair.
 
+    A dw marked `weight_replay` whose session is read by its dx and then by
+    it gets a second `hpr.recompute {for_weight}` right before it (before
+    its overlapped pair), whatever the policy: the replay for the dw
+    (`[hpr.verify.weight-replay]`). Where its session is read otherwise, or
+    it reads none (a plain microbatch, a stage not checkpointed, the first
+    stage, whose dx reads nothing), the mark is removed: the plan says only
+    what runs.
+
     `distance` with `jit` is an error, not ignored. Placing by time needs
     every rank's timeline: that is `hpr-prefetch-into-bubbles`, which moves
     the recomputes this pass placed with `jit`.
@@ -266,6 +294,10 @@ def HPRInsertRecompute : Pass<"hpr-insert-recompute", "::mlir::hpr::ProgramOp"> 
               "Number of hpr.recompute ops inserted">,
     Statistic<"numPrefetched", "num-prefetched",
               "Recomputes placed earlier than right before the consumer">,
+    Statistic<"numWeightReplays", "num-weight-replays",
+              "hpr.recompute {for_weight} ops inserted">,
+    Statistic<"numWeightReplaysDropped", "num-weight-replays-dropped",
+              "weight_replay marks removed from dws that replay nothing">,
   ];
 }
 
@@ -302,9 +334,9 @@ def HPRPrefetchIntoBubbles
     split again in a later round.
     Rounds, each on the timeline the previous one left (with its critical
     paths), while something moves, at most 256; ranks move their own ops in
-    parallel within a round. The
-    same rounds run on a copy of the module moving every recompute that
-    fits, critical or not, at most 8 of them; both are greedy, neither
+    parallel within a round. A replay for a dw (`for_weight`) stays right
+    before its dw. The same rounds run on a copy of the module moving every
+    recompute that fits, critical or not, at most 8 of them; both are greedy, neither
     always ahead, and the faster plan wins (on a tie, the critical one).
     `placement` keeps one of them alone instead (to compare them).
 
@@ -427,7 +459,9 @@ def HPRLowerRuntime : Pass<"hpr-lower-runtime", "::mlir::ModuleOp"> {
        stage ([hpr.plan.last-backward]).
     6. `hands_to` on a forward, `backward_input` or `backward` whose result
        goes to a stage on the same rank: that stage ([hpr.plan.hands-to]).
-    Members 3-6 are recomputed and replace what an op carried, so running
+    7. `drops_replay` on the `backward_input` of each session that has an
+       `hpr.recompute {for_weight}` ([hpr.plan.drops-replay]).
+    Members 3-7 are recomputed and replace what an op carried, so running
     the pass twice changes nothing. Passes that add, remove or move actions
     run before it: the indices of `posts` and `waits` name positions. Ranks
     are lowered in parallel once the send order of every rank is known.
@@ -477,10 +511,17 @@ def HPRVerify : Pass<"hpr-verify", "::mlir::hpr::ProgramOp"> {
        `hpr.recompute`s) is pieces only, each region replayed by one piece,
        every checkpointed region of the stage by some piece (when the
        module's `hpr.model` says how many), and a piece marked `in_backward`
-       is the session's last; it is then the one check 10 covers.
+       is the session's last; it is then the one check 10 covers;
+    12. `[hpr.verify.weight-replay]`: a replay for a dw (`hpr.recompute
+       {for_weight}`) is whole (no `regions`, not `in_backward`), at most one
+       per session, on a session read by a `hpr.backward_input` and then a
+       `hpr.backward_weight`, after that dx and before that dw, and exactly
+       where that dw says `weight_replay`; a `weight_replay` dw reads such a
+       session and has its replay. It is not the session's replay of check
+       1: checks 1-4 and 11 count the others.
     Each violation is reported on the offending op with the rank, the index
-    of the action in its program and the action (messages of checks 9 and
-    11 end with the rule's id, docs/rules.md), and the pass fails.
+    of the action in its program and the action (messages of checks 9, 11
+    and 12 end with the rule's id, docs/rules.md), and the pass fails.
     Each program on its own; checks 7 and 11 read the enclosing module's
     `hpr.model` (without one, check 7 and the coverage of check 11 are
     skipped).

@@ -79,3 +79,22 @@ hpr.schedule "names" ranks 1 stages 1 microbatches 2 stage_to_rank [0] {
     %1 = hpr.session %0 as "s0.mb1"
   }
 }
+
+// A session replayed again for its dw: the dx drops the first replay
+// (drops_replay), a second one before the dw brings back what it reads.
+// CHECK-LABEL: hpr.schedule "weight_replay"
+// CHECK:         hpr.recompute %[[W:.*]]{{$}}
+// CHECK-NEXT:    hpr.backward_input stage 0 mb 0 session(%[[W]]) retain_on_unpack drops_replay
+// CHECK-NEXT:    hpr.recompute %[[W]] {for_weight}
+// CHECK-NEXT:    hpr.backward_weight stage 0 mb 0 session(%[[W]]) weight_replay
+hpr.schedule "weight_replay" ranks 1 stages 1 microbatches 1 stage_to_rank [0] {
+  hpr.program rank 0 {
+    %h = hpr.forward stage 0 mb 0
+    %s = hpr.session %h as "s0.mb0"
+    hpr.recompute %s
+    hpr.backward_input stage 0 mb 0 session(%s) retain_on_unpack drops_replay
+    hpr.recompute %s {for_weight}
+    hpr.backward_weight stage 0 mb 0 session(%s) weight_replay
+    hpr.clear %s
+  }
+}

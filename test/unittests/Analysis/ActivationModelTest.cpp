@@ -332,6 +332,108 @@ TEST(ActivationModel, WhatIKeepsForWLivesFromIToW) {
   EXPECT_EQ(with.peak() - without.peak(), 77 * 2);
 }
 
+/// Rank 1's program of a ZB-H1 plan on two ranks (twoRegions, with
+/// replay_weight_bytes: a dw reads 500 of the 1600 replayed), and the
+/// positions of each microbatch's dx and dw.
+struct SplitRank {
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1", 2, true);
+  ProgramOp program;
+  std::map<int64_t, BackwardInputOp> inputs;
+  std::map<int64_t, BackwardWeightOp> weights;
+
+  SplitRank() {
+    auto programs =
+        (*module->getOps<ScheduleOp>().begin()).getBody().getOps<ProgramOp>();
+    program = *std::next(programs.begin(), 1);
+    for (auto input : program.getBody().getOps<BackwardInputOp>())
+      inputs[input.getMicrobatchIndex()] = input;
+    for (auto weight : program.getBody().getOps<BackwardWeightOp>())
+      weights[weight.getMicrobatchIndex()] = weight;
+  }
+  std::vector<StageCost> costs() {
+    return computeStageCosts(*module->getOps<ModelOp>().begin());
+  }
+  unsigned positionOf(Operation *op) {
+    unsigned pos = 0;
+    for (Operation &each : program.getBody().getOps()) {
+      if (&each == op)
+        return pos;
+      ++pos;
+    }
+    return pos;
+  }
+};
+
+TEST(ActivationModel, WeightReplayHoldsNothingFromDxToItsReplay) {
+  // Both dws replay again for themselves, jit (before any hpr.recompute
+  // {for_weight} is placed): from the op after each dx to the op before its
+  // dw the session holds nothing of its replay, 500 less than the dw reads
+  // when the dx keeps it; up to the dx and from the dw on, the same bytes.
+  SplitRank rank;
+  ASSERT_EQ(rank.weights.size(), 2u);
+  std::vector<StageCost> costs = rank.costs();
+  ASSERT_EQ(costs[1].weightRecomputedBytes, 500);
+  // What the dx keeps for the dw lives from dx to dw either way.
+  costs[1].weightStateBytes = 77;
+  ActivationProfile kept =
+      computeActivationProfile(collectActivationLifetimes(rank.program), costs);
+  for (auto &[mb, weight] : rank.weights)
+    weight.setWeightReplay(true);
+  ProgramActivations activations = collectActivationLifetimes(rank.program);
+  for (const ActivationLifetime &lifetime : activations.lifetimes) {
+    EXPECT_TRUE(lifetime.weightReplay);
+    EXPECT_FALSE(lifetime.weightReplayPlaced);
+    EXPECT_EQ(lifetime.weightReplayPos, lifetime.lastConsumerPos);
+  }
+  ActivationProfile dropped = computeActivationProfile(activations, costs);
+  bool someDropped = false;
+  for (unsigned pos = 0; pos < activations.numPositions; ++pos) {
+    int64_t droppedSessions = 0;
+    for (auto &[mb, input] : rank.inputs)
+      droppedSessions += rank.positionOf(input) < pos &&
+                         pos < rank.positionOf(rank.weights[mb]);
+    someDropped |= droppedSessions > 0;
+    EXPECT_EQ(kept.live[pos] - dropped.live[pos], 500 * droppedSessions)
+        << "position " << pos;
+  }
+  EXPECT_TRUE(someDropped);
+  // A microbatch that runs plainly replays nothing: the mark changes nothing.
+  auto plain = [](const ActivationLifetime &) { return false; };
+  EXPECT_EQ(computeActivationProfile(activations, costs, plain).live,
+            computeActivationProfile(collectActivationLifetimes(rank.program),
+                                     costs, plain)
+                .live);
+}
+
+TEST(ActivationModel, PlacedReplayForWeightLivesFromItsRecompute) {
+  // mb 0's replay for its dw placed two ops after its dx: it holds nothing
+  // of the replay at the op between them, and from there on what the dw
+  // reads, as when the dx keeps it.
+  SplitRank rank;
+  Operation *between = rank.inputs[0]->getNextNode();
+  Operation *at = between->getNextNode();
+  ASSERT_TRUE(at->isBeforeInBlock(rank.weights[0]));
+  OpBuilder builder(at);
+  Value session = rank.inputs[0].getSession();
+  builder.create<RecomputeOp>(session.getLoc(), session, false,
+                              DenseI64ArrayAttr(), /*for_weight=*/true);
+  std::vector<StageCost> costs = rank.costs();
+  ActivationProfile kept =
+      computeActivationProfile(collectActivationLifetimes(rank.program), costs);
+  rank.weights[0].setWeightReplay(true);
+  ProgramActivations activations = collectActivationLifetimes(rank.program);
+  const ActivationLifetime &first = activations.lifetimes[0];
+  ASSERT_EQ(first.microbatch, 0);
+  EXPECT_TRUE(first.weightReplayPlaced);
+  EXPECT_EQ(first.weightReplayPos, rank.positionOf(between) + 1);
+  ActivationProfile dropped = computeActivationProfile(activations, costs);
+  for (unsigned pos = 0; pos < activations.numPositions; ++pos)
+    EXPECT_EQ(kept.live[pos] - dropped.live[pos],
+              pos == rank.positionOf(between) ? 500 : 0)
+        << "position " << pos;
+}
+
 TEST(ActivationModel, FirstStageReplaysInsideItsWeightBackward) {
   MLIRContext context;
   OwningOpRef<ModuleOp> module = twoRegions(context, "zb-h1", 2);

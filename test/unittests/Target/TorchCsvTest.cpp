@@ -37,6 +37,8 @@ struct Case {
   int ranks, microbatches;
   const char *prefetch;
   CheckpointPolicy checkpoint;
+  /// With every block checkpointed, a budget on the bundled GPT (0: none).
+  int64_t budget = 0;
 };
 
 /// A plan's three outputs: plan JSON, torch CSV, sidecar.
@@ -55,6 +57,10 @@ Written writePlan(MLIRContext &context, const Case &c) {
     // A budget at which --checkpoint auto runs some forwards plainly.
     request.modelFile = "examples/gpt/gpt.model.json";
     request.budget = MemoryBudget{4'000'000, std::nullopt};
+  }
+  if (c.budget) {
+    request.modelFile = "examples/gpt/gpt.model.json";
+    request.budget = MemoryBudget{c.budget, std::nullopt};
   }
   TimingScope timing;
   auto planned = runPlanner(context, request, timing, nullptr);
@@ -123,7 +129,7 @@ TEST_P(TorchCsvRoundTrip, ReadsBackAsThePlanJsonInCsvOrderAndIsAdmitted) {
   for (const char *member : {"schedule", "model", "sessions"})
     EXPECT_EQ(got[member], want[member]) << member;
   ASSERT_EQ(got["ranks"].size(), want["ranks"].size());
-  bool plain = false;
+  bool plain = false, replayedForWeight = false;
   for (size_t rank = 0; rank < want["ranks"].size(); ++rank) {
     EXPECT_EQ(got["ranks"][rank]["rank"], rank);
     json wantActions = inCsvOrder(want["ranks"][rank]);
@@ -133,10 +139,12 @@ TEST_P(TorchCsvRoundTrip, ReadsBackAsThePlanJsonInCsvOrderAndIsAdmitted) {
       EXPECT_EQ(gotActions[k], wantActions[k])
           << "rank " << rank << " action " << k;
       plain |= gotActions[k].value("checkpoint", true) == false;
+      replayedForWeight |= gotActions[k].value("weight_replay", false);
     }
     ASSERT_EQ(read->sources[rank].size(), gotActions.size());
   }
   EXPECT_EQ(plain, GetParam().checkpoint == CheckpointPolicy::Auto);
+  EXPECT_EQ(replayedForWeight, GetParam().budget != 0);
 
   auto imported = importPlanJson(context, read->plan, "dir/plan.csv");
   ASSERT_TRUE(static_cast<bool>(imported)) << toString(imported.takeError());
@@ -146,21 +154,25 @@ TEST_P(TorchCsvRoundTrip, ReadsBackAsThePlanJsonInCsvOrderAndIsAdmitted) {
 
 INSTANTIATE_TEST_SUITE_P(
     Generators, TorchCsvRoundTrip,
-    ::testing::Values(Case{"gpipe", 4, 8, "jit", CheckpointPolicy::All},
-                      Case{"1f1b", 4, 8, "bubble", CheckpointPolicy::All},
-                      Case{"interleaved-1f1b", 2, 4, "lookahead=2",
-                           CheckpointPolicy::All},
-                      // Rank 1 posts a receive before the one it waits for.
-                      Case{"zbv", 2, 4, "jit", CheckpointPolicy::All},
-                      // OVERLAP_F_B cells.
-                      Case{"dualpipev", 4, 8, "bubble", CheckpointPolicy::All},
-                      // plain_forwards.
-                      Case{"1f1b", 2, 4, "jit", CheckpointPolicy::Auto}),
+    ::testing::Values(
+        Case{"gpipe", 4, 8, "jit", CheckpointPolicy::All},
+        Case{"1f1b", 4, 8, "bubble", CheckpointPolicy::All},
+        Case{"interleaved-1f1b", 2, 4, "lookahead=2", CheckpointPolicy::All},
+        // Rank 1 posts a receive before the one it waits for.
+        Case{"zbv", 2, 4, "jit", CheckpointPolicy::All},
+        // OVERLAP_F_B cells.
+        Case{"dualpipev", 4, 8, "bubble", CheckpointPolicy::All},
+        // plain_forwards.
+        Case{"1f1b", 2, 4, "jit", CheckpointPolicy::Auto},
+        // dws replayed again for (weight_replay), at 0.6 times
+        // the checkpoint-all peak.
+        Case{"zb-h1", 2, 4, "jit", CheckpointPolicy::All, 3'142'968}),
     [](const ::testing::TestParamInfo<Case> &info) {
       std::string name =
           std::string(info.param.generator) + "_" + info.param.prefetch + "_" +
           std::to_string(info.param.ranks) +
-          (info.param.checkpoint == CheckpointPolicy::Auto ? "_auto" : "");
+          (info.param.checkpoint == CheckpointPolicy::Auto ? "_auto" : "") +
+          (info.param.budget ? "_budget" : "");
       for (char &ch : name)
         if (!isalnum(static_cast<unsigned char>(ch)))
           ch = '_';

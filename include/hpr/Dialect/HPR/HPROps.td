@@ -218,9 +218,9 @@ def HPR_ForwardOp : HPR_StageMicrobatchOp<"forward", [
 
 /// dx, dw and full backward: the consumers of a recompute session.
 /// `readsActivations` and `wholeBackward` are C++ conditions on the op
-/// (ConsumerOpInterface); `runtimeArgs` are the members hpr-lower-runtime
-/// writes onto this kind of backward besides `frees_graph`, printed by
-/// `runtimeFormat`.
+/// (ConsumerOpInterface); `runtimeArgs` are this kind of backward's own
+/// members (most of them written by hpr-lower-runtime, as `frees_graph` on
+/// every kind), printed by `runtimeFormat`.
 class HPR_BackwardOpBase<string mnemonic, string plan,
                          code readsActivations = "true",
                          code wholeBackward = "false",
@@ -257,8 +257,10 @@ def HPR_BackwardInputOp
     : HPR_BackwardOpBase<"backward_input", "backward_input",
                          "getStage() != 0", "false",
                          (ins OptionalAttr<DenseI64ArrayAttr>:$waits,
-                              OptionalAttr<HPR_IndexAttr>:$hands_to),
-                         [{ (`waits` $waits^)? (`hands_to` $hands_to^)? }]> {
+                              OptionalAttr<HPR_IndexAttr>:$hands_to,
+                              UnitAttr:$drops_replay),
+                         [{ (`waits` $waits^)? (`hands_to` $hands_to^)?
+                            (`drops_replay` $drops_replay^)? }]> {
   let summary = "dx: gradient of the stage input (schedule action I)";
   let description = [{
     On the first stage (stage 0) it computes nothing: the model input needs
@@ -266,19 +268,30 @@ def HPR_BackwardInputOp
 
     Lowered by `hpr-lower-runtime` for the runtimes: `frees_graph` on the
     last backward of its stage and microbatch, `waits` (the receive of its
-    output gradient, as action indices of its program) and `hands_to` (the
-    stage on the same rank it hands its input gradient to in memory).
+    output gradient, as action indices of its program), `hands_to` (the
+    stage on the same rank it hands its input gradient to in memory) and
+    `drops_replay` on the dx of a session that has an `hpr.recompute
+    {for_weight}`: at its end the runtime drops every tensor the session
+    replayed, and the replay for the dw brings back what the dw reads.
   }];
 }
 def HPR_BackwardWeightOp
     : HPR_BackwardOpBase<"backward_weight", "backward_weight", "true",
                          "getStage() == 0",
-                         (ins UnitAttr:$last_backward),
-                         [{ (`last_backward` $last_backward^)? }]> {
+                         (ins UnitAttr:$last_backward,
+                              UnitAttr:$weight_replay),
+                         [{ (`last_backward` $last_backward^)?
+                            (`weight_replay` $weight_replay^)? }]> {
   let summary = "dw: gradient of the stage weights (schedule action W)";
   let description = [{
     On the first stage (stage 0) it is the stage's whole backward: its I
     computed nothing.
+
+    `weight_replay` (decided by `hpr-bound-weight-deferral`): its session
+    is dropped after its dx and replayed again for it, by an
+    `hpr.recompute {for_weight}` that `hpr-insert-recompute` places right
+    before it; nothing of the replay lives between them. Only on a session
+    read by a dx and then this dw (`[hpr.verify.weight-replay]`).
 
     Lowered by `hpr-lower-runtime` for the runtimes: `frees_graph` on the
     last backward of its stage and microbatch, `last_backward` on the last
@@ -451,14 +464,30 @@ def HPR_RecomputeOp : HPR_SessionActionOp<"recompute"> {
     hpr.recompute %s {in_backward, regions = array<i64: 0>}
     hpr.backward stage 1 mb 0 session %s
     ```
+
+    `for_weight` (the replay for a dw): the session's second replay, after
+    its dx, which dropped the first (`drops_replay`), and before its dw
+    marked `weight_replay`, of what that dw reads. Whole: never
+    `in_backward`, no `regions`; at most one per session
+    (`[hpr.verify.weight-replay]`).
+
+    ```mlir
+    hpr.recompute %s
+    hpr.backward_input stage 1 mb 0 session(%s) retain_on_unpack drops_replay
+    hpr.forward stage 1 mb 3
+    hpr.recompute %s {for_weight}
+    hpr.backward_weight stage 1 mb 0 session(%s) weight_replay
+    hpr.clear %s
+    ```
   }];
   let arguments = (ins HPR_SessionType:$session, UnitAttr:$in_backward,
-                       OptionalAttr<DenseI64ArrayAttr>:$regions);
+                       OptionalAttr<DenseI64ArrayAttr>:$regions,
+                       UnitAttr:$for_weight);
   let hasVerifier = 1;
   let builders = [
     OpBuilder<(ins "::mlir::Value":$session, "bool":$in_backward), [{
       build($_builder, $_state, session, in_backward,
-            ::mlir::DenseI64ArrayAttr());
+            ::mlir::DenseI64ArrayAttr(), /*for_weight=*/false);
     }]>
   ];
 }
