@@ -201,6 +201,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           cost.weightWorkspaceBytes,
           region.getBwdWeightWorkspaceBytes().value_or(whole));
       cost.plainKeptBytes += region.getSavedBytes();
+      cost.replaysOnce |= region.getSelective() ||
+                          region.getSelectiveReplayTimeUs().has_value();
       if (checkpoint != RegionCheckpoint::None) {
         if (region == firstRegion)
           cost.keptInputBytes = region.getInputBytes();

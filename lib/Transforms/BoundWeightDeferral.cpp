@@ -333,12 +333,13 @@ double BoundWeightDeferralPass::stepUs(ModuleOp module) const {
 
 /// Whether the dw of `lifetime` may replay for itself (`weight_replay`): its
 /// forward runs checkpointed under `costs`, the dw reads some of the replay,
-/// and it is not marked yet.
+/// no region of the stage may run selective (its replay runs once), and it is
+/// not marked yet.
 static bool mayReplayForWeight(const ActivationLifetime &lifetime,
                                const std::vector<StageCost> &costs) {
   return runsCheckpointed(lifetime.forward, costs) &&
          costs[lifetime.stage].weightRecomputedBytes > 0 &&
-         !lifetime.weightReplay;
+         !costs[lifetime.stage].replaysOnce && !lifetime.weightReplay;
 }
 
 /// The changes that lower what `rank` holds at its (first) peak position:

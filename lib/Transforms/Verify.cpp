@@ -57,6 +57,9 @@ private:
                          const CheckpointedRegions *checkpointed);
   unsigned verifyComputeOrder(ProgramOp program, ArrayRef<int64_t> recorded);
   unsigned verifyGathered(ProgramOp program);
+
+  /// The stages with a region checkpointed under a selective policy.
+  llvm::DenseSet<int64_t> selectiveStages;
 };
 } // namespace
 
@@ -165,7 +168,8 @@ static unsigned verifyPieces(SessionOp session, ArrayRef<RecomputeOp> pieces,
 /// [hpr.verify.weight-replay]: a replay for a dw (`for_weight`) is whole, the
 /// session's only one, between its dx and its dw, on a session read by a dx
 /// and then a dw, and there exactly where that dw says `weight_replay`.
-static unsigned verifyWeightReplay(SessionOp session, SessionUses &uses) {
+static unsigned verifyWeightReplay(SessionOp session, SessionUses &uses,
+                                   bool selective) {
   unsigned violations = 0;
   auto report = [&](Operation *at) -> InFlightDiagnostic {
     ++violations;
@@ -193,6 +197,12 @@ static unsigned verifyWeightReplay(SessionOp session, SessionUses &uses) {
                      << cite;
       continue;
     }
+    if (selective)
+      report(replay) << quote(session)
+                     << " is replayed for its dw, but its stage checkpoints a "
+                        "region under a selective policy, whose replay reads "
+                        "what the forward saved, once "
+                     << cite;
     if (replay.getInBackward() || replay.getRegions())
       report(replay) << "the replay of " << quote(session)
                      << " for its dw (for_weight) is "
@@ -252,7 +262,9 @@ unsigned VerifyPass::verifySession(SessionOp session, SessionUses &uses,
   RecomputeOp lastPiece = inPieces ? uses.recomputes.back() : recompute;
   if (inPieces)
     violations += verifyPieces(session, uses.recomputes, numRegions);
-  violations += verifyWeightReplay(session, uses);
+  violations += verifyWeightReplay(
+      session, uses,
+      selectiveStages.contains(session.getForward().getStageIndex()));
   ClearOp clear = once(uses.clears, "cleared");
   auto &consumers = uses.consumers;
   if (consumers.empty() && !recompute && uses.weightReplays.empty())
@@ -487,8 +499,11 @@ void VerifyPass::runOnOperation() {
     checkpointed.emplace();
     for (StageOp stage : getModel(module).getBody().getOps<StageOp>())
       for (RegionOp region : stage.getBody().getOps<RegionOp>())
-        if (region.getCheckpoint())
+        if (region.getCheckpoint()) {
           ++(*checkpointed)[static_cast<int64_t>(stage.getIndex())];
+          if (region.getSelective())
+            selectiveStages.insert(static_cast<int64_t>(stage.getIndex()));
+        }
   }
   unsigned violations =
       verifyProgram(program, checkpointed ? &*checkpointed : nullptr);
