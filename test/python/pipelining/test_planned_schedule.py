@@ -61,15 +61,15 @@ def stage_spec(stages: int, per: int = LAYERS_PER_STAGE) -> str:
 
 def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatches: int, emit: str = "json",
              prefetch: str = "jit", dropout: float = 0.0, planned_wrap: Any = None, per: int = LAYERS_PER_STAGE,
-             worker: Any = pp_worker.main, policy: Any = True, room: int = 0, **extra: Any) -> List[Dict[str, Any]]:
-    """Plans and runs one case; ``room`` > 0 (1F1B): ``--memory-budget`` that many times jit's
-    activation peak."""
+             worker: Any = pp_worker.main, policy: Any = True, room: float = 0, **extra: Any) -> List[Dict[str, Any]]:
+    """Plans and runs one case; ``room`` > 0: ``--memory-budget`` that many times jit's activation peak, on
+    ``--schedule-gen torch_schedule`` (the reference still runs torch's schedule)."""
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
     layers = per * stages
     model_json(tmp / "model.json", layers, policy)
     plan = tmp / ("plan.json" if emit == "json" else "plan.csv")
-    if torch_schedule == "1f1b":
-        source = ["--schedule-gen", "1f1b", "--ranks", str(ranks), "--microbatches", str(microbatches)]
+    if torch_schedule == "1f1b" or room:  # a budget is priced on our generator's order, before torch's is dumped
+        source = ["--schedule-gen", torch_schedule, "--ranks", str(ranks), "--microbatches", str(microbatches)]
         dump = None
     else:
         dump = str(tmp / "torch_order.csv")
@@ -79,7 +79,7 @@ def run_case(tmp: Path, torch_schedule: str, ranks: int, stages: int, microbatch
     if room:
         jit = subprocess.run([*cmd[:cmd.index("--prefetch")], "--emit", "json"], capture_output=True, text=True,
                              check=True)
-        cmd += ["--memory-budget", str(room * max(json.loads(jit.stdout)["summary"]["peak_bytes"]))]
+        cmd += ["--memory-budget", str(int(room * max(json.loads(jit.stdout)["summary"]["peak_bytes"])))]
     out = tmp / "out"
     out.mkdir()
     cfg = {"python": str(REPO / "python"), "store": str(tmp / "store"), "ranks": ranks, "stages": stages,
@@ -129,6 +129,24 @@ def test_planned_schedule_matches_torch(tmp_path: Path, torch_schedule: str, ran
     if torch_schedule in ("zbv", "izb"):
         # torch replays a block once per backward call, so the stages with a dx/dw split call it more often.
         assert any(res["ref_calls"][f] > 2 * microbatches for res in results for f in res["checkpointed"])
+
+
+def test_a_zbv_plan_that_replays_sessions_again_for_their_dw_matches_torch(tmp_path: Path) -> None:
+    """hpr.exec.replay-for-weight under torch's stages: at half of jit's peak the planner drops sessions' replays
+    after their dx and replays them for their dw; losses and gradients are torch's ZBV's, and each such block
+    runs once more per dropped session."""
+    results = run_case(tmp_path, "zbv", 2, 4, 4, room=0.5)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    again = [a for r in plan["ranks"] for a in r["actions"] if a.get("for_weight")]
+    assert again, "the budget makes the planner replay some sessions for their dw"
+    for rank, res in enumerate(results):
+        mine = sum(1 for a in plan["ranks"][rank]["actions"] if a.get("for_weight"))
+        for got, want in zip(res["plan_losses"], res["ref_losses"]):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+        for name, want in res["ref_grads"].items():
+            torch.testing.assert_close(res["plan_grads"][name], want, rtol=1e-5, atol=1e-7, msg=name)
+        per_session = len(res["checkpointed"]) // 2  # each rank holds 2 of ZBV's 4 stages, alike
+        assert res["plan_replays"] == [len(res["checkpointed"]) * 4 + per_session * mine] * 2, (rank, res)
 
 
 def test_plans_keep_what_the_plain_model_computes(tmp_path: Path) -> None:

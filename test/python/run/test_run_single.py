@@ -89,6 +89,23 @@ def test_auto_plan_runs_plain_microbatches_bit_exact(tmp_path: Path, mode: str) 
         assert report["recomputes"] < all_report["recomputes"]
 
 
+@pytest.mark.parametrize("gen", ["zb-h1", "zbv"])
+def test_a_plan_that_replays_sessions_again_for_their_dw_runs_bit_exact(tmp_path: Path, gen: str) -> None:
+    """hpr.exec.replay-for-weight: under a budget the deferred dws exceed, the planner drops sessions' replays after
+    their dx and replays them again for their dw; the runner replays each of those sessions' regions twice, and
+    the gradients are the plain step's, bit for bit."""
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags((gen, 2, 4)), "--memory-budget",
+                     "0.6x" if gen == "zb-h1" else "0.5x")
+    raw = json.loads(plan.read_text())
+    again = [a["session"] for r in raw["ranks"] for a in r["actions"] if a.get("for_weight")]
+    assert again, "the budget makes the planner replay some sessions for their dw"
+    code, report = run_inproc("--plan", str(plan), "--single-process", "--report", str(tmp_path / "r.json"))
+    assert code == 0, report
+    assert report["grads_match"] is True and report["max_abs_diff"] == 0.0
+    regions = {s["id"]: len(s["regions"]) for s in raw["sessions"]}
+    assert report["recomputes"] == sum(regions.values()) + sum(regions[s] for s in again)
+
+
 def test_leaked_session_is_refused(tmp_path: Path) -> None:
     """A plan that never clears one session is refused before it runs (exit 1)."""
     plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags(("zbv", 2, 4)))
