@@ -201,8 +201,7 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
           cost.weightWorkspaceBytes,
           region.getBwdWeightWorkspaceBytes().value_or(whole));
       cost.plainKeptBytes += region.getSavedBytes();
-      cost.replaysOnce |= region.getSelective() ||
-                          region.getSelectiveReplayTimeUs().has_value();
+      cost.replaysOnce |= region.getSelective() && region.getCheckpoint();
       if (checkpoint != RegionCheckpoint::None) {
         if (region == firstRegion)
           cost.keptInputBytes = region.getInputBytes();

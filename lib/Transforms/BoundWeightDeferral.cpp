@@ -333,7 +333,7 @@ double BoundWeightDeferralPass::stepUs(ModuleOp module) const {
 
 /// Whether the dw of `lifetime` may replay for itself (`weight_replay`): its
 /// forward runs checkpointed under `costs`, the dw reads some of the replay,
-/// no region of the stage may run selective (its replay runs once), and it is
+/// no region of the stage runs selective (its replay runs once), and it is
 /// not marked yet.
 static bool mayReplayForWeight(const ActivationLifetime &lifetime,
                                const std::vector<StageCost> &costs) {

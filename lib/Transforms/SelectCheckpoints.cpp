@@ -84,6 +84,15 @@ class Problem {
 public:
   Problem(ModelOp model, ScheduleOp schedule, ModuleSchedule cells)
       : model(model), cells(std::move(cells)) {
+    // A stage whose sessions replay again for their dw (decided before this
+    // pass, by hpr-bound-weight-deferral) cannot run selective: that replay
+    // reads the policy's saved outputs once (hpr.verify.weight-replay).
+    llvm::DenseSet<int64_t> replayedForWeight;
+    for (ProgramOp program : schedule.getBody().getOps<ProgramOp>())
+      for (BackwardWeightOp weight :
+           program.getBody().getOps<BackwardWeightOp>())
+        if (weight.getWeightReplay())
+          replayedForWeight.insert(weight.getStageIndex());
     for (StageOp stage : model.getBody().getOps<StageOp>())
       for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
         bool candidate = isCheckpointCandidate(region);
@@ -92,7 +101,8 @@ public:
           candidates.push_back(region);
           // Selective needs measured costs (RegionOp::verify).
           policies.push_back({RegionCheckpoint::Full, RegionCheckpoint::None});
-          if (region.getSelectiveReplayTimeUs())
+          if (region.getSelectiveReplayTimeUs() &&
+              !replayedForWeight.contains(stage.getIndex()))
             policies.back().insert(policies.back().begin() + 1,
                                    RegionCheckpoint::Selective);
         }

@@ -180,9 +180,10 @@ struct StageCost {
   /// of weight gradients.
   int64_t paramBytes = 0;
   int64_t weightStateBytes = 0; ///< what I keeps for W
-  /// A region runs, or may be chosen to run, under a selective policy, whose
-  /// replay reads the outputs its forward saved, once: a session of the stage
-  /// cannot replay again for its dw (hpr.session.replay-for-weight).
+  /// A region is checkpointed under a selective policy, whose replay reads
+  /// the outputs its forward saved, once: a session of the stage cannot
+  /// replay again for its dw (hpr.session.replay-for-weight;
+  /// hpr-select-checkpoints keeps such stages off selective).
   bool replaysOnce = false;
   /// W is one autograd call from the stage output, as B is (the first
   /// stage: its input needs no gradient, so I records nothing to split at).
