@@ -438,6 +438,8 @@ resolveMultiple(MLIRContext &context, const MemoryBudget &budget,
 /// The lower dw-deferral bounds planned beside the budget's own, in percent
 /// of the budget.
 static constexpr unsigned kDeferralBudgetPercents[] = {85, 70, 55, 40};
+/// The same bounds and the budget's own, planned without weight replays.
+static constexpr unsigned kWeightReplayFreePercents[] = {100, 85, 70, 55, 40};
 
 /// Whether `schedule` splits backwards into dx and dw (its dws are the
 /// ones hpr-bound-weight-deferral may run earlier).
@@ -524,26 +526,38 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
     // the placement only what is left; running dws earlier than they must
     // leaves them more. Each lower bound is planned too (its diagnostics
     // dropped: a bound below what the schedule reaches fails), and the
-    // fastest plan wins; on a tie, the one bounded at the budget.
+    // fastest plan wins; on a tie, the one bounded at the budget. The bound
+    // chooses weight replays greedily, by a step priced with every replay
+    // jit, so where a plan has any, every bound is planned again without
+    // them, and the fastest of all wins: the lever never makes a plan
+    // slower.
     ScopedDiagnosticHandler quiet(&context,
                                   [](Diagnostic &) { return success(); });
-    for (unsigned percent : kDeferralBudgetPercents) {
+    bool replayed = planned->second.total().weightReplays > 0;
+    auto contend = [&](unsigned percent, bool weightReplay) {
       RecomputePipelineOptions lower;
       lower.copyOptionValuesFrom(pipeline);
       lower.checkSchedule = false;
       lower.lowerRuntime = false;
       lower.deferralBudget = pipeline.budget * percent / 100;
+      lower.weightReplay = weightReplay;
       TimingScope lowerImport = timing.nest("import (lower dw bound)");
       auto contender = planModule(context, *staged, *schedule, scheduleFile,
                                   lower, lowerImport, timing, [] {});
       if (!contender) {
         llvm::consumeError(contender.takeError());
-        continue;
+        return;
       }
+      replayed |= contender->second.total().weightReplays > 0;
       if (contender->second.simulation.makespan <
           planned->second.simulation.makespan)
         planned = std::move(contender);
-    }
+    };
+    for (unsigned percent : kDeferralBudgetPercents)
+      contend(percent, /*weightReplay=*/true);
+    if (replayed)
+      for (unsigned percent : kWeightReplayFreePercents)
+        contend(percent, /*weightReplay=*/false);
   }
   auto &[module, summary] = *planned;
   if (budget)

@@ -25,6 +25,7 @@
 
 #include <limits>
 #include <optional>
+#include <variant>
 
 namespace mlir::hpr {
 #define GEN_PASS_DEF_HPRBOUNDWEIGHTDEFERRAL
@@ -56,16 +57,20 @@ struct Change {
   Kind kind = Kind::Move;
   unsigned before = 0;
   /// A move of a `weight_replay` dw: its replay for the dw moves with it and
-  /// may raise the position it lands on, so it is kept only where the rank's
-  /// peak falls (the loop still ends).
-  bool mustLowerPeak = false;
+  /// raises the position it lands on, so it is kept only where both that
+  /// position and the peak op (then at `peakPos` + 1) end below the peak
+  /// (step 4 of Passes.td: the loop still ends).
+  bool landsReplay = false;
+  unsigned peakPos = 0;
 };
 
-/// A change priced: the simulated step with it, and the rank's peak.
+/// A change priced: the simulated step with it, and the rank's peak; with
+/// `progresses` false it may not be made (Change::landsReplay).
 struct Priced {
   double stepUs = 0;
   int64_t peak = 0;
   Change change;
+  bool progresses = true;
 };
 
 /// The (stage, microbatch)'s dx and dw ops in `program`, by key.
@@ -178,10 +183,6 @@ struct Deferral {
   unsigned before = 0;
   /// How long the rank waits before that op.
   double idleUs = 0;
-  /// Whether the move may be priced with `weight_replay` too: the dw's
-  /// forward runs checkpointed, the dw reads some of the replay and is not
-  /// marked yet.
-  bool replayable = false;
   bool weightReplay = false;
 };
 
@@ -265,7 +266,8 @@ private:
   llvm::DenseSet<Key> fused;
 
   FailureOr<bool> bound(ModuleOp module);
-  bool fitsAfterMove(ModuleOp module, unsigned rank);
+  int64_t overshootAfterMove(ModuleOp module, unsigned rank);
+  llvm::DenseSet<Key> replayableIn(ProgramOp program) const;
   std::vector<Deferral>
   deferrals(ModuleOp module,
             const llvm::DenseMap<Operation *, double> &waits) const;
@@ -357,7 +359,8 @@ BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
       profile.live.begin();
   llvm::DenseSet<Key> replayable;
   for (const ActivationLifetime &lifetime : activations.lifetimes)
-    if (lifetime.releasedAfterDx && mayReplayForWeight(lifetime, costs))
+    if (weightReplay && lifetime.releasedAfterDx &&
+        mayReplayForWeight(lifetime, costs))
       replayable.insert({lifetime.stage, lifetime.microbatch});
   SplitBackwards split = collectSplitBackwards(program);
   std::vector<Change> changes;
@@ -367,14 +370,15 @@ BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
         !isMovable(split.ops[inputPos]) || !isMovable(split.ops[weightPos]))
       continue;
     Change change{rank, key.first, key.second};
+    change.peakPos = peakPos;
     unsigned before = insertionPoint(split.ops, peakPos);
     if (inputPos < before && before < weightPos &&
         !stageGradientBetween(split.ops, key.first, before, weightPos)) {
       change.before = before;
-      change.mustLowerPeak =
+      change.landsReplay =
           cast<BackwardWeightOp>(split.ops[weightPos]).getWeightReplay();
       changes.push_back(change);
-      change.mustLowerPeak = false;
+      change.landsReplay = false;
     }
     if (!stageGradientBetween(split.ops, key.first, inputPos + 1, weightPos)) {
       change.kind = Change::Kind::Fuse;
@@ -387,9 +391,14 @@ BoundWeightDeferralPass::changesAtPeak(ModuleOp module, unsigned rank) const {
     }
   }
   // Positions come from a hash map: a stable order keeps ties reproducible.
+  // Weight replays come last (BoundWeightDeferralPass::bound prices them
+  // only where the others lengthen the step).
   llvm::sort(changes, [](const Change &a, const Change &b) {
-    return std::tie(a.stage, a.microbatch, a.kind) <
-           std::tie(b.stage, b.microbatch, b.kind);
+    auto replays = [](const Change &change) {
+      return change.kind == Change::Kind::WeightReplay;
+    };
+    return std::make_tuple(replays(a), a.stage, a.microbatch, a.kind) <
+           std::make_tuple(replays(b), b.stage, b.microbatch, b.kind);
   });
   return changes;
 }
@@ -464,11 +473,26 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
     unsigned rank = worst - rankPeaks.begin();
     int64_t rankPeak = peakOf(programOf(module, rank));
     std::optional<Priced> best;
+    // A weight replay adds a replay and moves nothing, so its step is at
+    // least the step as it stands: it is priced only where every move and
+    // fusion lengthens the step (they come first).
+    std::optional<double> unchangedUs;
     for (const Change &change : changesAtPeak(module, rank)) {
+      if (change.kind == Change::Kind::WeightReplay && best) {
+        if (!unchangedUs)
+          unchangedUs = stepUs(module);
+        if (best->stepUs <= *unchangedUs)
+          continue;
+      }
       Priced priced = priceChanged(module, rank, change, [&] {
-        return Priced{stepUs(module), peakOf(programOf(module, rank)), change};
+        ActivationProfile profile = computeActivationProfile(
+            collectActivationLifetimes(programOf(module, rank)), costs);
+        bool progresses = !change.landsReplay ||
+                          (profile.live[change.before] < rankPeak &&
+                           profile.live[change.peakPos + 1] < rankPeak);
+        return Priced{stepUs(module), profile.peak(), change, progresses};
       });
-      if (change.mustLowerPeak && priced.peak >= rankPeak)
+      if (!priced.progresses)
         continue;
       if (!best || std::tie(priced.stepUs, priced.peak) <
                        std::tie(best->stepUs, best->peak))
@@ -506,12 +530,29 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
   }
 }
 
-/// Whether `rank` (the only one a move changes) still fits the budget: its
-/// peak, with least-memory the least hpr-select-checkpoints starts from.
-bool BoundWeightDeferralPass::fitsAfterMove(ModuleOp module, unsigned rank) {
+/// By how much `rank` (the only one a move changes) exceeds the budget (<= 0:
+/// it fits): its peak, with least-memory the least hpr-select-checkpoints
+/// starts from.
+int64_t BoundWeightDeferralPass::overshootAfterMove(ModuleOp module,
+                                                    unsigned rank) {
   int64_t peak = leastMemory ? leastCheckpointPeaks(module)[rank]
                              : peakOf(programOf(module, rank));
-  return peak <= budget;
+  return peak - static_cast<int64_t>(budget);
+}
+
+/// The (stage, microbatch)s of `program` whose dw a move into idle time may
+/// mark `weight_replay`: split after its dx, or a pair step 2 fused.
+llvm::DenseSet<Key>
+BoundWeightDeferralPass::replayableIn(ProgramOp program) const {
+  llvm::DenseSet<Key> keys;
+  for (const ActivationLifetime &lifetime :
+       collectActivationLifetimes(program).lifetimes) {
+    Key key{lifetime.stage, lifetime.microbatch};
+    if ((lifetime.releasedAfterDx || fused.contains(key)) &&
+        mayReplayForWeight(lifetime, costs))
+      keys.insert(key);
+  }
+  return keys;
 }
 
 /// Every dw that may move before an op in `waits` (or last, where the
@@ -527,14 +568,6 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
     for (Operation &op : program.getBody().getOps())
       ops.push_back(&op);
     SplitBackwards split = collectSplitBackwards(program);
-    llvm::DenseSet<Key> replayable;
-    for (const ActivationLifetime &lifetime :
-         collectActivationLifetimes(program).lifetimes) {
-      Key key{lifetime.stage, lifetime.microbatch};
-      if ((lifetime.releasedAfterDx || fused.contains(key)) &&
-          mayReplayForWeight(lifetime, costs))
-        replayable.insert(key);
-    }
     for (unsigned at = 0; at < ops.size(); ++at) {
       // The dw at `at` after its dx at `after`, or a fused backward at both.
       auto action = dyn_cast<ActionOpInterface>(ops[at]);
@@ -561,8 +594,7 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
         if (pos > at ? stageGradientBetween(ops, key.first, at + 1, pos)
                      : stageGradientBetween(ops, key.first, pos, at))
           continue;
-        result.push_back({rank, key, isSplit, pos, waits.lookup(waited),
-                          replayable.contains(key)});
+        result.push_back({rank, key, isSplit, pos, waits.lookup(waited)});
       }
     }
     ++rank;
@@ -575,7 +607,8 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
 /// rank fits the budget: a dw runs before an op its rank waits for (in the
 /// timeline without replays), or a dx and dw that step 2 fused split again
 /// with the dw there; where the move does not fit, the same move with the
-/// dw replaying for itself (`weight_replay`).
+/// dw replaying for itself (`weight_replay`), if that can take off what it
+/// overshoots.
 void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
   // With least-memory, what step 4 left, to return to (below).
   OwningOpRef<ModuleOp> unchanged;
@@ -583,6 +616,10 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     unchanged = module.clone();
   double step = stepUs(module);
   unsigned rounds = 0, weightReplays = 0;
+  // Each rank's dws a move may mark weight_replay, found when first asked
+  // (a walk of the program) and again after a move on that rank.
+  std::vector<std::optional<llvm::DenseSet<Key>>> replayable(
+      getSchedule(module).getNumRanks());
   for (;; ++rounds) {
     ModuleSchedule cells = extractSchedule(module, costs);
     llvm::Expected<sched::SimulationResult> simulated =
@@ -614,19 +651,32 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
     std::optional<std::pair<double, Deferral>> best;
     for (Deferral deferral : candidates) {
+      // The step, or what the rank then exceeds the budget by.
       auto price = [&] {
         return priceChanged(module, deferral.rank, deferral,
-                            [&]() -> std::optional<double> {
-                              if (!fitsAfterMove(module, deferral.rank))
-                                return std::nullopt;
+                            [&]() -> std::variant<double, int64_t> {
+                              if (int64_t over =
+                                      overshootAfterMove(module, deferral.rank);
+                                  over > 0)
+                                return over;
                               return stepUs(module);
                             });
       };
-      std::optional<double> candidate = price();
-      if (!candidate && deferral.replayable) {
-        deferral.weightReplay = true;
-        candidate = price();
+      std::variant<double, int64_t> priced = price();
+      // Dropping the replay after the dx takes off at most what the dw
+      // reads of it.
+      auto *over = std::get_if<int64_t>(&priced);
+      if (over && weightReplay &&
+          *over <= costs[deferral.key.first].weightRecomputedBytes) {
+        std::optional<llvm::DenseSet<Key>> &keys = replayable[deferral.rank];
+        if (!keys)
+          keys = replayableIn(programOf(module, deferral.rank));
+        if (keys->contains(deferral.key)) {
+          deferral.weightReplay = true;
+          priced = price();
+        }
       }
+      auto *candidate = std::get_if<double>(&priced);
       if (candidate && *candidate < (best ? best->first : step) * (1 - 1e-9))
         best = {*candidate, deferral};
     }
@@ -634,6 +684,7 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
       break;
     apply(module, best->second);
     recordOrder(module, best->second.rank);
+    replayable[best->second.rank].reset();
     step = best->first;
     weightReplays += best->second.weightReplay;
   }

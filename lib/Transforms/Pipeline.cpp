@@ -25,6 +25,9 @@ LogicalResult RecomputePipelineOptions::verify(
   if (budget < 0)
     return emitError("hpr-recompute-pipeline: budget must be >= 0, got " +
                      Twine(static_cast<int64_t>(budget)));
+  if (weightReplay.getNumOccurrences() && budget == 0)
+    return emitError("hpr-recompute-pipeline: weight-replay applies with a "
+                     "budget only (hpr-bound-weight-deferral)");
   if (deferralBudget < 0 || (deferralBudget != 0 && deferralBudget > budget))
     return emitError("hpr-recompute-pipeline: deferral-budget must be "
                      "between 0 and budget, got " +
@@ -45,6 +48,7 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
     deferral.budget =
         options.deferralBudget > 0 ? options.deferralBudget : options.budget;
     deferral.leastMemory = options.select == CheckpointSelection::Auto;
+    deferral.weightReplay = options.weightReplay;
     pm.addPass(createHPRBoundWeightDeferral(deferral));
   }
   if (options.select == CheckpointSelection::Auto) {

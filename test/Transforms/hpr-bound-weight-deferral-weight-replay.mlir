@@ -1,6 +1,8 @@
 // RUN: hp-recompute-opt %s -hpr-bound-weight-deferral='budget=110' | FileCheck %s
 // RUN: hp-recompute-opt %s -hpr-bound-weight-deferral='budget=103' | FileCheck %s --check-prefix=FUSED
 // RUN: hp-recompute-opt %s -hpr-recompute-pipeline='budget=110' | FileCheck %s --check-prefix=PLANNED
+// RUN: hp-recompute-opt %s -hpr-bound-weight-deferral='budget=110 weight-replay=0' | FileCheck %s --check-prefix=OFF
+// RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='weight-replay=0' 2>&1 | FileCheck %s --check-prefix=NO-BUDGET
 
 // Step 2 (c): the dx drops its session's replay and the dw replays again for
 // itself (weight_replay). As in hpr-bound-weight-deferral.mlir, rank 1 runs
@@ -72,3 +74,13 @@ hpr.schedule "zb" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // PLANNED-NEXT: hpr.backward_weight stage 1 mb 0 session(%s1.mb0) frees_graph weight_replay
 // PLANNED-NEXT: hpr.clear %s1.mb0
 // PLANNED-NEXT: hpr.backward_weight stage 1 mb 1 session(%s1.mb1) frees_graph last_backward{{$}}
+
+// weight-replay=0: the pass as before weight replays (the planner driver
+// plans both): mb 0's dw runs before mb 1's dx.
+// OFF:      hpr.backward_input stage 1 mb 0{{$}}
+// OFF-NEXT: hpr.send_b stage 1 mb 0 peer 0
+// OFF-NEXT: hpr.backward_weight stage 1 mb 0{{$}}
+// OFF-NEXT: hpr.backward_input stage 1 mb 1{{$}}
+// OFF-NOT:  weight_replay
+
+// NO-BUDGET: hpr-recompute-pipeline: weight-replay applies with a budget only (hpr-bound-weight-deferral)

@@ -58,6 +58,12 @@ struct RecomputePipelineOptions
                      "`budget`): a lower one runs dws earlier and leaves the "
                      "checkpoint choice more room"),
       llvm::cl::init(0)};
+  Option<bool> weightReplay{
+      *this, "weight-replay",
+      llvm::cl::desc("With a budget: hpr-bound-weight-deferral may let a dx "
+                     "drop its session's replay and its dw replay again "
+                     "(weight_replay)"),
+      llvm::cl::init(true)};
   Option<BubblePlacement> placement{
       *this, "placement",
       llvm::cl::desc("With policy=bubble and select=model: which "
@@ -88,8 +94,8 @@ struct RecomputePipelineOptions
 
   /// Refuses, through `emitError`, options that no pass of the pipeline would
   /// read: `distance` unless policy=lookahead, a `placement` but with
-  /// policy=bubble and select=model, a negative budget, and a
-  /// `deferral-budget` without a budget or above it.
+  /// policy=bubble and select=model, a negative budget, a `deferral-budget`
+  /// without a budget or above it, and `weight-replay` without a budget.
   LogicalResult
   verify(function_ref<LogicalResult(const Twine &)> emitError) const;
 };

@@ -115,8 +115,10 @@ def HPRBoundWeightDeferral
     3. Each change is applied to a copy and priced: the simulated step
        (each replay timed with its reader, where jit places it, a replay for
        a dw as the stage's whole replay), then that rank's peak; the least
-       wins (ties: the first, by stage, microbatch, then move, fuse, weight
-       replay).
+       wins (ties: the first, by stage, microbatch, move before fuse; weight
+       replays after all of them). A weight replay adds a replay and moves
+       nothing, so it is priced only where every move and fusion lengthens
+       the step as it stands.
     4. Every change ends a lifetime earlier and extends none, and each is
        one way: dws only move up, fused pairs stay fused, a dw marked
        `weight_replay` stays marked and is not offered (c) again. So the
@@ -141,8 +143,12 @@ def HPRBoundWeightDeferral
        end when no move shortens the step. With `least-memory`, where
        hpr-select-checkpoints then finds no choice, the schedule returns to
        what step 4 left. A move that does not fit is priced again with the
-       dw marked `weight_replay` (where (c) could mark it), and kept on the
-       same terms.
+       dw marked `weight_replay` (where (c) could mark it, and where the
+       rank exceeds the budget by no more than what the dw reads of the
+       replay, all that dropping it after the dx can take off), and kept on
+       the same terms. With `weight-replay=0` none of (c) and this: the pass
+       as before weight replays (the planner driver plans both and keeps
+       the faster plan, docs/planning.md).
     A `weight_replay` dw whose (stage, microbatch) is not checkpointed in the
     end (`least-memory`: hpr-select-checkpoints chose otherwise) replays
     nothing: the replay was priced only while it ran checkpointed, and
@@ -157,6 +163,9 @@ def HPRBoundWeightDeferral
     Option<"leastMemory", "least-memory", "bool", /*default=*/"false",
            "Price the peaks with every candidate region checkpointed (the "
            "pipeline sets it with select=auto)">,
+    Option<"weightReplay", "weight-replay", "bool", /*default=*/"true",
+           "Offer change (c), weight_replay, and price moves into idle time "
+           "with it (0: move and fuse only)">,
   ];
   let statistics = [
     Statistic<"numMovedWeights", "num-moved-weights",
