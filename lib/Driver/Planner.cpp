@@ -512,13 +512,38 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
   if (budget)
     pipeline.budget = *budget;
 
-  auto planned = planModule(
-      context, *staged, *schedule, scheduleFile, pipeline, importTimer, timing,
-      [&] {
-        // The diagnostics name the budget in bytes; say where they came from.
-        if (std::string note = budgetNote(request, budget); !note.empty())
-          emitRemark(UnknownLoc::get(&context)) << note;
-      });
+  auto plan = [&](const RecomputePipelineOptions &options) {
+    return planModule(context, *staged, *schedule, scheduleFile, options,
+                      importTimer, timing, [&] {
+                        // The diagnostics name the budget in bytes; say where
+                        // they came from.
+                        if (std::string note = budgetNote(request, budget);
+                            !note.empty())
+                          emitRemark(UnknownLoc::get(&context)) << note;
+                      });
+  };
+  // The bound takes weight replays greedily and does not go back on one: a
+  // replay can leave a peak no dw change reaches where fusing would have
+  // fitted. So where the plan with them fails, the plan without them is the
+  // answer (and its diagnostics, if it fails too).
+  bool replayable = pipeline.budget > 0 && pipeline.weightReplay &&
+                    hasWeightActions(*schedule);
+  auto planned = [&] {
+    if (!replayable)
+      return plan(pipeline);
+    {
+      ScopedDiagnosticHandler quiet(&context,
+                                    [](Diagnostic &) { return success(); });
+      auto withReplays = plan(pipeline);
+      if (withReplays)
+        return withReplays;
+      llvm::consumeError(withReplays.takeError());
+    }
+    RecomputePipelineOptions without;
+    without.copyOptionValuesFrom(pipeline);
+    without.weightReplay = false;
+    return plan(without);
+  }();
   if (!planned)
     return planned.takeError();
   if (pipeline.budget > 0 && hasWeightActions(*schedule)) {

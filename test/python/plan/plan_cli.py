@@ -84,6 +84,11 @@ def check_lifecycles(plan: dict[str, Any]) -> None:
                 sessions[sid]["microbatch"],
             )
             kind = "consumer" if action["op"] in CONSUMER_OPS else action["op"]
+            if action.get("for_weight"):  # the replay for the dw: its own rule below
+                seen[sid]["for_weight"].append(index)
+                continue
+            if action.get("drops_replay"):
+                seen[sid]["drops"].append(index)
             seen[sid][kind].append(index)
             if kind == "recompute":
                 seen[sid]["pieces"].append((action.get("regions"), action.get("in_backward", False)))
@@ -104,3 +109,12 @@ def check_lifecycles(plan: dict[str, Any]) -> None:
         assert uses["clear"][0] > max(uses["consumer"]), f"{sid}: read after clear"
         retain = uses["retain"]
         assert retain == [True] * (len(retain) - 1) + [False], f"{sid}: retain flags {retain}"
+        # hpr.verify.weight-replay: at most one replay for the dw, between the dx (which drops the first replay,
+        # and says so) and the dw.
+        again = uses["for_weight"]
+        assert len(again) <= 1, f"{sid}: {len(again)} replays for its dw"
+        if again:
+            assert len(uses["consumer"]) == 2 and uses["drops"] == uses["consumer"][:1], f"{sid}: {dict(uses)}"
+            assert uses["consumer"][0] < again[0] < uses["consumer"][1], f"{sid}: replay for its dw misplaced"
+        else:
+            assert not uses["drops"], f"{sid}: drops its replay but has none for its dw"
