@@ -452,6 +452,9 @@ void BoundWeightDeferralPass::runOnOperation() {
 /// says whether it changed the schedule.
 FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
   bool changed = false;
+  // The step as the schedule stands: simulated when first asked, then the
+  // step the last change was priced at.
+  std::optional<double> currentUs;
   // Greedy, on the rank that peaks highest: every change lowers what that
   // rank holds at its peak and raises nothing anywhere (a lifetime only
   // ends earlier), so each round makes progress and dws only move up.
@@ -476,12 +479,11 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
     // A weight replay adds a replay and moves nothing, so its step is at
     // least the step as it stands: it is priced only where every move and
     // fusion lengthens the step (they come first).
-    std::optional<double> unchangedUs;
     for (const Change &change : changesAtPeak(module, rank)) {
       if (change.kind == Change::Kind::WeightReplay && best) {
-        if (!unchangedUs)
-          unchangedUs = stepUs(module);
-        if (best->stepUs <= *unchangedUs)
+        if (!currentUs)
+          currentUs = stepUs(module);
+        if (best->stepUs <= *currentUs)
           continue;
       }
       Priced priced = priceChanged(module, rank, change, [&] {
@@ -512,6 +514,7 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
       return failure();
     }
     apply(module, best->change);
+    currentUs = best->stepUs;
     changed = true;
     recordOrder(module, rank);
     Key key{best->change.stage, best->change.microbatch};
