@@ -589,10 +589,7 @@ class CheckpointFrame:
                 )
             )
         self.await_pending()  # hpr.session.side-stream: the drop is a consumer too
-        for ref in self.holders:
-            holder = ref()
-            if holder is not None:
-                holder.value = None
+        self._drop_session_values(keep_released=True)
         self.session_replayed = False
         self.for_weight = WEIGHT_PENDING
 
@@ -645,12 +642,14 @@ class CheckpointFrame:
         """The session tensors this frame's holders hold now."""
         return [h.value for h in (r() for r in self.holders) if h is not None and h.value is not None]
 
-    def _drop_session_values(self) -> None:
+    def _drop_session_values(self, keep_released: bool = False) -> None:
+        """Drops the session's tensors; ``keep_released`` keeps the marks of what a dx released
+        (hpr.session.replay-for-weight)."""
         for ref in self.holders:
             holder = ref()
             if holder is not None:
                 holder.value = None
-                holder.released = False
+                holder.released = holder.released and keep_released
 
     def _drop_plain_values(self) -> None:
         for ref in self.holders:
