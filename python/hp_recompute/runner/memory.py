@@ -31,7 +31,6 @@ import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from ..replay_state import device_module
 
@@ -40,11 +39,11 @@ __all__ = ["AllocatorPeak", "DeviceAllocatorPeak", "allocated_peak", "peak_meter
 MEMORY_EVENT = "[memory]"
 
 
-def _allocations(prof: profile) -> List[Tuple[int, int, int]]:
+def _allocations(prof: torch.autograd.profiler.profile) -> List[Tuple[int, int, int]]:
     """Every allocation and free of the profiled window as ``(time ns, address, signed bytes)``,
     in time order (the event tree's ``[memory]`` leaves, which carry the address)."""
     found: List[Tuple[int, int, int]] = []
-    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    pending = list(prof.kineto_results.experimental_event_tree())
     while pending:
         event = pending.pop()
         if event.name == MEMORY_EVENT:
@@ -77,12 +76,15 @@ class AllocatorPeak:
     def __init__(self) -> None:
         self.peak: Optional[int] = None
         self.net: Optional[int] = None
-        self._prof: Optional[profile] = None
+        self._prof: Optional[torch.autograd.profiler.profile] = None
 
     def __enter__(self) -> "AllocatorPeak":
         # Kineto prints a line on stderr at every start and stop unless told to be quiet.
         os.environ.setdefault("KINETO_LOG_LEVEL", "10")
-        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        # torch.autograd.profiler.profile, the recorder under torch.profiler.profile: the latter's
+        # start imports torch._inductor (torch 2.13, to read a CUDA-graphs setting), seconds
+        # of CPU in each fresh rank or costs process, for nothing on the CPU.
+        self._prof = torch.autograd.profiler.profile(use_cpu=True, use_kineto=True, profile_memory=True)
         self._prof.__enter__()
         return self
 

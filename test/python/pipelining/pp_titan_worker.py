@@ -201,8 +201,6 @@ def one_backward_flops(stages: List[Any], x: torch.Tensor, y: torch.Tensor, cfg:
     checkpoint's wrapper runs its block plainly (``plain_forwards``), so no replay is
     counted; the compiled backward runs whole (no split phase).
     """
-    from torch.profiler import ProfilerActivity, profile
-
     from hp_recompute.plan.interpreter import plain_forwards
 
     total = 0
@@ -218,8 +216,8 @@ def one_backward_flops(stages: List[Any], x: torch.Tensor, y: torch.Tensor, cfg:
                 out = module(inp)
             seed = loss_fn(out, y) if st.is_last else (out * torch.randn_like(out)).sum()
             wrt = params + ([inp] if inp.requires_grad else [])
-            with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+            with torch.autograd.profiler.profile(use_kineto=True, record_shapes=True, with_flops=True) as prof:
                 torch.autograd.grad(seed, wrt)
-            flops = sum(e.flops for e in prof.events() if e.name in MATMULS)
+            flops = sum(e.flops for e in prof.function_events if e.name in MATMULS)
         total += flops
     return total

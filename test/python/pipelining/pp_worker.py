@@ -124,7 +124,7 @@ def action_flops(prof: Any) -> Dict[str, int]:
     """Matmul FLOPs by action kind and stage ("backward_input stage 3"): replays apart from
     the action they run in."""
     out: Dict[str, int] = {}
-    for e in prof.events():
+    for e in prof.function_events:
         if e.name in MATMULS:
             label = _label(e)
             words = label.split("::")[-1].split(" ")
@@ -135,12 +135,10 @@ def action_flops(prof: Any) -> Dict[str, int]:
 
 def profiled_step(schedule: Any, stages: List[Any], x: torch.Tensor, y: torch.Tensor) -> Dict[str, int]:
     """One more step of ``schedule`` under torch's profiler: ``action_flops`` of it."""
-    from torch.profiler import ProfilerActivity, profile
-
     for st in stages:
         st.submod.zero_grad(set_to_none=True)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+    with torch.autograd.profiler.profile(use_kineto=True, record_shapes=True, with_flops=True) as prof:
         schedule.step(*((x,) if first else ()), target=y if last else None, losses=[] if last else None)
     return action_flops(prof)
 
