@@ -42,9 +42,7 @@ namespace {
 
 using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
 
-/// How many dw deferrals into idle time are priced a round (step 5), before
-/// the longest waits, and after the choice (step 6) as many again right
-/// after their dx's send.
+/// How many dw deferrals into idle time are priced a round (steps 5 and 6).
 constexpr size_t kPricedPerRound = 16;
 /// Slack up to which an action counts as on a critical path (as
 /// hpr-prefetch-into-bubbles counts it).
@@ -752,24 +750,19 @@ unsigned BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
       }
       waits[program] = simulated->makespan - end;
     }
-    // The longest waits first (right after a send counts as none), and
-    // after the choice besides them the earliest moves right after a
-    // critical dx's send (step 6); a bounded number of each priced a round,
-    // so that a large schedule plans in about the time step 2 takes.
+    // The longest waits first (right after a send counts as none); after
+    // the choice (step 6) the moves right after a critical dx's send come
+    // before them, earliest dx first. A bounded number priced a round, so
+    // that a large schedule plans in about the time step 2 takes.
     std::vector<Deferral> candidates = deferrals(module, waits, criticalStarts);
-    llvm::stable_sort(candidates, [](const Deferral &a, const Deferral &b) {
-      return a.idleUs > b.idleUs;
+    llvm::stable_sort(candidates, [&](const Deferral &a, const Deferral &b) {
+      bool aSends = afterChoice && a.afterCriticalSend;
+      bool bSends = afterChoice && b.afterCriticalSend;
+      if (aSends != bSends)
+        return aSends;
+      return aSends ? a.dxStartUs < b.dxStartUs : a.idleUs > b.idleUs;
     });
-    std::vector<Deferral> afterSends;
-    for (size_t k = kPricedPerRound; k < candidates.size(); ++k)
-      if (afterChoice && candidates[k].afterCriticalSend)
-        afterSends.push_back(candidates[k]);
-    llvm::stable_sort(afterSends, [](const Deferral &a, const Deferral &b) {
-      return a.dxStartUs < b.dxStartUs;
-    });
-    afterSends.resize(std::min<size_t>(afterSends.size(), kPricedPerRound));
     candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
-    candidates.insert(candidates.end(), afterSends.begin(), afterSends.end());
     std::optional<std::pair<double, Deferral>> best;
     for (Deferral deferral : candidates) {
       // The step, or what the rank then exceeds the budget by.

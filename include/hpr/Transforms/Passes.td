@@ -156,13 +156,14 @@ def HPRBoundWeightDeferral
        stages left unchecked) rather than every candidate full, within
        `budget`; only where the first run fused a pair (the `fused` marks
        on `hpr.backward` it leaves with `mark-fused`), which it may split
-       again, and it removes every mark. Each round prices, besides the 16
-       candidates of step 5, up to 16 that put a dw right after the send of
-       its own dx's gradient (where a zero-bubble schedule runs it) where
-       that dx, or the fused backward, lies on a critical path of the
-       simulated step, earliest first: a dx that sends sooner shortens the
-       path through the stages before it (a warm-up's first backwards),
-       which no wait on the dx's own rank shows. The first run prices steps 2-5 on
+       again, and it removes every mark. Of the 16 candidates a round, the
+       first are those that put a dw right after the send of its own dx's
+       gradient (where a zero-bubble schedule runs it) where that dx, or
+       the fused backward, lies on a critical path of the simulated step,
+       earliest dx first, then step 5's before the longest waits: a dx that
+       sends sooner shortens the path through the stages before it (a
+       warm-up's first backwards), which no wait on the dx's own rank
+       shows. The first run prices steps 2-5 on
        every candidate checkpointed, which can make another rank critical
        than the choice does (the GPT's last stage, left plain, runs a
        microbatch 20 us faster); this prices the moves on the step the
