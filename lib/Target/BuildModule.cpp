@@ -201,7 +201,8 @@ llvm::Error ProgramBuilder::emit(const sched::Action &action, Location loc,
                                /*frees_graph=*/UnitAttr(),
                                /*last_backward=*/UnitAttr(),
                                /*waits=*/DenseI64ArrayAttr(),
-                               /*hands_to=*/IntegerAttr());
+                               /*hands_to=*/IntegerAttr(),
+                               /*fused=*/UnitAttr());
     return llvm::Error::success();
   case Kind::SendF:
   case Kind::RecvF:

@@ -7,8 +7,10 @@
 // a pending dw before the peak, fuses it with its dx into one hpr.backward
 // (which replays block by block inside itself, as 1F1B's does), or lets the
 // dx drop the replay and the dw replay again for itself (`weight_replay`),
-// choosing each time the change the simulated step suffers least from. The
-// algorithm is in Passes.td and docs/planning.md ("Bounded dw deferral").
+// choosing each time the change the simulated step suffers least from; then
+// moves dws back into idle time, and again once the checkpoints are chosen
+// (`after-choice`). The algorithm is in Passes.td and docs/planning.md
+// ("Bounded dw deferral").
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +27,7 @@
 
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <variant>
 
 namespace mlir::hpr {
@@ -39,8 +42,11 @@ namespace {
 
 using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
 
-/// How many dw deferrals into idle time are priced a round (step 5).
+/// How many dw deferrals into idle time are priced a round (steps 5 and 6).
 constexpr size_t kPricedPerRound = 16;
+/// Slack up to which an action counts as on a critical path (as
+/// hpr-prefetch-into-bubbles counts it).
+constexpr double kCriticalSlackUs = 1e-3;
 
 /// One way to end a pending dw's lifetime before a rank's peak, written by
 /// positions so that it applies to a copy of the module as to the module.
@@ -146,8 +152,9 @@ void recordOrder(ModuleOp module, unsigned rank) {
         extractSchedule(module).schedule.ranks[rank]));
 }
 
-/// Applies `change` to `module` (or a copy of it).
-void apply(ModuleOp module, const Change &change) {
+/// Applies `change` to `module` (or a copy of it); a fused pair is marked
+/// `fused` with `markFused` (for the after-choice run).
+void apply(ModuleOp module, const Change &change, bool markFused) {
   ProgramOp program = programOf(module, change.rank);
   SplitBackwards split = collectSplitBackwards(program);
   auto [inputPos, weightPos] =
@@ -167,7 +174,7 @@ void apply(ModuleOp module, const Change &change) {
                              Value(), /*retain_on_unpack=*/false,
                              /*overlap=*/false, /*frees_graph=*/false,
                              /*last_backward=*/false, /*waits=*/nullptr,
-                             /*hands_to=*/nullptr);
+                             /*hands_to=*/nullptr, markFused);
   input->erase();
   weight->erase();
 }
@@ -184,6 +191,10 @@ struct Deferral {
   /// How long the rank waits before that op.
   double idleUs = 0;
   bool weightReplay = false;
+  /// Right after the send of its own dx's gradient, with that dx (or the
+  /// fused backward) on a critical path starting at `dxStartUs`.
+  bool afterCriticalSend = false;
+  double dxStartUs = 0;
 };
 
 /// Applies `deferral` to `module` (or a copy of it).
@@ -238,7 +249,10 @@ auto priceChanged(ModuleOp module, unsigned rank, const ChangeT &change,
                   PriceFn price) {
   ProgramOp program = programOf(module, rank);
   Operation *unchanged = program->clone();
-  apply(module, change);
+  if constexpr (std::is_same_v<ChangeT, Change>)
+    apply(module, change, /*markFused=*/false);
+  else
+    apply(module, change);
   auto priced = price();
   OpBuilder(program).insert(unchanged);
   program->erase();
@@ -269,9 +283,11 @@ private:
   int64_t overshootAfterMove(ModuleOp module, unsigned rank);
   llvm::DenseSet<Key> replayableIn(ProgramOp program) const;
   std::vector<Deferral>
-  deferrals(ModuleOp module,
-            const llvm::DenseMap<Operation *, double> &waits) const;
-  void deferIntoIdleTime(ModuleOp module);
+  deferrals(ModuleOp module, const llvm::DenseMap<Operation *, double> &waits,
+            const llvm::DenseMap<Operation *, double> &criticalStarts) const;
+  unsigned deferIntoIdleTime(ModuleOp module);
+  void runAfterChoice(ModuleOp module);
+  double placedStepUs(ModuleOp module, ModuleOp source);
 };
 } // namespace
 
@@ -425,6 +441,12 @@ void BoundWeightDeferralPass::runOnOperation() {
                                   "hpr-assign-sessions";
     return signalPassFailure();
   }
+  if (afterChoice && leastMemory) {
+    emitError(module.getLoc())
+        << "hpr-bound-weight-deferral: after-choice prices the checkpoints "
+           "the module marks; it does not take least-memory";
+    return signalPassFailure();
+  }
   costs = leastMemory ? computeStageCosts(models.front(),
                                           [](RegionOp region) {
                                             return isCheckpointCandidate(region)
@@ -434,6 +456,8 @@ void BoundWeightDeferralPass::runOnOperation() {
                       : computeStageCosts(models.front());
 
   fused.clear();
+  if (afterChoice)
+    return runAfterChoice(module);
   // With least-memory the schedule is bounded only where no checkpoint
   // choice fits it as it stands.
   if (leastMemory && selectionFits(module))
@@ -445,6 +469,73 @@ void BoundWeightDeferralPass::runOnOperation() {
   // idle time; a schedule within it keeps its own dw placement.
   if (*bounded)
     deferIntoIdleTime(module);
+}
+
+/// Step 6 of Passes.td: where the least-memory run fused pairs (its `fused`
+/// marks), step 5 again with the checkpoints the module marks; every mark
+/// goes.
+void BoundWeightDeferralPass::runAfterChoice(ModuleOp module) {
+  module.walk([&](BackwardOp backward) {
+    if (!backward.getFused())
+      return;
+    fused.insert({backward.getStageIndex(), backward.getMicrobatchIndex()});
+    backward.setFused(false);
+  });
+  if (fused.empty())
+    return;
+  // With `bubble`, the schedule as it stands, to return to where the moves,
+  // priced with jit replays, leave bubble placement a slower plan.
+  OwningOpRef<ModuleOp> unchanged;
+  if (bubble)
+    unchanged = module.clone();
+  if (!deferIntoIdleTime(module) || !bubble)
+    return;
+  if (placedStepUs(module, *unchanged) < placedStepUs(module, module)) {
+    ScheduleOp saved = getSchedule(*unchanged);
+    ScheduleOp current = getSchedule(module);
+    saved->moveBefore(current);
+    current->erase();
+    numDeferredAfterChoice = 0;
+  }
+}
+
+/// The simulated step of `source`'s schedule with its replays placed as the
+/// pipeline will (sessions, jit, bubble within the budget, clears), on a
+/// copy nested in `module` for the time it takes; infinity where that plan
+/// exceeds the budget or a pass fails on the copy (its diagnostics dropped).
+double BoundWeightDeferralPass::placedStepUs(ModuleOp module, ModuleOp source) {
+  OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
+  auto copy = cast<ModuleOp>(builder.clone(*source));
+  RecomputePipelineOptions options;
+  options.policy = RecomputePolicy::Bubble;
+  options.budget = budget;
+  options.checkSchedule = false;
+  options.lowerRuntime = false; // only simulated
+  OpPassManager pm(ModuleOp::getOperationName());
+  buildPlanningPasses(pm, options);
+  double step = std::numeric_limits<double>::infinity();
+  LogicalResult placed = [&] {
+    ScopedDiagnosticHandler quiet(&getContext(),
+                                  [](Diagnostic &) { return success(); });
+    return runPipeline(pm, copy);
+  }();
+  if (succeeded(placed)) {
+    std::vector<StageCost> placedCosts =
+        computeStageCosts(*copy.getOps<ModelOp>().begin());
+    bool within = true;
+    for (ProgramOp program : getSchedule(copy).getBody().getOps<ProgramOp>())
+      within &= computeActivationProfile(collectActivationLifetimes(program),
+                                         placedCosts)
+                    .peak() <= budget;
+    llvm::Expected<sched::SimulationResult> simulation =
+        simulateTimeline(extractSchedule(copy, placedCosts).schedule);
+    if (!simulation)
+      llvm::consumeError(simulation.takeError());
+    else if (within)
+      step = simulation->makespan;
+  }
+  copy.erase();
+  return step;
 }
 
 /// Steps 2-4 of Passes.td: runs dws earlier, or fuses them with their dxs,
@@ -513,7 +604,7 @@ FailureOr<bool> BoundWeightDeferralPass::bound(ModuleOp module) {
              "least this schedule reaches by running dws earlier";
       return failure();
     }
-    apply(module, best->change);
+    apply(module, best->change, markFused);
     currentUs = best->stepUs;
     changed = true;
     recordOrder(module, rank);
@@ -561,9 +652,12 @@ BoundWeightDeferralPass::replayableIn(ProgramOp program) const {
 /// Every dw that may move before an op in `waits` (or last, where the
 /// program is in `waits`) or right after a send: after its dx, across
 /// no other weight gradients of its stage, never inside an OVERLAP_F_B pair
-/// or between batched transfers.
+/// or between batched transfers. `criticalStarts` holds the ops on a
+/// critical path, with their simulated start: a move right after the send
+/// of its own dx's gradient, where that dx is one, says so.
 std::vector<Deferral> BoundWeightDeferralPass::deferrals(
-    ModuleOp module, const llvm::DenseMap<Operation *, double> &waits) const {
+    ModuleOp module, const llvm::DenseMap<Operation *, double> &waits,
+    const llvm::DenseMap<Operation *, double> &criticalStarts) const {
   std::vector<Deferral> result;
   unsigned rank = 0;
   for (ProgramOp program : getSchedule(module).getBody().getOps<ProgramOp>()) {
@@ -597,7 +691,16 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
         if (pos > at ? stageGradientBetween(ops, key.first, at + 1, pos)
                      : stageGradientBetween(ops, key.first, pos, at))
           continue;
-        result.push_back({rank, key, isSplit, pos, waits.lookup(waited)});
+        Deferral deferral{rank, key, isSplit, pos, waits.lookup(waited)};
+        auto send = dyn_cast<SendBOp>(ops[pos - 1]);
+        auto critical = criticalStarts.find(ops[after]);
+        if (send && send.getStageIndex() == key.first &&
+            send.getMicrobatchIndex() == key.second &&
+            critical != criticalStarts.end()) {
+          deferral.afterCriticalSend = true;
+          deferral.dxStartUs = critical->second;
+        }
+        result.push_back(deferral);
       }
     }
     ++rank;
@@ -612,7 +715,7 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
 /// with the dw there; where the move does not fit, the same move with the
 /// dw replaying for itself (`weight_replay`), if that can take off what it
 /// overshoots.
-void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
+unsigned BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
   // With least-memory, what step 4 left, to return to (below).
   OwningOpRef<ModuleOp> unchanged;
   if (leastMemory)
@@ -631,8 +734,9 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
       llvm::consumeError(simulated.takeError());
       break;
     }
-    // Keyed by the op waited for; a program's end by the program.
-    llvm::DenseMap<Operation *, double> waits;
+    // Keyed by the op waited for; a program's end by the program. And the
+    // ops on a critical path, with their start.
+    llvm::DenseMap<Operation *, double> waits, criticalStarts;
     for (auto [timeline, firstOps, program] :
          llvm::zip(simulated->timelines, cells.cellOps,
                    getSchedule(module).getBody().getOps<ProgramOp>())) {
@@ -641,15 +745,22 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
         if (timeline[k].start > end + 1e-9)
           waits[firstOps[k]] = timeline[k].start - end;
         end = timeline[k].end;
+        if (timeline[k].slack <= kCriticalSlackUs)
+          criticalStarts[firstOps[k]] = timeline[k].start;
       }
       waits[program] = simulated->makespan - end;
     }
-    // The longest waits first (right after a send counts as none); a
-    // bounded number priced a round, so that a large schedule plans in
-    // about the time step 2 takes.
-    std::vector<Deferral> candidates = deferrals(module, waits);
-    llvm::stable_sort(candidates, [](const Deferral &a, const Deferral &b) {
-      return a.idleUs > b.idleUs;
+    // The longest waits first (right after a send counts as none); after
+    // the choice (step 6) the moves right after a critical dx's send come
+    // before them, earliest dx first. A bounded number priced a round, so
+    // that a large schedule plans in about the time step 2 takes.
+    std::vector<Deferral> candidates = deferrals(module, waits, criticalStarts);
+    llvm::stable_sort(candidates, [&](const Deferral &a, const Deferral &b) {
+      bool aSends = afterChoice && a.afterCriticalSend;
+      bool bSends = afterChoice && b.afterCriticalSend;
+      if (aSends != bSends)
+        return aSends;
+      return aSends ? a.dxStartUs < b.dxStartUs : a.idleUs > b.idleUs;
     });
     candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
     std::optional<std::pair<double, Deferral>> best;
@@ -697,8 +808,9 @@ void BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
     ScheduleOp current = getSchedule(module);
     saved->moveBefore(current);
     current->erase();
-    return;
+    return 0;
   }
-  numDeferredWeights += rounds;
+  (afterChoice ? numDeferredAfterChoice : numDeferredWeights) += rounds;
   numWeightReplays += weightReplays;
+  return rounds;
 }

@@ -49,6 +49,8 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
         options.deferralBudget > 0 ? options.deferralBudget : options.budget;
     deferral.leastMemory = options.select == CheckpointSelection::Auto;
     deferral.weightReplay = options.weightReplay;
+    deferral.markFused =
+        options.select == CheckpointSelection::Auto && options.deferAfterChoice;
     pm.addPass(createHPRBoundWeightDeferral(deferral));
   }
   if (options.select == CheckpointSelection::Auto) {
@@ -56,6 +58,16 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
     select.budget = options.budget;
     select.bubble = options.policy == RecomputePolicy::Bubble;
     pm.addPass(createHPRSelectCheckpoints(select));
+    // With the choice made, dws move into idle time again, priced as it
+    // left the stages (hpr-bound-weight-deferral, step 6).
+    if (options.budget > 0 && options.deferAfterChoice) {
+      HPRBoundWeightDeferralOptions deferral;
+      deferral.budget = options.budget;
+      deferral.afterChoice = true;
+      deferral.bubble = options.policy == RecomputePolicy::Bubble;
+      deferral.weightReplay = options.weightReplay;
+      pm.addPass(createHPRBoundWeightDeferral(deferral));
+    }
   }
   HPRInsertRecomputeOptions recompute;
   recompute.policy = options.policy == RecomputePolicy::Lookahead

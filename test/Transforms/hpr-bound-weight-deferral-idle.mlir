@@ -1,5 +1,6 @@
 // RUN: hp-recompute-opt %s -hpr-bound-weight-deferral='budget=150' | FileCheck %s
 // RUN: hp-recompute-opt %s -hpr-bound-weight-deferral='budget=204' | FileCheck %s --check-prefix=ROOMY
+// RUN: hp-recompute-opt %s -hpr-bound-weight-deferral='budget=150 mark-fused=1' | FileCheck %s --check-prefix=MARK
 
 // Step 5: where the bound changed the schedule, dws move into idle time.
 // Rank 1 runs both dxs, both dws, then both sends: two sessions held from
@@ -49,6 +50,11 @@ hpr.schedule "zb" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // CHECK-NEXT: hpr.send_b stage 1 mb 1 peer 0
 // CHECK-NEXT: hpr.backward_weight stage 1 mb 1
 // CHECK-NEXT: }
+
+// With mark-fused (where an after-choice run follows: the pipeline with
+// select=auto) the pair it fused says so, for that run to split again.
+// MARK:      hpr.backward stage 1 mb 0 fused{{$}}
+// MARK-NEXT: hpr.backward_input stage 1 mb 1
 
 // Within the budget the schedule keeps its own dw placement.
 // ROOMY:      hpr.backward_weight stage 1 mb 1

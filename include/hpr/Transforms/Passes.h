@@ -64,6 +64,13 @@ struct RecomputePipelineOptions
                      "drop its session's replay and its dw replay again "
                      "(weight_replay)"),
       llvm::cl::init(true)};
+  Option<bool> deferAfterChoice{
+      *this, "defer-after-choice",
+      llvm::cl::desc("With select=auto and a budget: after the choice, "
+                     "hpr-bound-weight-deferral moves dws into idle time "
+                     "again, priced as the choice left the stages "
+                     "(after-choice)"),
+      llvm::cl::init(true)};
   Option<BubblePlacement> placement{
       *this, "placement",
       llvm::cl::desc("With policy=bubble and select=model: which "

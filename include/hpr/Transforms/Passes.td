@@ -149,6 +149,29 @@ def HPRBoundWeightDeferral
        the same terms. With `weight-replay=0` none of (c) and this: the pass
        as before weight replays (the planner driver plans both and keeps
        the faster plan, docs/planning.md).
+    6. `after-choice` (the pipeline runs the pass so again right after
+       hpr-select-checkpoints, with select=auto and the whole budget): step
+       5 alone, on the schedule the first run left, priced with the
+       checkpoints the module now marks (the choice: plain microbatches,
+       stages left unchecked) rather than every candidate full, within
+       `budget`; only where the first run fused a pair (the `fused` marks
+       on `hpr.backward` it leaves with `mark-fused`), which it may split
+       again, and it removes every mark. Of the 16 candidates a round, the
+       first are those that put a dw right after the send of its own dx's
+       gradient (where a zero-bubble schedule runs it) where that dx, or
+       the fused backward, lies on a critical path of the simulated step,
+       earliest dx first, then step 5's before the longest waits: a dx that
+       sends sooner shortens the path through the stages before it (a
+       warm-up's first backwards), which no wait on the dx's own rank
+       shows. The first run prices steps 2-5 on
+       every candidate checkpointed, which can make another rank critical
+       than the choice does (the GPT's last stage, left plain, runs a
+       microbatch 20 us faster); this prices the moves on the step the
+       plan will have. With `bubble` the moves, priced with jit replays,
+       stay only where the plan with its replays placed as the pipeline
+       will (sessions, jit, hpr-prefetch-into-bubbles within `budget`,
+       clears; on copies) is not slower than the plan without them, so the
+       step never gets longer for them.
     A `weight_replay` dw whose (stage, microbatch) is not checkpointed in the
     end (`least-memory`: hpr-select-checkpoints chose otherwise) replays
     nothing: the replay was priced only while it ran checkpointed, and
@@ -163,6 +186,18 @@ def HPRBoundWeightDeferral
     Option<"leastMemory", "least-memory", "bool", /*default=*/"false",
            "Price the peaks with every candidate region checkpointed (the "
            "pipeline sets it with select=auto)">,
+    Option<"markFused", "mark-fused", "bool", /*default=*/"false",
+           "Mark the pairs step 2 fuses `fused`, for an after-choice run "
+           "(the pipeline sets it where one follows)">,
+    Option<"afterChoice", "after-choice", "bool", /*default=*/"false",
+           "Step 6: only move dws into idle time, priced with the "
+           "checkpoints the module marks, where a mark-fused run fused "
+           "pairs (the pipeline sets it after hpr-select-checkpoints)">,
+    Option<"bubble", "bubble", "bool", /*default=*/"false",
+           "With after-choice: keep the moves only where the plan with its "
+           "replays placed by hpr-prefetch-into-bubbles within `budget` is "
+           "not slower than without them (the pipeline sets it with "
+           "policy=bubble)">,
     Option<"weightReplay", "weight-replay", "bool", /*default=*/"true",
            "Offer change (c), weight_replay, and price moves into idle time "
            "with it (0: move and fuse only)">,
@@ -174,6 +209,9 @@ def HPRBoundWeightDeferral
               "dx and dw pairs fused into one backward">,
     Statistic<"numDeferredWeights", "num-deferred-weights",
               "dws moved into idle time">,
+    Statistic<"numDeferredAfterChoice", "num-deferred-after-choice",
+              "dws moved into idle time after the checkpoint choice "
+              "(after-choice)">,
     Statistic<"numWeightReplays", "num-weight-replays",
               "dws marked weight_replay (replayed again for the dw)">,
   ];

@@ -302,14 +302,22 @@ def HPR_BackwardOp
     : HPR_BackwardOpBase<"backward", "backward", "true", "true",
                          (ins UnitAttr:$last_backward,
                               OptionalAttr<DenseI64ArrayAttr>:$waits,
-                              OptionalAttr<HPR_IndexAttr>:$hands_to),
+                              OptionalAttr<HPR_IndexAttr>:$hands_to,
+                              UnitAttr:$fused),
                          [{ (`last_backward` $last_backward^)?
-                            (`waits` $waits^)? (`hands_to` $hands_to^)? }]> {
+                            (`waits` $waits^)? (`hands_to` $hands_to^)?
+                            (`fused` $fused^)? }]> {
   let summary = "full backward, dx and dw together (schedule action B)";
   let description = [{
     Lowered by `hpr-lower-runtime` for the runtimes: `frees_graph`,
     `last_backward`, `waits` and `hands_to`, as on `hpr.backward_input` and
     `hpr.backward_weight`.
+
+    `fused` (planner-internal, written by `hpr-bound-weight-deferral` with
+    `mark-fused`): the schedule's dx and dw of this (stage, microbatch),
+    fused by the pass to bound dw deferral. Its `after-choice` run, after
+    `hpr-select-checkpoints`, may split the pair again, and removes every
+    mark; runtimes do not read it.
   }];
 }
 
