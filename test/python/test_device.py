@@ -341,6 +341,21 @@ def test_peak_meter_picks_the_profiler_on_cpu():
         DeviceAllocatorPeak("meta")
 
 
+def test_measuring_the_cpu_peak_imports_no_compiler():
+    """A rank measures its step under the profiler once, in a fresh process: the meter must not
+    pull in inductor (torch.profiler.profile's start imports torch._inductor on torch 2.13,
+    seconds of CPU per rank)."""
+    import subprocess
+
+    code = ("import sys, torch\nfrom hp_recompute.runner.memory import AllocatorPeak\n"
+            "with AllocatorPeak() as m:\n    t = torch.ones(1 << 16)\n"
+            "print(m.peak >= 1 << 18, 'torch._inductor' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "False"], proc.stdout
+
+
 def test_a_block_freed_on_an_unprofiled_thread_is_freed_where_its_address_comes_back():
     """gloo's threads drop FSDP's buffers where the profiler reports no free: an address
     allocated again with no free between was freed, at the latest, just before."""
