@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "LeastCheckpointMemory.h"
+#include "PlacementOnCopy.h"
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Schedule/ScheduleUtils.h"
@@ -506,13 +507,8 @@ void BoundWeightDeferralPass::runAfterChoice(ModuleOp module) {
 double BoundWeightDeferralPass::placedStepUs(ModuleOp module, ModuleOp source) {
   OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
   auto copy = cast<ModuleOp>(builder.clone(*source));
-  RecomputePipelineOptions options;
-  options.policy = RecomputePolicy::Bubble;
-  options.budget = budget;
-  options.checkSchedule = false;
-  options.lowerRuntime = false; // only simulated
   OpPassManager pm(ModuleOp::getOperationName());
-  buildPlanningPasses(pm, options);
+  buildPlacementOnCopyPasses(pm, budget);
   double step = std::numeric_limits<double>::infinity();
   LogicalResult placed = [&] {
     ScopedDiagnosticHandler quiet(&getContext(),

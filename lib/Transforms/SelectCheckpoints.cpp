@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "LeastCheckpointMemory.h"
+#include "PlacementOnCopy.h"
 #include "hpr/Analysis/ActivationModel.h"
 #include "hpr/Analysis/Timeline.h"
 #include "hpr/Transforms/Passes.h"
@@ -526,13 +527,8 @@ SelectCheckpointsPass::bubbleStepTime(ModuleOp module, const Problem &problem,
   OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
   auto copy = cast<ModuleOp>(builder.clone(*module));
   writeChoice(copy, problem, choice);
-  RecomputePipelineOptions options;
-  options.policy = RecomputePolicy::Bubble;
-  options.budget = budget;
-  options.checkSchedule = false;
-  options.lowerRuntime = false; // only simulated
   OpPassManager pm(ModuleOp::getOperationName());
-  buildPlanningPasses(pm, options);
+  buildPlacementOnCopyPasses(pm, budget);
   FailureOr<std::optional<double>> step = failure();
   if (succeeded(runPipeline(pm, copy))) {
     std::vector<StageCost> costs =
