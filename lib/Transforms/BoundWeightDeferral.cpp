@@ -28,7 +28,6 @@
 
 #include <limits>
 #include <optional>
-#include <type_traits>
 #include <variant>
 
 namespace mlir::hpr {
@@ -153,9 +152,18 @@ void recordOrder(ModuleOp module, unsigned rank) {
         extractSchedule(module).schedule.ranks[rank]));
 }
 
+/// Puts the schedule of `from` (a clone of `module` taken earlier) in place
+/// of `module`'s.
+void restoreSchedule(ModuleOp module, ModuleOp from) {
+  ScheduleOp saved = getSchedule(from);
+  ScheduleOp current = getSchedule(module);
+  saved->moveBefore(current);
+  current->erase();
+}
+
 /// Applies `change` to `module` (or a copy of it); a fused pair is marked
 /// `fused` with `markFused` (for the after-choice run).
-void apply(ModuleOp module, const Change &change, bool markFused) {
+void apply(ModuleOp module, const Change &change, bool markFused = false) {
   ProgramOp program = programOf(module, change.rank);
   SplitBackwards split = collectSplitBackwards(program);
   auto [inputPos, weightPos] =
@@ -250,10 +258,7 @@ auto priceChanged(ModuleOp module, unsigned rank, const ChangeT &change,
                   PriceFn price) {
   ProgramOp program = programOf(module, rank);
   Operation *unchanged = program->clone();
-  if constexpr (std::is_same_v<ChangeT, Change>)
-    apply(module, change, /*markFused=*/false);
-  else
-    apply(module, change);
+  apply(module, change);
   auto priced = price();
   OpBuilder(program).insert(unchanged);
   program->erase();
@@ -489,14 +494,13 @@ void BoundWeightDeferralPass::runAfterChoice(ModuleOp module) {
   OwningOpRef<ModuleOp> unchanged;
   if (bubble)
     unchanged = module.clone();
+  uint64_t weightReplaysBefore = numWeightReplays;
   if (!deferIntoIdleTime(module) || !bubble)
     return;
   if (placedStepUs(module, *unchanged) < placedStepUs(module, module)) {
-    ScheduleOp saved = getSchedule(*unchanged);
-    ScheduleOp current = getSchedule(module);
-    saved->moveBefore(current);
-    current->erase();
+    restoreSchedule(module, *unchanged);
     numDeferredAfterChoice = 0;
+    numWeightReplays = weightReplaysBefore;
   }
 }
 
@@ -516,19 +520,12 @@ double BoundWeightDeferralPass::placedStepUs(ModuleOp module, ModuleOp source) {
     return runPipeline(pm, copy);
   }();
   if (succeeded(placed)) {
-    std::vector<StageCost> placedCosts =
-        computeStageCosts(*copy.getOps<ModelOp>().begin());
-    bool within = true;
-    for (ProgramOp program : getSchedule(copy).getBody().getOps<ProgramOp>())
-      within &= computeActivationProfile(collectActivationLifetimes(program),
-                                         placedCosts)
-                    .peak() <= budget;
-    llvm::Expected<sched::SimulationResult> simulation =
-        simulateTimeline(extractSchedule(copy, placedCosts).schedule);
-    if (!simulation)
-      llvm::consumeError(simulation.takeError());
-    else if (within)
-      step = simulation->makespan;
+    llvm::Expected<std::optional<double>> simulated =
+        simulatePlacedCopy(copy, budget);
+    if (!simulated)
+      llvm::consumeError(simulated.takeError());
+    else if (*simulated)
+      step = **simulated;
   }
   copy.erase();
   return step;
@@ -800,10 +797,7 @@ unsigned BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
   }
   // With least-memory, hpr-select-checkpoints must still find a choice.
   if (rounds && leastMemory && !selectionFits(module)) {
-    ScheduleOp saved = getSchedule(*unchanged);
-    ScheduleOp current = getSchedule(module);
-    saved->moveBefore(current);
-    current->erase();
+    restoreSchedule(module, *unchanged);
     return 0;
   }
   (afterChoice ? numDeferredAfterChoice : numDeferredWeights) += rounds;

@@ -1,6 +1,5 @@
 //===- Pipeline.cpp - The recompute planning pipeline and registration ---===//
 
-#include "PlacementOnCopy.h"
 #include "hpr/Transforms/Passes.h"
 
 #include "mlir/IR/Verifier.h"
@@ -34,15 +33,6 @@ LogicalResult RecomputePipelineOptions::verify(
                      "between 0 and budget, got " +
                      Twine(static_cast<int64_t>(deferralBudget)));
   return success();
-}
-
-void mlir::hpr::buildPlacementOnCopyPasses(OpPassManager &pm, int64_t budget) {
-  RecomputePipelineOptions options;
-  options.policy = RecomputePolicy::Bubble;
-  options.budget = budget;
-  options.checkSchedule = false;
-  options.lowerRuntime = false; // only simulated
-  buildPlanningPasses(pm, options);
 }
 
 OpPassManager &mlir::hpr::nestOnPrograms(OpPassManager &pm) {

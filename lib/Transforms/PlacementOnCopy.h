@@ -9,9 +9,12 @@
 #ifndef HPR_LIB_TRANSFORMS_PLACEMENTONCOPY_H
 #define HPR_LIB_TRANSFORMS_PLACEMENTONCOPY_H
 
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/Error.h"
 
 #include <cstdint>
+#include <optional>
 
 namespace mlir::hpr {
 
@@ -19,6 +22,12 @@ namespace mlir::hpr {
 /// jit, hpr-prefetch-into-bubbles, clears), without the schedule checks and
 /// the runtime lowering: the copy they plan is only simulated.
 void buildPlacementOnCopyPasses(OpPassManager &pm, int64_t budget);
+
+/// The simulated step of `copy` once those passes planned it: none where a
+/// rank's activation peak exceeds `budget`; an error where its schedule does
+/// not simulate.
+llvm::Expected<std::optional<double>> simulatePlacedCopy(ModuleOp copy,
+                                                         int64_t budget);
 
 } // namespace mlir::hpr
 

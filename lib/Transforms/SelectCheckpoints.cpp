@@ -531,23 +531,14 @@ SelectCheckpointsPass::bubbleStepTime(ModuleOp module, const Problem &problem,
   buildPlacementOnCopyPasses(pm, budget);
   FailureOr<std::optional<double>> step = failure();
   if (succeeded(runPipeline(pm, copy))) {
-    std::vector<StageCost> costs =
-        computeStageCosts(*copy.getOps<ModelOp>().begin());
-    bool within = true;
-    for (ProgramOp program :
-         (*copy.getOps<ScheduleOp>().begin()).getBody().getOps<ProgramOp>())
-      within &=
-          computeActivationProfile(collectActivationLifetimes(program), costs)
-              .peak() <= budget;
-    llvm::Expected<sched::SimulationResult> simulation =
-        simulateTimeline(extractSchedule(copy, costs).schedule);
-    if (simulation)
-      step =
-          within ? std::optional<double>(simulation->makespan) : std::nullopt;
+    llvm::Expected<std::optional<double>> placed =
+        simulatePlacedCopy(copy, budget);
+    if (placed)
+      step = *placed;
     else
       emitError(module.getLoc())
           << "hpr-select-checkpoints: cannot simulate a contender: "
-          << llvm::toString(simulation.takeError());
+          << llvm::toString(placed.takeError());
   }
   copy.erase();
   return step;
