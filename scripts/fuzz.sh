@@ -17,11 +17,12 @@ run_target() {
   local target="$1" dict="$2" extra="$3"
   local bin="$build/bin/hpr-fuzz-$target" work
   work="$(mktemp -d)"
+  mkdir "$work.tmp"  # the temporary folder of the target (an importer that reads files only gets one there)
   local args=(-seed=1 -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1
               -artifact_prefix="$findings/$target-")
   [ -n "$dict" ] && args+=(-dict="fuzz/dict/$dict.dict")
   [ -n "$extra" ] && args+=("$extra")
-  "$bin" "${args[@]}" "$work" "fuzz/corpus/$target" >"$work.log" 2>&1
+  TMPDIR="$work.tmp" "$bin" "${args[@]}" "$work" "fuzz/corpus/$target" >"$work.log" 2>&1
   local code=$?
   # The last report is the target's own (forked importers of a .pt may print theirs).
   local execs rate
@@ -34,7 +35,7 @@ run_target() {
     grep -E "ERROR|SUMMARY|artifact|Test unit written" "$work.log" | head -10
   fi >"$findings/$target.result"
   echo "$code" >"$findings/$target.status"
-  rm -rf "$work" "$work.log"
+  rm -rf "$work" "$work.tmp" "$work.log"
 }
 
 # target:dictionary:extra libFuzzer flags; as many targets at once as there are cores

@@ -23,6 +23,7 @@
 
 #include "RegionCosts.h"
 
+#include "hpr/Support/Error.h"
 #include "hpr/Support/InputFile.h"
 #include "hpr/Support/Json.h"
 #include "hpr/Support/ZipArchive.h"
@@ -40,6 +41,7 @@
 #include <set>
 
 using namespace mlir::hpr::model;
+using mlir::hpr::makeError;
 using namespace mlir::hpr::model::detail;
 using nlohmann::json;
 
@@ -57,10 +59,6 @@ const json &field(const json &object, const char *key) {
     return null;
   auto it = object.find(key);
   return it == object.end() ? null : *it;
-}
-
-llvm::Error makeError(const llvm::Twine &msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
 }
 
 /// Element size of a serde ScalarType, or 0 when unknown.

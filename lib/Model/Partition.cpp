@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "hpr/Model/Partition.h"
+#include "hpr/Support/Error.h"
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
@@ -20,12 +21,9 @@
 #include <set>
 
 using namespace mlir::hpr::model;
+using mlir::hpr::makeError;
 
 namespace {
-
-llvm::Error makeError(const llvm::Twine &msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
-}
 
 /// One `STAGE:FIRST-LAST` item of a spec, with its column for messages.
 struct SpecItem {

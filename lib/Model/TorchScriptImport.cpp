@@ -12,6 +12,7 @@
 #include "RegionCosts.h"
 
 #include "hpr/Model/TorchScriptImport.h"
+#include "hpr/Support/Error.h"
 #include "hpr/Support/InputFile.h"
 #include "hpr/Support/ZipArchive.h"
 
@@ -42,6 +43,7 @@
 #include <unordered_map>
 
 using namespace mlir::hpr::model;
+using mlir::hpr::makeError;
 using namespace mlir::hpr::model::detail;
 namespace jit = torch::jit;
 
@@ -153,10 +155,6 @@ double timeRecords(const std::vector<OpRecord> &records,
   }
   std::sort(times.begin(), times.end());
   return std::max(times[times.size() / 2], 1e-3);
-}
-
-llvm::Error makeError(const llvm::Twine &msg) {
-  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
 }
 
 /// First non-empty line of a (possibly multi-line) LibTorch message.

@@ -12,44 +12,42 @@
 
 using namespace mlir::hpr;
 
-namespace {
-/// The archive's bytes, read through minizip's I/O interface (ioapi.h): the
-/// archive is opened from memory, where the importers have it already.
-struct MemoryStream {
-  llvm::StringRef data;
-  uint64_t position = 0;
-
-  static voidpf open(voidpf opaque, const void *, int) { return opaque; }
-  static uLong read(voidpf, voidpf stream, void *buffer, uLong size) {
-    auto *self = static_cast<MemoryStream *>(stream);
-    uint64_t count = std::min<uint64_t>(
-        size, self->data.size() -
-                  std::min<uint64_t>(self->position, self->data.size()));
-    std::memcpy(buffer, self->data.data() + self->position, count);
-    self->position += count;
-    return uLong(count);
-  }
-  static uLong write(voidpf, voidpf, const void *, uLong) { return 0; }
-  static ZPOS64_T tell(voidpf, voidpf stream) {
-    return static_cast<MemoryStream *>(stream)->position;
-  }
-  static long seek(voidpf, voidpf stream, ZPOS64_T offset, int origin) {
-    auto *self = static_cast<MemoryStream *>(stream);
-    uint64_t base = origin == ZLIB_FILEFUNC_SEEK_SET   ? 0
-                    : origin == ZLIB_FILEFUNC_SEEK_CUR ? self->position
-                                                       : self->data.size();
-    if (offset >
-        self->data.size() - std::min<uint64_t>(base, self->data.size()))
-      return -1;
-    self->position = base + offset;
-    return 0;
-  }
-  static int close(voidpf, voidpf) { return 0; }
-  static int error(voidpf, voidpf) { return 0; }
-};
-} // namespace
-
 struct ZipArchive::Impl {
+  /// The archive's bytes, read through minizip's I/O interface (ioapi.h): the
+  /// archive is opened from memory, where the importers have it already.
+  struct MemoryStream {
+    llvm::StringRef data;
+    uint64_t position = 0;
+
+    static voidpf open(voidpf opaque, const void *, int) { return opaque; }
+    static uLong read(voidpf, voidpf stream, void *buffer, uLong size) {
+      auto *self = static_cast<MemoryStream *>(stream);
+      uint64_t count = std::min<uint64_t>(
+          size, self->data.size() -
+                    std::min<uint64_t>(self->position, self->data.size()));
+      std::memcpy(buffer, self->data.data() + self->position, count);
+      self->position += count;
+      return uLong(count);
+    }
+    static uLong write(voidpf, voidpf, const void *, uLong) { return 0; }
+    static ZPOS64_T tell(voidpf, voidpf stream) {
+      return static_cast<MemoryStream *>(stream)->position;
+    }
+    static long seek(voidpf, voidpf stream, ZPOS64_T offset, int origin) {
+      auto *self = static_cast<MemoryStream *>(stream);
+      uint64_t base = origin == ZLIB_FILEFUNC_SEEK_SET   ? 0
+                      : origin == ZLIB_FILEFUNC_SEEK_CUR ? self->position
+                                                         : self->data.size();
+      if (offset >
+          self->data.size() - std::min<uint64_t>(base, self->data.size()))
+        return -1;
+      self->position = base + offset;
+      return 0;
+    }
+    static int close(voidpf, voidpf) { return 0; }
+    static int error(voidpf, voidpf) { return 0; }
+  };
+
   MemoryStream stream;
   unzFile archive = nullptr;
   ~Impl() {
@@ -110,10 +108,10 @@ llvm::Expected<ZipArchive> ZipArchive::open(llvm::StringRef data,
     return fail("the file is empty");
   auto impl = std::make_unique<Impl>();
   impl->stream.data = data;
-  zlib_filefunc64_def io = {MemoryStream::open,  MemoryStream::read,
-                            MemoryStream::write, MemoryStream::tell,
-                            MemoryStream::seek,  MemoryStream::close,
-                            MemoryStream::error, &impl->stream};
+  using Stream = Impl::MemoryStream;
+  zlib_filefunc64_def io = {Stream::open,  Stream::read, Stream::write,
+                            Stream::tell,  Stream::seek, Stream::close,
+                            Stream::error, &impl->stream};
   std::string path = fileName.str();
   impl->archive = unzOpen2_64(path.c_str(), &io);
   if (!impl->archive) {

@@ -99,3 +99,5 @@ void AssignSessionsPass::runOnOperation() {
   if (failed(checkpointed) || failed(assignInProgram(program, *checkpointed)))
     signalPassFailure();
 }
+
+#undef DEBUG_TYPE

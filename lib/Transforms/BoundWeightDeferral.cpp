@@ -44,9 +44,6 @@ using Key = std::pair<int64_t, int64_t>; // (stage, microbatch)
 
 /// How many dw deferrals into idle time are priced a round (steps 5 and 6).
 constexpr size_t kPricedPerRound = 16;
-/// Slack up to which an action counts as on a critical path (as
-/// hpr-prefetch-into-bubbles counts it).
-constexpr double kCriticalSlackUs = 1e-3;
 
 /// One way to end a pending dw's lifetime before a rank's peak, written by
 /// positions so that it applies to a copy of the module as to the module.
@@ -738,7 +735,7 @@ unsigned BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
         if (timeline[k].start > end + 1e-9)
           waits[firstOps[k]] = timeline[k].start - end;
         end = timeline[k].end;
-        if (timeline[k].slack <= kCriticalSlackUs)
+        if (timeline[k].slack <= sched::kCriticalSlackUs)
           criticalStarts[firstOps[k]] = timeline[k].start;
       }
       waits[program] = simulated->makespan - end;

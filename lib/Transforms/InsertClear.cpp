@@ -55,3 +55,5 @@ void InsertClearPass::runOnOperation() {
                             << describeAction(consumers.back()) << "\n");
   }
 }
+
+#undef DEBUG_TYPE

@@ -143,3 +143,5 @@ void InsertRecomputePass::placeWeightReplays() {
                << describeAction(getPairStart(weight)) << "\n");
   }
 }
+
+#undef DEBUG_TYPE

@@ -97,7 +97,7 @@ nextStages(llvm::ArrayRef<User> users, unsigned count) {
 /// right before it, as torch's lowering has them (it adds each receive right
 /// before its reader, after placing the unshards), but never into a batched
 /// run of transfers.
-static Operation *insertionPoint(Operation *user) {
+static Operation *gatherInsertionPoint(Operation *user) {
   Operation *at = user;
   while (Operation *prev = at->getPrevNode()) {
     Operation *before = prev->getPrevNode();
@@ -132,7 +132,7 @@ void InsertUnshardPass::runOnOperation() {
   for (size_t k = 0; k < users.size(); ++k) {
     const User &user = users[k];
     llvm::ArrayRef<int64_t> window = next[k];
-    builder.setInsertionPoint(insertionPoint(user.op));
+    builder.setInsertionPoint(gatherInsertionPoint(user.op));
     for (int64_t stage : gathered)
       if (!llvm::is_contained(window, stage)) {
         reshard(stage);
@@ -155,3 +155,5 @@ void InsertUnshardPass::runOnOperation() {
   for (int64_t stage : gathered)
     reshard(stage);
 }
+
+#undef DEBUG_TYPE

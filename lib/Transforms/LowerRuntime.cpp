@@ -111,3 +111,5 @@ void LowerRuntimePass::runOnOperation() {
     });
   }
 }
+
+#undef DEBUG_TYPE

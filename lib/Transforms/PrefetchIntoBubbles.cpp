@@ -54,9 +54,6 @@ struct PrefetchIntoBubblesPass
 /// fits keeps its former bound, beyond which its rounds gain little.
 constexpr unsigned kCriticalRounds = 256;
 constexpr unsigned kEveryFitRounds = 8;
-/// Slack up to which an action counts as on a critical path: a nanosecond,
-/// far below any duration and far above the rounding of the simulator's sums.
-constexpr double kCriticalSlackUs = 1e-3;
 } // namespace
 
 LogicalResult PrefetchIntoBubblesPass::initialize(MLIRContext *context) {
@@ -143,7 +140,7 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     // Off every critical path, the replay delays nothing where it is: moved,
     // it would shorten no path as long as the step, and only hold its
     // tensors longer (docs/planning.md).
-    if (criticalOnly && timeline[replay.cell].slack > kCriticalSlackUs)
+    if (criticalOnly && timeline[replay.cell].slack > sched::kCriticalSlackUs)
       continue;
     const ActivationLifetime &lifetime = *lifetimeOf.lookup(
         {replay.op.getStageIndex(), replay.op.getMicrobatchIndex()});
@@ -317,7 +314,7 @@ void PrefetchIntoBubblesPass::runOnOperation() {
   if (failed(critical) || failed(fit))
     return signalPassFailure();
   Placement chosen = *critical;
-  if (fit->stepUs < critical->stepUs - kCriticalSlackUs) {
+  if (fit->stepUs < critical->stepUs - sched::kCriticalSlackUs) {
     ScheduleOp placed = getSchedule(module);
     getSchedule(*everyFit)->moveBefore(placed);
     placed->erase();
@@ -325,3 +322,5 @@ void PrefetchIntoBubblesPass::runOnOperation() {
   }
   numInBubbles = chosen.moved;
 }
+
+#undef DEBUG_TYPE

@@ -60,11 +60,11 @@ struct Choice {
 
 /// A choice that fits, and its simulated step under jit recompute (time,
 /// recomputes).
-struct Priced {
+struct PricedChoice {
   std::pair<double, int64_t> cost;
   Choice choice;
 
-  bool operator<(const Priced &other) const { return cost < other.cost; }
+  bool operator<(const PricedChoice &other) const { return cost < other.cost; }
 };
 
 /// The policies each candidate may take, in candidate order.
@@ -279,7 +279,7 @@ struct SelectCheckpointsPass
     /// With `contend`, other choices that fit, to plan with placement: the
     /// fastest of the exhaustive search, or the greedy sweeps' choice after
     /// each of their last moves (at most kBubbleContenders of each).
-    std::vector<Priced> ranked, swept;
+    std::vector<PricedChoice> ranked, swept;
   };
   Found search(Problem &problem, const Choice &everything, bool contend);
   FailureOr<Choice> placeAndPrice(ModuleOp module, const Problem &problem,
@@ -563,10 +563,10 @@ FailureOr<Choice> SelectCheckpointsPass::placeAndPrice(ModuleOp module,
   // itself without plain microbatches (which may or may not fit: a plain
   // microbatch replays nothing).
   std::vector<Choice> order{*found.best, everything};
-  std::vector<Priced> contenders = std::move(found.ranked);
+  std::vector<PricedChoice> contenders = std::move(found.ranked);
   llvm::append_range(contenders, found.swept);
   llvm::stable_sort(contenders);
-  for (Priced &contender : contenders) {
+  for (PricedChoice &contender : contenders) {
     Choice bare{contender.choice.regions, {}};
     order.push_back(std::move(contender.choice));
     order.push_back(std::move(bare));

@@ -512,3 +512,5 @@ void VerifyPass::runOnOperation() {
   if (violations)
     signalPassFailure();
 }
+
+#undef DEBUG_TYPE

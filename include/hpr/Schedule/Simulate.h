@@ -70,6 +70,10 @@ struct ActionTiming {
   double slack = 0.0;
 };
 
+/// Slack up to which an action counts as on a critical path: a nanosecond,
+/// far below any duration and far above the rounding of the simulator's sums.
+constexpr double kCriticalSlackUs = 1e-3;
+
 /// What a simulation found.
 struct SimulationResult {
   /// timelines[r][k] is rank r's action k (parallel to Schedule::ranks).

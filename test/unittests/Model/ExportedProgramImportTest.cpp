@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "RegionCosts.h"
+#include "Scratch.h"
 
 #include "hpr/Model/ExportedProgramImport.h"
 
@@ -31,8 +32,8 @@ using nlohmann::json;
 
 namespace {
 
-json tensor(std::vector<int64_t> sizes, int dtype = 7,
-            bool requiresGrad = false) {
+json tensorMeta(std::vector<int64_t> sizes, int dtype = 7,
+                bool requiresGrad = false) {
   json t = {{"dtype", dtype},
             {"requires_grad", requiresGrad},
             {"sizes", json::array()},
@@ -69,11 +70,11 @@ json program() {
   const char *inBlock = "L__self__,,M;L__self__layers.0,layers.0,Block;"
                         "L__self__layers.0.fc,layers.0.fc,Linear";
   json graph = {{"tensor_values",
-                 {{"x", tensor({2, 4})},
-                  {"w", tensor({3, 4}, 7, true)},
-                  {"y", tensor({2, 3})},
-                  {"z", tensor({2, 3})},
-                  {"loss", tensor({})}}},
+                 {{"x", tensorMeta({2, 4})},
+                  {"w", tensorMeta({3, 4}, 7, true)},
+                  {"y", tensorMeta({2, 3})},
+                  {"z", tensorMeta({2, 3})},
+                  {"loss", tensorMeta({})}}},
                 {"nodes",
                  {node("torch.ops.aten.linear.default", {ref("x"), ref("w")},
                        "y", inBlock),
@@ -90,7 +91,7 @@ json program() {
           {"graph_module", {{"graph", graph}, {"signature", signature}}}};
 }
 
-std::string errorOf(const json &p) {
+std::string programError(const json &p) {
   std::vector<std::string> warnings;
   auto graph = importExportedProgramJson(p.dump(), "p.json", 1, warnings);
   if (graph)
@@ -140,53 +141,57 @@ TEST(ExportedProgramImport, UnknownOpIsAWarningNamingOpAndRegion) {
 TEST(ExportedProgramImport, Errors) {
   json p = program();
   p["schema_version"]["major"] = 3;
-  EXPECT_NE(errorOf(p).find("p.json: /schema_version: schema version 3.20 is "
-                            "not supported"),
-            std::string::npos);
+  EXPECT_NE(
+      programError(p).find("p.json: /schema_version: schema version 3.20 is "
+                           "not supported"),
+      std::string::npos);
   p = program();
   p["graph_module"]["graph"]["nodes"][0]["inputs"][0]["arg"] = ref("nope");
-  EXPECT_NE(errorOf(p).find("p.json: node 'y' "
-                            "(torch.ops.aten.linear.default): tensor 'nope' "
-                            "is used before it is defined"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: node 'y' "
+                           "(torch.ops.aten.linear.default): tensor 'nope' "
+                           "is used before it is defined"),
+      std::string::npos)
+      << programError(p);
   p = program();
   p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][0] = {
       {"as_expr", {{"expr_str", "s0"}}}};
-  EXPECT_NE(errorOf(p).find("p.json: tensor 'x': symbolic size 's0' has no "
-                            "example value (hint)"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: tensor 'x': symbolic size 's0' has no "
+                           "example value (hint)"),
+      std::string::npos)
+      << programError(p);
   // With a hint, the example size is used.
   p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][0] = {
       {"as_expr", {{"expr_str", "s0"}, {"hint", {{"as_int", 2}}}}}};
-  EXPECT_EQ(errorOf(p), "<no error>");
+  EXPECT_EQ(programError(p), "<no error>");
   // Sizes whose element count or byte span overflows int64 are refused.
   p = program();
   p["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][0] = {
       {"as_int", int64_t(1) << 62}};
-  EXPECT_NE(errorOf(p).find("p.json: tensor 'x': its sizes and strides reach "
-                            "more than 2^50 bytes"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: tensor 'x': its sizes and strides reach "
+                           "more than 2^50 bytes"),
+      std::string::npos)
+      << programError(p);
   p = program();
   p["graph_module"]["graph"]["tensor_values"]["x"]["strides"][0] = {
       {"as_int", INT64_MIN}};
-  EXPECT_NE(errorOf(p).find("its sizes and strides reach more than 2^50"),
+  EXPECT_NE(programError(p).find("its sizes and strides reach more than 2^50"),
             std::string::npos)
-      << errorOf(p);
+      << programError(p);
   p = program();
   p["graph_module"]["graph"]["tensor_values"]["x"]["dtype"] = 77;
-  EXPECT_NE(errorOf(p).find("p.json: tensor 'x': unknown dtype 77"),
+  EXPECT_NE(programError(p).find("p.json: tensor 'x': unknown dtype 77"),
             std::string::npos);
   p = program();
   p["graph_module"]["graph"]["nodes"] = json::array();
-  EXPECT_NE(errorOf(p).find("the program calls no op"), std::string::npos);
+  EXPECT_NE(programError(p).find("the program calls no op"), std::string::npos);
   p = program();
   p["graph_module"]["graph"]["nodes"][0]["outputs"] = 5;
-  EXPECT_NE(errorOf(p).find("expected arrays 'inputs' and 'outputs'"),
+  EXPECT_NE(programError(p).find("expected arrays 'inputs' and 'outputs'"),
             std::string::npos);
-  EXPECT_NE(errorOf(json::array())
+  EXPECT_NE(programError(json::array())
                 .find("expected a serialized "
                       "ExportedProgram object"),
             std::string::npos);
@@ -259,7 +264,7 @@ TEST(ExportedProgramImport, WrongJsonTypesNameTheNodeOrTensorAndPath) {
   for (const Case &c : cases) {
     json p = program();
     c.plant(p);
-    std::string err = errorOf(p);
+    std::string err = programError(p);
     EXPECT_NE(err.find(c.message), std::string::npos) << err;
     EXPECT_EQ(err.find("json.exception"), std::string::npos) << err;
   }
@@ -277,12 +282,12 @@ TEST(ExportedProgramImport, RankIsBounded) {
     }
     return p;
   };
-  std::string err = errorOf(withRank(200000));
+  std::string err = programError(withRank(200000));
   EXPECT_NE(err.find("p.json: tensor 'x': 200000 dimensions, more than the 64 "
                      "this importer reads"),
             std::string::npos)
       << err;
-  err = errorOf(withRank(64));
+  err = programError(withRank(64));
   EXPECT_EQ(err.find("dimensions"), std::string::npos) << err;
 }
 
@@ -291,18 +296,20 @@ TEST(ExportedProgramImport, ControlFlowAndCustomOpsAreErrors) {
   json p = program();
   p["graph_module"]["graph"]["nodes"][1]["target"] =
       "torch.ops.higher_order.cond";
-  EXPECT_NE(errorOf(p).find("p.json: node 'z' (torch.ops.higher_order.cond): "
-                            "higher-order op 'cond' (torch.cond, while_loop, "
-                            "...): its body is a subgraph this importer "
-                            "cannot price"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: node 'z' (torch.ops.higher_order.cond): "
+                           "higher-order op 'cond' (torch.cond, while_loop, "
+                           "...): its body is a subgraph this importer "
+                           "cannot price"),
+      std::string::npos)
+      << programError(p);
   p["graph_module"]["graph"]["nodes"][1]["target"] =
       "torch.ops.mylib.fused.default";
-  EXPECT_NE(errorOf(p).find("p.json: node 'z' (torch.ops.mylib.fused.default): "
-                            "custom op 'mylib::fused' has no cost rule"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: node 'z' (torch.ops.mylib.fused.default): "
+                           "custom op 'mylib::fused' has no cost rule"),
+      std::string::npos)
+      << programError(p);
 }
 
 // A region is one call of one module: a second call is refused, adjacent
@@ -311,27 +318,30 @@ TEST(ExportedProgramImport, RepeatedRegionCallIsAnError) {
   json p = program();
   p["graph_module"]["graph"]["nodes"][2]["metadata"]["nn_module_stack"] =
       "L__self__,,M;L__self__layers.0@1,layers.0@1,Block";
-  EXPECT_NE(errorOf(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
-                            "module 'layers.0' is called more than once"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
+                           "module 'layers.0' is called more than once"),
+      std::string::npos)
+      << programError(p);
   // As torch 2.13 writes it: the suffix on the key only.
   p = program();
   p["graph_module"]["graph"]["nodes"][2]["metadata"]["nn_module_stack"] =
       "L__self__,,M;L__self__layers.0@1,layers.0,Block";
-  EXPECT_NE(errorOf(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
-                            "module 'layers.0' is called more than once"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
+                           "module 'layers.0' is called more than once"),
+      std::string::npos)
+      << programError(p);
   p = program();
   p["graph_module"]["graph"]["nodes"][1]["metadata"]["nn_module_stack"] =
       "L__self__,,M";
   p["graph_module"]["graph"]["nodes"][2]["metadata"]["nn_module_stack"] =
       "L__self__,,M;L__self__layers.0,layers.0,Block";
-  EXPECT_NE(errorOf(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
-                            "module 'layers.0' is called more than once"),
-            std::string::npos)
-      << errorOf(p);
+  EXPECT_NE(
+      programError(p).find("p.json: node 'loss' (torch.ops.aten.sum.default): "
+                           "module 'layers.0' is called more than once"),
+      std::string::npos)
+      << programError(p);
 }
 
 //===----------------------------------------------------------------------===//
@@ -358,10 +368,9 @@ void writeAll(const std::string &path, llvm::StringRef bytes) {
 
 /// A new zip file of \p entries, written by minizip.
 std::string writeZip(const std::vector<Entry> &entries) {
-  llvm::SmallString<128> path;
-  EXPECT_FALSE(llvm::sys::fs::createTemporaryFile("ep", "pt2", path));
+  std::string path = mlir::hpr::test::newScratchDir() + "/archive.pt2";
   zipFile archive = zipOpen64(path.c_str(), APPEND_STATUS_CREATE);
-  EXPECT_NE(archive, nullptr) << path.str().str();
+  EXPECT_NE(archive, nullptr) << path;
   for (const Entry &entry : entries) {
     zip_fileinfo info = {};
     EXPECT_EQ(zipOpenNewFileInZip64(
@@ -375,7 +384,7 @@ std::string writeZip(const std::vector<Entry> &entries) {
     EXPECT_EQ(zipCloseFileInZip(archive), ZIP_OK);
   }
   EXPECT_EQ(zipClose(archive, nullptr), ZIP_OK);
-  return path.str().str();
+  return path;
 }
 
 /// Makes the first entry's local header and the central directory both claim
@@ -407,13 +416,13 @@ TEST(ExportedProgramImport, ArchiveThatImports) {
 }
 
 TEST(ExportedProgramImport, EmptyFileIsNotAnArchive) {
-  llvm::SmallString<128> path;
-  ASSERT_FALSE(llvm::sys::fs::createTemporaryFile("ep", "pt2", path));
-  EXPECT_NE(importError(path.str().str())
-                .find(": not a valid torch.export archive (the file is "
-                      "empty); expected a file written by torch.export.save"),
+  std::string path = mlir::hpr::test::newScratchDir() + "/empty.pt2";
+  writeAll(path, "");
+  EXPECT_NE(importError(path).find(
+                ": not a valid torch.export archive (the file is "
+                "empty); expected a file written by torch.export.save"),
             std::string::npos)
-      << importError(path.str().str());
+      << importError(path);
 }
 
 TEST(ExportedProgramImport, DuplicateEntryIsNamed) {

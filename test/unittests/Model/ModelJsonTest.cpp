@@ -21,7 +21,7 @@ const char *kGood = R"({
   ]
 })";
 
-std::string errorOf(llvm::StringRef text) {
+std::string modelJsonError(llvm::StringRef text) {
   auto graph = parseModelJson(text, "m.json");
   if (graph)
     return "<no error>";
@@ -130,7 +130,8 @@ TEST(ModelJson, SelectivePolicyRoundTrips) {
 }
 
 TEST(ModelJson, SyntaxErrorHasRowAndColumn) {
-  std::string err = errorOf("{\n  \"name\": \"x\",\n  \"regions\": [}\n");
+  std::string err =
+      modelJsonError("{\n  \"name\": \"x\",\n  \"regions\": [}\n");
   EXPECT_EQ(err.rfind("m.json:3:", 0), 0u) << err;
   EXPECT_NE(err.find("invalid JSON"), std::string::npos) << err;
 }
@@ -138,7 +139,7 @@ TEST(ModelJson, SyntaxErrorHasRowAndColumn) {
 // The JSON reader all file formats share (lib/Support/Json.cpp), through
 // the model reader.
 TEST(ModelJson, SyntaxErrorIsLocatedOnce) {
-  std::string err = errorOf("{\n  \"name\": ,\n}");
+  std::string err = modelJsonError("{\n  \"name\": ,\n}");
   EXPECT_EQ(err.rfind("m.json:2:11: invalid JSON: syntax error", 0), 0u) << err;
   EXPECT_EQ(err.find("line"), std::string::npos) << err;
   EXPECT_EQ(err.find("column"), std::string::npos) << err;
@@ -147,34 +148,36 @@ TEST(ModelJson, SyntaxErrorIsLocatedOnce) {
 TEST(ModelJson, TextAfterANulByteIsAnError) {
   // Valid JSON up to the NUL: nlohmann's lexer takes the NUL for the end.
   std::string text = std::string(kGood) + std::string("\0{\"x\"", 6);
-  std::string err = errorOf(text);
+  std::string err = modelJsonError(text);
   EXPECT_EQ(err.rfind("m.json:12:2: invalid JSON: a NUL byte", 0), 0u) << err;
   // Inside a string, too.
   text = std::string("{\"name\": \"a\0b\"}", 16);
-  err = errorOf(text);
+  err = modelJsonError(text);
   EXPECT_EQ(err.rfind("m.json:1:12: invalid JSON: a NUL byte", 0), 0u) << err;
 }
 
 TEST(ModelJson, HugeNumbersAreLocatedErrors) {
   std::string digits(5000, '7');
-  std::string err = errorOf("{\"name\": \"m\",\n \"regions\": " + digits + "}");
+  std::string err =
+      modelJsonError("{\"name\": \"m\",\n \"regions\": " + digits + "}");
   EXPECT_EQ(err.rfind("m.json:2:13: invalid JSON: number overflow: "
                       "'77777777777777777777...' (5000 characters)",
                       0),
             0u)
       << err;
-  err = errorOf("[1, -2e400]");
+  err = modelJsonError("[1, -2e400]");
   EXPECT_EQ(err.rfind("m.json:1:5: invalid JSON: number overflow: '-2e400'", 0),
             0u)
       << err;
   // Large but finite numbers and escaped quotes are no error of the JSON.
-  EXPECT_EQ(errorOf("[\"\\\"[[[\", 1e300, 12345678901234567890123]")
+  EXPECT_EQ(modelJsonError("[\"\\\"[[[\", 1e300, 12345678901234567890123]")
                 .find("invalid JSON"),
             std::string::npos);
 }
 
 TEST(ModelJson, DeepNestingIsLocated) {
-  std::string err = errorOf(std::string(100, '[') + std::string(100, ']'));
+  std::string err =
+      modelJsonError(std::string(100, '[') + std::string(100, ']'));
   EXPECT_EQ(
       err.rfind("m.json:1:65: invalid JSON: nested deeper than 64 levels", 0),
       0u)
@@ -209,7 +212,7 @@ struct Violation {
 class ModelJsonViolation : public ::testing::TestWithParam<Violation> {};
 
 TEST_P(ModelJsonViolation, NamesThePath) {
-  std::string err = errorOf(GetParam().doc);
+  std::string err = modelJsonError(GetParam().doc);
   EXPECT_EQ(err.rfind("m.json: ", 0), 0u) << err;
   EXPECT_NE(err.find(GetParam().message), std::string::npos) << err;
 }

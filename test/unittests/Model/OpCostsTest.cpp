@@ -15,7 +15,7 @@ using namespace mlir::hpr::model;
 
 namespace {
 
-TensorFacts tensor(std::vector<int64_t> sizes) {
+TensorFacts tensorFacts(std::vector<int64_t> sizes) {
   TensorFacts t;
   t.sizes = sizes;
   int64_t stride = 1;
@@ -30,7 +30,7 @@ TensorFacts tensor(std::vector<int64_t> sizes) {
 OpArg tensorArg(std::vector<int64_t> sizes) {
   OpArg arg;
   arg.kind = OpArg::Kind::Tensor;
-  arg.tensors.push_back(tensor(std::move(sizes)));
+  arg.tensors.push_back(tensorFacts(std::move(sizes)));
   return arg;
 }
 OpArg doubleArg(double value) {

@@ -9,6 +9,8 @@
 #include "hpr/Model/TorchScriptImport.h"
 #include "hpr/Model/ModelFile.h"
 
+#include "Scratch.h"
+
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -32,18 +34,14 @@ std::string source(llvm::StringRef rel) {
 
 /// A fresh directory holding a copy of \p file (so no sidecar sits beside it).
 std::string copyAlone(llvm::StringRef file) {
-  llvm::SmallString<128> dir;
-  EXPECT_FALSE(llvm::sys::fs::createUniqueDirectory("hpr-model", dir));
-  llvm::SmallString<128> dest(dir);
+  llvm::SmallString<128> dest(mlir::hpr::test::newScratchDir());
   llvm::sys::path::append(dest, llvm::sys::path::filename(file));
   EXPECT_FALSE(llvm::sys::fs::copy_file(file, dest));
   return dest.str().str();
 }
 
 std::string writeTemp(llvm::StringRef name, llvm::StringRef bytes) {
-  llvm::SmallString<128> dir;
-  EXPECT_FALSE(llvm::sys::fs::createUniqueDirectory("hpr-model", dir));
-  llvm::SmallString<128> dest(dir);
+  llvm::SmallString<128> dest(mlir::hpr::test::newScratchDir());
   llvm::sys::path::append(dest, name);
   std::error_code ec;
   llvm::raw_fd_ostream os(dest, ec);

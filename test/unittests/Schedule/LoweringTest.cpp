@@ -11,12 +11,6 @@ using namespace mlir::hpr::sched::test;
 
 namespace {
 
-Schedule csv(const std::string &text) {
-  auto s = parseScheduleCsv(text, "t.csv", CsvDialect::Current);
-  EXPECT_TRUE(static_cast<bool>(s)) << errorText(s);
-  return s ? *s : Schedule();
-}
-
 TEST(Lowering, TwoRanksSplitBackward) {
   Schedule s = csv("0F0,0I0,0W0\n1F0,1I0,1W0\n");
   EXPECT_FALSE(hasCommunication(s));

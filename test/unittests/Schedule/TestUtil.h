@@ -4,6 +4,7 @@
 #define HPR_TEST_SCHEDULE_TESTUTIL_H
 
 #include "hpr/Schedule/Schedule.h"
+#include "hpr/Schedule/ScheduleCsv.h"
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -40,6 +41,15 @@ inline std::string readInput(const std::string &name) {
   auto buffer = llvm::MemoryBuffer::getFile(inputPath(name));
   EXPECT_TRUE(static_cast<bool>(buffer)) << name;
   return buffer ? (*buffer)->getBuffer().str() : std::string();
+}
+
+/// The schedule in CSV `text`, parsed (an empty schedule and a test failure
+/// when it does not parse).
+inline Schedule csv(const std::string &text,
+                    CsvDialect dialect = CsvDialect::Current) {
+  auto s = parseScheduleCsv(text, "t.csv", dialect);
+  EXPECT_TRUE(static_cast<bool>(s)) << errorText(s);
+  return s ? *s : Schedule();
 }
 
 } // namespace mlir::hpr::sched::test

@@ -17,13 +17,6 @@ using namespace mlir::hpr::sched::test;
 
 namespace {
 
-Schedule csv(const std::string &text,
-             CsvDialect dialect = CsvDialect::Current) {
-  auto s = parseScheduleCsv(text, "t.csv", dialect);
-  EXPECT_TRUE(static_cast<bool>(s)) << errorText(s);
-  return s ? *s : Schedule();
-}
-
 std::string validate(const Schedule &s) {
   return errorText(validateSchedule(s, "t.csv"));
 }

@@ -23,13 +23,13 @@ using namespace mlir::hpr;
 
 namespace {
 
-struct Case {
+struct ImportCase {
   const char *generator;
   int ranks, microbatches;
   const char *prefetch;
 };
 
-class PlanImport : public ::testing::TestWithParam<Case> {};
+class PlanImport : public ::testing::TestWithParam<ImportCase> {};
 
 std::string planJson(ModuleOp module, const PlanSummary &summary,
                      const PlannerOptions &options) {
@@ -40,7 +40,7 @@ std::string planJson(ModuleOp module, const PlanSummary &summary,
 }
 
 TEST_P(PlanImport, WrittenPlansReadBackAdmittedAndIdentical) {
-  const Case &c = GetParam();
+  const ImportCase &c = GetParam();
   DialectRegistry registry;
   registerAllDialects(registry);
   MLIRContext context(registry);
@@ -93,12 +93,14 @@ TEST_P(PlanImport, WrittenPlansReadBackAdmittedAndIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(
     Generators, PlanImport,
-    ::testing::Values(Case{"gpipe", 4, 8, "jit"}, Case{"1f1b", 4, 8, "bubble"},
-                      Case{"interleaved-1f1b", 2, 4, "lookahead=2"},
-                      Case{"zb-h1", 4, 8, "bubble"}, Case{"zbv", 4, 8, "jit"},
-                      Case{"zbv", 2, 4, "lookahead=1"},
-                      Case{"dualpipev", 4, 8, "bubble"}),
-    [](const ::testing::TestParamInfo<Case> &info) {
+    ::testing::Values(ImportCase{"gpipe", 4, 8, "jit"},
+                      ImportCase{"1f1b", 4, 8, "bubble"},
+                      ImportCase{"interleaved-1f1b", 2, 4, "lookahead=2"},
+                      ImportCase{"zb-h1", 4, 8, "bubble"},
+                      ImportCase{"zbv", 4, 8, "jit"},
+                      ImportCase{"zbv", 2, 4, "lookahead=1"},
+                      ImportCase{"dualpipev", 4, 8, "bubble"}),
+    [](const ::testing::TestParamInfo<ImportCase> &info) {
       std::string name = std::string(info.param.generator) + "_" +
                          info.param.prefetch + "_" +
                          std::to_string(info.param.ranks);

@@ -26,13 +26,13 @@ using Kind = sched::ActionKind;
 
 namespace {
 
-struct Case {
+struct RoundTripCase {
   const char *generator;
   int ranks, microbatches;
   RecomputePolicy policy;
 };
 
-class PlanRoundTrip : public ::testing::TestWithParam<Case> {};
+class PlanRoundTrip : public ::testing::TestWithParam<RoundTripCase> {};
 
 /// Flattens composites, so a program reads as a list of simple actions.
 std::vector<sched::Action> flatten(const std::vector<sched::Action> &actions) {
@@ -53,7 +53,7 @@ bool sameAction(const sched::Action &a, const sched::Action &b) {
 }
 
 TEST_P(PlanRoundTrip, PlannerOnlyAddsOneRecomputeAndOneClearPerSession) {
-  const Case &c = GetParam();
+  const RoundTripCase &c = GetParam();
   auto schedule =
       sched::generateSchedule(c.generator, {c.ranks, c.microbatches, 0});
   ASSERT_TRUE(static_cast<bool>(schedule)) << toString(schedule.takeError());
@@ -137,15 +137,15 @@ TEST_P(PlanRoundTrip, PlannerOnlyAddsOneRecomputeAndOneClearPerSession) {
 
 INSTANTIATE_TEST_SUITE_P(
     Generators, PlanRoundTrip,
-    ::testing::Values(Case{"gpipe", 4, 8, RecomputePolicy::Jit},
-                      Case{"1f1b", 4, 8, RecomputePolicy::Jit},
-                      Case{"1f1b", 4, 8, RecomputePolicy::Bubble},
-                      Case{"interleaved-1f1b", 2, 4,
-                           RecomputePolicy::Lookahead},
-                      Case{"zb-h1", 4, 8, RecomputePolicy::Jit},
-                      Case{"zbv", 4, 8, RecomputePolicy::Jit},
-                      Case{"zbv", 3, 9, RecomputePolicy::Lookahead},
-                      Case{"dualpipev", 4, 8, RecomputePolicy::Lookahead},
-                      Case{"dualpipev", 4, 8, RecomputePolicy::Bubble}));
+    ::testing::Values(
+        RoundTripCase{"gpipe", 4, 8, RecomputePolicy::Jit},
+        RoundTripCase{"1f1b", 4, 8, RecomputePolicy::Jit},
+        RoundTripCase{"1f1b", 4, 8, RecomputePolicy::Bubble},
+        RoundTripCase{"interleaved-1f1b", 2, 4, RecomputePolicy::Lookahead},
+        RoundTripCase{"zb-h1", 4, 8, RecomputePolicy::Jit},
+        RoundTripCase{"zbv", 4, 8, RecomputePolicy::Jit},
+        RoundTripCase{"zbv", 3, 9, RecomputePolicy::Lookahead},
+        RoundTripCase{"dualpipev", 4, 8, RecomputePolicy::Lookahead},
+        RoundTripCase{"dualpipev", 4, 8, RecomputePolicy::Bubble}));
 
 } // namespace

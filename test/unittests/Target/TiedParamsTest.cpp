@@ -44,14 +44,14 @@ std::string modelJson(bool tied) {
          weight + "}]}";
 }
 
-struct Planned {
+struct TiedPlan {
   int64_t paramBytes = 0;
   int64_t peakMemoryBytes = 0;
 };
 
 /// Plans the model on gpipe with `ranks` stages (the last region alone on
 /// the second); its regions' parameter bytes and the largest step peak.
-Planned plan(bool tied, int ranks) {
+TiedPlan plan(bool tied, int ranks) {
   DialectRegistry registry;
   registerAllDialects(registry);
   MLIRContext context(registry);
@@ -66,7 +66,7 @@ Planned plan(bool tied, int ranks) {
   TimingScope timing;
   auto planned = runPlanner(context, request, timing, nullptr);
   EXPECT_TRUE(static_cast<bool>(planned)) << toString(planned.takeError());
-  Planned out;
+  TiedPlan out;
   if (!planned)
     return out;
   planned->module->walk(
@@ -77,13 +77,13 @@ Planned plan(bool tied, int ranks) {
 }
 
 TEST(TiedParams, OneStageHoldsTheWeightOnce) {
-  Planned tied = plan(true, 1), counted = plan(false, 1);
+  TiedPlan tied = plan(true, 1), counted = plan(false, 1);
   EXPECT_EQ(counted.paramBytes - tied.paramBytes, kTiedBytes);
   EXPECT_EQ(counted.peakMemoryBytes - tied.peakMemoryBytes, 2 * kTiedBytes);
 }
 
 TEST(TiedParams, TwoStagesHoldACopyEach) {
-  Planned tied = plan(true, 2), counted = plan(false, 2);
+  TiedPlan tied = plan(true, 2), counted = plan(false, 2);
   EXPECT_EQ(tied.paramBytes, counted.paramBytes);
   EXPECT_EQ(tied.peakMemoryBytes, counted.peakMemoryBytes);
 }

@@ -32,7 +32,7 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Case {
+struct CsvCase {
   const char *generator;
   int ranks, microbatches;
   const char *prefetch;
@@ -46,7 +46,7 @@ struct Written {
   std::string plan, csv, sidecar;
 };
 
-Written writePlan(MLIRContext &context, const Case &c) {
+Written writePlan(MLIRContext &context, const CsvCase &c) {
   PlanRequest request;
   request.scheduleGen = c.generator;
   request.ranks = c.ranks;
@@ -106,7 +106,7 @@ json inCsvOrder(const json &rank) {
   return out;
 }
 
-class TorchCsvRoundTrip : public ::testing::TestWithParam<Case> {};
+class TorchCsvRoundTrip : public ::testing::TestWithParam<CsvCase> {};
 
 TEST_P(TorchCsvRoundTrip, ReadsBackAsThePlanJsonInCsvOrderAndIsAdmitted) {
   DialectRegistry registry;
@@ -155,19 +155,19 @@ TEST_P(TorchCsvRoundTrip, ReadsBackAsThePlanJsonInCsvOrderAndIsAdmitted) {
 INSTANTIATE_TEST_SUITE_P(
     Generators, TorchCsvRoundTrip,
     ::testing::Values(
-        Case{"gpipe", 4, 8, "jit", CheckpointPolicy::All},
-        Case{"1f1b", 4, 8, "bubble", CheckpointPolicy::All},
-        Case{"interleaved-1f1b", 2, 4, "lookahead=2", CheckpointPolicy::All},
+        CsvCase{"gpipe", 4, 8, "jit", CheckpointPolicy::All},
+        CsvCase{"1f1b", 4, 8, "bubble", CheckpointPolicy::All},
+        CsvCase{"interleaved-1f1b", 2, 4, "lookahead=2", CheckpointPolicy::All},
         // Rank 1 posts a receive before the one it waits for.
-        Case{"zbv", 2, 4, "jit", CheckpointPolicy::All},
+        CsvCase{"zbv", 2, 4, "jit", CheckpointPolicy::All},
         // OVERLAP_F_B cells.
-        Case{"dualpipev", 4, 8, "bubble", CheckpointPolicy::All},
+        CsvCase{"dualpipev", 4, 8, "bubble", CheckpointPolicy::All},
         // plain_forwards.
-        Case{"1f1b", 2, 4, "jit", CheckpointPolicy::Auto},
+        CsvCase{"1f1b", 2, 4, "jit", CheckpointPolicy::Auto},
         // dws replayed again for (weight_replay), at 0.6 times
         // the checkpoint-all peak.
-        Case{"zb-h1", 2, 4, "jit", CheckpointPolicy::All, 3'142'968}),
-    [](const ::testing::TestParamInfo<Case> &info) {
+        CsvCase{"zb-h1", 2, 4, "jit", CheckpointPolicy::All, 3'142'968}),
+    [](const ::testing::TestParamInfo<CsvCase> &info) {
       std::string name =
           std::string(info.param.generator) + "_" + info.param.prefetch + "_" +
           std::to_string(info.param.ranks) +
