@@ -138,7 +138,8 @@ def HPRBoundWeightDeferral
        replays, after its dx and across no other weight gradient of its
        stage; a pair step 2 fused may split again with its dw there. The
        16 candidates before the longest waits are priced a round (right
-       after a send counts as no wait). The shortest simulated step wins
+       after a send counts as no wait), but those past their stage's
+       REDUCE_GRAD, which are never made (hpr.schedule.reduce-grad). The shortest simulated step wins
        where the rank's peak (as in 1) stays within the budget; the rounds
        end when no move shortens the step. With `least-memory`, where
        hpr-select-checkpoints then finds no choice, the schedule returns to
