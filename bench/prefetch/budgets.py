@@ -39,6 +39,10 @@ def plan(tool: str, model: str, family: str, extra: List[str]) -> Optional[dict]
             if "cannot split model" in done.stderr:
                 raise LookupError(done.stderr.strip())
             return None
+        # A plan no runtime would admit is a planner bug, never a cell of the table.
+        verified = subprocess.run([tool, "--verify", out], capture_output=True, text=True)
+        if verified.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)}: the plan is refused:\n{verified.stderr}")
         with open(out, encoding="utf-8") as f:
             return json.load(f)["summary"]
 

@@ -11,6 +11,7 @@
 #include "hpr/Schedule/ScheduleFile.h"
 #include "hpr/Schedule/Validate.h"
 #include "hpr/Support/OutputFile.h"
+#include "hpr/Support/Rules.h"
 #include "hpr/Target/BuildModule.h"
 #include "hpr/Transforms/Passes.h"
 
@@ -454,6 +455,46 @@ static bool hasWeightActions(const sched::Schedule &schedule) {
   });
 }
 
+/// The warning `--memory-budget` earns on a model that does not say what a
+/// dx keeps for its dw: empty where `schedule` splits no backward or every
+/// region with parameters past the first stage (whose dx computes nothing)
+/// has `bwd_weight_input_bytes` (hpr.split.weight-input-unknown).
+static std::string weightInputWarning(const model::StagedModel &staged,
+                                      const sched::Schedule &schedule) {
+  if (!hasWeightActions(schedule))
+    return "";
+  std::vector<std::string> unknown;
+  for (const model::Stage &stage : llvm::drop_begin(staged.stages))
+    for (const model::Region &region : stage.regions)
+      if (region.paramBytes > 0 && region.bwdWeightInputBytes == 0)
+        unknown.push_back(region.name);
+  if (unknown.empty())
+    return "";
+  std::string names = "'" + unknown.front() + "'";
+  if (unknown.size() > 1)
+    names += " and " + std::to_string(unknown.size() - 1) + " other region" +
+             (unknown.size() > 2 ? "s" : "");
+  return "--memory-budget bounds dx/dw pairs, but model '" + staged.name +
+         "' does not say what a dx keeps for its dw (bwd_weight_input_bytes) "
+         "for " +
+         names +
+         ": the plan counts nothing held from a dx to its dw there, so its "
+         "peaks may be too low; export the model with python -m "
+         "hp_recompute.export or measure it with python -m "
+         "hp_recompute.costs " +
+         std::string(ruleTag(Rule::SplitWeightInputUnknown));
+}
+
+/// Whether two warnings say the same: equal, or citing the same rule (a
+/// rule's warning names what each family's stages make of the model).
+static bool sameWarning(llvm::StringRef a, llvm::StringRef b) {
+  if (a == b)
+    return true;
+  size_t tagA = a.rfind(" [hpr."), tagB = b.rfind(" [hpr.");
+  return tagA != llvm::StringRef::npos && tagB != llvm::StringRef::npos &&
+         a.ends_with("]") && a.substr(tagA) == b.substr(tagB);
+}
+
 /// For messages about a budget given as a multiple: what it resolved to;
 /// empty for bytes.
 static std::string budgetNote(const PlanRequest &request,
@@ -511,6 +552,9 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
   // checked against it.
   if (budget)
     pipeline.budget = *budget;
+  if (std::string warning = weightInputWarning(*staged, *schedule);
+      budget && warnings && !warning.empty())
+    warnings->push_back(std::move(warning));
 
   auto plan = [&](const RecomputePipelineOptions &options) {
     return planModule(context, *staged, *schedule, scheduleFile, options,
@@ -644,9 +688,17 @@ planFastestSchedule(MLIRContext &context, const PlanRequest &request,
       return success();
     });
     TimingScope familyTimer = timing.nest(each.scheduleGen);
+    // Each family's warnings, each said once (the model's are every
+    // family's).
+    std::vector<std::string> familyWarnings;
     llvm::Expected<PlannedModule> planned =
-        planSchedule(context, each, familyTimer,
-                     best || candidates.size() > 1 ? nullptr : warnings);
+        planSchedule(context, each, familyTimer, &familyWarnings);
+    if (warnings)
+      for (std::string &warning : familyWarnings)
+        if (llvm::none_of(*warnings, [&](const std::string &said) {
+              return sameWarning(said, warning);
+            }))
+          warnings->push_back(std::move(warning));
     if (!planned) {
       std::string error = llvm::toString(planned.takeError());
       candidate.refusal = firstError.empty() ? error : firstError;

@@ -474,6 +474,9 @@ struct Sidecar {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<std::string> dtypes;
   std::map<std::string, int64_t> savedBytes;
+  /// What each region's dx keeps for its dw and its dw reads of a replay,
+  /// where the exporter wrote them.
+  std::map<std::string, int64_t> weightInputBytes, replayWeightBytes;
 };
 
 llvm::Expected<std::optional<Sidecar>> readSidecar(llvm::StringRef modelPath) {
@@ -530,6 +533,18 @@ llvm::Expected<std::optional<Sidecar>> readSidecar(llvm::StringRef modelPath) {
         return fail(at + "/saved_bytes", "expected a non-negative integer");
       sidecar.savedBytes[r["name"].get<std::string>()] =
           r["saved_bytes"].get<int64_t>();
+      // What the dx keeps for the dw and the dw reads of a replay, where the
+      // exporter wrote them.
+      for (auto [key, into] :
+           {std::pair{"bwd_weight_input_bytes", &sidecar.weightInputBytes},
+            std::pair{"replay_weight_bytes", &sidecar.replayWeightBytes}}) {
+        auto bytes = r.find(key);
+        if (bytes == r.end())
+          continue;
+        if (!bytes->is_number_integer() || bytes->get<int64_t>() < 0)
+          return fail(at + "/" + key, "expected a non-negative integer");
+        (*into)[r["name"].get<std::string>()] = bytes->get<int64_t>();
+      }
     }
   }
   return sidecar;
@@ -805,10 +820,17 @@ mlir::hpr::model::importTorchScript(llvm::StringRef path,
   llvm::SmallString<64> stem(llvm::sys::path::stem(path));
   graph->name = stem.str().str();
   if (*sidecar)
-    for (Region &region : graph->regions)
+    for (Region &region : graph->regions) {
       if (auto it = (*sidecar)->savedBytes.find(region.name);
           it != (*sidecar)->savedBytes.end())
         region.savedBytes = it->second;
+      if (auto it = (*sidecar)->weightInputBytes.find(region.name);
+          it != (*sidecar)->weightInputBytes.end())
+        region.bwdWeightInputBytes = it->second;
+      if (auto it = (*sidecar)->replayWeightBytes.find(region.name);
+          it != (*sidecar)->replayWeightBytes.end())
+        region.replayWeightBytes = it->second;
+    }
   for (const std::string &w : localWarnings) {
     if (warnings)
       warnings->push_back(w);

@@ -134,6 +134,19 @@ bool stageGradientBetween(const std::vector<Operation *> &ops, int64_t stage,
   return false;
 }
 
+/// Whether `stage`'s REDUCE_GRAD lies in [begin, end): it reduces the
+/// stage's gradients once, after its last W and B
+/// (hpr.schedule.reduce-grad), so a dw moved across it would add to
+/// gradients already reduced.
+bool stageReduceBetween(const std::vector<Operation *> &ops, int64_t stage,
+                        unsigned begin, unsigned end) {
+  for (unsigned pos = begin; pos < end && pos < ops.size(); ++pos)
+    if (auto reduce = dyn_cast<ReduceGradOp>(ops[pos]);
+        reduce && reduce.getStageIndex() == stage)
+      return true;
+  return false;
+}
+
 /// Rank `rank`'s program of `module`.
 ProgramOp programOf(ModuleOp module, unsigned rank) {
   return *std::next(getSchedule(module).getBody().getOps<ProgramOp>().begin(),
@@ -201,6 +214,11 @@ struct Deferral {
   /// fused backward) on a critical path starting at `dxStartUs`.
   bool afterCriticalSend = false;
   double dxStartUs = 0;
+  /// Past its stage's REDUCE_GRAD: never made. Such a move is still a
+  /// candidate for the round's bounded list (so that the list, and the
+  /// moves made, are those of the plans before the check), and dropped
+  /// from it unpriced.
+  bool pastReduce = false;
 };
 
 /// Applies `deferral` to `module` (or a copy of it).
@@ -682,6 +700,8 @@ std::vector<Deferral> BoundWeightDeferralPass::deferrals(
                      : stageGradientBetween(ops, key.first, pos, at))
           continue;
         Deferral deferral{rank, key, isSplit, pos, waits.lookup(waited)};
+        deferral.pastReduce =
+            pos > at && stageReduceBetween(ops, key.first, at + 1, pos);
         auto send = dyn_cast<SendBOp>(ops[pos - 1]);
         auto critical = criticalStarts.find(ops[after]);
         if (send && send.getStageIndex() == key.first &&
@@ -753,6 +773,9 @@ unsigned BoundWeightDeferralPass::deferIntoIdleTime(ModuleOp module) {
       return aSends ? a.dxStartUs < b.dxStartUs : a.idleUs > b.idleUs;
     });
     candidates.resize(std::min<size_t>(candidates.size(), kPricedPerRound));
+    llvm::erase_if(candidates, [](const Deferral &deferral) {
+      return deferral.pastReduce;
+    });
     std::optional<std::pair<double, Deferral>> best;
     for (Deferral deferral : candidates) {
       // The step, or what the rank then exceeds the budget by.

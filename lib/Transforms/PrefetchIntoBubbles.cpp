@@ -56,6 +56,13 @@ constexpr unsigned kCriticalRounds = 256;
 constexpr unsigned kEveryFitRounds = 8;
 } // namespace
 
+/// Whether `op` is a dx that computes nothing (the first stage's: the model
+/// input needs no gradient): it sends nothing and only its own dw follows it.
+static bool isComputeFreeInput(Operation *op) {
+  auto input = dyn_cast<BackwardInputOp>(op);
+  return input && !input.readsActivations() && !input.getOverlap();
+}
+
 LogicalResult PrefetchIntoBubblesPass::initialize(MLIRContext *context) {
   if (budget < 0)
     return emitError(UnknownLoc::get(context))
@@ -125,7 +132,13 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
     ++pos;
   }
   ProgramActivations activations = collectActivationLifetimes(program);
-  std::vector<int64_t> live = computeActivationProfile(activations, costs).live;
+  ActivationProfile profile = computeActivationProfile(activations, costs);
+  std::vector<int64_t> &live = profile.live;
+  // What is live right after the op at each position: a replay moved into
+  // the gap after it starts there (what ends at that op has gone).
+  std::vector<int64_t> after(live.size());
+  for (size_t p = 0; p < live.size(); ++p)
+    after[p] = live[p] - profile.endingAt[p];
   llvm::DenseMap<std::pair<int64_t, int64_t>, const ActivationLifetime *>
       lifetimeOf;
   for (const ActivationLifetime &lifetime : activations.lifetimes)
@@ -174,10 +187,10 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
       int64_t atReader = 0;
       if (inBackward) {
         holdEnd = reader;
-        llvm::SmallVector<int64_t> after(prefetched);
-        after.append(piece.begin(), piece.end());
+        llvm::SmallVector<int64_t> withPiece(prefetched);
+        withPiece.append(piece.begin(), piece.end());
         atReader = (whole ? cost.recomputedBytes
-                          : backwardReplayBytesAfter(cost, after)) -
+                          : backwardReplayBytesAfter(cost, withPiece)) -
                    heldAtReader;
         if (live[reader] + atReader > limit)
           return false;
@@ -186,18 +199,23 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
       for (unsigned p = replay.pos; p < holdEnd; ++p)
         highest = std::max(highest, live[p]);
       unsigned end = replay.pos;
-      // Whether only receives lie between gap k and the replay: moved there,
-      // the replay delays nobody else, so any idle time it fills is won
-      // even when it outlasts the gap (docs/planning.md).
+      // Whether only receives (and dxs that compute nothing: the first
+      // stage's, which nobody waits for) lie between gap k and the replay:
+      // moved there, the replay delays nobody else, so any idle time it
+      // fills is won even when it outlasts the gap (docs/planning.md).
       bool onlyReceives = true;
       for (size_t k = replay.cell; k-- > replay.firstCell;) {
-        onlyReceives = onlyReceives && isa<RecvFOp, RecvBOp>(cellOps[k]) &&
-                       !isBatched(cellOps[k]);
-        // Conservative: also the op before the gap, where the replay now
-        // sits.
-        unsigned begin = cellPos[k] ? cellPos[k] - 1 : 0;
+        onlyReceives = onlyReceives && !isBatched(cellOps[k]) &&
+                       (isa<RecvFOp, RecvBOp>(cellOps[k]) ||
+                        isComputeFreeInput(cellOps[k]));
+        // The replay lands right after the op before the gap: what is live
+        // there once that op is done, and at every position up to where it
+        // was.
+        unsigned begin = cellPos[k];
         for (unsigned p = begin; p < end; ++p)
           highest = std::max(highest, live[p]);
+        if (begin > 0)
+          highest = std::max(highest, after[begin - 1]);
         end = begin;
         if (highest + bytes > limit)
           return false; // Earlier gaps hold the replay longer still.
@@ -205,7 +223,8 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
         // that ends sooner has no room for it.
         double usable =
             std::min(room[k], timeline[k].start - replay.gatheredAt);
-        if (usable < duration && !(onlyReceives && usable > 0))
+        if (usable < duration - sched::kCriticalSlackUs &&
+            !(onlyReceives && usable > 0))
           continue;
         Operation *moved = replay.op;
         if (whole) {
@@ -222,6 +241,8 @@ bool PrefetchIntoBubblesPass::placeInBubbles(
         room[k] = std::max(0.0, room[k] - duration);
         for (unsigned p = begin; p < holdEnd; ++p)
           live[p] += bytes;
+        for (unsigned p = begin ? begin - 1 : 0; p < holdEnd; ++p)
+          after[p] += bytes;
         if (inBackward)
           live[reader] += atReader;
         movedOps.insert(moved);

@@ -208,6 +208,26 @@ static int64_t maxOf(const std::vector<int64_t> &values) {
 /// (never raise it: the search for the least memory).
 using Limit = std::optional<int64_t>;
 
+/// What the replay of checkpointed `lifetime` (placed jit: no pieces) holds
+/// at position `p`, as computeActivationProfile counts it: the replay from
+/// its recompute to its clear, of which, for a session its dx releases, only
+/// what the dw reads after the dx (`replay_weight_bytes`), or nothing up to
+/// the replay for a `weight_replay` dw and that from there.
+static int64_t replayHeldAt(const StageCost &cost,
+                            const ActivationLifetime &lifetime, unsigned p) {
+  int64_t held = 0;
+  if (lifetime.weightReplay && p >= lifetime.weightReplayPos &&
+      p <= lifetime.replayEndPos)
+    held += cost.weightRecomputedBytes;
+  if (p < lifetime.replayBeginPos || p > lifetime.replayEndPos)
+    return held;
+  if (!lifetime.releasedAfterDx ||
+      lifetime.firstConsumerPos >= lifetime.replayEndPos ||
+      p <= lifetime.firstConsumerPos)
+    return held + replayedBytesOf(cost, lifetime);
+  return held + (lifetime.weightReplay ? 0 : cost.weightRecomputedBytes);
+}
+
 /// Makes microbatches of checkpointed stages plain, per rank and
 /// shortest-lived first (their kept activations occupy the least time),
 /// where every position they touch stays within `limit`; when `forTime`,
@@ -243,9 +263,7 @@ static Choice refine(const Problem &problem, Choice choice, Limit limit,
         continue;
       int64_t extra = cost.plainKeptBytes - cost.keptBytes;
       auto delta = [&](unsigned p) {
-        bool replaying =
-            p >= lifetime->replayBeginPos && p <= lifetime->replayEndPos;
-        return extra - (replaying ? replayedBytesOf(cost, *lifetime) : 0);
+        return extra - replayHeldAt(cost, *lifetime, p);
       };
       bool fits = true;
       for (unsigned p = lifetime->forwardPos;

@@ -46,14 +46,16 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 
 // Within the jit peak (102 bytes on rank 0): mb 0 replays while rank 0
 // waits, and having moved it replays whole, not inside its backward; mb 1
-// would hold 100 more bytes over B0 and stays jit, inside its backward.
+// replays whole too, in the wait for its gradient right after B0: it would
+// hold 100 more bytes over B0, but B0 is done with mb 0's replay by then, so
+// from there it meets only what mb 1's forward keeps (101 bytes).
 // Rank 1 never waits between its forward and its backward.
 // PEAK:      hpr.send_f stage 0 mb 1
 // PEAK-NEXT: hpr.recompute %s0.mb0{{$}}
 // PEAK-NEXT: hpr.recv_b stage 0 mb 0
 // PEAK-NEXT: hpr.backward stage 0 mb 0
+// PEAK-NEXT: hpr.recompute %s0.mb1{{$}}
 // PEAK-NEXT: hpr.recv_b stage 0 mb 1
-// PEAK-NEXT: hpr.recompute %s0.mb1 {in_backward}
 // PEAK-NEXT: hpr.backward stage 0 mb 1
 // PEAK:      %s1.mb1 = hpr.session
 // PEAK-NEXT: hpr.recompute %s1.mb0 {in_backward}
@@ -80,8 +82,9 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 // mb 0's replay would hold both regions, 200 bytes, from there on: within
 // the jit peak it cannot move whole, but its last region can (a piece: 100
 // bytes held up to the backward, which reads it first and drops it before
-// it replays l0), and the rest replays inside the backward; with room it
-// moves whole.
+// it replays l0), and the rest replays inside the backward; so can mb 1's,
+// right after B0, which is done with mb 0's tensors by then (2 inputs and a
+// region: 102 bytes); with room it moves whole.
 hpr.model "m" {
   hpr.stage 0 {
     hpr.region "l0" checkpoint flops 0.0 time_us 5.0 saved 100 input 1 params 0
@@ -124,8 +127,9 @@ hpr.schedule "gpipe_two_regions" ranks 2 stages 2 microbatches 2 stage_to_rank [
 // PEAK-NEXT:  hpr.recv_b stage 0 mb 0
 // PEAK-NEXT:  hpr.recompute %s0.mb0 {in_backward, regions = array<i64: 0>}
 // PEAK-NEXT:  hpr.backward stage 0 mb 0
+// PEAK-NEXT:  hpr.recompute %s0.mb1 {regions = array<i64: 1>}
 // PEAK-NEXT:  hpr.recv_b stage 0 mb 1
-// PEAK-NEXT:  hpr.recompute %s0.mb1 {in_backward}{{$}}
+// PEAK-NEXT:  hpr.recompute %s0.mb1 {in_backward, regions = array<i64: 0>}
 // ROOMY-LABEL: hpr.schedule "gpipe_two_regions"
 // ROOMY:       hpr.send_f stage 0 mb 1
 // ROOMY-NEXT:  hpr.recompute %s0.mb1{{$}}

@@ -6,8 +6,8 @@
 // RUN: hp-recompute-opt %s -hpr-select-checkpoints='budget=150 bubble=1' | FileCheck %s --check-prefix=NO-COPY
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints='budget=100 bubble=1' 2>&1 | FileCheck %s --check-prefix=TIGHT
 // RUN: not hp-recompute-opt %s -hpr-select-checkpoints 2>&1 | FileCheck %s --check-prefix=NO-BUDGET
-// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-select-checkpoints{budget=150},hpr.schedule(hpr.program(hpr-assign-sessions,hpr-insert-recompute,hpr-insert-clear,hpr-verify)))' | FileCheck %s --check-prefix=PLANNED
-// RUN: hp-recompute-opt %s -hpr-recompute-pipeline='select=auto budget=150 policy=bubble' | FileCheck %s --check-prefix=PLANNED
+// RUN: hp-recompute-opt %s --pass-pipeline='builtin.module(hpr-select-checkpoints{budget=150},hpr.schedule(hpr.program(hpr-assign-sessions,hpr-insert-recompute,hpr-insert-clear,hpr-verify)))' | FileCheck %s --check-prefixes=PLANNED,PLANNED-JIT
+// RUN: hp-recompute-opt %s -hpr-recompute-pipeline='select=auto budget=150 policy=bubble' | FileCheck %s --check-prefixes=PLANNED,PLANNED-BUBBLE
 // RUN: not hp-recompute-opt %s -hpr-recompute-pipeline='budget=64' 2>&1 | FileCheck %s --check-prefix=PIPELINE
 // RUN: hp-recompute-opt %S/Inputs/rank-without-actions.mlir -hpr-select-checkpoints='budget=150' | FileCheck %s --check-prefix=IDLE-RANK
 // RUN: not hp-recompute-opt %S/Inputs/rank-without-actions.mlir -hpr-select-checkpoints='budget=50' 2>&1 | FileCheck %s --check-prefix=IDLE-RANK-TIGHT
@@ -77,14 +77,19 @@ hpr.schedule "gpipe" ranks 2 stages 2 microbatches 2 stage_to_rank [0, 1] {
 
 // The plain microbatches get no session, and the verifier accepts their
 // consumers without one (the pipeline's hpr-lower-runtime adds what the
-// runtimes read).
+// runtimes read). Jit replays mb 1 inside its backward; bubble replays it
+// whole in the wait for its gradient, after B0, which is done with mb 0's
+// 100 kept bytes by then (1 + 100 <= 150).
 // PLANNED:      %h0.mb0 = hpr.forward stage 0 mb 0 no_checkpoint
 // PLANNED-NEXT: hpr.send_f stage 0 mb 0
 // PLANNED-NEXT: %h0.mb1 = hpr.forward stage 0 mb 1
 // PLANNED-NEXT: %s0.mb1 = hpr.session
 // PLANNED:      hpr.backward stage 0 mb 0{{( frees_graph waits \[4\])?$}}
-// PLANNED:      hpr.recompute %s0.mb1
-// PLANNED-NEXT: hpr.backward stage 0 mb 1 session(%s0.mb1)
+// PLANNED-JIT:         hpr.recompute %s0.mb1 {in_backward}
+// PLANNED-JIT-NEXT:    hpr.backward stage 0 mb 1 session(%s0.mb1)
+// PLANNED-BUBBLE:      hpr.recompute %s0.mb1{{$}}
+// PLANNED-BUBBLE-NEXT: hpr.recv_b stage 0 mb 1
+// PLANNED-BUBBLE-NEXT: hpr.backward stage 0 mb 1 session(%s0.mb1)
 
 // Without select=auto the checkpoint marks stand; the budget bounds dw
 // deferral only (this GPipe has no dw), which names the rank that cannot fit.

@@ -138,7 +138,8 @@ def HPRBoundWeightDeferral
        replays, after its dx and across no other weight gradient of its
        stage; a pair step 2 fused may split again with its dw there. The
        16 candidates before the longest waits are priced a round (right
-       after a send counts as no wait). The shortest simulated step wins
+       after a send counts as no wait), but those past their stage's
+       REDUCE_GRAD, which are never made (hpr.schedule.reduce-grad). The shortest simulated step wins
        where the rank's peak (as in 1) stays within the budget; the rounds
        end when no move shortens the step. With `least-memory`, where
        hpr-select-checkpoints then finds no choice, the schedule returns to
@@ -368,10 +369,14 @@ def HPRPrefetchIntoBubbles
     (counted from the end of its stage's gather, which the replay waits for),
     provided the replayed
     tensors, held from there until the consumer, keep the rank's activation
-    peak within `budget` (0: the rank's peak as the recomputes stand). A gap
-    with only receives between it and the recompute takes it even when the
-    replay outlasts the gap (it delays no other rank's message, and fills
-    the wait). A recompute that fits nowhere stays where it is. A jit replay
+    peak within `budget` (0: the rank's peak as the recomputes stand); held
+    from right after the op before the gap, they meet what is still live
+    once that op is done (a backward there has freed its session by then).
+    A gap with only receives between it and the recompute (or a dx that
+    computes nothing, the first stage's, which nobody waits for) takes it
+    even when the replay outlasts the gap (it delays no other rank's
+    message, and fills the wait); any other gap takes it when the replay
+    fits it to a nanosecond. A recompute that fits nowhere stays where it is. A jit replay
     inside its backward (`in_backward`) held one region at a time; moved, it
     replays every region at its new place, and the budget check counts all
     of them up to the reader. One that fits nowhere whole tries its last

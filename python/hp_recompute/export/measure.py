@@ -24,6 +24,19 @@ in, names the segments, and refuses a region's module called twice or a depth
 with no region, in the importers' words (a ``RegionError`` here). The facts are
 then summed per segment.
 
+What a region's dx keeps for its dw (``bwd_weight_input_bytes``) is read off the same run
+(``Segment.weight_grads``): the dx/dw split (NOTE [ dx/dw split ], hpr.split.split-nodes)
+records the gradient each split node receives, a node on the input path that also leads to a
+trainable parameter, i.e. a non-view op that reads a parameter and a tensor on the input
+path (one the region's input or such an op led to); it receives the gradient of each of its
+outputs a later op reads. A region whose output is off the input path but needs a gradient
+(a first region of embeddings: only parameters lead to it) seeds its dw from that output.
+Of what the region saves, its dw reads what those ops saved (``Segment.weight_saved``): a
+checkpointed region's replay keeps that after its dx and releases the rest
+(hpr.split.release-unread), the region's ``replay_weight_bytes`` (its inputs aside: the
+checkpoint keeps them, a replay allocates them not). ``python -m hp_recompute.costs``
+measures both by running the split (test_export_sidecar.py holds the two to each other).
+
 Chosen regions (``regions=``, ``python -m hp_recompute.costs --regions``) go through the
 same function, which takes them for the regions instead of its depth rule and refuses a
 path named twice, one inside another or one that runs no op; ``resolve_regions`` only
@@ -33,7 +46,7 @@ turns the user's spec into module paths (it needs the module tree).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import warnings
 
@@ -66,6 +79,10 @@ class Segment:
     flops: float = 0.0
     input_shapes: List[List[int]] = field(default_factory=list)
     output_shapes: List[List[int]] = field(default_factory=list)
+    #: storage ptr -> bytes: the gradients its dx keeps for its dw (module doc)
+    weight_grads: Dict[int, int] = field(default_factory=dict)
+    #: storage ptr -> bytes: of what it saves, what its dw reads again (module doc)
+    weight_saved: Dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,12 +96,15 @@ class _Op:
     flops: float
     reads: List[Tuple[int, int, bool]]  # (storage ptr, bytes, is a parameter/buffer)
     writes: List[int]  # storage ptrs of its results
+    reads_trainable: bool = False  # reads a parameter that requires a gradient
+    grad_reads: List[int] = field(default_factory=list)  # storage ptrs of its non-parameter inputs needing one
+    results: List[torch.Tensor] = field(default_factory=list)  # floating results (requires_grad is set after)
 
 
 class _Tracker:
     """Records the module stack, the ops and the saved tensors while the eager forward runs."""
 
-    def __init__(self, param_storages: Dict[int, int]) -> None:
+    def __init__(self, param_storages: Dict[int, int], trainable: Optional[Set[int]] = None) -> None:
         self.planner = planner_extension()
         self.views: Dict[str, bool] = {}  # op name -> is a view (the planner's table)
         self.unpriced: Dict[str, int] = {}  # op kind without a FLOP rule -> its first op
@@ -96,6 +116,8 @@ class _Tracker:
         self.ops: List[_Op] = []
         self.saves: List[Tuple[int, int, int, int]] = []  # (ops before, context, ptr, bytes)
         self.param_storages = param_storages
+        self.trainable = trainable or set()  # storage ptrs of the parameters that require grad
+        self.outputs: Set[int] = set()  # storage ptrs of the model's outputs (measure_regions)
         self.keep: List[torch.Tensor] = []  # keeps storages alive: no address reuse
 
     def _moved(self) -> None:
@@ -135,15 +157,22 @@ class _Tracker:
             self.unpriced.setdefault(self.planner.op_kind(name), len(self.ops))
             flops = 0.0
         reads = []
+        reads_trainable = False
+        grad_reads = []
         for t in flat_in:
             storage = storage_of(t)
             ptr = storage.data_ptr()
             reads.append((ptr, storage.nbytes(), ptr in self.param_storages))
+            reads_trainable |= ptr in self.trainable
+            if ptr not in self.param_storages and t.is_floating_point() and t.requires_grad:
+                grad_reads.append(ptr)
         writes = []
         for t in flat_out:
             writes.append(storage_of(t).data_ptr())
             self.keep.append(t)
-        self.ops.append(_Op(name, self.chain, self.context, view, flops, reads, writes))
+        results = [t for t in flat_out if t.is_floating_point()]
+        self.ops.append(_Op(name, self.chain, self.context, view, flops, reads, writes, reads_trainable,
+                            grad_reads, results))
 
     def save_owner(self, before: int, context: int) -> Optional[int]:
         """The op a tensor saved after ``before`` ops, in module context ``context``, is saved for.
@@ -190,12 +219,59 @@ class _Tracker:
                     seg.inputs[ptr] = nbytes
             for ptr in op.writes:
                 producer.setdefault(ptr, index)
+        self._weight_grads(segments, segment_of, producer, saves)
         if self.unpriced:  # one warning for all of them, each op named once
             ops = ", ".join(f"'{kind}' (first in region '{segments[segment_of[first]].name}')"
                             for kind, first in self.unpriced.items())
             warnings.warn(f"hp_recompute: no FLOP rule for {ops}; counted as 0 FLOPs, as hp-recompute-plan "
                           f"counts them", stacklevel=3)
         return segments
+
+
+    def _weight_grads(self, segments: List[Segment], segment_of: Sequence[int], producer: Dict[int, int],
+                      saves: Sequence[Sequence[Tuple[int, int]]]) -> None:
+        """Fills each segment's ``weight_grads`` (module doc): the outputs of its split ops a
+        later op reads (or the model returns), and its off-path outputs that need a gradient;
+        and its ``weight_saved``: what the ops that read a trainable parameter saved, which the
+        dw reads (its region's inputs aside: a checkpoint keeps them)."""
+        read_after: Dict[int, int] = {}  # storage ptr -> the last op reading it
+        readers: Dict[int, Set[int]] = {}  # storage ptr -> the segments reading it
+        for position, (op, index) in enumerate(zip(self.ops, segment_of)):
+            for ptr, _, _ in op.reads:
+                read_after[ptr] = position
+                readers.setdefault(ptr, set()).add(index)
+        on_path: Set[int] = set()  # storages on the input path of the segment that made them
+        for position, (op, index) in enumerate(zip(self.ops, segment_of)):
+            # An input from elsewhere (an earlier segment, the caller) that needs a gradient is on
+            # the path, as a pipeline stage's input is; within the segment, what the path led to.
+            if not any(ptr in on_path or producer.get(ptr) != index for ptr in op.grad_reads):
+                continue
+            for t in op.results:
+                on_path.add(storage_of(t).data_ptr())
+            if op.view or not op.reads_trainable:
+                continue
+            for t in op.results:
+                storage = storage_of(t)
+                ptr = storage.data_ptr()
+                if read_after.get(ptr, -1) > position or ptr in self.outputs:
+                    segments[index].weight_grads[ptr] = storage.nbytes()
+        # The dw runs every op that reads a trainable parameter again (a split node for its weight
+        # half, an op off the input path whole), reading what each saved; the dx releases the rest
+        # of a replay (hpr.split.release-unread).
+        for op, index, saved in zip(self.ops, segment_of, saves):
+            if op.view or not op.reads_trainable:
+                continue
+            for ptr, nbytes in saved:
+                if ptr not in segments[index].inputs:
+                    segments[index].weight_saved[ptr] = nbytes
+        for op, index in zip(self.ops, segment_of):
+            for t in op.results:  # an output root off the input path (hpr.split.seed-groups)
+                storage = storage_of(t)
+                ptr = storage.data_ptr()
+                if ptr in on_path or not t.requires_grad or producer.get(ptr) != index:
+                    continue
+                if ptr in self.outputs or readers.get(ptr, set()) - {index}:
+                    segments[index].weight_grads[ptr] = storage.nbytes()
 
 
 def resolve_regions(model: nn.Module, spec: str) -> List[str]:
@@ -278,7 +354,8 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     """
     param_storages = {storage_of(p).data_ptr(): storage_of(p).nbytes()
                       for p in list(model.parameters()) + list(model.buffers())}
-    tracker = _Tracker(param_storages)
+    trainable = {storage_of(p).data_ptr() for p in model.parameters() if p.requires_grad}
+    tracker = _Tracker(param_storages, trainable)
     names = {m: n for n, m in model.named_modules() if n}
     handles = []
 
@@ -294,7 +371,8 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
     try:
         with torch.autograd.graph.saved_tensors_hooks(tracker.on_saved, lambda t: t):
             with _OpMode(tracker):
-                model(*inputs)
+                out = model(*inputs)
+        tracker.outputs = {storage_of(t).data_ptr() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)}
     finally:
         for handle in handles:
             handle.remove()

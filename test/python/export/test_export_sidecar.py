@@ -293,3 +293,63 @@ def test_a_non_ascii_digit_is_no_index():
         measure_regions(model, (torch.randn(4, 8),), name="m")
     model.add_module("3", torch.nn.Linear(8, 8))
     assert [s.name for s in measure_regions(model, (torch.randn(4, 8),))] == ["\u0663", "3"]
+
+
+WEIGHT_INPUT_EXAMPLES = EXAMPLES + [
+    ("llama", [[2, 16]], "int64", "layers"),
+    ("pipelining", [[8, 16]], "int64", "layers"),
+]
+
+
+@pytest.mark.parametrize("name,shapes,dtype,container", WEIGHT_INPUT_EXAMPLES)
+def test_bwd_weight_input_bytes_are_what_the_split_records(tmp_path, name, shapes, dtype, container):
+    """The exporter's ``bwd_weight_input_bytes`` (read off the recorded forward: the outputs of
+    each op on the input path that reads a trainable parameter) against the dx/dw split itself:
+    each region module re-run alone on a copy of its input that needs a gradient, its dx run by
+    ``backward_input``, the distinct storages of the gradients it records for the dw counted;
+    and its ``replay_weight_bytes`` (what those ops saved) against what a session still holds
+    once its dx has released the rest, measured as ``python -m hp_recompute.costs`` does."""
+    from hp_recompute.backward_split import SPLIT_SUPPORTED, backward_input
+    from hp_recompute.costs import _checkpoint_bytes
+    if not SPLIT_SUPPORTED:
+        pytest.skip("torch < 2.2: W re-walks from the outputs and I records nothing (hpr.split.rewalk-old-torch)")
+    if name == "llama" and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        pytest.skip("examples/llama needs SDPA (torch >= 2.0)")
+    model = hexport.load_factory(os.path.join(ROOT, "examples", name, "model.py") + ":build")
+    dtypes = hexport.parse_dtypes(dtype, len(shapes))
+    sidecar = hexport.export(model, shapes, dtypes, str(tmp_path / f"{name}.pt"))
+    by_name = {r["name"]: r for r in sidecar["regions"]}
+
+    inputs = hexport.make_inputs(shapes, dtypes)
+    captured = {}
+    blocks = getattr(model, container)
+    blocks = list(blocks.values()) if isinstance(blocks, torch.nn.ModuleDict) else list(blocks)
+    hooks = [b.register_forward_pre_hook(
+        lambda m, args, kwargs, i=i: captured.__setitem__(i, (args, kwargs)), with_kwargs=True)
+        for i, b in enumerate(blocks)]
+    model(*inputs)
+    for h in hooks:
+        h.remove()
+    checked = 0
+    for i, block in enumerate(blocks):
+        args, kwargs = captured[i]
+        if not args[0].requires_grad:  # the model input: a first stage's dx computes nothing
+            continue
+        x = args[0].detach().clone().requires_grad_(True)
+        out = block(x, *args[1:], **kwargs)
+        weights = [p for p in block.parameters() if p.requires_grad]
+        _, state = backward_input([out], [torch.ones_like(out)], [x], weights)
+        recorded = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+                    for grads in state.recorded.values() for g in grads if g is not None}
+        expected = sum(recorded.values())
+        got = by_name[f"{container}.{i}"]["bwd_weight_input_bytes"]
+        assert expected > 0
+        assert got == expected, (name, i, got, expected)
+        # What the dw reads of a replay: the costs tool's count, at the allocator, of what a
+        # replay holds after its dx released the rest (hpr.split.release-unread).
+        held = _checkpoint_bytes(block, (x.detach().clone().requires_grad_(True),) + tuple(args[1:]), kwargs,
+                                 weights)[2]
+        got = by_name[f"{container}.{i}"]["replay_weight_bytes"]
+        assert 0 < got == held, (name, i, got, held)
+        checked += 1
+    assert checked >= len(blocks) - 1

@@ -39,7 +39,7 @@ STAGES = {"zbv": 4, "dualpipev": 4, "interleaved-1f1b": 4, "zb-h1": 2, "1f1b": 2
 def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp: int = 2,
              hsdp: bool = False, unwrapped: bool = False, selective: bool = False,
              autocast: bool = False, planned_layout: bool = False, policy: Any = True,
-             input_grad: bool = False, room: int = 0, eval: bool = False,
+             input_grad: bool = False, room: float = 0, eval: bool = False,
              frozen: bool = False, baseline: bool = False,
              compile: Optional[str] = None, accumulate: bool = False) -> List[Dict[str, Any]]:
     """Plans and runs one case; ``room`` > 0: the plan's memory budget is that many times jit's
@@ -52,7 +52,7 @@ def run_case(tmp: Path, reshard: bool, prefetch: str, schedule: str = "zbv", dp:
     layout = {"dp_shard": 2, "dp_replicate": dp // 2} if planned_layout else {}  # docs/fsdp.md
     gen = dict(schedule_gen=schedule, model=tmp / "model.json", ranks=2, microbatches=MICROBATCHES,
                stages=stage_spec(stages), checkpoint="model", **layout)
-    budget = {"memory_budget": room * max(make_plan(**gen)["summary"]["peak_bytes"])} if room else {}
+    budget = {"memory_budget": int(room * max(make_plan(**gen)["summary"]["peak_bytes"]))} if room else {}
     plan.write_text(json.dumps(make_plan(**gen, prefetch=prefetch, **budget)))
     out = tmp / "out"
     out.mkdir()
@@ -219,16 +219,18 @@ def test_1f1b_replays_inside_the_backward_of_fsdp2_stages(tmp_path: Path) -> Non
 @pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"),
                     reason="selective checkpointing needs torch >= 2.4")
 def test_1f1b_replays_in_pieces_on_fsdp2_stages(tmp_path: Path) -> None:
-    """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
-    one into the wait before its backward (hpr.exec.replay-in-pieces), on
+    """``--prefetch bubble`` on 1F1B, within 1.25 times jit's peak, prefetches a stage's last block
+    into the wait before its backward (hpr.exec.replay-in-pieces), on
     ``fully_shard``-ed blocks (``reshard_after_forward=True``: each piece's replay gathers its
     block), selectively, under bfloat16 autocast: exact gradients, one replay per block and
     microbatch."""
     results = run_case(tmp_path, True, "bubble", schedule="1f1b", selective=True, autocast=True, policy="selective",
-                       room=2)
+                       room=1.25)
     plan = json.loads((tmp_path / "plan.json").read_text())
     pieces = [a for r in plan["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
-    assert len([a for a in pieces if not a.get("in_backward")]) >= 2, pieces
+    # A piece prefetched, the rest of its session inside the backward (within twice jit's peak
+    # the whole replay now fits right after the backward before, which is done with its own).
+    assert [a for a in pieces if not a.get("in_backward")] and [a for a in pieces if a.get("in_backward")], pieces
     check(results, split=False)
 
 

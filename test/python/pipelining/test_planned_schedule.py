@@ -225,13 +225,15 @@ def test_eval_runs_the_plans_forwards_only(tmp_path: Path, torch_schedule: str, 
 
 
 def test_a_1f1b_plan_that_replays_in_pieces_matches_torch(tmp_path: Path) -> None:
-    """``--prefetch bubble`` on 1F1B, within twice jit's peak, prefetches a stage's blocks one by
-    one into the wait before its backward (a replay in pieces, hpr.exec.replay-in-pieces): torch's
+    """``--prefetch bubble`` on 1F1B, within 1.25 times jit's peak, prefetches a stage's last block
+    into the wait before its backward (a replay in pieces, hpr.exec.replay-in-pieces): torch's
     stages run it with exact gradients and one replay per block and microbatch."""
-    results = run_case(tmp_path, "1f1b", 2, 2, 4, prefetch="bubble", dropout=0.1, room=2)
+    results = run_case(tmp_path, "1f1b", 2, 2, 4, prefetch="bubble", dropout=0.1, room=1.25)
     raw = json.loads((tmp_path / "plan.json").read_text())
     pieces = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
-    assert len([a for a in pieces if not a.get("in_backward")]) >= 2, pieces
+    # A piece prefetched, the rest of its session inside the backward (within twice jit's peak
+    # the whole replay now fits right after the backward before, which is done with its own).
+    assert [a for a in pieces if not a.get("in_backward")] and [a for a in pieces if a.get("in_backward")], pieces
     check(results, 4)
 
 

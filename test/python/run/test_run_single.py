@@ -94,8 +94,11 @@ def test_a_plan_that_replays_sessions_again_for_their_dw_runs_bit_exact(tmp_path
     """hpr.exec.replay-for-weight: under a budget the deferred dws exceed, the planner drops sessions' replays after
     their dx and replays them again for their dw; the runner replays each of those sessions' regions twice, and
     the gradients are the plain step's, bit for bit."""
+    # Budgets at which the bundled GPT (its exported bwd_weight_input_bytes and
+    # replay_weight_bytes counted) replays a dw again: 0.6x and 0.5x did until the model said
+    # what a dx keeps for its dw and releases of a replay.
     plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), *flags((gen, 2, 4)), "--memory-budget",
-                     "0.6x" if gen == "zb-h1" else "0.5x")
+                     "0.9x" if gen == "zb-h1" else "0.7x")
     raw = json.loads(plan.read_text())
     again = [a["session"] for r in raw["ranks"] for a in r["actions"] if a.get("for_weight")]
     assert again, "the budget makes the planner replay some sessions for their dw"

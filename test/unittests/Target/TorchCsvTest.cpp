@@ -164,9 +164,11 @@ INSTANTIATE_TEST_SUITE_P(
         CsvCase{"dualpipev", 4, 8, "bubble", CheckpointPolicy::All},
         // plain_forwards.
         CsvCase{"1f1b", 2, 4, "jit", CheckpointPolicy::Auto},
-        // dws replayed again for (weight_replay), at 0.6 times
-        // the checkpoint-all peak.
-        CsvCase{"zb-h1", 2, 4, "jit", CheckpointPolicy::All, 3'142'968}),
+        // a dw replayed again for (weight_replay), at 0.7 times the
+        // checkpoint-all peak (ZBV: ZB-H1 on 2 ranks replays none for its
+        // dws since the bundled model says what each dx keeps for its dw
+        // and what the dw reads of a replay).
+        CsvCase{"zbv", 2, 4, "jit", CheckpointPolicy::All, 3'080'907}),
     [](const ::testing::TestParamInfo<CsvCase> &info) {
       std::string name =
           std::string(info.param.generator) + "_" + info.param.prefetch + "_" +
