@@ -14,7 +14,7 @@ from .checkpoint import checkpoint, recompute_handle_collector_ctx
 from .compile_split import compile_backend
 from .errors import CheckpointError, HPRecomputeError
 from .frame import RecomputeHandle
-from .planner import PlanError, make_plan, verify_plan
+from .planner import PlanError, PlanWarning, make_plan, verify_plan
 from .sessions import (
     DEFAULT_SCOPE,
     SessionScope,
@@ -34,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "HPRecomputeError",
     "PlanError",
+    "PlanWarning",
     "RecomputeHandle",
     "backward_input",
     "backward_weight",

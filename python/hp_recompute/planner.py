@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Dict, List, Optional, Union
 
 from .errors import RunError
@@ -20,7 +21,7 @@ from .native import planner_extension
 from .plan.reader import read_text
 from .plan.verify import plan_problems
 
-__all__ = ["PlanError", "make_plan", "verify_plan"]
+__all__ = ["PlanError", "PlanWarning", "make_plan", "verify_plan"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -32,6 +33,11 @@ class PlanError(RunError):
     def __init__(self, problems: List[str]) -> None:
         super().__init__("hp_recompute: " + "\n".join(problems))
         self.problems = list(problems)
+
+
+class PlanWarning(UserWarning):
+    """What ``hp-recompute-plan`` prints as a ``warning:`` line (a plan made, with a caveat the
+    warning names by its rule id, e.g. ``[hpr.split.weight-input-unknown]``)."""
 
 
 def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str] = None,
@@ -72,6 +78,9 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
     Returns:
         The plan JSON (docs/plan-format.md) as a dict; runtimes take it as ``plan=``.
 
+    Warns:
+        PlanWarning: each warning the CLI prints for the same request.
+
     Raises:
         PlanError: bad input, a schedule that breaks its rules, or a plan over the budget,
             with the planner's located diagnostics; a request the CLI would refuse with exit 2
@@ -95,10 +104,12 @@ def make_plan(schedule: Optional[PathLike] = None, *, schedule_gen: Optional[str
                                       not isinstance(memory_budget, (int, str))):
         raise PlanError([f"usage: memory_budget: expected bytes (an int) or a str such as '24GiB' or '1.5x', "
                          f"got {memory_budget!r}"])
-    text, problems = planner_extension().plan(
+    text, problems, said = planner_extension().plan(
         schedule, texts["schedule_gen"], model, counts["ranks"], counts["microbatches"], counts["stages_per_rank"],
         texts["checkpoint"], texts["prefetch"], None if memory_budget is None else str(memory_budget),
         texts["stages"], counts["dp_shard"], counts["dp_replicate"])
+    for warning in said:
+        warnings.warn(f"hp_recompute.make_plan: {warning}", PlanWarning, stacklevel=2)
     if problems:
         raise PlanError(problems)
     return json.loads(text)

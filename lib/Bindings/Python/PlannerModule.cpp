@@ -83,11 +83,15 @@ static std::vector<std::string> verifyPlanText(const std::string &text,
   return collecting.problems;
 }
 
-/// The plan JSON of `request`, or the problems that stopped it; each
-/// problem is a line as the CLI prints it, a usage error starts with
-/// "usage: ".
-static std::pair<std::string, std::vector<std::string>>
-planText(const mlir::hpr::PlanRequest &request) {
+/// What planning a request gives Python: the plan JSON, or the problems that
+/// stopped it (each a line as the CLI prints it, a usage error starting with
+/// "usage: "); and the warnings the CLI prints as `warning: ` lines.
+using PlanResult =
+    std::tuple<std::string, std::vector<std::string>, std::vector<std::string>>;
+
+/// The plan JSON of `request`, or the problems that stopped it, and the
+/// planner's warnings.
+static PlanResult planText(const mlir::hpr::PlanRequest &request) {
   CollectingContext collecting;
   mlir::TimingScope timing;
   std::vector<std::string> warnings;
@@ -98,13 +102,13 @@ planText(const mlir::hpr::PlanRequest &request) {
     std::string message = llvm::toString(planned.takeError());
     if (collecting.problems.empty() || usage)
       collecting.problems.push_back((usage ? "usage: " : "") + message);
-    return {"", collecting.problems};
+    return {"", collecting.problems, warnings};
   }
   std::string json;
   llvm::raw_string_ostream os(json);
   mlir::hpr::writePlanJson(*planned->module, planned->summary, planned->options,
                            os);
-  return {json, {}};
+  return {json, {}, warnings};
 }
 
 /// Raises ValueError with `message`; bytes that are not UTF-8 (a message may
@@ -290,7 +294,6 @@ NB_MODULE(_planner, m) {
          std::optional<std::string> prefetch, std::optional<std::string> budget,
          std::optional<std::string> stages, std::optional<int64_t> dpShard,
          std::optional<int64_t> dpReplicate) {
-        using Result = std::pair<std::string, std::vector<std::string>>;
         using mlir::hpr::OptionSpelling;
         mlir::hpr::PlanRequest request;
         request.spelling = OptionSpelling::Keyword;
@@ -303,25 +306,27 @@ NB_MODULE(_planner, m) {
         if (checkpoint) {
           request.checkpoint = mlir::hpr::parseCheckpointPolicy(*checkpoint);
           if (!request.checkpoint)
-            return Result{
+            return PlanResult{
                 "",
                 {"usage: " +
                  mlir::hpr::optionName("checkpoint", OptionSpelling::Keyword) +
                  ": expected all, model, none, auto or selective, "
                  "got '" +
-                 *checkpoint + "'"}};
+                 *checkpoint + "'"},
+                {}};
         }
         if (prefetch)
           request.prefetch = *prefetch;
         if (budget) {
           request.budget = mlir::hpr::parseMemoryBudget(*budget);
           if (!request.budget)
-            return Result{"",
-                          {"usage: " +
-                           mlir::hpr::optionName("memory-budget",
-                                                 OptionSpelling::Keyword) +
-                           ": " + mlir::hpr::kMemoryBudgetExpected.str() +
-                           ", got '" + *budget + "'"}};
+            return PlanResult{"",
+                              {"usage: " +
+                               mlir::hpr::optionName("memory-budget",
+                                                     OptionSpelling::Keyword) +
+                               ": " + mlir::hpr::kMemoryBudgetExpected.str() +
+                               ", got '" + *budget + "'"},
+                              {}};
         }
         request.stageSpec = stages.value_or("");
         request.dpShard = dpShard;

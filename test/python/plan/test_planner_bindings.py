@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,34 @@ def test_make_plan_is_the_plan_the_cli_writes(case: str) -> None:
     assert plan == plan_json(*flags)
     if "dp_shard" in kwargs:  # the layout reached the planner: unshards in the plan
         assert any(a["op"] == "unshard" for rank in plan["ranks"] for a in rank["actions"])
+
+
+@pytest.mark.parametrize("schedule_gen", ["zbv", "1f1b"])
+def test_make_plan_warns_what_the_cli_warns(schedule_gen: str, tmp_path: Path) -> None:
+    """A budget that bounds dx/dw pairs on a model that does not say what a dx keeps for its dw
+    earns a warning (hpr.split.weight-input-unknown): make_plan gives each line the CLI prints
+    as a PlanWarning, and the same plan; a 1F1B schedule splits no backward and earns none."""
+    model = json.loads(Path(GPT).read_text())
+    for region in model["regions"]:
+        region.pop("bwd_weight_input_bytes", None)
+    unknown = tmp_path / "unknown.model.json"
+    unknown.write_text(json.dumps(model))
+    kwargs = dict(schedule_gen=schedule_gen, ranks=2, microbatches=4, model=str(unknown), checkpoint="auto",
+                  memory_budget="1.5x", prefetch="bubble")
+    flags = ["--schedule-gen", schedule_gen, "--ranks", "2", "--microbatches", "4", "--model", str(unknown),
+             "--checkpoint", "auto", "--memory-budget", "1.5x", "--prefetch", "bubble"]
+    with warnings.catch_warnings(record=True) as said:  # every warning, to compare them with the CLI's
+        warnings.simplefilter("always")
+        plan = hr.make_plan(**kwargs)
+    proc = run_plan(*flags, "--emit", "json")
+    assert plan == json.loads(proc.stdout)
+    prefix = "hp-recompute-plan: warning: "
+    cli = [line[len(prefix):] for line in proc.stderr.splitlines() if line.startswith(prefix)]
+    assert [(w.category, str(w.message)) for w in said] == [
+        (hr.PlanWarning, f"hp_recompute.make_plan: {line}") for line in cli]
+    assert bool(cli) == (schedule_gen == "zbv")
+    if cli:
+        assert cli[0].endswith("[hpr.split.weight-input-unknown]"), cli
 
 
 def test_verify_plan_admits_the_planners_plan_and_refuses_an_edit_as_the_cli_does(tmp_path: Path) -> None:
