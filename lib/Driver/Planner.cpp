@@ -552,9 +552,10 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
   // checked against it.
   if (budget)
     pipeline.budget = *budget;
-  if (std::string warning = weightInputWarning(*staged, *schedule);
-      budget && warnings && !warning.empty())
-    warnings->push_back(std::move(warning));
+  if (budget && warnings)
+    if (std::string warning = weightInputWarning(*staged, *schedule);
+        !warning.empty())
+      warnings->push_back(std::move(warning));
 
   auto plan = [&](const RecomputePipelineOptions &options) {
     return planModule(context, *staged, *schedule, scheduleFile, options,
