@@ -7,17 +7,20 @@
 # suite runs on. With --wheel DIR (scripts/check_wheel.sh) it then also writes the
 # self-contained wheel (docs/install.md) into DIR, from the same build. Safe to rerun: it
 # installs no package that is already present (the project's editable install rebuilds
-# incrementally).
+# incrementally). --packages-only stops after the Debian packages (scripts/check.sh starts
+# the sanitizer build then, beside the venvs' installs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 system_torch=false
+packages_only=false
 wheel_dir=
 while [ $# -gt 0 ]; do
   case "$1" in
     --system-torch) system_torch=true ;;
+    --packages-only) packages_only=true ;;
     --wheel) [ $# -ge 2 ] || { echo "setup: --wheel needs a folder" >&2; exit 2; }
              wheel_dir=$2; shift ;;
-    *) echo "usage: scripts/setup.sh [--system-torch] [--wheel DIR]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--system-torch] [--wheel DIR] | --packages-only" >&2; exit 2 ;;
   esac
   shift
 done
@@ -52,6 +55,7 @@ else
   "${sudo_cmd[@]}" apt-get update -q
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
 fi
+$packages_only && exit 0
 
 # The venv is built from Debian's /usr/bin/python3, so both torches run the same Python.
 # A stamp with the requirements' hash tells whether the venv is current.

@@ -18,9 +18,13 @@ side in one run, repeated:
 * ours ZBV bubble, compiled: the same blocks compiled by the wrapper's ``compile()``
   (inductor keeping the matmuls the policy saves dispatched: hpr.selective.visible-ops); the
   same under ``--memory-budget`` of interleaved 1F1B's planned activation peak, and under the
-  smallest budget a ZBV plan fits.
+  smallest budget a ZBV plan fits;
+* ours ZBV bubble, auto, compiled: the same blocks under a ZBV plan with ``--checkpoint auto``
+  within interleaved 1F1B's planned activation peak of its lighter rank: the planner chooses
+  per block none, selective or full (a full block's wrapper sets its selective policy aside:
+  hpr.selective.plan-full), so every rank holds what torch's lighter rank would.
 
-The plan checkpoints every block selectively, on the costs ``python -m hp_recompute.costs
+The other plans checkpoint every block selectively, on the costs ``python -m hp_recompute.costs
 --module bench/compile/bench_stack.py:compiled_decoder --autocast bfloat16`` measures: the
 decoder with each block compiled as the wrapper compiles it, its forwards under the run's
 autocast. It is made for the layout (``dp_shard=1``), so it gathers and frees each stage and
@@ -28,9 +32,12 @@ predicts each rank's step peak (``peak_memory_bytes``), printed against the meas
 compilation), one step under the allocator meter (peak bytes above the step's start,
 gradients zeroed before it; runner/memory.py), then ``--steps`` timed steps (median, slowest
 rank, a barrier before each). Gradients are compared by relative norm per parameter
-(``|g - g_ref| / |g_ref|``, the worst) with ours eager; replays are counted per step.
+(``|g - g_ref| / |g_ref|``, the worst) with ours eager; block replays are counted in a step,
+against those the plan places (one per block and microbatch it checkpoints, and one more for
+a session it replays again for its dw; a block or microbatch ``--checkpoint auto`` runs
+plainly replays nothing).
 
-Usage: python bench/compile/bench_stack.py [--steps 5] [--repeats 2] [--batch 64]
+Usage: python bench/compile/bench_stack.py [--steps 5] [--repeats 2] [--batch 64] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -56,7 +63,9 @@ BASELINE = "torch interleaved 1F1B, compiled"
 REFERENCE = "ours ZBV bubble, eager"
 BUDGET = "ours ZBV bubble at i1F1B's budget, compiled"
 SMALLEST = "ours ZBV bubble at its smallest budget, compiled"
-PLAN_OF = {REFERENCE: "bubble", "ours ZBV bubble, compiled": "bubble", BUDGET: "budget", SMALLEST: "smallest"}
+AUTO = "ours ZBV bubble, auto within i1F1B's lighter rank, compiled"
+PLAN_OF = {REFERENCE: "bubble", "ours ZBV bubble, compiled": "bubble", BUDGET: "budget", SMALLEST: "smallest",
+           AUTO: "auto"}
 VARIANTS = [BASELINE, "torch interleaved 1F1B, eager", *PLAN_OF]
 
 
@@ -134,8 +143,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, mesh: Any) -> Dict[str, A
              None if p.grad is None else p.grad.full_tensor().float().clone()
              for st in stages for name, p in st.submod.named_parameters()}
     ms = median_step_ms(step, cfg["steps"])
-    blocks = sum(len(st.submod.layers) for st in stages)
-    return {"ms": ms, "peak": meter.peak, "grads": grads, "replays_per_block": replays / (blocks * MICROBATCHES)}
+    return {"ms": ms, "peak": meter.peak, "grads": grads, "replays": replays}
 
 
 def _worst_relative(grads: Dict[str, Any], reference: Dict[str, torch.Tensor]) -> float:
@@ -157,14 +165,15 @@ def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
                      for repeat in range(cfg["repeats"]) for variant in VARIANTS]}
 
 
-def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, Any]], int]:
+def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, Any]], List[int]]:
     """The ZBV plans on the compiled decoder's measured costs (under the run's autocast), every
     block checkpointed selectively, made for the layout (``dp_shard=1``: the plan gathers and
     frees each stage and predicts each rank's step peak, ``peak_memory_bytes``): "bubble", and
     "budget" under ``--memory-budget`` of the activation peak the planner gives interleaved
     1F1B on the same costs (its bounded dw deferral runs dws earlier where they would hold
-    more), "smallest" under the smallest budget it plans ZBV in (to 10 kB); and "budget"'s
-    bytes."""
+    more), "smallest" under the smallest budget it plans ZBV in (to 10 kB), "auto" with
+    ``--checkpoint auto`` under interleaved 1F1B's activation peak of its lighter rank; and
+    interleaved 1F1B's activation peak per rank."""
     from hp_recompute import PlanError, make_plan
 
     seq = _decoder().SEQ
@@ -183,18 +192,35 @@ def _plans(work: Path, batch: int, autocast: bool) -> Tuple[Dict[str, Dict[str, 
     spec = ",".join(f"{s}:{a}-{b}" for s, (a, b) in enumerate(zip(starts, ends)))
     common = dict(model=work / "costed.json", ranks=PP, microbatches=MICROBATCHES, stages=spec,
                   checkpoint="selective", dp_shard=1)
-    budget = max(make_plan(schedule_gen="interleaved-1f1b", **common)["summary"]["peak_bytes"])
+    i1f1b = make_plan(schedule_gen="interleaved-1f1b", **common)["summary"]["peak_bytes"]
+    budget = max(i1f1b)
 
-    def zbv(memory_budget: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    def zbv(memory_budget: Optional[int] = None, checkpoint: str = "selective") -> Optional[Dict[str, Any]]:
         try:
-            return make_plan(schedule_gen="zbv", prefetch="bubble", memory_budget=memory_budget, **common)
+            return make_plan(schedule_gen="zbv", prefetch="bubble", memory_budget=memory_budget,
+                             **{**common, "checkpoint": checkpoint})
         except PlanError:  # no ZBV plan fits
             return None
 
     low, high = 0, budget
     while high - low > 10_000:
         low, high = (low, (low + high) // 2) if zbv((low + high) // 2) else ((low + high) // 2, high)
-    return {"bubble": zbv(), "budget": zbv(budget), "smallest": zbv(high)}, budget
+    return {"bubble": zbv(), "budget": zbv(budget), "smallest": zbv(high), "auto": zbv(min(i1f1b), "auto")}, i1f1b
+
+
+def _planned_replays(plan: Dict[str, Any], rank: int) -> int:
+    """The block replays ``plan`` places on ``rank``: each recompute's regions (a whole
+    session's: its stage's checkpointed blocks)."""
+    blocks = [sum(1 for r in stage["regions"] if r.get("checkpoint", False)) for stage in plan["model"]["stages"]]
+    return sum(len(a["regions"]) if "regions" in a else blocks[a["stage"]]
+               for a in plan["ranks"][rank]["actions"] if a["op"] == "recompute")
+
+
+def _policies(plan: Dict[str, Any]) -> str:
+    """Each block's policy in ``plan`` (none, full or selective), e.g. ``layers.0 selective``."""
+    label = {False: "none", True: "full", "selective": "selective"}
+    return ", ".join(f"{r['name']} {label[r.get('checkpoint', False)]}" for stage in plan["model"]["stages"]
+                     for r in stage["regions"] if r["name"].startswith("layers."))
 
 
 def main() -> None:
@@ -203,6 +229,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64, help="sequences per step (a multiple of 4)")
     parser.add_argument("--no-autocast", dest="autocast", action="store_false", help="float32 forwards")
+    parser.add_argument("--keep", type=Path, help="a folder to keep the costs and plans in (default: removed)")
     args = parser.parse_args()
     if args.batch < MICROBATCHES or args.batch % MICROBATCHES or args.steps < 1 or args.repeats < 1:
         parser.error(f"--batch must be a positive multiple of {MICROBATCHES}, --steps and --repeats positive")
@@ -213,8 +240,9 @@ def main() -> None:
         sys.exit(f"bench/compile/bench_stack.py needs torch >= 2.13 (the compiled dx/dw split); this is torch "
                  f"{torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        plans, budget = _plans(work, args.batch, args.autocast)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        plans, i1f1b = _plans(work, args.batch, args.autocast)
         for name, plan in plans.items():
             (work / f"{name}.json").write_text(json.dumps(plan))
         split = {s: [r["name"] for r in stage["regions"]] for s, stage in enumerate(plan["model"]["stages"])}
@@ -227,13 +255,15 @@ def main() -> None:
           f"{args.batch} x seq {d.SEQ}, {'bf16 autocast' if args.autocast else 'float32'}, every block selective (matmuls saved); step ms = median of "
           f"{args.steps} steps, slowest rank; peak = allocator bytes above the step's start (pp rank 0, 1); "
           f"the plans' step peaks (peak_memory_bytes): bubble {plans['bubble']['summary']['peak_memory_bytes']}, at "
-          f"i1F1B's budget ({budget} activation bytes) "
+          f"i1F1B's budget ({max(i1f1b)} activation bytes; per rank {i1f1b}) "
           f"{plans['budget']['summary']['peak_memory_bytes']}, at its smallest budget "
           f"({plans['smallest']['summary']['peak_bytes']} activation bytes) "
-          f"{plans['smallest']['summary']['peak_memory_bytes']}")
+          f"{plans['smallest']['summary']['peak_memory_bytes']}, auto within {min(i1f1b)} "
+          f"{plans['auto']['summary']['peak_memory_bytes']} (policies: {_policies(plans['auto'])})")
     print(machine_line())
     print("| run | variant | step ms | vs torch i1F1B compiled | peak bytes pp 0, 1 | peak vs torch i1F1B compiled "
-          "pp 0, 1 | measured / planned peak pp 0, 1 | replays / block / microbatch | gradients vs ours eager "
+          "pp 0, 1 | measured / planned peak pp 0, 1 | block replays / planned pp 0, 1 | "
+          "gradients vs ours eager "
           "(worst relative norm) |")
     print("| ---: | --- | ---: | ---: | --- | --- | --- | ---: | ---: |")
     rows = results[0]["rows"]
@@ -246,14 +276,15 @@ def main() -> None:
         base_ms = max(res["rows"][base]["ms"] for res in results)
         peaks = [res["rows"][i]["peak"] for res in results]
         ratios = [p / res["rows"][base]["peak"] for p, res in zip(peaks, results)]
-        replays = max(res["rows"][i]["replays_per_block"] for res in results)
         worst = _worst_relative(grads[i], grads[ref])
-        planned = "-"
+        planned = replays = "-"
         if row["variant"].startswith("ours"):
-            predicted = plans[PLAN_OF[row["variant"]]]["summary"]["peak_memory_bytes"]
-            planned = ", ".join(f"{p / q:.2f}" for p, q in zip(peaks, predicted))
+            plan = plans[PLAN_OF[row["variant"]]]
+            planned = ", ".join(f"{p / q:.2f}" for p, q in zip(peaks, plan["summary"]["peak_memory_bytes"]))
+            replays = ", ".join(f"{res['rows'][i]['replays']} / {_planned_replays(plan, rank)}"
+                                for rank, res in enumerate(results))
         print(f"| {row['repeat'] + 1} | {row['variant']} | {ms:.1f} | {ms / base_ms:.2f} | {peaks[0]}, {peaks[1]} | "
-              f"{ratios[0]:.2f}, {ratios[1]:.2f} | {planned} | {replays:g} | {worst:.4f} |")
+              f"{ratios[0]:.2f}, {ratios[1]:.2f} | {planned} | {replays} | {worst:.4f} |")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ docs/rules.md states each one and why:
   hpr.selective.priced-as-run   the costs tool measures under the ``context_fn`` that runs
   hpr.selective.supported       torch >= 2.4, else refused before any rank runs
   hpr.selective.visible-ops     the policy sees each call of a saved op, compiled or not
+  hpr.selective.plan-full       a region the plan checkpoints in full sets its wrapper's policy aside
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import torch.utils.checkpoint
 
 from .errors import CheckpointError, error_text
 
-__all__ = ["SAVED_OPS", "VISIBLE_OPS", "hidden_compiled_modules", "policy_saved_ops", "saved_ops",
-           "selective_context_fn", "selective_supported"]
+__all__ = ["SAVED_OPS", "VISIBLE_OPS", "hidden_compiled_modules", "is_selective_policy", "policy_saved_ops",
+           "saved_ops", "selective_context_fn", "selective_supported"]
 
 #: hpr.selective.visible-ops: set by ``checkpoint_wrapper(...).compile()`` on the module it
 #: compiles: True when its backend dispatches each aten op, else the frozenset of ops it keeps
@@ -97,13 +98,29 @@ def selective_context_fn(
                              _SavedOpsPolicy(saved_ops(SAVED_OPS if names is None else names)))
 
 
-def _policy_function(context_fn: Callable[[], Any], what: str) -> Callable[..., Any]:
-    """The policy function of ``context_fn``'s SAC contexts (hpr.selective.visible-ops), or ``CheckpointError``."""
+def _sac_contexts(context_fn: Callable[[], Any]) -> Tuple[Any, Any]:
+    """What ``context_fn`` returns, and its forward context if those are torch's selective
+    checkpoint contexts (``create_selective_checkpoint_contexts``), else None."""
+    contexts = context_fn()
+    if not selective_supported():
+        return contexts, None
     from torch.utils.checkpoint import _CachingTorchDispatchMode
 
-    contexts = context_fn()
     forward = contexts[0] if isinstance(contexts, tuple) and len(contexts) == 2 else None
-    if not isinstance(forward, _CachingTorchDispatchMode):
+    return contexts, forward if isinstance(forward, _CachingTorchDispatchMode) else None
+
+
+def is_selective_policy(context_fn: Callable[[], Any]) -> bool:
+    """Whether ``context_fn`` is a selective policy (torch's selective checkpoint contexts): a
+    choice of what to save and nothing else, which a plan that checkpoints the region in full
+    sets aside (hpr.selective.plan-full)."""
+    return _sac_contexts(context_fn)[1] is not None
+
+
+def _policy_function(context_fn: Callable[[], Any], what: str) -> Callable[..., Any]:
+    """The policy function of ``context_fn``'s SAC contexts (hpr.selective.visible-ops), or ``CheckpointError``."""
+    contexts, forward = _sac_contexts(context_fn)
+    if forward is None:
         raise CheckpointError(error_text(
             f"{what}: its context_fn returns {type(contexts).__name__}, not torch's selective checkpoint contexts "
             f"(create_selective_checkpoint_contexts), so which ops it saves cannot be read off before the block "

@@ -23,9 +23,11 @@ A region already wrapped with ``hp_recompute.checkpoint_wrapper`` keeps its wrap
 its options, a selective policy's ``context_fn`` included); one wrapped by torch's own
 checkpoint would replay once per backward call, so it is refused with a message rather
 than silently replayed twice. A wrapper's own ``context_fn`` must agree with the plan: a
-region the plan checkpoints in full refuses one (it would keep what the plan did not price),
-a selective one needs one; and a selective region with a module compiled where the policy
-cannot see its ops is refused (hpr.selective.visible-ops). A wrapper at a module the
+selective region needs one, and a selective region with a module compiled where the policy
+cannot see its ops is refused (hpr.selective.visible-ops); a region the plan checkpoints in
+full runs its wrapper's checkpoint without a selective policy (hpr.selective.plan-full: the
+plan, under its budget, saves only the region's input there) and refuses any other
+``context_fn`` (it would keep what the plan did not price). A wrapper at a module the
 plan does not checkpoint runs its module plainly (ours) or is refused (torch's): the plan
 places every replay.
 
@@ -49,7 +51,7 @@ from ..fsdp import ReplayFunction, is_fsdp_module
 from ..hf import hf_checkpointing_on
 from ..plan.interpreter import forwards_are_plain
 from ..replay_buffers import BufferKeepingFunction, ChangedBuffers
-from ..selective import hidden_compiled_modules, selective_context_fn
+from ..selective import hidden_compiled_modules, is_selective_policy, selective_context_fn
 
 __all__ = ["check_regions", "checkpoint_regions", "patch_regions", "unplanned_blocks"]
 
@@ -79,18 +81,22 @@ class _PlannedForward:
 
 class _WrappedForward:
     """A region the user wrapped with ``hp_recompute.checkpoint_wrapper``: its wrapper's
-    checkpoint with its options (``context_fn``, ...), the replays leaving its buffers as the
-    forward left them; its inner module while forwards are plain."""
+    checkpoint with its options (``context_fn``, ...; without its selective policy where
+    ``full``: hpr.selective.plan-full), the replays leaving its buffers as the forward left
+    them; its inner module while forwards are plain."""
 
-    def __init__(self, wrapper: torch.nn.Module) -> None:
-        self.wrapper, self.changed = wrapper, ChangedBuffers()
+    def __init__(self, wrapper: torch.nn.Module, full: bool) -> None:
+        self.wrapper, self.full, self.changed = wrapper, full, ChangedBuffers()
+        fn = wrapper.checkpoint_fn
+        self.checkpoint_fn = functools.partial(
+            fn.func, *fn.args, **{k: v for k, v in fn.keywords.items() if k != "context_fn"}) if full else fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         inner = self.wrapper._checkpoint_wrapped_module
         if forwards_are_plain():
             return inner(*args, **kwargs)
         function = BufferKeepingFunction(ReplayFunction(self.wrapper, inner), self.wrapper, self.changed)
-        return self.wrapper.checkpoint_fn(function, *args, **kwargs)
+        return self.checkpoint_fn(function, *args, **kwargs)
 
 
 class _UnplannedForward:
@@ -169,7 +175,8 @@ def checkpoint_regions(module: torch.nn.Module, fqns: Sequence[str], stage: int,
     Raises ``RunError`` naming the region when ``module`` has no such submodule, torch's
     checkpoint wraps it, it is compiled around its checkpoint, or its wrapper's ``context_fn``
     disagrees with the plan (none for a selective region: it would keep less than planned and
-    replay everything; one for a full region: it would keep more), or a selective region holds
+    replay everything; one that is not a selective policy for a full region: it may keep more;
+    a selective policy there is set aside, hpr.selective.plan-full), or a selective region holds
     a module compiled where the policy cannot see its ops; and when torch's checkpoint wraps a
     module the plan does not checkpoint. Our wrappers there run their modules plainly. Every
     check comes before any patch.
@@ -199,10 +206,13 @@ def patch_regions(module: torch.nn.Module, regions: Dict[str, torch.nn.Module],
             if (forward.context_fn is None) != (policy is None):  # an earlier plan's policy
                 region.forward = forward.with_policy(policy)
             continue
+        full = policy is None and _wrapper_context_fn(region) is not None
         if isinstance(forward, _WrappedForward):
+            if forward.full != full:  # an earlier plan's policy
+                region.forward = _WrappedForward(region, full)
             continue
         if _is_our_wrapper(region):
-            region.forward = _WrappedForward(region)
+            region.forward = _WrappedForward(region, full)
         else:
             original = region.forward
             if is_fsdp_module(region):  # sharded already: a replay gathers its parameters (hpr.fsdp.replay-unsharded)
@@ -254,11 +264,12 @@ def _admitted_region(module: torch.nn.Module, fqn: str, stage: int, selective: b
                        f"\"selective\", but its checkpoint_wrapper has no context_fn, so it would replay "
                        f"every op; unwrap it (the plan checkpoints it) or pass the policy: "
                        f"checkpoint_wrapper(block, context_fn=hp_recompute.selective_context_fn())")
-    if _is_our_wrapper(region) and not selective and _wrapper_context_fn(region) is not None:
+    context_fn = _wrapper_context_fn(region) if _is_our_wrapper(region) else None
+    if not selective and context_fn is not None and not is_selective_policy(context_fn):
         raise RunError(f"hp_recompute.pipelining: stage {stage}: the plan checkpoints region '{fqn}' in full, "
-                       f"but its checkpoint_wrapper has a context_fn (its own policy), which keeps what the plan "
-                       f"did not price; drop the context_fn, or plan the region \"selective\" (a model with its "
-                       f"selective costs)")
+                       f"but its checkpoint_wrapper has a context_fn that is not a selective policy (torch's "
+                       f"create_selective_checkpoint_contexts), which may keep what the plan did not price; drop "
+                       f"the context_fn, or make it a selective policy [hpr.selective.plan-full]")
     hidden = hidden_compiled_modules(region, _wrapper_context_fn(region) or selective_context_fn()) if selective else []
     if hidden:
         names = ", ".join(f"'{fqn}.{h}'" if h else f"'{fqn}'" for h in hidden)

@@ -335,3 +335,49 @@ def test_a_selective_wrapper_compiled_with_inductor_replays_what_its_policy_reco
     torch.testing.assert_close(got["inductor"][:2], got["eager"][:2], rtol=1e-4, atol=1e-5)
     for p, q in zip(got["inductor"][2], got["eager"][2]):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@needs_split_and_selective
+@pytest.mark.parametrize("backend", [None, "aot_eager", "inductor"])
+def test_a_full_plan_sets_a_selective_wrappers_policy_aside(backend):
+    """hpr.selective.plan-full: a region whose wrapper holds a selective policy, planned in full
+    (``--checkpoint auto`` under a budget), saves only its input: its replay dispatches the
+    matmuls its policy would have saved (eager: w1's and w3's, the replay stops once w2's
+    input is back, torch's early stop; compiled: all three, the graph runs whole); planned selective again
+    (another plan over the same module) it saves them again (none replayed); the outputs and
+    gradients stay the plain block's. A ``context_fn`` that is not a selective policy stays
+    refused under a full plan (it may keep what the plan did not price)."""
+    pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
+    from hp_recompute.errors import RunError
+    from hp_recompute.pipelining.regions import checkpoint_regions
+
+    torch.manual_seed(0)
+    plain = GatedBlock()
+    stage = nn.Module()
+    stage.layers = nn.ModuleDict({"0": hr.checkpoint_wrapper(GatedBlock(), context_fn=hr.selective_context_fn())})
+    stage.layers["0"].load_state_dict(plain.state_dict())
+    if backend is not None:
+        stage.layers["0"].compile(backend=backend)
+    x = torch.randn(4, 16)
+    xs = x.clone().requires_grad_()
+    plain(xs).square().sum().backward()
+    want = (xs.grad, [p.grad for p in plain.parameters()])
+    full = 2 if backend is None else 3
+    for selective, replayed in ((), full), (["layers.0"], 0), ((), full):
+        checkpoint_regions(stage, ["layers.0"], 1, selective=selective)
+        stage.zero_grad(set_to_none=True)
+        xs = x.clone().requires_grad_()
+        assert _replay_matmuls(lambda: stage.layers["0"](xs).square().sum().backward()) == replayed, selective
+        torch.testing.assert_close(xs.grad, want[0], rtol=1e-4, atol=1e-5)
+        for p, q in zip(stage.layers["0"].parameters(), want[1]):
+            torch.testing.assert_close(p.grad, q, rtol=1e-4, atol=1e-5)
+
+    other = nn.Module()
+    other.layers = nn.ModuleDict({"0": hr.checkpoint_wrapper(GatedBlock(), context_fn=contextlib.nullcontext)})
+    with pytest.raises(RunError) as error:
+        checkpoint_regions(other, ["layers.0"], 1)
+    assert str(error.value) == (
+        "hp_recompute.pipelining: stage 1: the plan checkpoints region 'layers.0' in full, but its checkpoint_wrapper "
+        "has a context_fn that is not a selective policy (torch's create_selective_checkpoint_contexts), which may "
+        "keep what the plan did not price; drop the context_fn, or make it a selective policy "
+        "[hpr.selective.plan-full]")

@@ -303,18 +303,24 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.skipif(not compile_split.SUPPORTED, reason=f"torch {torch.__version__} cannot split compiled "
                     f"backwards (hp_recompute.compile_split, torch >= 2.13)")
-@pytest.mark.parametrize("schedule,dp", [("zbv", 2), ("dualpipev", 1)], ids=["zbv-dp2", "dualpipev-dp1"])
-def test_torchtitans_production_stack_under_zero_bubble_plans(tmp_path: Path, schedule: str, dp: int) -> None:
+@pytest.mark.parametrize("schedule,dp,mixed", [("zbv", 2, False), ("dualpipev", 1, True)],
+                         ids=["zbv-dp2", "dualpipev-dp1-some-full"])
+def test_torchtitans_production_stack_under_zero_bubble_plans(tmp_path: Path, schedule: str, dp: int,
+                                                              mixed: bool) -> None:
     """Issue 49's combination: every block wrapped with a selective policy, ``compile()``-d with
     inductor (the policy's matmuls kept dispatched, hpr.selective.visible-ops),
     ``fully_shard``-ed on a dp mesh of ``dp``, bf16 autocast, gradients accumulated over two
-    steps (torchtitan's ``scale_grads=False``), under a plan of the schedule that checkpoints selectively: every gradient within 2%
+    steps (torchtitan's ``scale_grads=False``), under a plan of the schedule that checkpoints
+    selectively (``mixed``: every other block in full, as ``--checkpoint auto`` may choose under a
+    budget, its wrapper's policy set aside: hpr.selective.plan-full): every gradient within 2%
     (relative norm) of the unsharded eager model's and of torch's interleaved 1F1B on the same
     stack (its own wrapper compiled around its checkpoint), one replay per block and
     microbatch in each step, one all-gather and one reduce-scatter per FSDP module and step
     (dp 2), no more than torch's."""
+    layers = LAYERS_PER_STAGE * STAGES[schedule]
+    policy = ["selective", True] * (layers // 2) if mixed else "selective"
     results = run_case(tmp_path, True, "bubble", schedule=schedule, dp=dp, selective=True, autocast=True,
-                       policy="selective", compile="inductor", accumulate=True, baseline=True)
+                       policy=policy, compile="inductor", accumulate=True, baseline=True)
     if dp > 1:  # FSDP on a mesh of one rank has nothing to gather or scatter
         check_collectives(results, exact=False)
     baseline = {name: g for res in results for name, g in res["baseline"]["grads"].items()}  # loops, not a V
