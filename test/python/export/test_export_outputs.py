@@ -7,18 +7,18 @@ Device nodes are made with ``os.mknod`` in the test's folder, never the real /de
 import os
 import stat
 import subprocess
-import sys
 
 import pytest
+
+from cli_processes import run_module
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MLP = os.path.join(ROOT, "examples", "mlp", "model.py")
 
 
 def _export(*argv: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.export", *argv], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_module("hp_recompute.export", argv, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+                      timeout=300)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
 

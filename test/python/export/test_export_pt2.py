@@ -20,11 +20,11 @@ GPT = os.path.join(ROOT, "examples", "gpt", "model.py") + ":build"
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from hp_recompute import export as hexport  # noqa: E402
+from cli_processes import run_module  # noqa: E402
 
 
 def run_export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hp_recompute.export", *args],
-                          capture_output=True, text=True, env=ENV)
+    return run_module("hp_recompute.export", args, env=ENV)
 
 
 @pytest.mark.skipif(not hasattr(torch, "export"), reason="needs torch.export (torch 2.x)")

@@ -18,6 +18,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from hp_recompute import export as hexport  # noqa: E402
+from cli_processes import run_module  # noqa: E402
 
 EXAMPLES = [
     ("gpt", [[4, 40]], "int64", "blocks"),
@@ -86,12 +87,10 @@ def test_sidecar_saved_bytes_match_autograd_graph(tmp_path, name, shapes, dtype,
 def test_cli_writes_pt_sidecar_ir_and_model_json(tmp_path):
     out = tmp_path / "m.pt"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "hp_recompute.export", "--module",
-         os.path.join(ROOT, "examples", "mlp", "model.py") + ":build",
-         "--input-shape", "8x32", "-o", str(out), "--ir", str(tmp_path / "m.ir"),
-         "--model-json", str(tmp_path / "m.model.json")],
-        env=env, capture_output=True, text=True)
+    proc = run_module(
+        "hp_recompute.export", ["--module", os.path.join(ROOT, "examples", "mlp", "model.py") + ":build",
+                                "--input-shape", "8x32", "-o", str(out), "--ir", str(tmp_path / "m.ir"),
+                                "--model-json", str(tmp_path / "m.model.json")], env=env)
     assert proc.returncode == 0, proc.stderr
     loaded = torch.jit.load(str(out))
     assert loaded(torch.randn(8, 32)).shape == (8, 10)
@@ -125,8 +124,7 @@ def test_cli_bad_input(tmp_path, argv, message):
     base = ["--module", os.path.join(ROOT, "examples", "mlp", "model.py") + ":build",
             "-o", str(tmp_path / "m.pt")]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.export"] + base + argv,
-                          env=env, capture_output=True, text=True)
+    proc = run_module("hp_recompute.export", base + argv, env=env)
     assert proc.returncode == 1
     assert proc.stderr.startswith("hp_recompute:") and "Traceback" not in proc.stderr
     assert message in proc.stderr
@@ -238,10 +236,9 @@ def export_twice(tmp_path, factory: str, out: str) -> subprocess.CompletedProces
     src.mkdir(exist_ok=True)
     (src / "twice.py").write_text(_TWICE)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    return subprocess.run([sys.executable, "-m", "hp_recompute.export", "--module",
-                           f"{src / 'twice.py'}:{factory}", "--input-shape", "4x8", "-o", out,
-                           "--model-json", os.path.splitext(out)[0] + ".model.json"],
-                          env=env, capture_output=True, text=True)
+    return run_module("hp_recompute.export", ["--module", f"{src / 'twice.py'}:{factory}", "--input-shape", "4x8",
+                                              "-o", out, "--model-json", os.path.splitext(out)[0] + ".model.json"],
+                      env=env)
 
 
 @pytest.mark.parametrize("factory", ["adjacent", "after_other_code"])

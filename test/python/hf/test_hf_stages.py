@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
+from cli_processes import run_module
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
 pytest.importorskip("transformers", reason="needs transformers (requirements.txt)")
 
@@ -110,9 +111,10 @@ def llama_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The user's path: costs measured on the model (caches off), a ZBV plan on 2 ranks."""
     tmp = tmp_path_factory.mktemp("hf_llama")
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--module", f"{HERE / 'hf_models.py'}:llama_no_cache",
-                    "--input-shape", f"2x{hf_models.SEQ}", "--input-dtype", "int64", "--repeats", "2", "--warmup",
-                    "1", "-o", str(tmp / "llama.json")], check=True, env=env, capture_output=True)
+    proc = run_module("hp_recompute.costs", ["--module", f"{HERE / 'hf_models.py'}:llama_no_cache", "--input-shape",
+                                             f"2x{hf_models.SEQ}", "--input-dtype", "int64", "--repeats", "2",
+                                             "--warmup", "1", "-o", str(tmp / "llama.json")], env=env)
+    assert proc.returncode == 0, proc.stderr
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
     # A fixed split by module paths (the balanced one follows the measured times): rank 0 holds stages 0
     # and 3 under ZBV, layers 0 and 3; rank 1 layers 1 and 2.

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict
 
 import pytest
 
+from cli_processes import run_module
 from hand_plan import hand_plan
 from hp_recompute.plan import RunError, admit_plan, load_plan
 from hp_recompute.plan.reader import build_plan
@@ -177,8 +176,7 @@ def test_the_runner_exits_1_with_the_location(tmp_path: Path, case: str) -> None
     path = tmp_path / "p.json"
     path.write_bytes(data)
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.run", "--plan", str(path)], capture_output=True,
-                          text=True, env=env, timeout=120)
+    proc = run_module("hp_recompute.run", ["--plan", str(path)], env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert f"{path}{message}" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -12,13 +12,14 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 import torch
+
+from cli_processes import run_module
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build"))
@@ -48,12 +49,12 @@ def pieces_plan(tmp: Path, *model: str) -> Tuple[Path, Path]:
 
 def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Runs ``python3 -m hp_recompute.run ARGS`` in a fresh interpreter (in ``cwd``, default this one's)."""
+    """Runs ``python3 -m hp_recompute.run ARGS`` in a process of its own (in ``cwd``, default
+    this one's), started with torch imported (cli_processes.run_module)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(PYTHON_DIR) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hp_recompute.run", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=cwd)
+    return run_module("hp_recompute.run", args, env=full_env, timeout=timeout, cwd=cwd)
 
 
 def run_inproc(*args: str) -> Tuple[int, Dict[str, Any]]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_processes import run_module
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, pieces_plan, run_cli
 from hp_recompute.selective import selective_supported
 
@@ -18,9 +19,7 @@ TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
 
 
 def _costs(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    return subprocess.run([sys.executable, "-m", "hp_recompute.costs", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return run_module("hp_recompute.costs", args, env=dict(os.environ, PYTHONPATH=str(PYTHON_DIR)), timeout=300)
 
 
 def test_measured_times_are_written_and_planned_with(tmp_path: Path) -> None:

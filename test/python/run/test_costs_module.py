@@ -19,6 +19,7 @@ from typing import Dict
 import pytest
 import torch
 
+from cli_processes import run_module
 from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, REPO, flags, make_plan, run_cli
 from hp_recompute.selective import selective_supported
 
@@ -42,9 +43,8 @@ QUICK = ["--repeats", "2", "--warmup", "1"]
 
 
 def _costs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    return subprocess.run([sys.executable, "-m", "hp_recompute.costs", *args], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=cwd)
+    return run_module("hp_recompute.costs", args, env=dict(os.environ, PYTHONPATH=str(PYTHON_DIR)), timeout=300,
+                      cwd=cwd)
 
 
 def _measure(out: Path, model: str, *extra: str) -> Dict:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import torch
 
+from cli_processes import run_module
 from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan,
                           mlp_regions, model_json, pieces_plan, run_cli, run_inproc)
 from hp_recompute.replay_buffers import BufferKeepingFunction
@@ -209,9 +208,8 @@ def _measure_costs(out: Path, model: str) -> Path:
     """``model``'s model JSON with times and bytes measured here (hp_recompute.costs)."""
     model_json, factory = BUNDLED[model]
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--model-json", str(model_json),
-                           *(["--model", factory] if factory else []), "-o", str(out), "--repeats", "3",
-                           "--warmup", "1"], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_module("hp_recompute.costs", ["--model-json", str(model_json), *(["--model", factory] if factory else []),
+                                             "-o", str(out), "--repeats", "3", "--warmup", "1"], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 

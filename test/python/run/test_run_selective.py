@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from cli_processes import run_module
 from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, PYTHON_DIR, flags, gpt_factory, make_plan, run_cli
 from hp_recompute.selective import selective_supported
 
@@ -28,9 +28,8 @@ GPT_STAGES = "0:0-4,1:5-9"
 
 def _costs(out: Path) -> Path:
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.costs", "--model-json", str(GPT_MODEL_JSON), "-o",
-                           str(out), "--repeats", "3", "--warmup", "1"], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = run_module("hp_recompute.costs", ["--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "3",
+                                             "--warmup", "1"], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return out
 
