@@ -26,9 +26,11 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hp_recompute.processes import rank_start_method
+
+_REPLACED: List[Any] = []  # a command process's original standard streams (_command)
 
 
 def run_module(module: str, args: Sequence[str], *, env: Optional[Dict[str, str]] = None,
@@ -65,6 +67,9 @@ def _command(module: str, args: Sequence[str], env: Dict[str, str], cwd: str, st
         opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_TRUNC)
         os.dup2(opened, fd)
         os.close(opened)
+    # The streams they replace stay referenced: multiprocessing opened this process's stdin on
+    # os.devnull, and its finalizer would close descriptor 0, now the command's.
+    _REPLACED.extend((sys.stdin, sys.stdout, sys.stderr))
     sys.stdin, sys.stdout, sys.stderr = (open(fd, mode, closefd=False) for fd, mode in ((0, "r"), (1, "w"), (2, "w")))
     sys.argv = [module, *args]
     sys.path.insert(0, cwd)  # what -m puts first

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_processes import run_module
 
 pytest.importorskip("transformers", reason="needs transformers (requirements.txt)")
 
@@ -27,9 +28,8 @@ INPUTS = ["--input-shape", "2x16", "--input-dtype", "int64"]
 QUICK = ["--repeats", "2", "--warmup", "1"]
 
 
-def _tool(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=600)
+def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
+    return run_module(module, args, env=dict(os.environ, PYTHONPATH=str(REPO / "python")), timeout=600)
 
 
 @pytest.mark.parametrize("factory,what", [

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from cli_processes import run_module
 
 pytest.importorskip("transformers", reason="needs transformers (requirements.txt)")
 
@@ -26,9 +27,8 @@ MODELS = HERE / "hf_models.py"
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
 
 
-def _tool(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=600)
+def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
+    return run_module(module, args, env=dict(os.environ, PYTHONPATH=str(REPO / "python")), timeout=600)
 
 
 def _plan(tmp_path: Path, factory: str) -> Path:
