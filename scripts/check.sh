@@ -8,9 +8,9 @@
 # Each leg's header says how long the script has run (CI's budget is 25 minutes on 2 cores).
 #
 # The sanitizer build (build-asan/, ~400 s of CPU) runs in the background at the lowest
-# priority from the moment the Debian packages are in: the venvs' installs, the wheel check
-# and the ends of each test runner leave a core idle, which it takes. Its output is printed
-# when the sanitizer leg begins.
+# priority from the moment the Debian packages are in: the venvs' installs leave a core idle,
+# which it takes (from a fresh clone it is done before the tests begin; the tests keep both
+# cores busy). Its output is printed when the sanitizer leg begins.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cpu_ticks() { awk '/^cpu /{total = 0; for (i = 2; i <= NF; i++) total += $i; print $5 + $6, total}' /proc/stat; }

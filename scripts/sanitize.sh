@@ -3,7 +3,7 @@
 # (ASan + UBSan everywhere, plus the libFuzzer targets), builds it, runs ctest
 # and lit there, then every fuzz target for a bounded time (scripts/fuzz.sh).
 # --build-only stops after the build; --tests-only runs what follows it on a build
-# already made (scripts/check.sh builds in the background while the Python suites run).
+# already made (scripts/check.sh builds in the background while it sets up).
 # NDEBUG as in Debian's LLVM: its headers switch statistics (and their ABI) on
 # without it. This leg links Debian's LibTorch (build/ takes the venv wheel's),
 # so CI builds and tests the TorchScript importer against both.

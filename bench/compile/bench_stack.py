@@ -22,7 +22,7 @@ side in one run, repeated:
 * ours ZBV bubble, auto, compiled: the same blocks under a ZBV plan with ``--checkpoint auto``
   within interleaved 1F1B's planned activation peak of its lighter rank: the planner chooses
   per block none, selective or full (a full block's wrapper sets its selective policy aside:
-  hpr.selective.plan-full), so every rank holds what torch's lighter rank would.
+  hpr.selective.plan-full), so no rank plans more activation bytes than that.
 
 The other plans checkpoint every block selectively, on the costs ``python -m hp_recompute.costs
 --module bench/compile/bench_stack.py:compiled_decoder --autocast bfloat16`` measures: the
