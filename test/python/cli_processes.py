@@ -11,8 +11,10 @@ directory, standard streams and exit status, what ``subprocess.run([sys.executab
 MODULE, *ARGS], capture_output=True, text=True)`` gives back. What differs from a fresh
 interpreter: the modules the server imported (torch, and hp_recompute where the test
 process had imported it) are imported already, and ``/proc/PID/environ`` shows the
-server's environment. A test that needs a fresh interpreter (what an import does, a
-process found by its environment) runs ``subprocess`` itself.
+server's environment. The command finds hp_recompute in this source tree, as the test
+process does (its ``python/`` first on ``PYTHONPATH``, which the processes it starts inherit).
+A test that needs a fresh interpreter (what an import does, a process found by its
+environment) runs ``subprocess`` itself.
 """
 
 from __future__ import annotations
@@ -30,22 +32,26 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hp_recompute.processes import rank_start_method
 
+PYTHON_DIR = str(Path(__file__).resolve().parents[2] / "python")
 _REPLACED: List[Any] = []  # a command process's original standard streams (_command)
 
 
 def run_module(module: str, args: Sequence[str], *, env: Optional[Dict[str, str]] = None,
-               cwd: Optional[Path] = None, timeout: Optional[float] = None,
+               cwd: Optional[Path] = None, timeout: Optional[float] = 300,
                input: Optional[str] = None) -> subprocess.CompletedProcess:
     """``python -m module args`` (module docstring), in ``cwd`` (default this one's) with
-    ``env`` (default this process's) and ``input`` on its standard input (default none);
-    raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds, the process killed."""
+    ``env`` (default this process's; ``PYTHON_DIR`` put first on its ``PYTHONPATH``) and
+    ``input`` on its standard input (default none); raises ``subprocess.TimeoutExpired``
+    after ``timeout`` seconds, the process killed."""
     argv = [sys.executable, "-m", module, *args]
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([PYTHON_DIR, *filter(None, [env.get("PYTHONPATH")])])
     with tempfile.TemporaryDirectory(prefix="hpr-cli-") as tmp:
         streams = [Path(tmp) / name for name in ("stdin", "stdout", "stderr")]
         for stream, text in zip(streams, (input or "", "", "")):
             stream.write_text(text)
         process = multiprocessing.get_context(rank_start_method()).Process(
-            target=_command, args=(module, list(args), dict(os.environ if env is None else env),
+            target=_command, args=(module, list(args), env,
                                    str(cwd or os.getcwd()), [str(s) for s in streams]))
         process.start()
         process.join(timeout)

@@ -303,30 +303,30 @@ NB_MODULE(_planner, m) {
         request.ranks = ranks;
         request.microbatches = microbatches;
         request.stagesPerRank = stagesPerRank;
+        // A keyword the CLI would refuse with exit 2, as the CLI words it.
+        auto usage = [](llvm::StringRef option, llvm::StringRef expected,
+                        const std::string &got) {
+          return PlanResult{
+              "",
+              {"usage: " +
+               mlir::hpr::optionName(option, OptionSpelling::Keyword) + ": " +
+               expected.str() + ", got '" + got + "'"},
+              {}};
+        };
         if (checkpoint) {
           request.checkpoint = mlir::hpr::parseCheckpointPolicy(*checkpoint);
           if (!request.checkpoint)
-            return PlanResult{
-                "",
-                {"usage: " +
-                 mlir::hpr::optionName("checkpoint", OptionSpelling::Keyword) +
-                 ": expected all, model, none, auto or selective, "
-                 "got '" +
-                 *checkpoint + "'"},
-                {}};
+            return usage("checkpoint",
+                         "expected all, model, none, auto or selective",
+                         *checkpoint);
         }
         if (prefetch)
           request.prefetch = *prefetch;
         if (budget) {
           request.budget = mlir::hpr::parseMemoryBudget(*budget);
           if (!request.budget)
-            return PlanResult{"",
-                              {"usage: " +
-                               mlir::hpr::optionName("memory-budget",
-                                                     OptionSpelling::Keyword) +
-                               ": " + mlir::hpr::kMemoryBudgetExpected.str() +
-                               ", got '" + *budget + "'"},
-                              {}};
+            return usage("memory-budget", mlir::hpr::kMemoryBudgetExpected,
+                         *budget);
         }
         request.stageSpec = stages.value_or("");
         request.dpShard = dpShard;

@@ -17,8 +17,7 @@ MLP = os.path.join(ROOT, "examples", "mlp", "model.py")
 
 
 def _export(*argv: str) -> subprocess.CompletedProcess:
-    proc = run_module("hp_recompute.export", argv, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
-                      timeout=300)
+    proc = run_module("hp_recompute.export", argv)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
 

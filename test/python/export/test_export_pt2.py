@@ -14,7 +14,6 @@ import pytest
 import torch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "python")}
 GPT_SDPA = os.path.join(ROOT, "examples", "gpt", "model.py") + ":build_sdpa"
 GPT = os.path.join(ROOT, "examples", "gpt", "model.py") + ":build"
 
@@ -24,7 +23,7 @@ from cli_processes import run_module  # noqa: E402
 
 
 def run_export(*args: str) -> subprocess.CompletedProcess:
-    return run_module("hp_recompute.export", args, env=ENV)
+    return run_module("hp_recompute.export", args)
 
 
 @pytest.mark.skipif(not hasattr(torch, "export"), reason="needs torch.export (torch 2.x)")

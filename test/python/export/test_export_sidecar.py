@@ -86,11 +86,10 @@ def test_sidecar_saved_bytes_match_autograd_graph(tmp_path, name, shapes, dtype,
 
 def test_cli_writes_pt_sidecar_ir_and_model_json(tmp_path):
     out = tmp_path / "m.pt"
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     proc = run_module(
         "hp_recompute.export", ["--module", os.path.join(ROOT, "examples", "mlp", "model.py") + ":build",
                                 "--input-shape", "8x32", "-o", str(out), "--ir", str(tmp_path / "m.ir"),
-                                "--model-json", str(tmp_path / "m.model.json")], env=env)
+                                "--model-json", str(tmp_path / "m.model.json")])
     assert proc.returncode == 0, proc.stderr
     loaded = torch.jit.load(str(out))
     assert loaded(torch.randn(8, 32)).shape == (8, 10)
@@ -123,8 +122,7 @@ def test_cli_bad_input(tmp_path, argv, message):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     base = ["--module", os.path.join(ROOT, "examples", "mlp", "model.py") + ":build",
             "-o", str(tmp_path / "m.pt")]
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    proc = run_module("hp_recompute.export", base + argv, env=env)
+    proc = run_module("hp_recompute.export", base + argv)
     assert proc.returncode == 1
     assert proc.stderr.startswith("hp_recompute:") and "Traceback" not in proc.stderr
     assert message in proc.stderr
@@ -235,10 +233,8 @@ def export_twice(tmp_path, factory: str, out: str) -> subprocess.CompletedProces
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     (src / "twice.py").write_text(_TWICE)
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     return run_module("hp_recompute.export", ["--module", f"{src / 'twice.py'}:{factory}", "--input-shape", "4x8",
-                                              "-o", out, "--model-json", os.path.splitext(out)[0] + ".model.json"],
-                      env=env)
+                                              "-o", out, "--model-json", os.path.splitext(out)[0] + ".model.json"])
 
 
 @pytest.mark.parametrize("factory", ["adjacent", "after_other_code"])

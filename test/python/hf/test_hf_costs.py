@@ -29,7 +29,7 @@ QUICK = ["--repeats", "2", "--warmup", "1"]
 
 
 def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
-    return run_module(module, args, env=dict(os.environ, PYTHONPATH=str(REPO / "python")), timeout=600)
+    return run_module(module, args, timeout=600)
 
 
 @pytest.mark.parametrize("factory,what", [

@@ -28,7 +28,7 @@ PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-
 
 
 def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
-    return run_module(module, args, env=dict(os.environ, PYTHONPATH=str(REPO / "python")), timeout=600)
+    return run_module(module, args, timeout=600)
 
 
 def _plan(tmp_path: Path, factory: str) -> Path:

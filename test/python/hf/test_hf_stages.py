@@ -110,10 +110,9 @@ def test_tied_weights_on_two_ranks_are_refused_and_on_one_rank_shared(tmp_path: 
 def llama_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The user's path: costs measured on the model (caches off), a ZBV plan on 2 ranks."""
     tmp = tmp_path_factory.mktemp("hf_llama")
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'python'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = run_module("hp_recompute.costs", ["--module", f"{HERE / 'hf_models.py'}:llama_no_cache", "--input-shape",
                                              f"2x{hf_models.SEQ}", "--input-dtype", "int64", "--repeats", "2",
-                                             "--warmup", "1", "-o", str(tmp / "llama.json")], env=env)
+                                             "--warmup", "1", "-o", str(tmp / "llama.json")])
     assert proc.returncode == 0, proc.stderr
     assert PLAN_TOOL.exists(), f"build the project first: {PLAN_TOOL} is missing"
     # A fixed split by module paths (the balanced one follows the measured times): rank 0 holds stages 0

@@ -11,7 +11,6 @@ message and no traceback. Runs on torch 1.13 and 2.13.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Dict
 
@@ -22,7 +21,6 @@ from hand_plan import hand_plan
 from hp_recompute.plan import RunError, admit_plan, load_plan
 from hp_recompute.plan.reader import build_plan
 
-REPO = Path(__file__).resolve().parents[3]
 Plan = Dict[str, Any]
 
 
@@ -175,8 +173,7 @@ def test_the_runner_exits_1_with_the_location(tmp_path: Path, case: str) -> None
     data, message = FILES[case]
     path = tmp_path / "p.json"
     path.write_bytes(data)
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    proc = run_module("hp_recompute.run", ["--plan", str(path)], env=env, timeout=120)
+    proc = run_module("hp_recompute.run", ["--plan", str(path)], timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert f"{path}{message}" in proc.stderr
     assert "Traceback" not in proc.stderr

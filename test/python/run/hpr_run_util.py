@@ -51,10 +51,7 @@ def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Runs ``python3 -m hp_recompute.run ARGS`` in a process of its own (in ``cwd``, default
     this one's), started with torch imported (cli_processes.run_module)."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(PYTHON_DIR) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.update(env or {})
-    return run_module("hp_recompute.run", args, env=full_env, timeout=timeout, cwd=cwd)
+    return run_module("hp_recompute.run", args, env={**os.environ, **(env or {})}, timeout=timeout, cwd=cwd)
 
 
 def run_inproc(*args: str) -> Tuple[int, Dict[str, Any]]:

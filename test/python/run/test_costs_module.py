@@ -43,8 +43,7 @@ QUICK = ["--repeats", "2", "--warmup", "1"]
 
 
 def _costs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return run_module("hp_recompute.costs", args, env=dict(os.environ, PYTHONPATH=str(PYTHON_DIR)), timeout=300,
-                      cwd=cwd)
+    return run_module("hp_recompute.costs", args, cwd=cwd)
 
 
 def _measure(out: Path, model: str, *extra: str) -> Dict:

@@ -7,7 +7,6 @@ so, or runs a model that used to fail honestly-correct plans (dropout, BatchNorm
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, List
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from cli_processes import run_module
-from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, PYTHON_DIR, edit_plan, flags, gpt_factory, make_plan,
+from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, edit_plan, flags, gpt_factory, make_plan,
                           mlp_regions, model_json, pieces_plan, run_cli, run_inproc)
 from hp_recompute.replay_buffers import BufferKeepingFunction
 from hp_recompute.runner.memory import AllocatorPeak
@@ -207,9 +206,8 @@ EVEN_STAGES = {("gpt", 2): "0:0-4,1:5-9", ("gpt", 4): "0:0-2,1:3-4,2:5-6,3:7-9",
 def _measure_costs(out: Path, model: str) -> Path:
     """``model``'s model JSON with times and bytes measured here (hp_recompute.costs)."""
     model_json, factory = BUNDLED[model]
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
     proc = run_module("hp_recompute.costs", ["--model-json", str(model_json), *(["--model", factory] if factory else []),
-                                             "-o", str(out), "--repeats", "3", "--warmup", "1"], env=env, timeout=300)
+                                             "-o", str(out), "--repeats", "3", "--warmup", "1"])
     assert proc.returncode == 0, proc.stderr
     return out
 

@@ -10,7 +10,6 @@ under PlannedSchedule, test_planned_schedule.py).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from cli_processes import run_module
-from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, PYTHON_DIR, flags, gpt_factory, make_plan, run_cli
+from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, flags, gpt_factory, make_plan, run_cli
 from hp_recompute.selective import selective_supported
 
 needs_selective = pytest.mark.skipif(not selective_supported(), reason="selective checkpointing needs torch >= 2.4")
@@ -27,9 +26,8 @@ GPT_STAGES = "0:0-4,1:5-9"
 
 
 def _costs(out: Path) -> Path:
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
     proc = run_module("hp_recompute.costs", ["--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "3",
-                                             "--warmup", "1"], env=env, timeout=300)
+                                             "--warmup", "1"])
     assert proc.returncode == 0, proc.stderr
     return out
 
