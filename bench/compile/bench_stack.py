@@ -233,6 +233,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.batch < MICROBATCHES or args.batch % MICROBATCHES or args.steps < 1 or args.repeats < 1:
         parser.error(f"--batch must be a positive multiple of {MICROBATCHES}, --steps and --repeats positive")
+    if args.keep is not None and args.keep.exists() and not args.keep.is_dir():
+        parser.error(f"--keep {args.keep}: not a folder")
     sys.path[:0] = [str(REPO / "python")]
     from hp_recompute import compile_split, selective
 
