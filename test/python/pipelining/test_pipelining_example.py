@@ -95,35 +95,52 @@ def _train(tmp_path: Path, schedule: str, nproc: int, *flags: str, policy: str =
 
 @pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
                     reason="the compiled dx/dw split needs torch >= 2.13")
-@pytest.mark.parametrize("schedule,dp", [("zbv", 1), ("zbv", 2), ("1f1b", 2)],
-                         ids=["zbv", "zbv-pp2xfsdp2", "1f1b-pp2xfsdp2"])
-def test_the_example_trains_compiled_blocks_to_the_eager_losses_under_torchrun(tmp_path: Path, schedule: str,
-                                                                               dp: int) -> None:
-    """torchtitan's order with ``--compile``: checkpoint-wrap, ``block.compile()``, (``fully_shard``),
-    then the stage; the same losses as the eager blocks, one replay per block per microbatch."""
+@pytest.mark.parametrize("schedule", ["zbv", "1f1b"])
+def test_the_example_trains_compiled_fsdp2_blocks_to_the_eager_losses_under_torchrun(tmp_path: Path,
+                                                                                     schedule: str) -> None:
+    """torchtitan's order with ``--compile`` on 2 pipeline ranks x 2 FSDP2 replicas: checkpoint-wrap,
+    ``block.compile()``, ``fully_shard``, then the stage; the same losses as the eager blocks, one
+    replay per block per microbatch."""
     runs = {}
     for name, flags in (("eager", []), ("compiled", ["--compile", "aot_eager"])):
-        proc = _train(tmp_path, schedule, 2 * dp, "--dp", str(dp), *flags)
+        proc = _train(tmp_path, schedule, 4, "--dp", "2", *flags)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         runs[name] = re.findall(r"step (\d): loss ([0-9.]+), replays on rank \d: (\d+)", proc.stdout)
     assert len(runs["eager"]) == 3 and runs["compiled"] == runs["eager"], runs
 
 
+@pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED,
+                    reason="the compiled dx/dw split needs torch >= 2.13")
+def test_the_example_trains_compiled_and_selective_blocks_to_the_eager_full_plans_losses_under_torchrun(
+        tmp_path: Path) -> None:
+    """torchtitan's order on a ZBV plan, with and without ``--compile`` and the plan's selective policy
+    (checkpoint-wrap with ``selective_context_fn()``, ``block.compile()``, the stage): all four
+    runs train to the losses of the eager blocks checkpointed in full, one replay per block per
+    microbatch. One test, so that each launch runs once."""
+    runs = {}
+    for backend in (None, "aot_eager"):
+        for policy in ("all", "selective"):
+            proc = _train(tmp_path, "zbv", 2, "--dp", "1", *(["--compile", backend] if backend else []),
+                          policy=policy)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            runs[backend or "eager", policy] = re.findall(r"step (\d): loss ([0-9.]+), replays on rank \d: (\d+)",
+                                                          proc.stdout)
+    reference = runs["eager", "all"]
+    assert len(reference) == 3 and all(run == reference for run in runs.values()), runs
+
+
 @pytest.mark.skipif(not __import__("hp_recompute").compile_split.SUPPORTED or
                     not __import__("hp_recompute").fsdp.FSDP_AVAILABLE,
                     reason="needs the compiled dx/dw split (torch >= 2.13) and FSDP2")
-@pytest.mark.parametrize("schedule,dp,backend", [("zbv", 1, None), ("zbv", 1, "aot_eager"), ("zbv", 2, "inductor")],
-                         ids=["zbv-eager", "zbv-aot_eager", "zbv-pp2xfsdp2-inductor"])
-def test_the_example_trains_a_selective_plan_to_the_full_plans_losses_under_torchrun(tmp_path: Path, schedule: str,
-                                                                                     dp: int, backend: str) -> None:
-    """torchtitan's whole order with the plan's selective policy: checkpoint-wrap with
-    ``selective_context_fn()``, ``block.compile()``, (``fully_shard``), the stage, under
-    torchrun: the losses of the plan that checkpoints in full, one replay per block per
-    microbatch (with inductor: the matmuls the policy saves stay dispatched, hpr.selective.visible-ops)."""
+def test_the_example_trains_a_selective_plan_to_the_full_plans_losses_under_torchrun(tmp_path: Path) -> None:
+    """torchtitan's whole order with the plan's selective policy on 2 pipeline ranks x 2 FSDP2
+    replicas: checkpoint-wrap with ``selective_context_fn()``, ``block.compile()`` with inductor,
+    ``fully_shard``, the stage, under torchrun: the losses of the plan that checkpoints in full, one
+    replay per block per microbatch (the matmuls the policy saves stay dispatched,
+    hpr.selective.visible-ops)."""
     runs = {}
     for policy in ("all", "selective"):
-        proc = _train(tmp_path, schedule, 2 * dp, "--dp", str(dp), *(["--compile", backend] if backend else []),
-                      policy=policy)
+        proc = _train(tmp_path, "zbv", 4, "--dp", "2", "--compile", "inductor", policy=policy)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         runs[policy] = re.findall(r"step (\d): loss ([0-9.]+), replays on rank \d: (\d+)", proc.stdout)
     assert len(runs["all"]) == 3 and runs["selective"] == runs["all"], runs
