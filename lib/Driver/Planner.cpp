@@ -604,13 +604,15 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
     ScopedDiagnosticHandler quiet(&context,
                                   [](Diagnostic &) { return success(); });
     bool replayed = planned->second.total().weightReplays > 0;
-    auto contend = [&](unsigned percent, bool weightReplay) {
+    auto contend = [&](unsigned percent, bool weightReplay,
+                       bool fuseWeights = false) {
       RecomputePipelineOptions lower;
       lower.copyOptionValuesFrom(pipeline);
       lower.checkSchedule = false;
       lower.lowerRuntime = false;
       lower.deferralBudget = pipeline.budget * percent / 100;
       lower.weightReplay = weightReplay;
+      lower.fuseWeights = fuseWeights;
       TimingScope lowerImport = timing.nest("import (lower dw bound)");
       auto contender = planModule(context, *staged, *schedule, scheduleFile,
                                   lower, lowerImport, timing, [] {});
@@ -625,6 +627,11 @@ planSchedule(MLIRContext &context, const PlanRequest &request,
     };
     for (unsigned percent : kDeferralBudgetPercents)
       contend(percent, /*weightReplay=*/true);
+    // Every dx fused with its dw first: the schedule the dws are deferred
+    // from (ZB-H1's is 1F1B's), then dws back into idle time where the
+    // choice leaves room, so a zero-bubble plan is never slower than its
+    // schedule fused.
+    contend(100, /*weightReplay=*/true, /*fuseWeights=*/true);
     if (replayed)
       for (unsigned percent : kWeightReplayFreePercents)
         contend(percent, /*weightReplay=*/false);

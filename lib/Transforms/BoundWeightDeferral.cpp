@@ -171,6 +171,22 @@ void restoreSchedule(ModuleOp module, ModuleOp from) {
   current->erase();
 }
 
+/// Replaces the dx `input` and the dw `weight` of one (stage, microbatch)
+/// with one backward at the dx, marked `fused` with `markFused` (for the
+/// after-choice run).
+void fusePair(Operation *input, Operation *weight, bool markFused) {
+  auto action = cast<ActionOpInterface>(input);
+  OpBuilder builder(input);
+  builder.create<BackwardOp>(input->getLoc(), action.getStageIndex(),
+                             action.getMicrobatchIndex(), Value(),
+                             /*retain_on_unpack=*/false,
+                             /*overlap=*/false, /*frees_graph=*/false,
+                             /*last_backward=*/false, /*waits=*/nullptr,
+                             /*hands_to=*/nullptr, markFused);
+  input->erase();
+  weight->erase();
+}
+
 /// Applies `change` to `module` (or a copy of it); a fused pair is marked
 /// `fused` with `markFused` (for the after-choice run).
 void apply(ModuleOp module, const Change &change, bool markFused = false) {
@@ -188,14 +204,54 @@ void apply(ModuleOp module, const Change &change, bool markFused = false) {
     cast<BackwardWeightOp>(weight).setWeightReplay(true);
     return;
   }
-  OpBuilder builder(input);
-  builder.create<BackwardOp>(input->getLoc(), change.stage, change.microbatch,
-                             Value(), /*retain_on_unpack=*/false,
-                             /*overlap=*/false, /*frees_graph=*/false,
-                             /*last_backward=*/false, /*waits=*/nullptr,
-                             /*hands_to=*/nullptr, markFused);
-  input->erase();
-  weight->erase();
+  fusePair(input, weight, markFused);
+}
+
+/// Step 0 of Passes.td: fuses each dx with its dw in `program`, stage by
+/// stage, where the stage's weight gradients are then added in the order
+/// they are now (its dxs in its dws' order, no OVERLAP_F_B half among its
+/// pairs); returns the pairs fused.
+llvm::SmallVector<Key> fuseEveryPair(ProgramOp program, bool markFused) {
+  SplitBackwards split = collectSplitBackwards(program);
+  // Per stage, (position, microbatch) of each weight gradient as the program
+  // stands and as it would with every pair fused at its dx.
+  llvm::DenseMap<int64_t, std::vector<std::pair<unsigned, int64_t>>> now,
+      fusedAt;
+  llvm::DenseSet<int64_t> pinned;
+  for (auto [pos, op] : llvm::enumerate(split.ops)) {
+    if (!isa<BackwardOp, BackwardWeightOp>(op))
+      continue;
+    auto action = cast<ActionOpInterface>(op);
+    Key key{action.getStageIndex(), action.getMicrobatchIndex()};
+    unsigned at = pos;
+    if (auto it = split.positions.find(key);
+        isa<BackwardWeightOp>(op) && it != split.positions.end()) {
+      at = it->second.first;
+      if (!isMovable(split.ops[at]) || !isMovable(op))
+        pinned.insert(key.first);
+    }
+    now[key.first].push_back({static_cast<unsigned>(pos), key.second});
+    fusedAt[key.first].push_back({at, key.second});
+  }
+  auto microbatches = [](std::vector<std::pair<unsigned, int64_t>> order) {
+    llvm::sort(order);
+    return llvm::to_vector(llvm::make_second_range(order));
+  };
+  llvm::DenseSet<int64_t> keepsOrder;
+  for (auto &[stage, order] : now)
+    if (!pinned.contains(stage) &&
+        microbatches(order) == microbatches(fusedAt[stage]))
+      keepsOrder.insert(stage);
+  llvm::SmallVector<Key> keys;
+  for (auto &[key, positions] : split.positions)
+    if (keepsOrder.contains(key.first))
+      keys.push_back(key);
+  llvm::sort(keys); // positions come from a hash map
+  for (Key key : keys) {
+    auto [inputPos, weightPos] = split.positions.lookup(key);
+    fusePair(split.ops[inputPos], split.ops[weightPos], markFused);
+  }
+  return keys;
 }
 
 /// A dw moved into idle time: rank `rank`'s dw of `key` (with `split`, the
@@ -479,6 +535,18 @@ void BoundWeightDeferralPass::runOnOperation() {
   fused.clear();
   if (afterChoice)
     return runAfterChoice(module);
+  if (fuseAll) {
+    unsigned rank = 0;
+    for (ProgramOp program :
+         llvm::to_vector(getSchedule(module).getBody().getOps<ProgramOp>())) {
+      llvm::SmallVector<Key> keys = fuseEveryPair(program, markFused);
+      fused.insert(keys.begin(), keys.end());
+      numFusedBackwards += keys.size();
+      if (!keys.empty())
+        recordOrder(module, rank);
+      ++rank;
+    }
+  }
   // With least-memory the schedule is bounded only where no checkpoint
   // choice fits it as it stands.
   if (leastMemory && selectionFits(module))

@@ -49,6 +49,7 @@ void mlir::hpr::buildPlanningPasses(OpPassManager &pm,
         options.deferralBudget > 0 ? options.deferralBudget : options.budget;
     deferral.leastMemory = options.select == CheckpointSelection::Auto;
     deferral.weightReplay = options.weightReplay;
+    deferral.fuseAll = options.fuseWeights;
     deferral.markFused =
         options.select == CheckpointSelection::Auto && options.deferAfterChoice;
     pm.addPass(createHPRBoundWeightDeferral(deferral));

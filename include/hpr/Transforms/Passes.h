@@ -64,6 +64,12 @@ struct RecomputePipelineOptions
                      "drop its session's replay and its dw replay again "
                      "(weight_replay)"),
       llvm::cl::init(true)};
+  Option<bool> fuseWeights{
+      *this, "fuse-weights",
+      llvm::cl::desc("With a budget: hpr-bound-weight-deferral first fuses "
+                     "every dx with its dw (fuse-all), the schedule its dws "
+                     "are deferred from"),
+      llvm::cl::init(false)};
   Option<bool> deferAfterChoice{
       *this, "defer-after-choice",
       llvm::cl::desc("With select=auto and a budget: after the choice, "

@@ -173,6 +173,17 @@ def HPRBoundWeightDeferral
        will (sessions, jit, hpr-prefetch-into-bubbles within `budget`,
        clears; on copies) is not slower than the plan without them, so the
        step never gets longer for them.
+    0. With `fuse-all`, first: every dx and dw fuse into one `hpr.backward`
+       at the dx, on each stage whose weight gradients are then added in the
+       order they were (its dxs in the order of its dws, no half of an
+       OVERLAP_F_B pair among them): the schedule the zero-bubble one
+       defers its dws from (ZB-H1's is 1F1B's). Step 1 then finds the
+       least memory the schedule reaches; with `mark-fused` the pairs are
+       marked `fused`, so that step 6 may split them again into idle time
+       (Zero Bubble's ZB-H1: 1F1B with dws moved into its bubbles). The
+       planner driver plans this beside the budget's bounds and keeps the
+       fastest, so a zero-bubble plan is never slower than its schedule
+       fused.
     A `weight_replay` dw whose (stage, microbatch) is not checkpointed in the
     end (`least-memory`: hpr-select-checkpoints chose otherwise) replays
     nothing: the replay was priced only while it ran checkpointed, and
@@ -202,6 +213,10 @@ def HPRBoundWeightDeferral
     Option<"weightReplay", "weight-replay", "bool", /*default=*/"true",
            "Offer change (c), weight_replay, and price moves into idle time "
            "with it (0: move and fuse only)">,
+    Option<"fuseAll", "fuse-all", "bool", /*default=*/"false",
+           "Step 0: fuse every dx/dw pair whose stage keeps its dws' order "
+           "so before steps 1-6 (the planner driver plans it beside the "
+           "budget's bounds)">,
   ];
   let statistics = [
     Statistic<"numMovedWeights", "num-moved-weights",
