@@ -87,6 +87,17 @@ def HPRBoundWeightDeferral
     deferral. Runs before `hpr-select-checkpoints` and
     `hpr-assign-sessions`.
 
+    0. With `fuse-all`, first: every dx and dw fuse into one `hpr.backward`
+       at the dx, on each stage whose weight gradients are then added in the
+       order they were (its dxs in the order of its dws, no half of an
+       OVERLAP_F_B pair among them): the schedule the zero-bubble one
+       defers its dws from (ZB-H1's is 1F1B's). Step 1 then finds the
+       least memory the schedule reaches; with `mark-fused` the pairs are
+       marked `fused`, so that step 6 may split them again into idle time
+       (Zero Bubble's ZB-H1: 1F1B with dws moved into its bubbles). The
+       planner driver plans this beside the budget's bounds and keeps the
+       fastest, so a zero-bubble plan is never slower than its schedule
+       fused.
     1. Memory is the activation model of docs/planning.md, priced as the
        model marks the regions or, with `least-memory` (hpr-select-checkpoints
        follows), with every candidate region checkpointed. With
@@ -173,17 +184,6 @@ def HPRBoundWeightDeferral
        will (sessions, jit, hpr-prefetch-into-bubbles within `budget`,
        clears; on copies) is not slower than the plan without them, so the
        step never gets longer for them.
-    0. With `fuse-all`, first: every dx and dw fuse into one `hpr.backward`
-       at the dx, on each stage whose weight gradients are then added in the
-       order they were (its dxs in the order of its dws, no half of an
-       OVERLAP_F_B pair among them): the schedule the zero-bubble one
-       defers its dws from (ZB-H1's is 1F1B's). Step 1 then finds the
-       least memory the schedule reaches; with `mark-fused` the pairs are
-       marked `fused`, so that step 6 may split them again into idle time
-       (Zero Bubble's ZB-H1: 1F1B with dws moved into its bubbles). The
-       planner driver plans this beside the budget's bounds and keeps the
-       fastest, so a zero-bubble plan is never slower than its schedule
-       fused.
     A `weight_replay` dw whose (stage, microbatch) is not checkpointed in the
     end (`least-memory`: hpr-select-checkpoints chose otherwise) replays
     nothing: the replay was priced only while it ran checkpointed, and
