@@ -28,10 +28,6 @@ INPUTS = ["--input-shape", "2x16", "--input-dtype", "int64"]
 QUICK = ["--repeats", "2", "--warmup", "1"]
 
 
-def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
-    return run_module(module, args, timeout=600)
-
-
 @pytest.mark.parametrize("factory,what", [
     ("llama", "keeps 4096 bytes beyond its outputs after each call"),
     # the sliding-window cache keeps the window: the same call fails the second time
@@ -39,7 +35,8 @@ def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
 ])
 def test_costs_refuse_a_model_growing_its_cache_and_name_use_cache(tmp_path: Path, factory: str, what: str) -> None:
     out = tmp_path / "model.json"
-    proc = _tool("hp_recompute.costs", "--module", f"{MODELS}:{factory}", *INPUTS, "-o", str(out), *QUICK)
+    proc = run_module("hp_recompute.costs", ["--module", f"{MODELS}:{factory}", *INPUTS, "-o", str(out), *QUICK],
+                      timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert f"hp_recompute.costs: region 'model.layers.0' {what}" in proc.stderr
     assert "given cache=DynamicCache" in proc.stderr
@@ -49,8 +46,8 @@ def test_costs_refuse_a_model_growing_its_cache_and_name_use_cache(tmp_path: Pat
 
 def test_costs_with_the_cache_off_in_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "llama.json"
-    proc = _tool("hp_recompute.costs", "--module", f"{MODELS}:llama_no_cache", *INPUTS, "--processes", "2", "-o",
-                 str(out), *QUICK)
+    proc = run_module("hp_recompute.costs", ["--module", f"{MODELS}:llama_no_cache", *INPUTS, "--processes", "2",
+                                             "-o", str(out), *QUICK], timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "its tensor 'logits'" in proc.stderr  # CausalLMOutputWithPast: its logits measured
     regions = json.loads(out.read_text())["regions"]
@@ -65,7 +62,7 @@ def test_costs_with_the_cache_off_in_two_processes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("suffix", [".pt2", ".pt"])
 def test_export_takes_the_logits_of_a_model_output(tmp_path: Path, suffix: str) -> None:
     out = tmp_path / f"llama{suffix}"
-    proc = _tool("hp_recompute.export", "--module", f"{MODELS}:llama", *INPUTS, "-o", str(out))
+    proc = run_module("hp_recompute.export", ["--module", f"{MODELS}:llama", *INPUTS, "-o", str(out)], timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "the model returns CausalLMOutputWithPast; using its tensor 'logits'" in proc.stderr
     if suffix == ".pt2":
@@ -80,8 +77,8 @@ def test_export_takes_the_logits_of_a_model_output(tmp_path: Path, suffix: str) 
 
 def test_export_model_output_names_a_field(tmp_path: Path) -> None:
     out = tmp_path / "llama.pt2"
-    proc = _tool("hp_recompute.export", "--module", f"{MODELS}:llama", *INPUTS, "--model-output", "hidden", "-o",
-                 str(out))
+    proc = run_module("hp_recompute.export", ["--module", f"{MODELS}:llama", *INPUTS, "--model-output", "hidden",
+                                              "-o", str(out)], timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert ("hp_recompute: --model-output hidden: the model's output (CausalLMOutputWithPast) has no tensor 'hidden'; "
             "its tensors: logits") in proc.stderr

@@ -27,15 +27,12 @@ MODELS = HERE / "hf_models.py"
 PLAN_TOOL = Path(os.environ.get("HPR_BUILD_DIR", REPO / "build")) / "bin" / "hp-recompute-plan"
 
 
-def _tool(module: str, *args: str) -> subprocess.CompletedProcess:
-    return run_module(module, args, timeout=600)
-
-
 def _plan(tmp_path: Path, factory: str) -> Path:
     """A 2-rank ZBV plan (4 microbatches) of ``factory``'s model, from its measured costs."""
     costs, plan = tmp_path / f"{factory}.costs.json", tmp_path / f"{factory}.plan.json"
-    proc = _tool("hp_recompute.costs", "--module", f"{MODELS}:{factory}", "--input-shape", "2x16", "--input-dtype",
-                 "int64", "--repeats", "2", "--warmup", "1", "-o", str(costs))
+    proc = run_module("hp_recompute.costs", ["--module", f"{MODELS}:{factory}", "--input-shape", "2x16",
+                                             "--input-dtype", "int64", "--repeats", "2", "--warmup", "1", "-o",
+                                             str(costs)], timeout=600)
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run([str(PLAN_TOOL), "--model", str(costs), "--schedule-gen", "zbv", "--ranks", "2",
                            "--microbatches", "4", "--emit", "json", "-o", str(plan)], capture_output=True, text=True)
@@ -48,8 +45,9 @@ def test_runner_trains_a_hf_model_from_its_factory(tmp_path: Path, factory: str,
     # costs need the cache off; the runner takes the model as HF builds it (use_cache on: stages run without it)
     plan = _plan(tmp_path, "llama_no_cache" if factory == "llama" else factory)
     report = tmp_path / "report.json"
-    proc = _tool("hp_recompute.run", "--plan", str(plan), "--model", f"{MODELS}:{factory}", "--input-shape", "2x16",
-                 "--report", str(report), *([] if processes else ["--single-process"]))
+    proc = run_module("hp_recompute.run", ["--plan", str(plan), "--model", f"{MODELS}:{factory}", "--input-shape",
+                                           "2x16", "--report", str(report),
+                                           *([] if processes else ["--single-process"])], timeout=600)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     result = json.loads(report.read_text())
     assert result["ok"] is True and result["grads_match"] is True
@@ -79,7 +77,8 @@ def test_runner_refuses_what_it_cannot_run_as_planned(tmp_path: Path, factory: s
     proc = subprocess.run([str(PLAN_TOOL), "--schedule-gen", "zbv", "--ranks", "2", "--microbatches", "4", "--emit",
                            "json", "-o", str(plan)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    proc = _tool("hp_recompute.run", "--plan", str(plan), "--model", f"{MODELS}:{factory}", "--single-process", *args)
+    proc = run_module("hp_recompute.run", ["--plan", str(plan), "--model", f"{MODELS}:{factory}", "--single-process",
+                                           *args], timeout=600)
     assert proc.returncode == code, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -91,7 +90,8 @@ def test_input_shape_is_refused_for_a_model_that_draws_its_own_batches(tmp_path:
                            "zbv", "--ranks", "2", "--microbatches", "4", "--emit", "json", "-o", str(plan)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    proc = _tool("hp_recompute.run", "--plan", str(plan), "--input-shape", "2x8", "--single-process")
+    proc = run_module("hp_recompute.run", ["--plan", str(plan), "--input-shape", "2x8", "--single-process"],
+                      timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert ("hp_recompute.run: --input-shape: only a Hugging Face causal LM's input ids take a shape from the "
             "command line; model 'gpt' draws its own batches (make_batch)") in proc.stderr

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from cli_processes import run_module
+
 pytest.importorskip("torch.distributed.pipelining", reason="needs torch.distributed.pipelining")
 pytest.importorskip("transformers", reason="needs transformers (requirements.txt)")
 

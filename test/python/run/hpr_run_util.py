@@ -54,6 +54,20 @@ def run_cli(*args: str, env: Dict[str, str] | None = None, timeout: float = 120,
     return run_module("hp_recompute.run", args, env={**os.environ, **(env or {})}, timeout=timeout, cwd=cwd)
 
 
+def run_costs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python3 -m hp_recompute.costs ARGS`` as ``run_cli`` runs the runner."""
+    return run_module("hp_recompute.costs", args, cwd=cwd)
+
+
+def measure_costs(out: Path, model_json: Path, factory: str | None = None) -> Path:
+    """``model_json`` with times and bytes measured here (``hp_recompute.costs``, 3 repeats
+    after a warm-up; ``factory``: the model's ``--model``), written to ``out``."""
+    proc = run_costs("--model-json", str(model_json), *(["--model", factory] if factory else []), "-o", str(out),
+                     "--repeats", "3", "--warmup", "1")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
 def run_inproc(*args: str) -> Tuple[int, Dict[str, Any]]:
     """Runs the runner's ``main`` in this process (fast); returns (exit code, report)."""
     from hp_recompute import run as runner

@@ -10,20 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from cli_processes import run_module
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, pieces_plan, run_cli
+from hpr_run_util import (GPT_MODEL_JSON, PYTHON_DIR, device_node, flags, make_plan, pieces_plan, run_cli,
+                          run_costs)
 from hp_recompute.selective import selective_supported
 
 TIMES = ("fwd_time_us", "bwd_input_time_us", "bwd_weight_time_us")
 
 
-def _costs(*args: str) -> subprocess.CompletedProcess:
-    return run_module("hp_recompute.costs", args)
-
-
 def test_measured_times_are_written_and_planned_with(tmp_path: Path) -> None:
     out = tmp_path / "gpt.costed.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "3", "--warmup", "1")
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "3", "--warmup", "1")
     assert proc.returncode == 0, proc.stderr
     graph = json.loads(out.read_text())
     for region in graph["regions"]:
@@ -74,7 +70,7 @@ def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path, p
     agrees with the planner's cost model (CostModel.cpp), checked through the planner; for
     the selective policy too (its own forward and replay fields)."""
     costed = tmp_path / "costed.json"
-    assert _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(costed), "--repeats", "3",
+    assert run_costs("--model-json", str(GPT_MODEL_JSON), "-o", str(costed), "--repeats", "3",
                   "--warmup", "1").returncode == 0
     cfg = ("zb-h1", 2, 4)  # forward, recompute, I and W on both stages
     plan = make_plan(tmp_path, "--model", str(costed), "--checkpoint", policy, *flags(cfg))
@@ -84,7 +80,7 @@ def test_costs_from_a_run_price_every_action_as_long_as_it_ran(tmp_path: Path, p
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
     from_run = tmp_path / "from-run.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report_path), "-o", str(from_run))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report_path), "-o", str(from_run))
     assert proc.returncode == 0, proc.stderr
     # The run's stage split: a split balanced again by the new times could move a region.
     spans, first = [], 0
@@ -112,7 +108,7 @@ def test_a_run_plan_with_an_unknown_policy_is_located(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": []}]}))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 1, proc.stderr
     assert (f"hp_recompute.costs: {plan}: /model/stages: region 'blocks.0': checkpoint: expected false, true or "
             f"\"selective\", got 'Selective'") in proc.stderr
@@ -129,7 +125,7 @@ def test_a_bad_run_report_is_located(tmp_path: Path, report: dict, where: str) -
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(path), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(path), "-o", str(out))
     assert proc.returncode == 1
     assert f"hp_recompute.costs: {path}: {where}" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
@@ -144,7 +140,7 @@ def test_a_run_of_a_plan_with_pieces_is_refused(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": []}]}))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 1
     assert (f"hp_recompute.costs: {plan}: /ranks/0/actions/{first}: the run replayed a session in pieces (a "
             f"recompute with regions), whose times are parts of a replay; take --from-run from a run of a plan "
@@ -157,7 +153,7 @@ def test_a_plan_priced_without_measured_costs_is_refused(tmp_path: Path) -> None
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"plan": str(plan), "ranks": [{"measured_action_us": []}]}))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 1
     assert (f"hp_recompute.costs: {plan}: region 'tok_emb' has no fwd_time_us: plan with costs measured by "
             f"python -m hp_recompute.costs before taking them from a run") in proc.stderr
@@ -170,7 +166,7 @@ def test_region_names_that_are_not_the_models_are_refused(tmp_path: Path) -> Non
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(graph))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(bad), "-o", str(out), "--repeats", "2", "--warmup", "1")
+    proc = run_costs("--model-json", str(bad), "-o", str(out), "--repeats", "2", "--warmup", "1")
     assert proc.returncode == 1
     assert f"hp_recompute.costs: {bad}: /regions: names [tok_emb, blocks.0, blocks.x" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
@@ -178,7 +174,7 @@ def test_region_names_that_are_not_the_models_are_refused(tmp_path: Path) -> Non
 
 def test_an_unwritable_output_is_refused_before_measuring(tmp_path: Path) -> None:
     out = tmp_path / "missing" / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "2", "--warmup", "1")
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "2", "--warmup", "1")
     assert proc.returncode == 1
     assert f"hp_recompute.costs: -o {out}: no directory {out.parent}" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -202,7 +198,7 @@ def test_a_failing_model_is_reported_in_every_process_mode(tmp_path: Path) -> No
     graph = {"name": "broken", "regions": [{"name": "l0"}, {"name": "l1"}]}
     (tmp_path / "m.json").write_text(json.dumps(graph))
     for processes in ("1", "2"):
-        proc = _costs("--model-json", str(tmp_path / "m.json"), "--model", f"{tmp_path}/broken.py:build",
+        proc = run_costs("--model-json", str(tmp_path / "m.json"), "--model", f"{tmp_path}/broken.py:build",
                       "-o", str(tmp_path / "out.json"), "--repeats", "2", "--warmup", "1", "--processes", processes)
         assert proc.returncode == 1, proc.stderr
         assert "ValueError: region l1 cannot run" in proc.stderr
@@ -222,7 +218,7 @@ def test_a_report_that_is_not_utf8_is_located(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     report.write_bytes(b'{"plan": "p.json",\n "ranks": "\xff"}')
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     _refused(proc, 1, f"hp_recompute: {report}:2:12: invalid UTF-8 (byte 0xff); expected UTF-8 text", out)
 
 
@@ -230,7 +226,7 @@ def test_a_deeply_nested_report_is_located(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     report.write_text('{"ranks":\n' + "[" * 100_000 + "]" * 100_000 + "}")
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     _refused(proc, 1, f"hp_recompute: {report}:2:100: JSON nested deeper than 100 levels", out)
 
 
@@ -253,7 +249,7 @@ def test_a_time_that_overflows_to_infinity_is_not_written(tmp_path: Path) -> Non
     """1e308 us spread over regions priced 0.1 us overflows: the planner would refuse the file."""
     report = _priced_plan_and_report(tmp_path, 1e308)
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     _refused(proc, 1, f"hp_recompute.costs: -o {out}: not written: /regions/0/fwd_time_us (region 'tok_emb') is "
                       f"inf; the planner reads only finite numbers (check the times in {report})", out)
 
@@ -261,7 +257,7 @@ def test_a_time_that_overflows_to_infinity_is_not_written(tmp_path: Path) -> Non
 def test_a_nan_in_the_report_is_located(tmp_path: Path) -> None:
     report = _priced_plan_and_report(tmp_path, float("nan"))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     _refused(proc, 1, f"hp_recompute.costs: {report}: /ranks/0/measured_action_us/0: expected an object with op, "
                       f"stage, plain and median_us (a finite number >= 0)", out)
 
@@ -269,7 +265,7 @@ def test_a_nan_in_the_report_is_located(tmp_path: Path) -> None:
 def test_a_time_of_zero_prints_no_ratio(tmp_path: Path) -> None:
     report = _priced_plan_and_report(tmp_path, 0)
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["regions"][0]["fwd_time_us"] == 0
     assert any(line.startswith("tok_emb") and line.split()[5:7] == ["-", "-"] for line in proc.stdout.splitlines())
@@ -283,7 +279,7 @@ def test_an_output_onto_an_input_is_refused(tmp_path: Path, onto: str) -> None:
     model_json.write_text(GPT_MODEL_JSON.read_text())
     out = {"report": report, "plan": plan, "model-json": model_json}[onto]
     before = out.read_bytes()
-    proc = _costs("--model-json", str(model_json), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(model_json), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 2, proc.stderr
     flag = {"report": f"--from-run {report}", "plan": f"--from-run's /plan {plan}",
             "model-json": f"--model-json {model_json}"}[onto]
@@ -300,14 +296,14 @@ def test_an_output_onto_an_input_is_refused(tmp_path: Path, onto: str) -> None:
 ])
 def test_numeric_flags_out_of_range_are_usage_errors(tmp_path: Path, flag: str, value: str, message: str) -> None:
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), flag, value)
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "-o", str(out), flag, value)
     _refused(proc, 2, message, out)
 
 
 def test_an_output_onto_a_character_device_keeps_the_device(tmp_path: Path) -> None:
     report = _priced_plan_and_report(tmp_path, 10.0)
     null = device_node(tmp_path, "null", 3)
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(null))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(null))
     assert proc.returncode == 0, proc.stderr
     assert stat.S_ISCHR(null.stat().st_mode)
 
@@ -318,7 +314,7 @@ def test_a_model_that_exits_while_measured_is_a_failure(tmp_path: Path) -> None:
     graph = {"name": "broken", "regions": [{"name": "l0"}, {"name": "l1"}]}
     (tmp_path / "m.json").write_text(json.dumps(graph))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(tmp_path / "m.json"), "--model", f"{tmp_path}/exits.py:build", "-o", str(out),
+    proc = run_costs("--model-json", str(tmp_path / "m.json"), "--model", f"{tmp_path}/exits.py:build", "-o", str(out),
                   "--repeats", "2", "--warmup", "1")
     _refused(proc, 1, f"hp_recompute.costs: measuring model 'broken' failed: SystemExit: 0 (at {tmp_path}/exits.py:",
              out)
@@ -336,7 +332,7 @@ def test_a_backward_timed_with_its_replay_scales_both(tmp_path: Path) -> None:
         {"op": "backward+recompute", "stage": 1, "plain": False, "median_us": 30.0, "count": 1}]
     report.write_text(json.dumps(raw))
     out = tmp_path / "out.json"
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--from-run", str(report), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     names = {r["name"] for r in plan["model"]["stages"][1]["regions"]}
     checkpointed = {r["name"] for r in plan["model"]["stages"][1]["regions"] if r.get("checkpoint") in (True, "full")}

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict
 
@@ -20,7 +18,7 @@ import pytest
 import torch
 
 from cli_processes import run_module
-from hpr_run_util import GPT_MODEL_JSON, PYTHON_DIR, REPO, flags, make_plan, run_cli
+from hpr_run_util import GPT_MODEL_JSON, REPO, flags, make_plan, run_cli, run_costs
 from hp_recompute.selective import selective_supported
 
 GPT = str(REPO / "examples" / "gpt" / "model.py")
@@ -42,13 +40,9 @@ MODELS = {
 QUICK = ["--repeats", "2", "--warmup", "1"]
 
 
-def _costs(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return run_module("hp_recompute.costs", args, cwd=cwd)
-
-
 def _measure(out: Path, model: str, *extra: str) -> Dict:
     module, inputs, _, _ = MODELS[model]
-    proc = _costs("--module", module, *inputs, "-o", str(out), *QUICK, *extra)
+    proc = run_costs("--module", module, *inputs, "-o", str(out), *QUICK, *extra)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -65,7 +59,7 @@ def test_a_plain_module_gets_the_adapters_bytes_and_plans(tmp_path: Path) -> Non
     (--model-json): same segments, the same bytes I keeps for W and the same backward
     workspace, every time measured; the planner plans it."""
     cut = _measure(tmp_path / "cut.json", "gpt")
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "-o", str(tmp_path / "adapter.json"), *QUICK)
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "-o", str(tmp_path / "adapter.json"), *QUICK)
     assert proc.returncode == 0, proc.stderr
     adapter = json.loads((tmp_path / "adapter.json").read_text())
     assert [r["name"] for r in cut["regions"]] == [r["name"] for r in adapter["regions"]]
@@ -100,10 +94,9 @@ def test_the_segments_are_the_exporters(tmp_path: Path) -> None:
     """Region names and byte counts are those the exporter writes for the same module (one
     segmentation, segmentOps, through both)."""
     cut = _measure(tmp_path / "cut.json", "mlp")
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
-    proc = subprocess.run([sys.executable, "-m", "hp_recompute.export", "--module", f"{MLP}:build", "--input-shape",
-                           "8x32", "-o", str(tmp_path / "mlp.pt"), "--model-json", str(tmp_path / "mlp.model.json")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = run_module("hp_recompute.export", ["--module", f"{MLP}:build", "--input-shape", "8x32", "-o",
+                                              str(tmp_path / "mlp.pt"), "--model-json",
+                                              str(tmp_path / "mlp.model.json")])
     assert proc.returncode == 0, proc.stderr
     exported = json.loads((tmp_path / "mlp.model.json").read_text())
     keys = ("name", "checkpointable", "fwd_flops", "saved_bytes", "input_bytes", "param_bytes")
@@ -130,7 +123,7 @@ def test_a_torchtitan_style_llama_is_costed_without_an_adapter(tmp_path: Path) -
 def test_the_llama_refuses_a_torch_without_sdpa(tmp_path: Path) -> None:
     out = tmp_path / "llama.json"
     module, inputs, _, _ = MODELS["llama"]
-    proc = _costs("--module", module, *inputs, "-o", str(out), *QUICK)
+    proc = run_costs("--module", module, *inputs, "-o", str(out), *QUICK)
     _refused(proc, 1, "needs F.scaled_dot_product_attention (torch >= 2.0)", out)
 
 
@@ -194,7 +187,7 @@ def test_a_tied_weight_is_listed_by_each_region_and_planned_once_per_stage(tmp_p
     of the model's parameters) and once per stage when they are apart."""
     module = _model_file(tmp_path, TIED)
     out = tmp_path / "tied.json"
-    proc = _costs("--module", f"{module}:build", "--input-shape", "2x8", "--input-dtype", "int64", "-o", str(out),
+    proc = run_costs("--module", f"{module}:build", "--input-shape", "2x8", "--input-dtype", "int64", "-o", str(out),
                   *QUICK)
     assert proc.returncode == 0, proc.stderr
     regions = json.loads(out.read_text())["regions"]
@@ -241,7 +234,7 @@ def test_bad_input_is_refused_with_exit_1(tmp_path: Path, case: str, extra, mess
     args = [a.format(m=m) for a in extra]
     if "--input-shape" not in args:
         args += ["--input-shape", "4x4" if m in " ".join(args) else "8x32"]
-    proc = _costs(*args, "-o", str(out), *QUICK, cwd=tmp_path)
+    proc = run_costs(*args, "-o", str(out), *QUICK, cwd=tmp_path)
     _refused(proc, 1, message.format(m=m), out)
 
 
@@ -249,7 +242,7 @@ def test_regions_choose_modules_that_the_depth_rule_does_not(tmp_path: Path) -> 
     """The model without repeated children above: --regions a,b makes each Linear a region."""
     m = _model_file(tmp_path, FLAT)
     out = tmp_path / "out.json"
-    proc = _costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "-o", str(out), *QUICK)
+    proc = run_costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "-o", str(out), *QUICK)
     assert proc.returncode == 0, proc.stderr
     graph = json.loads(out.read_text())
     assert [(r["name"], r["checkpointable"]) for r in graph["regions"]] == [("a", True), ("top", False), ("b", True)]
@@ -262,7 +255,7 @@ def test_processes_measure_the_module_in_as_many_processes(tmp_path: Path) -> No
     graphs = []
     for processes in ("1", "2"):
         out = tmp_path / f"out{processes}.json"
-        proc = _costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "--processes", processes,
+        proc = run_costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "--processes", processes,
                       "-o", str(out), *QUICK)
         assert proc.returncode == 0, proc.stderr
         graphs.append(json.loads(out.read_text()))
@@ -301,7 +294,7 @@ def test_a_region_keeping_state_between_calls_is_refused(tmp_path: Path) -> None
     model with use_cache=True is tested in test/python/hf, where the message names use_cache)."""
     m = _model_file(tmp_path, KEEPS_STATE)
     out = tmp_path / "out.json"
-    proc = _costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "-o", str(out), *QUICK)
+    proc = run_costs("--module", f"{m}:build", "--input-shape", "4x4", "--regions", "a,b", "-o", str(out), *QUICK)
     _refused(proc, 1, "hp_recompute.costs: region 'a' keeps 64 bytes beyond its outputs after each call (two calls "
                       "without grad): its forward keeps state between calls", out)
     assert "make the forward leave nothing behind" in proc.stderr
@@ -323,14 +316,14 @@ def test_a_region_keeping_state_between_calls_is_refused(tmp_path: Path) -> None
 ])
 def test_usage_errors_exit_2(tmp_path: Path, args, message: str) -> None:
     out = tmp_path / "out.json"
-    proc = _costs(*args, "-o", str(out))
+    proc = run_costs(*args, "-o", str(out))
     _refused(proc, 2, message, out)
 
 
 def test_the_output_may_not_be_the_module_file(tmp_path: Path) -> None:
     m = _model_file(tmp_path, FLAT)
     before = Path(m).read_bytes()
-    proc = _costs("--module", f"{m}:build", "--input-shape", "4x4", "-o", m)
+    proc = run_costs("--module", f"{m}:build", "--input-shape", "4x4", "-o", m)
     assert proc.returncode == 2, proc.stderr
     assert "is the same file as the input --module" in proc.stderr
     assert Path(m).read_bytes() == before
@@ -399,6 +392,6 @@ def test_autocast_measures_the_forwards_in_the_precision_they_train_in(tmp_path:
         for key in keys:
             assert b[key] * 2 == a[key], (a["name"], key, a[key], b[key])
     assert "--autocast bfloat16" in json.dumps(bf16)
-    proc = _costs("--model-json", str(GPT_MODEL_JSON), "--autocast", "bfloat16", "-o", str(tmp_path / "x.json"))
+    proc = run_costs("--model-json", str(GPT_MODEL_JSON), "--autocast", "bfloat16", "-o", str(tmp_path / "x.json"))
     _refused(proc, 2, "--regions, --input-shape, --input-dtype, --region-depth and --autocast go with --module",
              tmp_path / "x.json")

@@ -13,8 +13,7 @@ from typing import Dict, List
 import pytest
 import torch
 
-from cli_processes import run_module
-from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, edit_plan, flags, gpt_factory, make_plan,
+from hpr_run_util import (GPT_MODEL_JSON, MLP_EXAMPLE, edit_plan, flags, gpt_factory, make_plan, measure_costs,
                           mlp_regions, model_json, pieces_plan, run_cli, run_inproc)
 from hp_recompute.replay_buffers import BufferKeepingFunction
 from hp_recompute.runner.memory import AllocatorPeak
@@ -203,20 +202,11 @@ EVEN_STAGES = {("gpt", 2): "0:0-4,1:5-9", ("gpt", 4): "0:0-2,1:3-4,2:5-6,3:7-9",
                ("mlp", 2): "0:0-8,1:9-17", ("mlp", 4): "0:0-4,1:5-8,2:9-12,3:13-17"}
 
 
-def _measure_costs(out: Path, model: str) -> Path:
-    """``model``'s model JSON with times and bytes measured here (hp_recompute.costs)."""
-    model_json, factory = BUNDLED[model]
-    proc = run_module("hp_recompute.costs", ["--model-json", str(model_json), *(["--model", factory] if factory else []),
-                                             "-o", str(out), "--repeats", "3", "--warmup", "1"])
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.fixture(scope="module")
 def costed(tmp_path_factory) -> Dict[str, Path]:
     """Each bundled model's measured model JSON, measured once per module."""
     root = tmp_path_factory.mktemp("costs")
-    return {model: _measure_costs(root / f"{model}.costed.json", model) for model in BUNDLED}
+    return {model: measure_costs(root / f"{model}.costed.json", *BUNDLED[model]) for model in BUNDLED}
 
 
 @pytest.mark.parametrize("model", sorted(BUNDLED))

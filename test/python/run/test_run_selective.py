@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_processes import run_module
-from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, flags, gpt_factory, make_plan, run_cli
+from hpr_run_util import GPT_MODEL_JSON, PLAN_TOOL, flags, gpt_factory, make_plan, measure_costs, run_cli
 from hp_recompute.selective import selective_supported
 
 needs_selective = pytest.mark.skipif(not selective_supported(), reason="selective checkpointing needs torch >= 2.4")
@@ -25,16 +24,9 @@ needs_selective = pytest.mark.skipif(not selective_supported(), reason="selectiv
 GPT_STAGES = "0:0-4,1:5-9"
 
 
-def _costs(out: Path) -> Path:
-    proc = run_module("hp_recompute.costs", ["--model-json", str(GPT_MODEL_JSON), "-o", str(out), "--repeats", "3",
-                                             "--warmup", "1"])
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.fixture(scope="module")
 def costed(tmp_path_factory) -> Path:
-    return _costs(tmp_path_factory.mktemp("selective") / "gpt.costed.json")
+    return measure_costs(tmp_path_factory.mktemp("selective") / "gpt.costed.json", GPT_MODEL_JSON)
 
 
 @needs_selective
