@@ -11,6 +11,11 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 multiples="${2:-1.5}"
 steps="${3:-4}"
+for multiple in $multiples; do
+  [[ "$multiple" =~ ^[0-9]+(\.[0-9]+)?$ && ! "$multiple" =~ ^0+(\.0+)?$ ]] ||
+    { echo "budget_runs.sh: MULTIPLES: expected positive numbers such as \"1 1.5 2 3\", got '$multiple'" >&2; exit 2; }
+done
+[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "budget_runs.sh: STEPS: expected a positive integer, got '$steps'" >&2; exit 2; }
 # shellcheck source=bench/measured_gpt.sh
 source "$here/../measured_gpt.sh" "${1:-}"
 sizes=(--ranks 2 --microbatches 4)
