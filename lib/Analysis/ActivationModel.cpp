@@ -122,27 +122,37 @@ ActivationProfile mlir::hpr::computeActivationProfile(
   ActivationProfile profile;
   profile.live.assign(n + 1, 0);
   profile.endingAt.assign(n, 0);
-  auto add = [&](unsigned begin, unsigned end, int64_t bytes) {
+  profile.underCheckpoint.assign(activations.lifetimes.size(), false);
+  profile.replayAtLastConsumer.assign(activations.lifetimes.size(), 0);
+  auto addSpan = [&](unsigned begin, unsigned end, int64_t bytes) {
     if (bytes == 0 || begin > end)
       return;
     profile.live[begin] += bytes;
     profile.live[end + 1] -= bytes;
     profile.endingAt[end] += bytes;
   };
-  for (ActivationLifetime lifetime : activations.lifetimes) {
+  for (size_t index = 0; index < activations.lifetimes.size(); ++index) {
+    const ActivationLifetime &lifetime = activations.lifetimes[index];
     const StageCost &cost = costs[lifetime.stage];
     bool underCheckpoint = checkpointed
                                ? checkpointed(lifetime)
                                : runsCheckpointed(lifetime.forward, costs);
-    add(lifetime.forwardPos, lifetime.lastConsumerPos,
-        keptBytesOf(cost, underCheckpoint));
+    profile.underCheckpoint[index] = underCheckpoint;
+    addSpan(lifetime.forwardPos, lifetime.lastConsumerPos,
+            keptBytesOf(cost, underCheckpoint));
     // What dx keeps for dw (the gradients dw's matmuls read), from I to W,
     // checkpointed or not.
     if (lifetime.releasedAfterDx)
-      add(lifetime.firstConsumerPos, lifetime.lastConsumerPos,
-          cost.weightStateBytes);
+      addSpan(lifetime.firstConsumerPos, lifetime.lastConsumerPos,
+              cost.weightStateBytes);
     if (!underCheckpoint || !lifetime.hasConsumers)
       continue;
+    // Replayed bytes, noting what is still live at the last backward.
+    auto add = [&](unsigned begin, unsigned end, int64_t bytes) {
+      addSpan(begin, end, bytes);
+      if (begin <= lifetime.lastConsumerPos && lifetime.lastConsumerPos <= end)
+        profile.replayAtLastConsumer[index] += bytes;
+    };
     // A span [begin, end] of `bytes`, of which only `weightBytes` stay after
     // the dx of a session it releases, and none where the dx drops it for a
     // replay for the dw (added once below).

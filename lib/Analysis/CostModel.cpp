@@ -190,10 +190,10 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       add(cost.backwardUs, Kind::Backward, true);
       cost.paramBytes += region.getParamBytes();
       cost.weightStateBytes += region.getBwdWeightInputBytes().value_or(0);
-      // A backward action's transient bytes: its largest region's, per kind
-      // (an I or W measured alone, else as a full backward's).
+      // A split backward action's transient bytes: its largest region's, per
+      // kind (an I or W measured alone, else as a full backward's); a whole
+      // backward walks the regions (wholeBackwardPeakBytes).
       int64_t whole = region.getBwdWorkspaceBytes().value_or(0);
-      cost.workspaceBytes = std::max(cost.workspaceBytes, whole);
       cost.inputWorkspaceBytes =
           std::max<int64_t>(cost.inputWorkspaceBytes,
                             region.getBwdInputWorkspaceBytes().value_or(whole));
@@ -232,6 +232,15 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
       } else {
         cost.keptBytes += region.getSavedBytes();
       }
+      BackwardRegionCost walked;
+      walked.keptThrough = cost.keptBytes;
+      walked.plainKeptThrough = cost.plainKeptBytes;
+      if (checkpoint != RegionCheckpoint::None)
+        walked.replayed = int64_t(cost.replayedRegions.size()) - 1;
+      walked.workspaceBytes = whole;
+      if (!cost.backwardRegions.empty())
+        cost.backwardRegions.back().outputGradBytes = region.getInputBytes();
+      cost.backwardRegions.push_back(walked);
     }
     cost.backwardReplayBytes = backwardReplayBytesAfter(cost, {});
     anyCost |= cost.plainForwardUs > 0;
@@ -299,6 +308,33 @@ int64_t mlir::hpr::replayBytesOf(const StageCost &cost,
 int64_t mlir::hpr::weightReplayBytesOf(const StageCost &cost,
                                        llvm::ArrayRef<int64_t> regions) {
   return sumOverRegions(cost, regions, &ReplayedRegionCost::weightReplayBytes);
+}
+
+int64_t
+mlir::hpr::wholeBackwardPeakBytes(const StageCost &cost, bool checkpointed,
+                                  llvm::ArrayRef<int64_t> replayedBefore) {
+  std::vector<char> isReplayedBefore(cost.replayedRegions.size(), false);
+  for (int64_t index : replayedBefore)
+    if (index >= 0 && size_t(index) < isReplayedBefore.size())
+      isReplayedBefore[index] = true;
+  int64_t kept = keptBytesOf(cost, checkpointed);
+  int64_t worst = 0;
+  int64_t heldBefore = 0; // Replays held of the regions before region j.
+  for (const BackwardRegionCost &region : cost.backwardRegions) {
+    int64_t at = region.workspaceBytes + region.outputGradBytes;
+    if (!checkpointed) {
+      worst = std::max(worst, at + region.plainKeptThrough - kept);
+      continue;
+    }
+    int64_t replay = region.replayed < 0
+                         ? 0
+                         : cost.replayedRegions[region.replayed].replayBytes;
+    worst =
+        std::max(worst, at + region.keptThrough + heldBefore + replay - kept);
+    if (region.replayed >= 0 && isReplayedBefore[region.replayed])
+      heldBefore += replay;
+  }
+  return worst;
 }
 
 int64_t

@@ -3,6 +3,8 @@
 #include "hpr/Analysis/StepMemory.h"
 
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/Sequence.h"
 
 #include <algorithm>
 
@@ -14,11 +16,12 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
                                         const ActivationProfile &profile,
                                         const std::vector<StageCost> &costs) {
   int64_t peak = 0;
-  // Where each (stage, mb)'s output and its gradient die: its last backward.
-  std::vector<char> isLastBackward(activations.numPositions, false);
-  for (const ActivationLifetime &lifetime : activations.lifetimes)
+  // Where each (stage, mb)'s output and its gradient die: its last backward,
+  // at which the lifetime's index is kept.
+  std::vector<int64_t> lastBackwardOf(activations.numPositions, -1);
+  for (auto [index, lifetime] : llvm::enumerate(activations.lifetimes))
     if (lifetime.hasConsumers)
-      isLastBackward[lifetime.lastConsumerPos] = true;
+      lastBackwardOf[lifetime.lastConsumerPos] = index;
 
   // A forward handed its input over in memory by the previous stage on this
   // rank keeps that stage's output itself (counted below, from the forward
@@ -81,40 +84,53 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     peak = std::max(peak, live + other);
     if (!isa<ConsumerOpInterface>(op))
       continue;
-    // The action's own transient bytes: a W that is the whole backward (the
-    // first stage's) is a B.
+    // The action's own transient bytes. A whole backward (B, or the first
+    // stage's W) runs in place, region by region, last to first
+    // (wholeBackwardPeakBytes, on top of what the forward kept, where the
+    // profile holds the session's replay); the stage's first one allocates
+    // the weight gradients as it goes, each later one adds a region's fresh
+    // copy in as it makes it (in the region's workspace).
     const StageCost &cost = costs[stage];
-    int64_t workspace = cost.workspaceBytes;
-    if (isa<BackwardInputOp>(op))
+    auto consumer = cast<ConsumerOpInterface>(op);
+    int64_t lifetime = lastBackwardOf[pos - 1];
+    bool firstGradients = !gradsAllocated.contains(stage);
+    int64_t workspace = 0;
+    if (consumer.isWholeBackward() && lifetime >= 0) {
+      const ActivationLifetime &walked = activations.lifetimes[lifetime];
+      bool checkpointed = profile.underCheckpoint[lifetime];
+      llvm::SmallVector<int64_t> replayedBefore = walked.prefetchedRegions();
+      if (checkpointed && !walked.replayInBackward)
+        replayedBefore =
+            llvm::to_vector(llvm::seq<int64_t>(0, cost.replayedRegions.size()));
+      workspace = wholeBackwardPeakBytes(cost, checkpointed, replayedBefore) -
+                  profile.replayAtLastConsumer[lifetime] +
+                  (firstGradients ? cost.paramBytes : 0);
+    } else if (isa<BackwardInputOp>(op)) {
       workspace = cost.inputWorkspaceBytes;
-    else if (isa<BackwardWeightOp>(op) && !cost.weightIsWholeBackward)
+    } else if (isa<BackwardWeightOp>(op)) {
       workspace = cost.weightWorkspaceBytes;
+    }
     peak = std::max(peak, live + other + workspace);
     // What the backward frees as it goes: on the last consumer the
     // microbatch's activations, replayed tensors (read without retaining)
     // and I's state for W (all in the activation profile), its output and
     // the output's gradient.
-    if (isLastBackward[pos - 1] && stage != lastStage) {
+    if (lifetime >= 0 && stage != lastStage) {
       bool sent = stageToRank[stage + 1] != rank;
       other -= costs[stage].outputBytes * (sent ? 1 : 2);
     }
-    // Weight gradients come last: the stage's first W or B allocates them
-    // for the rest of the step; each later one computes a fresh copy before
-    // adding it in. B is one autograd call that frees the graph as it goes,
-    // so its copy meets the activations already freed, and so is the first
-    // stage's W (weightIsWholeBackward); any other W is one call per weight
-    // group over a retained graph, so its copy meets them all.
-    int64_t transient = 0;
+    // Weight gradients: the stage's first W or B allocates them for the rest
+    // of the step. A later W that is not a whole backward is one call per
+    // weight group over a retained graph: its fresh copy meets every
+    // activation still there.
     if (isa<BackwardWeightOp, BackwardOp>(op)) {
-      bool oneCall = isa<BackwardOp>(op) || costs[stage].weightIsWholeBackward;
-      if (gradsAllocated.insert(stage).second)
+      if (firstGradients)
         other += costs[stage].paramBytes;
-      else if (!oneCall)
+      else if (!consumer.isWholeBackward())
         peak = std::max(peak, live + other + costs[stage].paramBytes);
-      else
-        transient = costs[stage].paramBytes;
+      gradsAllocated.insert(stage);
     }
-    peak = std::max(peak, live - endingAt[pos - 1] + other + transient);
+    peak = std::max(peak, live - endingAt[pos - 1] + other);
   }
   return peak;
 }

@@ -134,18 +134,34 @@ def _weight_state_bytes(state: Any, dxs: Sequence[Optional[torch.Tensor]]) -> in
 
 
 def _backward_workspace(outs: List[torch.Tensor], grads_out: Any, inputs: List[torch.Tensor],
-                        weights: List[torch.Tensor], keep_graph: bool = False) -> Tuple[int, int, int]:
-    """Transient bytes of a region's I, W and one full backward (B, which frees the graph unless
-    ``keep_graph``): each one's allocator peak above what it leaves behind."""
+                        weights: List[torch.Tensor]) -> Tuple[Tuple[int, int, int], List[Optional[torch.Tensor]]]:
+    """Transient bytes of a region's I, W and one full backward (B, last: it frees the graph),
+    each one's allocator peak above what it leaves behind; and the input gradients B made.
+
+    B runs as the runtimes run it, in place (``autograd.backward(inputs=...)``, torch's stage
+    backward): each weight gradient added into a ``.grad`` already there, as in every B of a
+    stage but its first (whose gradients the planner counts apart), so that the fresh copy it
+    adds in is counted and not kept. On a forward the allocator saw (run under an earlier
+    ``AllocatorPeak``), B's peak nets the saved tensors it frees as it goes (the planner adds
+    what the regions keep, docs/models.md: "Cost model")."""
     meters = [AllocatorPeak() for _ in range(3)]
     with meters[0]:
         _, state = backward_input(outs, grads_out, inputs, weights, retain_graph=True)
     with meters[1]:
         backward_weight(state, retain_graph=True)
+    dxs: List[Optional[torch.Tensor]] = []
     if inputs or weights:
+        before = [(t, t.grad) for t in inputs + weights]
+        for t in inputs:
+            t.grad = None
+        for w in weights:
+            w.grad = torch.zeros_like(w)
         with meters[2]:
-            torch.autograd.grad(outs, inputs + weights, grads_out, allow_unused=True, retain_graph=keep_graph)
-    return tuple((m.peak or 0) - max(m.net or 0, 0) for m in meters)  # type: ignore[return-value]
+            torch.autograd.backward(outs, grads_out, inputs=inputs + weights)
+        dxs = [t.grad for t in inputs]
+        for t, grad in before:
+            t.grad = grad
+    return tuple((m.peak or 0) - max(m.net or 0, 0) for m in meters), dxs  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
@@ -270,7 +286,9 @@ def measure_region_times(model: PipelineModel, batch: Any, repeats: int, warmup:
             inputs = [inp] if isinstance(inp, torch.Tensor) and inp.requires_grad else []
             grads_out = None if grad is None else [grad]
             if round_ == warmup:  # once, under the allocator meter: not timed
-                workspace[region.name] = _backward_workspace([out], grads_out, inputs, weights)
+                with AllocatorPeak():  # the allocator learns what the forward saves: B's meter sees it freed
+                    out = region.fn(inp, batch)
+                workspace[region.name], _ = _backward_workspace([out], grads_out, inputs, weights)
                 out = region.fn(inp, batch)
             t0 = time.perf_counter()
             dxs, state = backward_input([out], grads_out, inputs, weights)
@@ -708,10 +726,11 @@ def _backward_pieces(pieces: List[_Piece], outputs: List[torch.Tensor], split: b
             continue
         outs, grads_out = [t for t, _ in pairs], [g for _, g in pairs]
         ins = list(piece.ins)
-        if workspace is not None and piece.name is not None:
-            workspace[piece.name] = _backward_workspace(outs, grads_out, ins, piece.weights, keep_graph=True)
         t0 = time.perf_counter()
-        if split:
+        if workspace is not None and piece.name is not None:  # untimed
+            workspace[piece.name], dxs = _backward_workspace(outs, grads_out, ins, piece.weights)
+            times = {}
+        elif split:
             dxs, state = backward_input(outs, grads_out, ins, piece.weights)
             t1 = time.perf_counter()
             if piece.name is not None:
@@ -751,7 +770,9 @@ def measure_module_times(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
         s.name: {k: [] for k in TIME_KEYS + (CHECKPOINT_KEYS if s.checkpointable else ())} for s in segments}
     kept: Dict[str, int] = {}
     workspace: Dict[str, Tuple[int, int, int]] = {}
-    calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False, first=True)
+    _cut_forward(model, inputs, names, checkpointed=False, first=True)  # its checks meter calls of their own
+    with AllocatorPeak():  # the allocator learns what the forward saves: B's meter sees it freed
+        calls, outputs, start, end = _cut_forward(model, inputs, names, checkpointed=False)
     _backward_pieces(_pieces(segments, calls, outputs, start, end, weights_of), outputs, False, None, kept,
                      workspace)  # once, under the allocator meter: not timed
     for round_ in range(repeats):

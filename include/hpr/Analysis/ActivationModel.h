@@ -124,6 +124,10 @@ ProgramActivations collectActivationLifetimes(ProgramOp program);
 struct ActivationProfile {
   std::vector<int64_t> live;
   std::vector<int64_t> endingAt;
+  /// Per lifetime (in ProgramActivations order): whether its forward runs
+  /// under checkpoint, and its replayed bytes live at its last backward.
+  std::vector<char> underCheckpoint;
+  std::vector<int64_t> replayAtLastConsumer;
   int64_t peak() const;
 };
 

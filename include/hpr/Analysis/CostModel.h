@@ -149,6 +149,24 @@ struct ReplayedRegionCost {
   int64_t keptThrough = 0;
 };
 
+/// One region of a stage as a whole backward (B, or the first stage's W)
+/// meets it: the backward runs the regions last to first, in place (each
+/// weight gradient added into `.grad` as it is reached, as torch's stage
+/// backward and the runner do), and frees what a region kept as it leaves it.
+struct BackwardRegionCost {
+  /// What regions 0..j keep from forward to backward, under checkpoint and
+  /// with every region plain.
+  int64_t keptThrough = 0, plainKeptThrough = 0;
+  /// Index into `StageCost::replayedRegions`; -1 for a region kept plain.
+  int64_t replayed = -1;
+  /// `bwd_workspace_bytes`: the region's backward above what it starts with.
+  int64_t workspaceBytes = 0;
+  /// The gradient of its output, which the backward of the next region made
+  /// (that region's `input_bytes`); 0 for the last (the stage's output
+  /// gradient, counted with the stage output).
+  int64_t outputGradBytes = 0;
+};
+
 struct StageCost {
   bool checkpointed = false; ///< has at least one checkpointed region
   double forwardUs = 0;      ///< under checkpoint, as the regions say
@@ -171,6 +189,8 @@ struct StageCost {
   int64_t backwardReplayBytes = 0;
   /// The checkpointed regions, in forward order.
   std::vector<ReplayedRegionCost> replayedRegions;
+  /// Every region, in forward order.
+  std::vector<BackwardRegionCost> backwardRegions;
   int64_t outputBytes = 0; ///< the stage output (next stage's input)
   /// Of keptBytes, the stage input itself (its first region checkpointed
   /// keeps it): where the previous stage runs on the same rank and hands
@@ -188,8 +208,8 @@ struct StageCost {
   /// W is one autograd call from the stage output, as B is (the first
   /// stage: its input needs no gradient, so I records nothing to split at).
   bool weightIsWholeBackward = false;
-  int64_t workspaceBytes = 0;      ///< transient bytes of a backward action (B)
-  int64_t inputWorkspaceBytes = 0; ///< ... of a backward_input
+  /// Transient bytes of a backward_input: its largest region's.
+  int64_t inputWorkspaceBytes = 0;
   int64_t weightWorkspaceBytes = 0; ///< ... of a backward_weight
   int64_t dpShard = 1;              ///< ranks the parameters are sharded over
   double unshardUs = 0;             ///< UNSHARD: all-gather over dpShard
@@ -227,6 +247,17 @@ int64_t weightReplayBytesOf(const StageCost &cost,
 /// regions before it. With nothing prefetched: backwardReplayBytes.
 int64_t backwardReplayBytesAfter(const StageCost &cost,
                                  llvm::ArrayRef<int64_t> prefetched);
+
+/// What a whole backward (B, or the first stage's W) holds at its worst on
+/// top of what the forward kept (keptBytesOf `checkpointed`), when the
+/// checkpointed regions `replayedBefore` were replayed before it and the
+/// others replay inside it: running the regions last to first, region j
+/// meets what regions 0..j keep, the replays held of regions before it, its
+/// own replayed tensors, its workspace and its output's gradient. Weight
+/// gradients not yet allocated are not included. A plain forward (not
+/// `checkpointed`) replays nothing.
+int64_t wholeBackwardPeakBytes(const StageCost &cost, bool checkpointed,
+                               llvm::ArrayRef<int64_t> replayedBefore);
 
 /// What one forward of `cost`'s stage keeps until its last backward.
 inline int64_t keptBytesOf(const StageCost &cost, bool checkpointed) {

@@ -6,10 +6,11 @@
 // gradients until the last backward (a sent output, and each sent input
 // gradient, until the end of the step: sends are waited for there), I's
 // state until W, weight gradients from the stage's first W or B to the end
-// of the step (and a second copy while a later W or B adds its gradients
-// in), and each backward's transient workspace. With FSDP (dp_shard N > 1): a
-// stage's gathered parameters beyond its 1/N shard from UNSHARD to RESHARD, and
-// its gradients down to their 1/N shard after REDUCE_GRAD. The sharded
+// of the step (and a second copy while a later split W adds its gradients
+// in), each split backward's transient workspace, and a whole backward
+// walked region by region (wholeBackwardPeakBytes). With FSDP (dp_shard N > 1):
+// a stage's gathered parameters beyond its 1/N shard from UNSHARD to RESHARD,
+// and its gradients down to their 1/N shard after REDUCE_GRAD. The sharded
 // parameters, held before the step starts, are not counted.
 //
 //===----------------------------------------------------------------------===//

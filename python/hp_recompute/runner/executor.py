@@ -289,11 +289,20 @@ class RankExecutor(StageBackend):
         dx: Optional[torch.Tensor] = None
         wgrads: Sequence[Optional[torch.Tensor]] = ()
         if verb == "whole":
-            inputs = ([m.x] if want_x else []) + params
-            grads = torch.autograd.grad([m.out], inputs, grads_out, retain_graph=keep,
-                                        allow_unused=True) if inputs else ()
-            dx, wgrads = (grads[0], grads[1:]) if want_x else (None, grads)
-            unreached = [n for n, g in zip(names, wgrads) if g is None]
+            # In place, as torch's stage backward: each weight gradient is added into .grad as the
+            # backward reaches it (the planner prices a whole backward so, CostModel.h), not returned
+            # at its end beside the activations it has not freed yet.
+            before = [(p.grad, None if p.grad is None else p.grad._version) for p in params]
+            if want_x:
+                m.x.grad = None
+            if params or want_x:
+                torch.autograd.backward([m.out], grads_out, retain_graph=keep,
+                                        inputs=([m.x] if want_x else []) + params)
+            if want_x:
+                dx, m.x.grad = m.x.grad, None
+            # A weight the backward reached holds a new .grad, or the one it had, added into.
+            unreached = [n for n, p, (grad, version) in zip(names, params, before)
+                         if p.grad is grad and (grad is None or grad._version == version)]
             if unreached:  # never a None gradient silently (as hpr.split.no-silent-none)
                 raise RunError(f"hp_recompute.run: rank {self.rank}: {a.op} of stage {s} mb {mb}: weights "
                                f"{', '.join(unreached)} are not reached by the stage's graph; no gradient")

@@ -337,8 +337,8 @@ def test_a_replay_in_pieces_trains_exactly_within_what_the_plan_bounds(tmp_path:
     bring back the whole stage), but its last blocks can: the planner prefetches them as
     pieces into the wait before the backward, which reads them first, and the rest replays
     inside. Gradients stay exact, every region replays once; at the allocator the pieces add
-    to jit's peak no more than the plan says (2% slack) and at most 10%, against more than
-    20% with the same pieces merged into one whole replay at the first piece's place."""
+    to jit's peak no more than the plan says (2% slack) and under a third of what the same
+    pieces merged into one whole replay at the first piece's place add (more than 20%)."""
     jit, pieces = pieces_plan(tmp_path, "--model", str(GPT_MODEL_JSON))
     raw = json.loads(pieces.read_text())
     split = [a for r in raw["ranks"] for a in r["actions"] if a["op"] == "recompute" and "regions" in a]
@@ -380,7 +380,8 @@ def test_a_replay_in_pieces_trains_exactly_within_what_the_plan_bounds(tmp_path:
         assert report["grads_match"] is True and report["sessions_left"] == 0
         assert report["recomputes"] == report["recomputes_expected"]
         peaks[name] = [(r["measured_peak_bytes"], r["planned_activation_peak_bytes"]) for r in report["ranks"]]
-    for (jit_measured, jit_planned), (measured, planned) in zip(peaks["jit"], peaks["pieces"]):
+    for (jit_measured, jit_planned), (measured, planned), (whole_measured, _) in zip(
+            peaks["jit"], peaks["pieces"], peaks["whole"]):
         assert measured - jit_measured <= planned - jit_planned + 0.02 * jit_measured, peaks
-        assert measured <= 1.1 * jit_measured, peaks
+        assert measured - jit_measured <= (whole_measured - jit_measured) / 3, peaks
     assert max(w[0] / j[0] for w, j in zip(peaks["whole"], peaks["jit"])) > 1.2, peaks

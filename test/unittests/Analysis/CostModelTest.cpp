@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 using namespace mlir;
 using namespace mlir::hpr;
 
@@ -58,6 +60,46 @@ TEST(CostModel, CheckpointedRegionsKeepTheirInputAndReplayTheirSaves) {
   EXPECT_DOUBLE_EQ(costs[0].recomputeUs, 50);
   EXPECT_EQ(costs[0].keptBytes, 100 + 64 + 64);
   EXPECT_EQ(costs[0].recomputedBytes, 3000);
+}
+
+// A whole backward runs the regions last to first and frees what each kept
+// as it leaves it. embed (plain, keeps 100, workspace 40), layers.0 (keeps
+// its 64-byte input, replays 1000, workspace 300) and layers.1 (input 32,
+// replays 2000, workspace 500): at layers.1, what all three keep (196), its
+// replay and workspace, and no output gradient of its own (the stage's, with
+// the stage output); at layers.0 what it and embed keep (164), its replay,
+// workspace and the 32-byte gradient layers.1 made; at embed its 100, its
+// workspace and the 64-byte gradient.
+TEST(CostModel, AWholeBackwardMeetsEachRegionAfterTheLaterOnesFreed) {
+  model::Region embed = region("embed", false, 0, 5, 100, 10);
+  embed.bwdWorkspaceBytes = 40;
+  model::Region first = region("layers.0", true, 0, 20, 1000, 64);
+  first.bwdWorkspaceBytes = 300;
+  model::Region second = region("layers.1", true, 0, 20, 2000, 32);
+  second.bwdWorkspaceBytes = 500;
+  model::StagedModel staged;
+  staged.stages.push_back({0, {embed, first, second}});
+  std::vector<StageCost> costs = costsOf(staged);
+  ASSERT_EQ(costs.size(), 1u);
+  const StageCost &cost = costs[0];
+  int64_t kept = 100 + 64 + 32;
+  ASSERT_EQ(cost.keptBytes, kept);
+  int64_t atSecond = kept + 2000 + 500;
+  int64_t atFirst = 164 + 1000 + 300 + 32;
+  EXPECT_EQ(wholeBackwardPeakBytes(cost, true, {}),
+            std::max(atSecond, atFirst) - kept);
+  // layers.0 replayed before the backward: its 1000 bytes are held when
+  // layers.1 runs, and only its own replay when it does.
+  EXPECT_EQ(wholeBackwardPeakBytes(cost, true, {0}), atSecond + 1000 - kept);
+  // layers.1 replayed before: held by layers.1 only (freed as it leaves).
+  EXPECT_EQ(wholeBackwardPeakBytes(cost, true, {1}),
+            std::max(atSecond, atFirst) - kept);
+  // Plain: every region keeps its saved bytes (3100), none replays; at
+  // layers.1 its workspace on top, at layers.0 what 0 and embed keep (1100)
+  // with 300 + 32, at embed 100 + 40 + 64.
+  EXPECT_EQ(wholeBackwardPeakBytes(cost, false, {}),
+            std::max<int64_t>({3100 + 500, 1100 + 300 + 32, 100 + 40 + 64}) -
+                3100);
 }
 
 TEST(CostModel, MeasuredCheckpointStateAndReplayBytesWin) {

@@ -34,7 +34,7 @@ int64_t programPeak(ModuleOp module, unsigned rank = 0) {
 }
 
 /// The step peak of one rank running F0 B0 REDUCE_GRAD of one stage with
-/// 1000 parameter bytes and 300 saved bytes, FSDP-sharded over `shard`,
+/// 1000 parameter bytes and 200 saved bytes, FSDP-sharded over `shard`,
 /// with hpr-insert-unshard's UNSHARD and RESHARD.
 int64_t stepPeak(int64_t shard) {
   MLIRContext context;
@@ -43,7 +43,7 @@ int64_t stepPeak(int64_t shard) {
   model::Region region;
   region.name = "layers.0";
   region.fwdTimeUs = 1;
-  region.savedBytes = 300;
+  region.savedBytes = 200;
   region.paramBytes = 1000;
   staged.stages.push_back({0, {region}});
   staged.dataParallel.shard = shard;
@@ -58,17 +58,17 @@ int64_t stepPeak(int64_t shard) {
   return programPeak(**module);
 }
 
-// Unsharded: the 300 activations, then the 1000 gradient bytes B allocates
-// as it frees them.
+// Unsharded: the 200 activations, and the 1000 gradient bytes B allocates
+// as it reaches the region, before it leaves it (frees what it kept).
 TEST(StepMemory, WithoutShardingOnlyGradientsAdd) {
-  EXPECT_EQ(stepPeak(1), 1000);
+  EXPECT_EQ(stepPeak(1), 1200);
 }
 
 // Over 4: UNSHARD adds the full 1000 parameter bytes beside the rank's
-// shard (FSDP2 copies the all-gather into full-size parameters; F: 300 +
-// 1000), B its 1000 gradient bytes (1000 + 1000), and REDUCE_GRAD's 250-byte
-// shard meets them all before the full gradients go (2250); RESHARD frees
-// the 1000.
+// shard (FSDP2 copies the all-gather into full-size parameters; F: 200 +
+// 1000), B its 1000 gradient bytes (2200), and REDUCE_GRAD's 250-byte shard
+// meets the gathered parameters and the full gradients before these go
+// (2250); RESHARD frees the 1000.
 TEST(StepMemory, GatheredParametersAndTheReducedShardCount) {
   EXPECT_EQ(stepPeak(4), 2250);
 }
@@ -109,27 +109,28 @@ model::Region secondStage() {
   return second;
 }
 
-/// GPipe over two microbatches: stage 0 has 1000 parameter bytes and sends
-/// 10-byte outputs; stage 1 sends 10-byte input gradients back.
-int64_t gpipePeak(unsigned rank) {
-  return twoStagePeak("gpipe", 2, rank, 1000, secondStage());
+/// 1F1B over four microbatches: stage 0 has `firstParams` parameter bytes
+/// and sends 10-byte outputs; stage 1 (1000 parameter bytes) sends 10-byte
+/// input gradients back.
+int64_t oneFOneBPeak(unsigned rank, int64_t firstParams) {
+  return twoStagePeak("1f1b", 4, rank, firstParams, secondStage());
 }
 
-// Rank 0: F0 F1 keep 200 bytes and two 10-byte outputs; B0 frees its 100
-// and its output's gradient but not the sent output (the transport holds it
-// to the end of the step), and allocates the 1000 gradient bytes; after B1
-// frees mb 1's activations and output gradient, its fresh copy (1000) meets
-// the gradients and both sent outputs: 1000 + 1000 + 10 + 10 (2000 if a sent
-// output died at its last backward).
+// Rank 0, stage 0 without parameters (F0 F1 B0 F2 B1 F3 B2 B3): each B
+// frees its microbatch's 100 bytes and output gradient but not the sent
+// output (the transport holds it to the end of the step), so B2 meets mb 2's
+// and mb 3's 200 bytes, mb 2's 10-byte output gradient and all four sent
+// outputs: 250 (230 if a sent output died at its last backward).
 TEST(StepMemory, SentOutputsLiveToTheEndOfTheStep) {
-  EXPECT_EQ(gpipePeak(0), 2020);
+  EXPECT_EQ(oneFOneBPeak(0, 0), 250);
 }
 
-// Rank 1: B0 allocates the 1000 gradient bytes and sends mb 0's 10-byte
-// input gradient (stage 0's output size), held to the end of the step; B1's
-// fresh copy meets both: 1000 + 1000 + 10.
+// Rank 1 (F0 B0 F1 B1 ... B3): B0 allocates the 1000 gradient bytes, each B
+// sends its microbatch's 10-byte input gradient (stage 0's output size),
+// held to the end of the step; B3 meets its 50 bytes, the gradients and the
+// three sent before it: 1080 (1050 if a sent gradient died when sent).
 TEST(StepMemory, SentInputGradientsLiveToTheEndOfTheStep) {
-  EXPECT_EQ(gpipePeak(1), 2010);
+  EXPECT_EQ(oneFOneBPeak(1, 0), 1080);
 }
 
 } // namespace
