@@ -257,13 +257,22 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
         cost.unshardUs + allReduceUs(cost.shardedParamBytes(), replicate);
     costs.push_back(cost);
   }
-  // A stage's output is the next stage's input.
+  // A stage's output is the next stage's input; the last stage's is the
+  // model output (its last region's output_bytes), whose gradient the loss
+  // outside the model makes inside the stage's backward.
+  RegionOp lastRegion;
   for (auto [index, stage] : llvm::enumerate(model.getBody().getOps<StageOp>()))
-    if (index > 0)
-      for (RegionOp region : stage.getBody().getOps<RegionOp>()) {
+    for (auto [position, region] :
+         llvm::enumerate(stage.getBody().getOps<RegionOp>())) {
+      if (index > 0 && position == 0)
         costs[index - 1].outputBytes = region.getInputBytes();
-        break;
-      }
+      lastRegion = region;
+    }
+  if (lastRegion && !costs.back().backwardRegions.empty()) {
+    costs.back().outputBytes = lastRegion.getOutputBytes().value_or(0);
+    costs.back().backwardRegions.back().outputGradBytes =
+        costs.back().outputBytes;
+  }
   if (!anyCost)
     for (StageCost &cost : costs) {
       cost.recomputeUs = cost.checkpointed ? 1 : 0;

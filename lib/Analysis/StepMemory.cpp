@@ -114,9 +114,10 @@ int64_t mlir::hpr::computeStepPeakBytes(ProgramOp program,
     // What the backward frees as it goes: on the last consumer the
     // microbatch's activations, replayed tensors (read without retaining)
     // and I's state for W (all in the activation profile), its output and
-    // the output's gradient.
-    if (lifetime >= 0 && stage != lastStage) {
-      bool sent = stageToRank[stage + 1] != rank;
+    // the output's gradient; a sent output lives on (to the end of the
+    // step), and the model output's gradient lived inside the backward only.
+    if (lifetime >= 0) {
+      bool sent = stage == lastStage || stageToRank[stage + 1] != rank;
       other -= costs[stage].outputBytes * (sent ? 1 : 2);
     }
     // Weight gradients: the stage's first W or B allocates them for the rest

@@ -474,9 +474,10 @@ struct Sidecar {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<std::string> dtypes;
   std::map<std::string, int64_t> savedBytes;
-  /// What each region's dx keeps for its dw and its dw reads of a replay,
-  /// where the exporter wrote them.
-  std::map<std::string, int64_t> weightInputBytes, replayWeightBytes;
+  /// What each region's dx keeps for its dw, its dw reads of a replay and
+  /// its outputs hold, where the exporter wrote them.
+  std::map<std::string, int64_t> weightInputBytes, replayWeightBytes,
+      outputBytes;
 };
 
 llvm::Expected<std::optional<Sidecar>> readSidecar(llvm::StringRef modelPath) {
@@ -533,11 +534,12 @@ llvm::Expected<std::optional<Sidecar>> readSidecar(llvm::StringRef modelPath) {
         return fail(at + "/saved_bytes", "expected a non-negative integer");
       sidecar.savedBytes[r["name"].get<std::string>()] =
           r["saved_bytes"].get<int64_t>();
-      // What the dx keeps for the dw and the dw reads of a replay, where the
-      // exporter wrote them.
+      // What the dx keeps for the dw, the dw reads of a replay and the
+      // outputs hold, where the exporter wrote them.
       for (auto [key, into] :
            {std::pair{"bwd_weight_input_bytes", &sidecar.weightInputBytes},
-            std::pair{"replay_weight_bytes", &sidecar.replayWeightBytes}}) {
+            std::pair{"replay_weight_bytes", &sidecar.replayWeightBytes},
+            std::pair{"output_bytes", &sidecar.outputBytes}}) {
         auto bytes = r.find(key);
         if (bytes == r.end())
           continue;
@@ -830,6 +832,9 @@ mlir::hpr::model::importTorchScript(llvm::StringRef path,
       if (auto it = (*sidecar)->replayWeightBytes.find(region.name);
           it != (*sidecar)->replayWeightBytes.end())
         region.replayWeightBytes = it->second;
+      if (auto it = (*sidecar)->outputBytes.find(region.name);
+          it != (*sidecar)->outputBytes.end())
+        region.outputBytes = it->second;
     }
   for (const std::string &w : localWarnings) {
     if (warnings)

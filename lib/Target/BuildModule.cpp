@@ -51,7 +51,8 @@ static void buildModel(OpBuilder &builder, Location loc,
           /*measured costs, set below=*/FloatAttr(), FloatAttr(), FloatAttr(),
           FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr(), IntegerAttr(),
           IntegerAttr(), IntegerAttr(), IntegerAttr(), IntegerAttr(),
-          FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr());
+          FloatAttr(), FloatAttr(), IntegerAttr(), IntegerAttr(),
+          IntegerAttr());
       // Measured costs are attributes only when measured (absent = the cost
       // model's fallbacks).
       for (const model::MeasuredTime &time : model::kMeasuredTimes)

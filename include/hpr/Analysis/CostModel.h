@@ -162,8 +162,10 @@ struct BackwardRegionCost {
   /// `bwd_workspace_bytes`: the region's backward above what it starts with.
   int64_t workspaceBytes = 0;
   /// The gradient of its output, which the backward of the next region made
-  /// (that region's `input_bytes`); 0 for the last (the stage's output
-  /// gradient, counted with the stage output).
+  /// (that region's `input_bytes`). For a stage's last region, 0: the stage
+  /// output's gradient is counted with the stage output; but for the model's
+  /// last region, whose output's gradient the loss makes inside the backward
+  /// (the stage's outputBytes).
   int64_t outputGradBytes = 0;
 };
 
@@ -191,7 +193,9 @@ struct StageCost {
   std::vector<ReplayedRegionCost> replayedRegions;
   /// Every region, in forward order.
   std::vector<BackwardRegionCost> backwardRegions;
-  int64_t outputBytes = 0; ///< the stage output (next stage's input)
+  /// The stage output: the next stage's input; the last stage's, the model
+  /// output (its last region's `output_bytes`, 0 when not measured).
+  int64_t outputBytes = 0;
   /// Of keptBytes, the stage input itself (its first region checkpointed
   /// keeps it): where the previous stage runs on the same rank and hands
   /// its output over in memory, one tensor with that stage's output.

@@ -65,6 +65,10 @@ struct Region {
   double selectiveReplayTimeUs = 0;
   int64_t selectiveSavedBytes = 0;
   int64_t selectiveReplayBytes = 0;
+  /// The bytes of its outputs (measured; 0 = unknown). The last region's
+  /// are the model output, which the loss outside the model reads: held from
+  /// the forward to its backward, and its gradient made inside that backward.
+  int64_t outputBytes = 0;
   int stage = -1; ///< fixed pipeline stage, -1 = chosen by partition
 };
 
@@ -96,7 +100,8 @@ inline constexpr MeasuredBytes kMeasuredBytes[] = {
     {"replay_bytes", &Region::replayBytes},
     {"replay_weight_bytes", &Region::replayWeightBytes},
     {"selective_saved_bytes", &Region::selectiveSavedBytes},
-    {"selective_replay_bytes", &Region::selectiveReplayBytes}};
+    {"selective_replay_bytes", &Region::selectiveReplayBytes},
+    {"output_bytes", &Region::outputBytes}};
 
 /// The data-parallel layout each pipeline stage is replicated over
 /// (docs/models.md, "Data parallelism"): FSDP2 shards a stage's parameters

@@ -27,6 +27,7 @@ def segment_json(seg: Segment) -> dict:
         "fwd_flops": seg.flops,
         "input_shapes": seg.input_shapes,
         "output_shapes": seg.output_shapes,
+        **({"output_bytes": seg.output_bytes} if seg.output_bytes else {}),
     }
 
 
@@ -45,7 +46,8 @@ def model_graph(name: str, segments: Sequence[Segment]) -> dict:
     checkpointable one's ``replay_weight_bytes`` (what its dw reads of a replay) are written
     where they are not 0: a region without trainable parameters keeps nothing, which 0 says
     too, and a replay of which the dw reads nothing is priced whole after the dx (0 =
-    unknown), which only overstates it."""
+    unknown), which only overstates it; the last region's ``output_bytes`` (the model output)
+    likewise."""
     regions = [segment_json(s) for s in segments]
     return {"format": MODEL_FORMAT, "version": 1, "name": name, "regions": [
         {"name": r["name"], "checkpoint": False, "checkpointable": r["checkpointable"],
@@ -53,4 +55,5 @@ def model_graph(name: str, segments: Sequence[Segment]) -> dict:
          **({"bwd_weight_input_bytes": r["bwd_weight_input_bytes"]} if r["bwd_weight_input_bytes"] else {}),
          **({"replay_weight_bytes": r["replay_weight_bytes"]} if r.get("replay_weight_bytes") else {}),
          "saved_bytes": r["saved_bytes"], "input_bytes": r["input_bytes"],
-         "param_bytes": r["param_bytes"], **_tied_params(s)} for r, s in zip(regions, segments)]}
+         "param_bytes": r["param_bytes"], **_tied_params(s),
+         **({"output_bytes": r["output_bytes"]} if r.get("output_bytes") else {})} for r, s in zip(regions, segments)]}

@@ -79,6 +79,9 @@ class Segment:
     flops: float = 0.0
     input_shapes: List[List[int]] = field(default_factory=list)
     output_shapes: List[List[int]] = field(default_factory=list)
+    #: the last segment only: bytes of the model's outputs (distinct storages), which the
+    #: loss outside the model reads (0 elsewhere: the next segment's input is its output)
+    output_bytes: int = 0
     #: storage ptr -> bytes: the gradients its dx keeps for its dw (module doc)
     weight_grads: Dict[int, int] = field(default_factory=dict)
     #: storage ptr -> bytes: of what it saves, what its dw reads again (module doc)
@@ -378,6 +381,9 @@ def measure_regions(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
             handle.remove()
     segments = tracker.segments(name or type(model).__name__, depth, regions or ())
     _name_tied(model, segments)
+    outputs = {storage_of(t).data_ptr(): storage_of(t).nbytes()
+               for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)}
+    segments[-1].output_bytes = sum(outputs.values())
     return segments
 
 

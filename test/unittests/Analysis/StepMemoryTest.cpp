@@ -35,8 +35,9 @@ int64_t programPeak(ModuleOp module, unsigned rank = 0) {
 
 /// The step peak of one rank running F0 B0 REDUCE_GRAD of one stage with
 /// 1000 parameter bytes and 200 saved bytes, FSDP-sharded over `shard`,
-/// with hpr-insert-unshard's UNSHARD and RESHARD.
-int64_t stepPeak(int64_t shard) {
+/// with hpr-insert-unshard's UNSHARD and RESHARD; its output (the model's)
+/// has `outputBytes`.
+int64_t stepPeak(int64_t shard, int64_t outputBytes = 0) {
   MLIRContext context;
   context.loadDialect<HPRDialect>();
   model::StagedModel staged;
@@ -45,6 +46,7 @@ int64_t stepPeak(int64_t shard) {
   region.fwdTimeUs = 1;
   region.savedBytes = 200;
   region.paramBytes = 1000;
+  region.outputBytes = outputBytes;
   staged.stages.push_back({0, {region}});
   staged.dataParallel.shard = shard;
   auto schedule = sched::generateSchedule("gpipe", {1, 1, 0});
@@ -71,6 +73,13 @@ TEST(StepMemory, WithoutShardingOnlyGradientsAdd) {
 // (2250); RESHARD frees the 1000.
 TEST(StepMemory, GatheredParametersAndTheReducedShardCount) {
   EXPECT_EQ(stepPeak(4), 2250);
+}
+
+// The model output (50 bytes), which the loss outside the model reads, lives
+// from F to its backward, and B makes its gradient (the loss's backward) on
+// top: 200 + 50 + 50 + the 1000 gradient bytes.
+TEST(StepMemory, TheModelOutputAndItsGradientLiveToItsBackward) {
+  EXPECT_EQ(stepPeak(1, 50), 1300);
 }
 
 /// The step peak of `rank` in schedule `name` over two ranks and

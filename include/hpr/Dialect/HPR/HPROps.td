@@ -81,7 +81,8 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
     and the selective policy's forward and replay times
     (`selective_fwd_time_us`, `selective_replay_time_us`), the bytes it saves
     besides the input and checkpoint state (`selective_saved_bytes`) and what
-    its replay allocates (`selective_replay_bytes`).
+    its replay allocates (`selective_replay_bytes`); and the bytes of its
+    outputs (`output_bytes`: the last region's are the model output).
   }];
   let arguments = (ins StrAttr:$name, UnitAttr:$checkpoint,
                        UnitAttr:$selective, UnitAttr:$non_checkpointable,
@@ -103,7 +104,8 @@ def HPR_RegionOp : HPR_Op<"region", [HasParent<"StageOp">]> {
                        OptionalAttr<F64Attr>:$selective_fwd_time_us,
                        OptionalAttr<F64Attr>:$selective_replay_time_us,
                        OptionalAttr<I64Attr>:$selective_saved_bytes,
-                       OptionalAttr<I64Attr>:$selective_replay_bytes);
+                       OptionalAttr<I64Attr>:$selective_replay_bytes,
+                       OptionalAttr<I64Attr>:$output_bytes);
   let assemblyFormat = [{
     $name (`checkpoint` $checkpoint^)? (`selective` $selective^)?
     (`non_checkpointable` $non_checkpointable^)?
