@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target of a -DHPR_FUZZ=ON build (default build-asan/) for a
-# bounded time each (HPR_FUZZ_SECONDS, default 30), from its seed corpus in
+# bounded time each (HPR_FUZZ_SECONDS, default 20), from its seed corpus in
 # fuzz/corpus/ (copied: the repository's corpus is not changed) with its
 # dictionary, fixed seed, as many targets at once as there are cores. Prints one
 # summary line per target; fails on any crash, sanitizer report, leak or timeout (the
@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-asan}"
-seconds="${HPR_FUZZ_SECONDS:-30}"
+seconds="${HPR_FUZZ_SECONDS:-20}"
 findings="$build/fuzz-findings"
 mkdir -p "$findings"
 export LSAN_OPTIONS="suppressions=$PWD/fuzz/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
