@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
     args = parser.parse_args()
-    sys.path[:0] = [str(REPO / "python"), str(TESTS)]
+    sys.path[:0] = [str(REPO / "python"), str(TESTS), str(TESTS.parent)]  # test_planned_schedule, rank_processes
     from hp_recompute import compile_split, make_plan
     from test_planned_schedule import model_json
 

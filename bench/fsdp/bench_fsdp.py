@@ -288,7 +288,7 @@ def _one(rank: int, cfg: Dict[str, Any], variant: str, reshard: bool, mesh: Any,
 
 
 def body(rank: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
-    sys.path[:0] = [str(TESTS), str(TESTS.parent / "fsdp")]  # pp_worker, fsdp_worker
+    sys.path[:0] = [str(TESTS), str(TESTS.parent / "fsdp"), str(TESTS.parent)]  # pp_worker, fsdp_worker, their helpers
     from torch.distributed.device_mesh import init_device_mesh
 
     model = MODELS[cfg["model"]]
@@ -352,7 +352,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.model != "net" and (args.dim, args.layers) != (None, None):
         parser.error(f"--dim and --layers size net; the {args.model}'s are its example's (its build())")
-    sys.path[:0] = [str(REPO / "python"), str(TESTS)]
+    sys.path[:0] = [str(REPO / "python"), str(TESTS), str(TESTS.parent)]  # test_planned_schedule, rank_processes
     model = MODELS[args.model]
     cfg = {"model": args.model, "steps": args.steps, "repeats": args.repeats, "dim": args.dim or 256,
            "layers": args.layers or 8, "batch": args.batch}
