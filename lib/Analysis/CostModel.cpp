@@ -246,10 +246,8 @@ std::vector<StageCost> mlir::hpr::computeStageCosts(
     anyCost |= cost.plainForwardUs > 0;
     // The first stage's I keeps nothing for its W (regionTimeOf: its W is
     // one full backward).
-    if (firstStage) {
+    if (firstStage)
       cost.weightStateBytes = 0;
-      cost.weightIsWholeBackward = true;
-    }
     cost.dpShard = shard;
     cost.unshardUs = allGatherUs(cost.paramBytes, shard);
     // A reduce-scatter moves what the all-gather does.

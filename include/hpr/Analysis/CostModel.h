@@ -209,9 +209,6 @@ struct StageCost {
   /// replay again for its dw (hpr.session.replay-for-weight;
   /// hpr-select-checkpoints keeps such stages off selective).
   bool replaysOnce = false;
-  /// W is one autograd call from the stage output, as B is (the first
-  /// stage: its input needs no gradient, so I records nothing to split at).
-  bool weightIsWholeBackward = false;
   /// Transient bytes of a backward_input: its largest region's.
   int64_t inputWorkspaceBytes = 0;
   int64_t weightWorkspaceBytes = 0; ///< ... of a backward_weight

@@ -227,9 +227,6 @@ TEST(CostModel, FirstStageInputNeedsNoGradient) {
   EXPECT_DOUBLE_EQ(costs[1].backwardInputUs, 11);
   EXPECT_DOUBLE_EQ(costs[1].backwardWeightUs, 7);
   EXPECT_DOUBLE_EQ(costs[1].backwardUs, 11 + 7);
-  // So the first stage's W is one call from its output, as B is.
-  EXPECT_TRUE(costs[0].weightIsWholeBackward);
-  EXPECT_FALSE(costs[1].weightIsWholeBackward);
 }
 
 TEST(CostModel, UnitTimeModelHasEqualForwardAndBackwardHalves) {
