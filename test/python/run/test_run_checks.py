@@ -331,6 +331,44 @@ def test_a_model_holding_checkpoint_wrappers_is_refused(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+# A weight of tok_emb that only the first training forward reads (times 0: the losses are the
+# model's): microbatch 0's whole backward makes its .grad, microbatch 1's reaches it not.
+_READ_ONCE = """import torch
+
+
+def read_once(pipeline):
+    module = pipeline.module.tok_emb
+    module.once = torch.nn.Parameter(torch.ones(()))
+    forward, calls = module.forward, []
+
+    def reads_once(idx):
+        out = forward(idx)
+        if torch.is_grad_enabled() and module.training:
+            calls.append(idx)
+            if len(calls) == 1:
+                out = out + 0 * module.once
+        return out
+
+    module.forward = reads_once
+    pipeline.regions[0].params.append("tok_emb.once")
+"""
+
+
+def test_a_weight_a_whole_backward_does_not_reach_is_named_not_left_without_its_gradient(
+        tmp_path: Path) -> None:
+    """The whole backward adds into .grad in place: a weight it does not reach keeps the .grad an
+    earlier microbatch gave it, untouched, which is refused as a missing gradient would be
+    (hpr.split.no-silent-none), naming the weight and the action, not trained on silently."""
+    factory = gpt_factory(tmp_path, "read_once(pipeline)", imports=_READ_ONCE)
+    plan = make_plan(tmp_path, "--model", str(GPT_MODEL_JSON), "--schedule-gen", "1f1b", "--ranks", "1",
+                     "--microbatches", "2", "--checkpoint", "none")
+    proc = run_cli("--plan", str(plan), "--model", factory, "--steps", "1")
+    assert proc.returncode == 1, proc.stderr
+    assert ("backward of stage 0 mb 1: weights tok_emb.once are not reached by the stage's graph; no gradient"
+            in proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("world", ["single", "multi"])
 def test_a_replay_in_pieces_trains_exactly_within_what_the_plan_bounds(tmp_path: Path, world: str) -> None:
     """Within twice jit's peak, 1F1B's critical replay cannot leave its backward whole (it would
