@@ -341,6 +341,20 @@ def test_peak_meter_picks_the_profiler_on_cpu():
         DeviceAllocatorPeak("meta")
 
 
+def test_a_meter_inside_another_is_refused_and_the_outer_one_still_counts():
+    """A profiler started inside another silently stops the outer one's allocator accounting;
+    the meter refuses to start inside one, and the outer window measures as if it had not tried."""
+    from hp_recompute.runner.memory import AllocatorPeak
+
+    with AllocatorPeak() as outer:
+        with pytest.raises(RuntimeError, match="^hp_recompute: AllocatorPeak: a profiler is already running"):
+            with AllocatorPeak():
+                pass
+        t = torch.empty(1 << 20, dtype=torch.uint8)
+        del t
+    assert outer.peak >= 1 << 20 and outer.net < 1 << 20
+
+
 def test_measuring_the_cpu_peak_imports_no_compiler():
     """A rank measures its step under the profiler once, in a fresh process: the meter must not
     pull in inductor (torch.profiler.profile's start imports torch._inductor on torch 2.13,

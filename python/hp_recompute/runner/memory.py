@@ -79,6 +79,12 @@ class AllocatorPeak:
         self._prof: Optional[torch.autograd.profiler.profile] = None
 
     def __enter__(self) -> "AllocatorPeak":
+        # A profiler started inside another ends the outer one's memory accounting when it stops:
+        # the outer window's later allocations get no size, so their frees go unseen and its
+        # peak reads high. Refused, not measured wrong.
+        if torch._C._autograd._profiler_enabled():
+            raise RuntimeError("hp_recompute: AllocatorPeak: a profiler is already running; measure outside it "
+                               "(a profiler started inside another stops the outer one's allocator accounting)")
         # Kineto prints a line on stderr at every start and stop unless told to be quiet.
         os.environ.setdefault("KINETO_LOG_LEVEL", "10")
         # torch.autograd.profiler.profile, the recorder under torch.profiler.profile: the latter's
